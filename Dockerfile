@@ -1,0 +1,19 @@
+# One image for both roles: `gateway api` and `gateway worker` (see docker-compose.yml).
+FROM node:20.19-bookworm-slim AS build
+WORKDIR /app
+COPY package.json package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY . .
+RUN npm run build && npm prune --omit=dev
+
+FROM node:20.19-bookworm-slim
+ENV NODE_ENV=production HOST=0.0.0.0 PORT=8080
+WORKDIR /app
+COPY --from=build /app/node_modules ./node_modules
+COPY --from=build /app/dist ./dist
+COPY --from=build /app/bin ./bin
+COPY package.json ./
+USER node
+EXPOSE 8080
+ENTRYPOINT ["node", "dist/cli/index.js"]
+CMD ["api"]

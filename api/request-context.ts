@@ -1,0 +1,24 @@
+// Gives every request an id (the caller's `x-request-id` when it is sane), echoes it, and logs
+// one line per request with it.
+import { randomUUID } from 'node:crypto';
+import type Koa from 'koa';
+import type { Logger } from '../log';
+
+const SAFE_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+
+export function requestContext(logger: Logger): Koa.Middleware {
+  return async (ctx, next) => {
+    const given = ctx.get('x-request-id');
+    const requestId = SAFE_ID.test(given) ? given : randomUUID();
+    ctx.state.requestId = requestId;
+    ctx.state.log = logger.child({ request_id: requestId });
+    ctx.set('x-request-id', requestId);
+    const started = process.hrtime.bigint();
+    try {
+      await next();
+    } finally {
+      const ms = Number(process.hrtime.bigint() - started) / 1e6;
+      ctx.state.log.info({ method: ctx.method, path: ctx.path, status: ctx.status, ms: Math.round(ms * 100) / 100 }, 'request');
+    }
+  };
+}

@@ -1,0 +1,102 @@
+#!/usr/bin/env node
+// The `gateway` command: one entry point for every role and admin task.
+import { Command } from 'commander';
+import { Client } from '@temporalio/client';
+import { ConfigError, loadConfig, type Config } from '../config';
+import { createLogger } from '../log';
+import { ensureTools } from '../tools/binaries';
+import { connectTemporal } from '../temporal/client';
+import { startAll } from './start';
+import { configuredAddresses, runApiRole, runSandboxRole, runWorkerRole, stopOnSignals } from './roles';
+
+function configOrExit(): Config {
+  try {
+    return loadConfig();
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      process.stderr.write(`gateway: ${err.message}\n`);
+      process.exit(2);
+    }
+    throw err;
+  }
+}
+
+function fail(err: unknown): never {
+  process.stderr.write(`gateway: ${err instanceof Error ? err.message : String(err)}\n`);
+  process.exit(1);
+}
+
+export function buildProgram(): Command {
+  const program = new Command('gateway').description('Inference gateway: typed decisions, presets, routing and durable batches');
+
+  program.command('start')
+    .description('run everything on loopback: embedded Temporal and FerretDB (unless TEMPORAL_ADDRESS / MONGODB_URI are set), sandbox provider, worker and API')
+    .action(async () => {
+      const config = configOrExit();
+      await startAll(config, createLogger(config.logLevel)).catch(fail);
+    });
+
+  program.command('api')
+    .description('run the HTTP API only (with --with-worker, also a worker in the same process)')
+    .option('--with-worker', 'run a worker in the same process', false)
+    .action(async (opts: { withWorker: boolean }) => {
+      const config = configOrExit();
+      const logger = createLogger(config.logLevel, 'gateway-api');
+      const api = await runApiRole(config, logger, configuredAddresses(config), { withWorker: opts.withWorker }).catch(fail);
+      stopOnSignals(logger, [api.stop]);
+      logger.info({ url: api.url }, 'API listening');
+    });
+
+  program.command('worker')
+    .description('run a Temporal worker only')
+    .action(async () => {
+      const config = configOrExit();
+      const logger = createLogger(config.logLevel, 'gateway-worker');
+      const stop = await runWorkerRole(config, logger, configuredAddresses(config)).catch(fail);
+      stopOnSignals(logger, [stop]);
+    });
+
+  program.command('sandbox')
+    .description('run the sandbox model provider (SANDBOX_PORT)')
+    .action(async () => {
+      const config = configOrExit();
+      const logger = createLogger(config.logLevel, 'gateway-sandbox');
+      const sandbox = await runSandboxRole(config, logger).catch(fail);
+      stopOnSignals(logger, [sandbox.stop]);
+    });
+
+  program.command('tools')
+    .description('build the Temporal CLI and FerretDB from Go modules into the tools cache (TOOLS_DIR)')
+    .action(async () => {
+      const config = configOrExit();
+      const paths = await ensureTools(config.toolsDir, { temporal: true, ferretdb: true }).catch(fail);
+      process.stdout.write(`${JSON.stringify(paths, null, 2)}\n`);
+    });
+
+  program.command('check')
+    .description('end-to-end self check: a workflow whose activities write to and read from MongoDB')
+    .action(async () => {
+      const config = configOrExit();
+      const { temporalAddress } = configuredAddresses(config);
+      const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, createLogger(config.logLevel)).catch(fail);
+      try {
+        const result = await runSelfCheck(client, config.temporal.taskQueue);
+        process.stdout.write(`${JSON.stringify({ ok: true, ...result })}\n`);
+      } catch (err) {
+        fail(err);
+      } finally {
+        await connection.close();
+      }
+    });
+
+  return program;
+}
+
+export async function runSelfCheck(client: Client, taskQueue: string): Promise<{ id: string; note: string }> {
+  const id = `self-check-${Date.now().toString(36)}`;
+  return client.workflow.execute('selfCheckWorkflow', { taskQueue, workflowId: id, args: [`checked at ${new Date().toISOString()}`], workflowExecutionTimeout: '30 seconds' });
+}
+
+if (require.main === module) {
+  buildProgram().parseAsync(process.argv).catch(fail);
+}

@@ -1,0 +1,101 @@
+// The long-running roles a gateway process can play: the API (with an in-process worker, which
+// eager workflow start needs), a worker alone, and the sandbox provider. Each returns a stop function.
+import type { Config } from '../config';
+import type { Logger } from '../log';
+import { Store } from '../store';
+import { connectTemporal, pingTemporal } from '../temporal/client';
+import { createWorker } from '../worker';
+import { startApiServer } from '../api/server';
+import { listenSandbox } from '../sandbox/server';
+
+export interface Addresses {
+  mongoUri: string;
+  temporalAddress: string;
+}
+
+/** Where the services are when nothing says otherwise: the embedded stack's default ports. */
+export function configuredAddresses(config: Config): Addresses {
+  return {
+    mongoUri: config.mongo.uri ?? `mongodb://127.0.0.1:${config.mongo.embeddedPort}/`,
+    temporalAddress: config.temporal.address ?? `127.0.0.1:${config.temporal.embeddedPort}`,
+  };
+}
+
+export type Stop = () => Promise<void>;
+
+export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
+  const store = await Store.connect(addr.mongoUri, config.mongo.database);
+  const { connection } = await connectTemporal(addr.temporalAddress, config.temporal.namespace, logger);
+  const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store });
+  const running = worker.run();
+  running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
+  logger.info({ task_queue: config.temporal.taskQueue }, 'worker polling');
+  return async () => {
+    worker.shutdown();
+    await running.catch(() => undefined);
+    await connection.close();
+    await store.close();
+  };
+}
+
+export async function runApiRole(
+  config: Config,
+  logger: Logger,
+  addr: Addresses,
+  opts: { withWorker: boolean },
+): Promise<{ url: string; stop: Stop }> {
+  const store = await Store.connect(addr.mongoUri, config.mongo.database);
+  const { connection, client } = await connectTemporal(addr.temporalAddress, config.temporal.namespace, logger);
+  let stopWorker: Stop = async () => undefined;
+  if (opts.withWorker) {
+    const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store });
+    const running = worker.run();
+    running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
+    stopWorker = async () => {
+      worker.shutdown();
+      await running.catch(() => undefined);
+    };
+  }
+  const api = await startApiServer(
+    { config, logger, store, temporal: client, pingTemporal: () => pingTemporal(client) },
+    config.host,
+    config.port,
+  );
+  return {
+    url: api.url,
+    stop: async () => {
+      await api.close();
+      await stopWorker();
+      await connection.close();
+      await store.close();
+    },
+  };
+}
+
+export async function runSandboxRole(config: Config, logger: Logger): Promise<{ url: string; stop: Stop }> {
+  const sandbox = await listenSandbox('127.0.0.1', config.sandbox.port);
+  logger.info({ url: sandbox.url }, 'sandbox provider listening');
+  return { url: sandbox.url, stop: sandbox.close };
+}
+
+/** Runs until SIGINT or SIGTERM, then calls every stop function, newest first. */
+export function stopOnSignals(logger: Logger, stops: Stop[]): void {
+  let stopping = false;
+  const handler = (signal: NodeJS.Signals) => {
+    if (stopping) return;
+    stopping = true;
+    logger.info({ signal }, 'shutting down');
+    void (async () => {
+      for (const stop of [...stops].reverse()) {
+        try {
+          await stop();
+        } catch (err) {
+          logger.error({ err }, 'error while stopping');
+        }
+      }
+      process.exit(0);
+    })();
+  };
+  process.on('SIGINT', handler);
+  process.on('SIGTERM', handler);
+}

@@ -1,0 +1,113 @@
+// Every environment variable the gateway reads is declared here, once, with its default for the
+// embedded dev stack. Anything invalid stops start-up with a message naming the variable.
+import os from 'node:os';
+import path from 'node:path';
+
+export class ConfigError extends Error {
+  constructor(variable: string, value: string, expected: string) {
+    super(`Invalid environment variable ${variable}=${JSON.stringify(value)}: expected ${expected}`);
+  }
+}
+
+type Env = Record<string, string | undefined>;
+
+function read(env: Env, name: string): string | undefined {
+  const v = env[name];
+  return v === undefined || v.trim() === '' ? undefined : v.trim();
+}
+
+function port(env: Env, name: string, fallback: number): number {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  const n = Number(raw);
+  if (!/^\d+$/.test(raw) || n < 1 || n > 65535) throw new ConfigError(name, raw, 'a TCP port from 1 to 65535');
+  return n;
+}
+
+function positiveInt(env: Env, name: string, fallback: number): number {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  if (!/^\d+$/.test(raw) || Number(raw) < 1) throw new ConfigError(name, raw, 'a whole number of at least 1');
+  return Number(raw);
+}
+
+function oneOf<T extends string>(env: Env, name: string, allowed: readonly T[], fallback: T): T {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  if (!(allowed as readonly string[]).includes(raw)) throw new ConfigError(name, raw, `one of ${allowed.join(', ')}`);
+  return raw as T;
+}
+
+function url(env: Env, name: string, protocols: string[]): string | undefined {
+  const raw = read(env, name);
+  if (raw === undefined) return undefined;
+  let parsed: URL;
+  try {
+    parsed = new URL(raw);
+  } catch {
+    throw new ConfigError(name, redactUrl(raw), `a URL (${protocols.join(' or ')})`);
+  }
+  if (!protocols.includes(parsed.protocol)) throw new ConfigError(name, redactUrl(raw), `a URL (${protocols.join(' or ')})`);
+  return raw;
+}
+
+function hostPort(env: Env, name: string): string | undefined {
+  const raw = read(env, name);
+  if (raw === undefined) return undefined;
+  if (!/^[A-Za-z0-9.\-_[\]:]+:\d{1,5}$/.test(raw)) throw new ConfigError(name, raw, 'host:port');
+  return raw;
+}
+
+/** Bytes from "200kb", "10mb", "1gb" or a plain number of bytes. */
+function bytes(env: Env, name: string, fallback: number): number {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  const m = /^(\d+)\s*(b|kb|mb|gb)?$/i.exec(raw);
+  if (!m) throw new ConfigError(name, raw, 'a size such as 1048576, 512kb or 10mb');
+  const unit = { b: 1, kb: 1024, mb: 1024 ** 2, gb: 1024 ** 3 }[(m[2] ?? 'b').toLowerCase() as 'b'];
+  return Number(m[1]) * unit;
+}
+
+/** Hides a password in a connection string before it reaches a message or a log. */
+export function redactUrl(raw: string): string {
+  return raw.replace(/\/\/([^:/@]+):([^@]*)@/, '//$1:***@');
+}
+
+export function defaultToolsDir(env: Env = process.env): string {
+  const cache = read(env, 'XDG_CACHE_HOME') ?? path.join(read(env, 'HOME') ?? os.homedir(), '.cache');
+  return path.join(cache, 'inference-gateway', 'bin');
+}
+
+export function loadConfig(env: Env = process.env) {
+  const dataDir = path.resolve(read(env, 'DATA_DIR') ?? '.data');
+  return {
+    host: read(env, 'HOST') ?? '127.0.0.1',
+    port: port(env, 'PORT', 8080),
+    logLevel: oneOf(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
+    dataDir,
+    toolsDir: path.resolve(read(env, 'TOOLS_DIR') ?? defaultToolsDir(env)),
+    mongo: {
+      /** When unset, `gateway start` runs an embedded FerretDB and points this at it. */
+      uri: url(env, 'MONGODB_URI', ['mongodb:', 'mongodb+srv:']),
+      database: read(env, 'MONGODB_DATABASE') ?? 'gateway',
+      embeddedPort: port(env, 'FERRETDB_PORT', 27017),
+    },
+    temporal: {
+      /** When unset, `gateway start` runs an embedded Temporal dev server and points this at it. */
+      address: hostPort(env, 'TEMPORAL_ADDRESS'),
+      namespace: read(env, 'TEMPORAL_NAMESPACE') ?? 'default',
+      taskQueue: read(env, 'TEMPORAL_TASK_QUEUE') ?? 'gateway',
+      embeddedPort: port(env, 'TEMPORAL_PORT', 7233),
+      uiPort: port(env, 'TEMPORAL_UI_PORT', 8233),
+    },
+    sandbox: {
+      port: port(env, 'SANDBOX_PORT', 8090),
+    },
+    http: {
+      bodyLimitBytes: bytes(env, 'BODY_LIMIT', 10 * 1024 ** 2),
+      shutdownGraceMs: positiveInt(env, 'SHUTDOWN_GRACE_MS', 10_000),
+    },
+  };
+}
+
+export type Config = ReturnType<typeof loadConfig>;

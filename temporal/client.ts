@@ -1,0 +1,44 @@
+// Connections to the Temporal server. The API process shares one NativeConnection between its
+// client and its in-process worker, which eager workflow start requires.
+import { NativeConnection, Runtime, makeTelemetryFilterString } from '@temporalio/worker';
+import type { Logger } from '../log';
+import { Client } from '@temporalio/client';
+
+export interface TemporalHandles {
+  connection: NativeConnection;
+  client: Client;
+}
+
+let runtimeInstalled = false;
+
+/** Routes the SDK's own logs into ours. Must run before the first connection creates the runtime. */
+function installRuntime(logger: Logger): void {
+  if (runtimeInstalled) return;
+  runtimeInstalled = true;
+  // The SDK narrates worker state changes at info; keep only its warnings unless debugging.
+  const log = logger.child({ component: 'temporal-sdk' }, { level: logger.levelVal < 30 ? logger.level : 'warn' });
+  const at = (level: string) => (level === 'TRACE' ? 'trace' : level === 'DEBUG' ? 'debug' : level === 'WARN' ? 'warn' : level === 'ERROR' ? 'error' : 'info');
+  Runtime.install({
+    logger: {
+      log: (level, message, meta) => log[at(level)](meta ?? {}, message),
+      trace: (message, meta) => log.trace(meta ?? {}, message),
+      debug: (message, meta) => log.debug(meta ?? {}, message),
+      info: (message, meta) => log.info(meta ?? {}, message),
+      warn: (message, meta) => log.warn(meta ?? {}, message),
+      error: (message, meta) => log.error(meta ?? {}, message),
+    },
+    telemetryOptions: { logging: { filter: makeTelemetryFilterString({ core: 'WARN' }), forward: {} } },
+  });
+}
+
+export async function connectTemporal(address: string, namespace: string, logger: Logger): Promise<TemporalHandles> {
+  installRuntime(logger);
+  const connection = await NativeConnection.connect({ address });
+  const client = new Client({ connection, namespace });
+  return { connection, client };
+}
+
+/** A cheap round trip that fails fast when the server is gone. */
+export async function pingTemporal(client: Client, timeoutMs = 2_000): Promise<void> {
+  await client.connection.withDeadline(Date.now() + timeoutMs, () => client.workflowService.getSystemInfo({}));
+}

@@ -1,0 +1,52 @@
+import { expect } from 'chai';
+import path from 'node:path';
+import { ConfigError, loadConfig } from '../config';
+
+describe('config', () => {
+  it('defaults to the embedded stack on loopback', () => {
+    const c = loadConfig({ HOME: '/home/u' });
+    expect(c.port).to.equal(8080);
+    expect(c.host).to.equal('127.0.0.1');
+    expect(c.mongo.uri).to.equal(undefined);
+    expect(c.temporal.address).to.equal(undefined);
+    expect(c.temporal.uiPort).to.equal(8233);
+    expect(c.dataDir).to.equal(path.resolve('.data'));
+    expect(c.toolsDir).to.equal('/home/u/.cache/inference-gateway/bin');
+  });
+
+  it('reads every documented variable', () => {
+    const c = loadConfig({
+      PORT: '9000', MONGODB_URI: 'mongodb://db:27017/', TEMPORAL_ADDRESS: 'temporal:7233', LOG_LEVEL: 'debug',
+      BODY_LIMIT: '2mb', DATA_DIR: '/tmp/x', TOOLS_DIR: '/opt/tools', TEMPORAL_TASK_QUEUE: 'q', MONGODB_DATABASE: 'g2',
+    });
+    expect(c.port).to.equal(9000);
+    expect(c.mongo.uri).to.equal('mongodb://db:27017/');
+    expect(c.mongo.database).to.equal('g2');
+    expect(c.temporal.address).to.equal('temporal:7233');
+    expect(c.temporal.taskQueue).to.equal('q');
+    expect(c.logLevel).to.equal('debug');
+    expect(c.http.bodyLimitBytes).to.equal(2 * 1024 * 1024);
+    expect(c.dataDir).to.equal('/tmp/x');
+    expect(c.toolsDir).to.equal('/opt/tools');
+  });
+
+  const invalid: [string, string][] = [
+    ['PORT', 'eighty'], ['PORT', '70000'], ['PORT', '0'], ['TEMPORAL_PORT', '-1'], ['LOG_LEVEL', 'loud'],
+    ['MONGODB_URI', 'http://db'], ['MONGODB_URI', 'not a url'], ['TEMPORAL_ADDRESS', 'no-port'],
+    ['BODY_LIMIT', 'ten'], ['SHUTDOWN_GRACE_MS', '0'],
+  ];
+  for (const [name, value] of invalid) {
+    it(`rejects ${name}=${value} with a message naming the variable`, () => {
+      expect(() => loadConfig({ [name]: value })).to.throw(ConfigError, name);
+    });
+  }
+
+  it('never echoes a database password in its error', () => {
+    try {
+      loadConfig({ MONGODB_URI: 'http://admin:s3cret@db/' });
+      expect.fail('should throw');
+    } catch (err) {
+      expect((err as Error).message).to.include('MONGODB_URI').and.not.include('s3cret');
+    }
+  });
+});

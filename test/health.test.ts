@@ -1,0 +1,78 @@
+import { expect } from 'chai';
+import fs from 'node:fs';
+import path from 'node:path';
+import { startFerretDB } from '../tools/services';
+import { freePort } from '../tools/processes';
+import { stack } from './fixture';
+import { capturingLogger, startTestGateway, type TestGateway } from './helpers';
+
+describe('health, request ids and the error envelope', () => {
+  let gw: TestGateway;
+  const { logger, lines } = capturingLogger();
+
+  before(async () => { gw = await startTestGateway({ withWorker: false, logger }); });
+  after(async () => { await gw.stop(); });
+
+  it('GET /healthz answers 200 while the process is up', async () => {
+    const res = await fetch(`${gw.url}/healthz`);
+    expect(res.status).to.equal(200);
+    expect(await res.json()).to.deep.equal({ status: 'ok' });
+  });
+
+  it('GET /readyz answers 200 with MongoDB and Temporal both reachable', async () => {
+    const res = await fetch(`${gw.url}/readyz`);
+    expect(res.status).to.equal(200);
+    expect(await res.json()).to.deep.equal({ status: 'ok', checks: { mongodb: 'ok', temporal: 'ok' } });
+  });
+
+  it('generates a request id, echoes it, and puts it on the request log line', async () => {
+    const res = await fetch(`${gw.url}/healthz`);
+    const id = res.headers.get('x-request-id');
+    expect(id).to.match(/^[0-9a-f-]{36}$/);
+    const line = lines.find((l) => l.request_id === id);
+    expect(line).to.include({ msg: 'request', path: '/healthz', status: 200, method: 'GET' });
+  });
+
+  it("keeps a caller's sane x-request-id and replaces an unsafe one", async () => {
+    const kept = await fetch(`${gw.url}/healthz`, { headers: { 'x-request-id': 'trace-abc.123' } });
+    expect(kept.headers.get('x-request-id')).to.equal('trace-abc.123');
+    const replaced = await fetch(`${gw.url}/healthz`, { headers: { 'x-request-id': 'bad id with spaces' } });
+    expect(replaced.headers.get('x-request-id')).to.match(/^[0-9a-f-]{36}$/);
+  });
+
+  it('answers unknown routes with 404 in the error envelope', async () => {
+    const res = await fetch(`${gw.url}/nope`);
+    expect(res.status).to.equal(404);
+    expect(await res.json()).to.deep.equal({ error: { code: 404, message: 'No route for GET /nope', metadata: null }, user_id: null });
+  });
+
+  it('answers a wrong method with 405 in the error envelope', async () => {
+    const res = await fetch(`${gw.url}/healthz`, { method: 'DELETE' });
+    expect(res.status).to.equal(405);
+    const body: any = await res.json();
+    expect(body.error.code).to.equal(405);
+    expect(body.error.message).to.be.a('string');
+  });
+});
+
+describe('GET /readyz when MongoDB goes away', () => {
+  it('turns 503 and names MongoDB as the failing part', async () => {
+    // A FerretDB of this test's own, so stopping it leaves the shared one alone.
+    const dataDir = path.join(stack.tmpDir, `ferret-readyz-${Date.now()}`);
+    const ferret = await startFerretDB({ binary: stack.tools!.ferretdb, port: await freePort(), dataDir });
+    const gw = await startTestGateway({ withWorker: false, mongoUri: ferret.address });
+    try {
+      expect((await fetch(`${gw.url}/readyz`)).status).to.equal(200);
+      await ferret.process.stop();
+      const res = await fetch(`${gw.url}/readyz`);
+      expect(res.status).to.equal(503);
+      const body: any = await res.json();
+      expect(body.error.code).to.equal(503);
+      expect(body.error.message).to.match(/^Not ready: mongodb: /);
+      expect(body.error.metadata).to.deep.equal({ mongodb: 'unavailable', temporal: 'ok' });
+    } finally {
+      await gw.stop().catch(() => undefined);
+      fs.rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+});

@@ -1,0 +1,136 @@
+// Builds the two dev-stack binaries from Go modules (neither is on npm or Debian) into a cache
+// directory outside the checkout, once. Builds go to a temporary name and are renamed into place,
+// so an interrupted build never leaves a half-written binary behind.
+import { spawn, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import readline from 'node:readline';
+
+export const TEMPORAL_CLI_VERSION = 'v1.5.1';
+export const FERRETDB_VERSION = 'v1.24.2';
+
+export class ToolBuildError extends Error {}
+
+export interface ToolPaths {
+  temporal: string;
+  ferretdb: string;
+}
+
+type Progress = (line: string) => void;
+
+export function toolPaths(toolsDir: string): ToolPaths {
+  return {
+    temporal: path.join(toolsDir, `temporal-${TEMPORAL_CLI_VERSION}`),
+    ferretdb: path.join(toolsDir, `ferretdb-${FERRETDB_VERSION}`),
+  };
+}
+
+function isExecutable(file: string): boolean {
+  try {
+    fs.accessSync(file, fs.constants.X_OK);
+    return fs.statSync(file).isFile();
+  } catch {
+    return false;
+  }
+}
+
+function requireGo(what: string, alternative: string): void {
+  const probe = spawnSync('go', ['version'], { encoding: 'utf8' });
+  if (probe.error || probe.status !== 0) {
+    throw new ToolBuildError(
+      `Cannot build ${what}: the Go toolchain ('go') is not on PATH. Install Go 1.25 or newer ` +
+        `(it builds ${what} once, into the tools cache), or set ${alternative} to use a running server instead.`,
+    );
+  }
+}
+
+/** Runs a Go command, turning its verbose package list into periodic progress lines. */
+function runGo(args: string[], opts: { cwd: string; env?: NodeJS.ProcessEnv; label: string; progress: Progress }): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const child = spawn('go', args, { cwd: opts.cwd, env: { ...process.env, ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const tail: string[] = [];
+    let stdout = '';
+    let packages = 0;
+    let downloads = 0;
+    const started = Date.now();
+    const report = () => opts.progress(`${opts.label}: ${downloads} modules fetched, ${packages} packages compiled (${Math.round((Date.now() - started) / 1000)}s)`);
+    const ticker = setInterval(report, 15_000);
+    child.stdout.on('data', (b: Buffer) => { stdout += b.toString(); });
+    readline.createInterface({ input: child.stderr }).on('line', (line) => {
+      if (line.startsWith('go: downloading')) downloads++;
+      else if (/^[\w.\-/]+$/.test(line)) packages++;
+      tail.push(line);
+      if (tail.length > 30) tail.shift();
+    });
+    child.on('error', (err) => { clearInterval(ticker); reject(new ToolBuildError(`${opts.label}: could not run go: ${err.message}`)); });
+    child.on('close', (code) => {
+      clearInterval(ticker);
+      if (code === 0) {
+        report();
+        resolve(stdout);
+      } else {
+        reject(new ToolBuildError(`${opts.label} failed (go ${args.join(' ')}, exit ${code}):\n${tail.join('\n')}`));
+      }
+    });
+  });
+}
+
+async function buildTemporal(target: string, progress: Progress): Promise<void> {
+  requireGo(`the Temporal CLI ${TEMPORAL_CLI_VERSION}`, 'TEMPORAL_ADDRESS');
+  const gobin = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-temporal-'));
+  try {
+    progress(`building the Temporal CLI ${TEMPORAL_CLI_VERSION} from Go modules (several minutes the first time)…`);
+    await runGo(['install', '-v', `github.com/temporalio/cli/cmd/temporal@${TEMPORAL_CLI_VERSION}`], {
+      cwd: gobin, env: { GOBIN: gobin }, label: 'temporal build', progress,
+    });
+    fs.mkdirSync(path.dirname(target), { recursive: true });
+    fs.copyFileSync(path.join(gobin, 'temporal'), `${target}.tmp`);
+    fs.chmodSync(`${target}.tmp`, 0o755);
+    fs.renameSync(`${target}.tmp`, target);
+  } finally {
+    fs.rmSync(gobin, { recursive: true, force: true });
+  }
+}
+
+async function buildFerretDB(target: string, progress: Progress): Promise<void> {
+  requireGo(`FerretDB ${FERRETDB_VERSION}`, 'MONGODB_URI');
+  const work = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-ferretdb-'));
+  try {
+    progress(`building FerretDB ${FERRETDB_VERSION} from Go modules (a few minutes the first time)…`);
+    const info = JSON.parse(await runGo(['mod', 'download', '-json', `github.com/FerretDB/FerretDB@${FERRETDB_VERSION}`], {
+      cwd: work, label: 'ferretdb download', progress,
+    })) as { Dir?: string; Error?: string };
+    if (!info.Dir) throw new ToolBuildError(`ferretdb download gave no source directory${info.Error ? `: ${info.Error}` : ''}`);
+    // The module cache is read-only, and the module zip lacks build/version/version.txt, without
+    // which the binary panics at start-up; so build from a writable copy with that file written.
+    const src = path.join(work, 'src');
+    fs.cpSync(info.Dir, src, { recursive: true });
+    spawnSync('chmod', ['-R', 'u+w', src]);
+    fs.writeFileSync(path.join(src, 'build', 'version', 'version.txt'), `${FERRETDB_VERSION}\n`);
+    await runGo(['build', '-v', '-buildvcs=false', '-o', path.join(work, 'ferretdb'), './cmd/ferretdb'], {
+      cwd: src, label: 'ferretdb build', progress,
+    });
+    fs.mkdirSync(path.dirname(target), { recursive: true });
+    fs.copyFileSync(path.join(work, 'ferretdb'), `${target}.tmp`);
+    fs.chmodSync(`${target}.tmp`, 0o755);
+    fs.renameSync(`${target}.tmp`, target);
+  } finally {
+    fs.rmSync(work, { recursive: true, force: true });
+  }
+}
+
+/** Returns the paths of the binaries that are needed, building any that are missing. */
+export async function ensureTools(
+  toolsDir: string,
+  need: { temporal: boolean; ferretdb: boolean },
+  progress: Progress = (l) => process.stderr.write(`${l}\n`),
+): Promise<ToolPaths> {
+  const paths = toolPaths(toolsDir);
+  const builds: Promise<void>[] = [];
+  if (need.temporal && !isExecutable(paths.temporal)) builds.push(buildTemporal(paths.temporal, progress));
+  if (need.ferretdb && !isExecutable(paths.ferretdb)) builds.push(buildFerretDB(paths.ferretdb, progress));
+  // Both builds at once: each is mostly waiting on downloads and single packages.
+  await Promise.all(builds);
+  return paths;
+}

@@ -1,0 +1,79 @@
+// The embedded default stack: a Temporal dev server and FerretDB on loopback, with their data in
+// a directory of ours so a restart reuses it.
+import fs from 'node:fs';
+import path from 'node:path';
+import { MongoClient } from 'mongodb';
+import { Connection } from '@temporalio/client';
+import { searchAttributes } from '../workflows/shared';
+import { startProcess, tcpReachable, type ManagedProcess } from './processes';
+
+export interface RunningService {
+  process: ManagedProcess;
+  /** Address a client connects to: host:port for Temporal, a mongodb:// URI for FerretDB. */
+  address: string;
+}
+
+export interface TemporalServerOptions {
+  binary: string;
+  port: number;
+  /** Web UI port, or null for a headless server (tests). */
+  uiPort: number | null;
+  /** SQLite file for persistence, or null for an in-memory server. */
+  dbFile: string | null;
+  namespace: string;
+}
+
+export async function startTemporalServer(opts: TemporalServerOptions): Promise<RunningService> {
+  const args = ['server', 'start-dev', '--ip', '127.0.0.1', '--port', String(opts.port), '--namespace', opts.namespace, '--log-level', 'warn'];
+  args.push(...(opts.uiPort === null ? ['--headless'] : ['--ui-port', String(opts.uiPort)]));
+  if (opts.dbFile) {
+    fs.mkdirSync(path.dirname(opts.dbFile), { recursive: true });
+    args.push('--db-filename', opts.dbFile);
+  }
+  for (const key of Object.values(searchAttributes)) {
+    args.push('--search-attribute', `${key.name}=${key.type === 'KEYWORD' ? 'Keyword' : key.type}`);
+  }
+  const proc = startProcess('temporal', opts.binary, args);
+  const address = `127.0.0.1:${opts.port}`;
+  await proc.waitUntil(async () => {
+    await tcpReachable('127.0.0.1', opts.port);
+    const conn = await Connection.connect({ address, connectTimeout: 1_000 });
+    try {
+      await conn.workflowService.describeNamespace({ namespace: opts.namespace });
+    } finally {
+      await conn.close();
+    }
+  }, 60_000, `answering on ${address}`);
+  return { process: proc, address };
+}
+
+export interface FerretOptions {
+  binary: string;
+  port: number;
+  /** Directory for the SQLite files (one per database). */
+  dataDir: string;
+}
+
+export async function startFerretDB(opts: FerretOptions): Promise<RunningService> {
+  fs.mkdirSync(opts.dataDir, { recursive: true });
+  const proc = startProcess('ferretdb', opts.binary, [
+    '--handler=sqlite',
+    `--sqlite-url=file:${path.resolve(opts.dataDir)}/`,
+    `--listen-addr=127.0.0.1:${opts.port}`,
+    '--state-dir=-',
+    '--debug-addr=-',
+    '--telemetry=disable',
+    '--log-level=warn',
+  ], { ...process.env, DO_NOT_TRACK: 'true' });
+  const address = `mongodb://127.0.0.1:${opts.port}/`;
+  await proc.waitUntil(async () => {
+    await tcpReachable('127.0.0.1', opts.port);
+    const client = new MongoClient(address, { serverSelectionTimeoutMS: 1_000 });
+    try {
+      await client.db('admin').command({ ping: 1 });
+    } finally {
+      await client.close();
+    }
+  }, 30_000, `answering on ${address}`);
+  return { process: proc, address };
+}

@@ -1,0 +1,9 @@
+// Names shared by workflows, the worker and clients. Importable from workflow code (no I/O).
+import { defineSearchAttributeKey } from '@temporalio/common';
+
+/** Custom search attributes the batch workflow keeps current, registered when the dev server starts. */
+export const searchAttributes = {
+  workspace: defineSearchAttributeKey('GatewayWorkspace', 'KEYWORD'),
+  batchStatus: defineSearchAttributeKey('GatewayBatchStatus', 'KEYWORD'),
+  model: defineSearchAttributeKey('GatewayModel', 'KEYWORD'),
+} as const;
