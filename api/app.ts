@@ -1,11 +1,43 @@
 // The Koa application: request context ▶ error envelope ▶ routes. Anything unmatched is a 404 or
 // 405 in the same envelope.
 import Koa from 'koa';
+import Router from '@koa/router';
+import { Type } from '@sinclair/typebox';
 import { MethodNotAllowedError, NotFoundError } from '../errors';
 import { errorMiddleware } from './errors';
 import { requestContext } from './request-context';
 import { healthRoutes } from './routes/health';
+import { accountRoutes } from './routes/accounts';
+import { defineRoute, mountRoutes, type AnyRoute } from './route';
+import { buildOpenApi } from './openapi';
 import type { AppDeps } from './deps';
+
+export const API_PREFIX = '/api/v1';
+const API_VERSION = '1.0.0';
+
+/** Every /api/v1 route, in the order the OpenAPI document lists them. */
+export function apiRoutes(deps: AppDeps): AnyRoute[] {
+  const routes: AnyRoute[] = [...accountRoutes(deps)];
+  let document: Record<string, unknown> | null = null;
+  routes.push(defineRoute({
+    method: 'get', path: '/openapi.json', tag: 'Meta', auth: 'none',
+    summary: 'This OpenAPI 3.1 document',
+    responses: { 200: { description: 'OpenAPI document', schema: Type.Object({}, { additionalProperties: true }) } },
+    handler: (ctx) => {
+      document ??= buildOpenApi(routes, API_VERSION);
+      ctx.body = document;
+    },
+  }));
+  return routes;
+}
+
+function allowedMethods(router: Router): Koa.Middleware {
+  return router.allowedMethods({
+    throw: true,
+    methodNotAllowed: () => new MethodNotAllowedError('Method not allowed on this route'),
+    notImplemented: () => new MethodNotAllowedError('Method not implemented'),
+  }) as Koa.Middleware;
+}
 
 export function createApp(deps: AppDeps): Koa {
   const app = new Koa();
@@ -19,13 +51,11 @@ export function createApp(deps: AppDeps): Koa {
     if (ctx.status === 404 && ctx.body == null) throw new NotFoundError(`No route for ${ctx.method} ${ctx.path}`);
   });
 
-  for (const router of [healthRoutes(deps)]) {
-    app.use(router.routes());
-    app.use(router.allowedMethods({
-      throw: true,
-      methodNotAllowed: () => new MethodNotAllowedError('Method not allowed on this route'),
-      notImplemented: () => new MethodNotAllowedError('Method not implemented'),
-    }));
+  const api = new Router({ prefix: API_PREFIX });
+  mountRoutes(api, apiRoutes(deps), deps);
+  for (const router of [healthRoutes(deps), api]) {
+    app.use(router.routes() as Koa.Middleware);
+    app.use(allowedMethods(router));
   }
   return app;
 }

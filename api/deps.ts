@@ -3,6 +3,7 @@ import type { Client } from '@temporalio/client';
 import type { Config } from '../config';
 import type { Logger } from '../log';
 import type { Store } from '../store';
+import type { RateLimiter } from '../accounts/rate-limit';
 
 export interface AppDeps {
   config: Config;
@@ -10,4 +11,5 @@ export interface AppDeps {
   store: Store;
   temporal: Client;
   pingTemporal: () => Promise<void>;
+  rateLimiter: RateLimiter;
 }

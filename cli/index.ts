@@ -7,6 +7,7 @@ import { createLogger } from '../log';
 import { ensureTools } from '../tools/binaries';
 import { connectTemporal } from '../temporal/client';
 import { startAll } from './start';
+import { addAdminCommands } from './admin';
 import { configuredAddresses, runApiRole, runSandboxRole, runWorkerRole, stopOnSignals } from './roles';
 
 function configOrExit(): Config {
@@ -89,6 +90,7 @@ export function buildProgram(): Command {
       }
     });
 
+  addAdminCommands(program, configOrExit);
   return program;
 }
 

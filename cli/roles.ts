@@ -7,6 +7,7 @@ import { connectTemporal, pingTemporal } from '../temporal/client';
 import { createWorker } from '../worker';
 import { startApiServer } from '../api/server';
 import { listenSandbox } from '../sandbox/server';
+import { RateLimiter } from '../accounts/rate-limit';
 
 export interface Addresses {
   mongoUri: string;
@@ -57,7 +58,10 @@ export async function runApiRole(
     };
   }
   const api = await startApiServer(
-    { config, logger, store, temporal: client, pingTemporal: () => pingTemporal(client) },
+    {
+      config, logger, store, temporal: client, pingTemporal: () => pingTemporal(client),
+      rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds),
+    },
     config.host,
     config.port,
   );

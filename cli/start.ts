@@ -7,6 +7,8 @@ import { ensureTools } from '../tools/binaries';
 import { startFerretDB, startTemporalServer } from '../tools/services';
 import { startProcess } from '../tools/processes';
 import { runApiRole, stopOnSignals, type Stop } from './roles';
+import { Store } from '../store';
+import { bootstrapIfEmpty } from '../accounts/bootstrap';
 
 const say = (line: string) => process.stdout.write(`gateway ▸ ${line}\n`);
 
@@ -47,6 +49,13 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
     if (!res.ok) throw new Error(`status ${res.status}`);
   }, 15_000, `answering on ${sandboxUrl}`);
   say(`sandbox provider on ${sandboxUrl}`);
+
+  const store = await Store.connect(mongoUri, config.mongo.database);
+  const first = await bootstrapIfEmpty(store, config.credits.welcomeUsd).finally(() => store.close());
+  if (first) {
+    say(`created workspace "default" with $${config.credits.welcomeUsd} of credits and its first management key (shown once, store it now):`);
+    say(`  ${first.key}`);
+  }
 
   const api = await runApiRole(config, logger, { mongoUri, temporalAddress }, { withWorker: true });
   stops.push(api.stop);

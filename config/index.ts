@@ -31,6 +31,14 @@ function positiveInt(env: Env, name: string, fallback: number): number {
   return Number(raw);
 }
 
+function positiveNumber(env: Env, name: string, fallback: number): number {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  const n = Number(raw);
+  if (!Number.isFinite(n) || n <= 0) throw new ConfigError(name, raw, 'a positive number');
+  return n;
+}
+
 function oneOf<T extends string>(env: Env, name: string, allowed: readonly T[], fallback: T): T {
   const raw = read(env, name);
   if (raw === undefined) return fallback;
@@ -102,6 +110,15 @@ export function loadConfig(env: Env = process.env) {
     },
     sandbox: {
       port: port(env, 'SANDBOX_PORT', 8090),
+    },
+    rateLimit: {
+      /** Requests each API key may make per window, counted across all API processes. */
+      requests: positiveInt(env, 'RATE_LIMIT_REQUESTS', 600),
+      windowSeconds: positiveInt(env, 'RATE_LIMIT_WINDOW_SECONDS', 60),
+    },
+    credits: {
+      /** Granted to the `default` workspace that the first start creates, so a first call works. */
+      welcomeUsd: positiveNumber(env, 'WELCOME_CREDITS_USD', 10),
     },
     http: {
       bodyLimitBytes: bytes(env, 'BODY_LIMIT', 10 * 1024 ** 2),

@@ -8,6 +8,63 @@ export interface ProbeDoc extends Document {
   written_at: Date;
 }
 
+export interface WorkspaceDoc extends Document {
+  _id: string; // UUID
+  name: string;
+  created_at: Date;
+  /** Account-wide routing settings, merged with per-request provider preferences. */
+  settings: { ignore?: string[]; only?: string[] };
+}
+
+export type KeyKind = 'inference' | 'management';
+
+export interface ApiKeyDoc extends Document {
+  /** SHA-256 of the key: authentication is one `_id` lookup, the only fast query on FerretDB. */
+  _id: string;
+  id: string; // public id, `key_…`
+  workspace_id: string;
+  kind: KeyKind;
+  name: string;
+  /** First characters of the key, for people to recognise it; never enough to use it. */
+  label: string;
+  created_at: Date;
+  revoked_at: Date | null;
+}
+
+export interface CreditGrantDoc extends Document {
+  _id: string;
+  workspace_id: string;
+  amount: number; // USD
+  note: string;
+  created_at: Date;
+}
+
+/** One billable call. `_id` is the generation id, so recording it twice is impossible. */
+export interface UsageDoc extends Document {
+  _id: string;
+  workspace_id: string;
+  key_id: string;
+  kind: 'decision' | 'batch_line' | 'completion';
+  model: string;
+  provider: string | null;
+  input_tokens: number;
+  output_tokens: number;
+  cost: number; // USD, debited from the workspace balance
+  session_id: string | null;
+  user: string | null;
+  trace: Record<string, unknown> | null;
+  app: { referer: string | null; title: string | null; categories: string[] };
+  batch_id: string | null;
+  created_at: Date;
+}
+
+/** A request admitted in one rate-limit window: `_id` = key id : window : ticket number. */
+export interface RateTicketDoc extends Document {
+  _id: string;
+  key_id: string;
+  window: number;
+}
+
 export class Store {
   private constructor(readonly client: MongoClient, readonly db: Db) {}
 
@@ -20,11 +77,40 @@ export class Store {
       appName: 'inference-gateway',
     });
     await client.connect();
-    return new Store(client, client.db(database));
+    const store = new Store(client, client.db(database));
+    await store.ensureIndexes();
+    return store;
   }
 
   get probes(): Collection<ProbeDoc> {
     return this.db.collection<ProbeDoc>('probes');
+  }
+
+  get workspaces(): Collection<WorkspaceDoc> {
+    return this.db.collection<WorkspaceDoc>('workspaces');
+  }
+
+  get apiKeys(): Collection<ApiKeyDoc> {
+    return this.db.collection<ApiKeyDoc>('api_keys');
+  }
+
+  get creditGrants(): Collection<CreditGrantDoc> {
+    return this.db.collection<CreditGrantDoc>('credit_grants');
+  }
+
+  get usage(): Collection<UsageDoc> {
+    return this.db.collection<UsageDoc>('usage');
+  }
+
+  get rateTickets(): Collection<RateTicketDoc> {
+    return this.db.collection<RateTicketDoc>('rate_tickets');
+  }
+
+  /** Idempotent; run at start-up by every process. */
+  async ensureIndexes(): Promise<void> {
+    await this.workspaces.createIndex({ name: 1 }, { unique: true });
+    await this.apiKeys.createIndex({ id: 1 }, { unique: true });
+    await this.usage.createIndex({ workspace_id: 1, created_at: -1 });
   }
 
   /** Round trip to the server, bounded so a dead database answers quickly. */
@@ -47,4 +133,9 @@ export async function withTimeout<T>(p: Promise<T>, ms: number, message: string)
   } finally {
     clearTimeout(timer);
   }
+}
+
+/** True for a unique-index violation (E11000), which FerretDB also reports on insert. */
+export function isDuplicateKey(err: unknown): boolean {
+  return (err as { code?: number })?.code === 11000;
 }

@@ -6,6 +6,10 @@ import { createLogger, type Logger } from '../log';
 import { runApiRole } from '../cli/roles';
 import { freePort } from '../tools/processes';
 import { stack } from './fixture';
+import { Store } from '../store';
+import { createWorkspace } from '../accounts/workspaces';
+import { createKey } from '../accounts/keys';
+import { grantCredits } from '../accounts/credits';
 
 export function uniqueName(prefix: string): string {
   return `${prefix}-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
@@ -26,7 +30,42 @@ export function capturingLogger(level = 'info'): { logger: Logger; lines: Record
 export interface TestGateway {
   url: string;
   config: Config;
+  /** A connection of the test's own to the gateway's database. */
+  store: Store;
   stop(): Promise<void>;
+}
+
+export interface Tenant {
+  workspaceId: string;
+  managementKey: string;
+  inferenceKey: string;
+  inferenceKeyId: string;
+  managementKeyId: string;
+}
+
+/** A workspace with credits, one management and one inference key. */
+export async function createTenant(store: Store, credits = 10): Promise<Tenant> {
+  const ws = await createWorkspace(store, uniqueName('ws'));
+  if (credits > 0) await grantCredits(store, ws._id, credits);
+  const m = await createKey(store, ws._id, { kind: 'management' });
+  const i = await createKey(store, ws._id, { kind: 'inference' });
+  return { workspaceId: ws._id, managementKey: m.key, managementKeyId: m.id, inferenceKey: i.key, inferenceKeyId: i.id };
+}
+
+/** fetch against the gateway with a bearer key and a JSON body; returns status, headers and parsed body. */
+export async function call(url: string, opts: { method?: string; key?: string; body?: unknown; headers?: Record<string, string> } = {}) {
+  const headers: Record<string, string> = { ...opts.headers };
+  if (opts.key) headers.authorization = `Bearer ${opts.key}`;
+  let payload: string | undefined;
+  if (opts.body !== undefined) {
+    payload = typeof opts.body === 'string' ? opts.body : JSON.stringify(opts.body);
+    headers['content-type'] ??= 'application/json';
+  }
+  const res = await fetch(url, { method: opts.method ?? (payload ? 'POST' : 'GET'), headers, body: payload });
+  const text = await res.text();
+  let body: any = text;
+  try { body = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: res.status, headers: res.headers, body };
 }
 
 export async function startTestGateway(
@@ -44,5 +83,12 @@ export async function startTestGateway(
   });
   const logger = opts.logger ?? createLogger('silent');
   const api = await runApiRole(config, logger, { mongoUri, temporalAddress: stack.temporalAddress }, { withWorker: opts.withWorker ?? true });
-  return { url: api.url, config, stop: api.stop };
+  const store = await Store.connect(mongoUri, config.mongo.database);
+  return {
+    url: api.url, config, store,
+    stop: async () => {
+      await store.close();
+      await api.stop();
+    },
+  };
 }

@@ -1,0 +1,55 @@
+// Credits and the usage ledger. The balance is derived: grants minus the cost of usage records.
+// A usage record's `_id` is its generation id, so the debit is one insert: atomic on any MongoDB
+// (FerretDB included, which has no transactions) and impossible to apply twice when a call retries.
+import { randomUUID } from 'node:crypto';
+import { PaymentRequiredError } from '../errors';
+import { isDuplicateKey, type CreditGrantDoc, type Store, type UsageDoc } from '../store';
+
+export interface Balance {
+  total_credits: number;
+  total_usage: number;
+  balance: number;
+}
+
+export async function grantCredits(store: Store, workspaceId: string, amount: number, note = 'credits added'): Promise<CreditGrantDoc> {
+  if (!Number.isFinite(amount) || amount <= 0) throw new RangeError('amount must be a positive number of USD');
+  const doc: CreditGrantDoc = { _id: randomUUID(), workspace_id: workspaceId, amount, note, created_at: new Date() };
+  await store.creditGrants.insertOne(doc);
+  return doc;
+}
+
+async function sum(coll: Store['creditGrants'] | Store['usage'], workspaceId: string, field: 'amount' | 'cost'): Promise<number> {
+  const [row] = await (coll as Store['usage'])
+    .aggregate<{ total: number }>([{ $match: { workspace_id: workspaceId } }, { $group: { _id: null, total: { $sum: `$${field}` } } }])
+    .toArray();
+  return row?.total ?? 0;
+}
+
+export async function getBalance(store: Store, workspaceId: string): Promise<Balance> {
+  const [credits, usage] = await Promise.all([sum(store.creditGrants, workspaceId, 'amount'), sum(store.usage, workspaceId, 'cost')]);
+  // Rounded to micro-dollars so float sums read as money.
+  const round = (n: number) => Math.round(n * 1e6) / 1e6;
+  return { total_credits: round(credits), total_usage: round(usage), balance: round(credits - usage) };
+}
+
+/** Billable operations call this first: 402 unless the balance is positive. */
+export async function assertCanSpend(store: Store, workspaceId: string): Promise<void> {
+  const { balance } = await getBalance(store, workspaceId);
+  if (balance <= 0) {
+    throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance });
+  }
+}
+
+/**
+ * Records one billable call and so debits its cost. Returns false when that generation was
+ * already recorded (a retried call): nothing is debited a second time.
+ */
+export async function recordUsage(store: Store, usage: Omit<UsageDoc, 'created_at'> & { created_at?: Date }): Promise<boolean> {
+  try {
+    await store.usage.insertOne({ ...usage, created_at: usage.created_at ?? new Date() } as UsageDoc);
+    return true;
+  } catch (err) {
+    if (isDuplicateKey(err)) return false;
+    throw err;
+  }
+}

@@ -1,0 +1,77 @@
+// API keys. A key is 256 random bits shown once; only its SHA-256 is stored (a slow password hash
+// buys nothing against keys this long, and authentication stays one `_id` lookup).
+import { createHash, randomBytes } from 'node:crypto';
+import { NotFoundError } from '../errors';
+import type { ApiKeyDoc, KeyKind, Store } from '../store';
+
+const KEY_PREFIX = 'sk-gw-v1-';
+const KEY_SHAPE = /^sk-gw-v1-[0-9a-f]{64}$/;
+
+export function hashKey(key: string): string {
+  return createHash('sha256').update(key).digest('hex');
+}
+
+export interface PublicKey {
+  id: string;
+  workspace_id: string;
+  kind: KeyKind;
+  name: string;
+  label: string;
+  created_at: string;
+  revoked_at: string | null;
+}
+
+export function publicKey(doc: ApiKeyDoc): PublicKey {
+  return {
+    id: doc.id, workspace_id: doc.workspace_id, kind: doc.kind, name: doc.name, label: doc.label,
+    created_at: doc.created_at.toISOString(), revoked_at: doc.revoked_at?.toISOString() ?? null,
+  };
+}
+
+/** Creates a key; the returned `key` is the only time the secret exists outside the caller. */
+export async function createKey(
+  store: Store,
+  workspaceId: string,
+  opts: { kind: KeyKind; name?: string },
+): Promise<PublicKey & { key: string }> {
+  const key = KEY_PREFIX + randomBytes(32).toString('hex');
+  const doc: ApiKeyDoc = {
+    _id: hashKey(key),
+    id: `key_${randomBytes(12).toString('hex')}`,
+    workspace_id: workspaceId,
+    kind: opts.kind,
+    name: opts.name ?? `${opts.kind} key`,
+    label: `${key.slice(0, KEY_PREFIX.length + 6)}…${key.slice(-4)}`,
+    created_at: new Date(),
+    revoked_at: null,
+  };
+  await store.apiKeys.insertOne(doc);
+  return { ...publicKey(doc), key };
+}
+
+/** The key's record when the bearer token is a live key; null for anything else. */
+export async function authenticateKey(store: Store, token: string): Promise<ApiKeyDoc | null> {
+  if (!KEY_SHAPE.test(token)) return null;
+  const doc = await store.apiKeys.findOne({ _id: hashKey(token) });
+  return doc && !doc.revoked_at ? doc : null;
+}
+
+export async function listKeys(store: Store, workspaceId?: string): Promise<PublicKey[]> {
+  const docs = await store.apiKeys.find(workspaceId ? { workspace_id: workspaceId } : {}).sort({ created_at: 1 }).toArray();
+  return docs.map(publicKey);
+}
+
+/**
+ * Revokes a key. With a workspace given, a key of another workspace is "not found": callers never
+ * learn that it exists.
+ */
+export async function revokeKey(store: Store, id: string, workspaceId?: string): Promise<PublicKey> {
+  const filter = workspaceId ? { id, workspace_id: workspaceId } : { id };
+  const doc = await store.apiKeys.findOne(filter);
+  if (!doc) throw new NotFoundError(`API key ${id} not found`);
+  if (!doc.revoked_at) {
+    doc.revoked_at = new Date();
+    await store.apiKeys.updateOne({ _id: doc._id }, { $set: { revoked_at: doc.revoked_at } });
+  }
+  return publicKey(doc);
+}

@@ -1,0 +1,38 @@
+// Bearer-key authentication for /api/v1. Unknown, malformed and revoked keys are all "invalid":
+// a caller learns nothing about which keys exist.
+import type Koa from 'koa';
+import { authenticateKey } from '../accounts/keys';
+import { ForbiddenError, UnauthorizedError } from '../errors';
+import type { KeyKind } from '../store';
+import type { AppDeps } from './deps';
+
+/** `none`: public; `any`: any live key; `management`: management keys only. */
+export type AuthLevel = 'none' | 'any' | 'management';
+
+export interface AuthContext {
+  keyId: string;
+  workspaceId: string;
+  kind: KeyKind;
+}
+
+export function authenticate(deps: AppDeps, level: Exclude<AuthLevel, 'none'>): Koa.Middleware {
+  return async (ctx, next) => {
+    const header = ctx.get('authorization');
+    if (!header) throw new UnauthorizedError('Missing Authentication header: send Authorization: Bearer <API key>');
+    const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
+    if (!match) throw new UnauthorizedError("Malformed Authorization header: expected 'Bearer <API key>'");
+    const key = await authenticateKey(deps.store, match[1]);
+    if (!key) throw new UnauthorizedError('Invalid or revoked API key');
+    const auth: AuthContext = { keyId: key.id, workspaceId: key.workspace_id, kind: key.kind };
+    ctx.state.auth = auth;
+    ctx.state.userId = key.id;
+    if (level === 'management' && key.kind !== 'management') {
+      throw new ForbiddenError('Only management keys can perform this operation');
+    }
+    await next();
+  };
+}
+
+export function authOf(ctx: Koa.Context | Koa.ParameterizedContext): AuthContext {
+  return ctx.state.auth as AuthContext;
+}

@@ -1,0 +1,68 @@
+// A route is declared once: method, path, auth, schemas and handler. The same declaration wires the
+// Koa middleware chain (auth ▶ rate limit ▶ body ▶ validation ▶ handler) and the OpenAPI document.
+import type Koa from 'koa';
+import Router from '@koa/router';
+import type { Static, TSchema } from '@sinclair/typebox';
+import { compileBody, compileParams, compileQuery, type Validator } from './validation';
+import { jsonBody } from './body';
+import { authenticate, type AuthContext, type AuthLevel } from './auth';
+import { assertCanSpend } from '../accounts/credits';
+import { rateLimit } from './rate-limit';
+import type { AppDeps } from './deps';
+
+type Maybe<S> = S extends TSchema ? Static<S> : undefined;
+
+export interface RouteSpec<B, Q, P> {
+  method: 'get' | 'post' | 'put' | 'delete';
+  /** Koa-style path under /api/v1, e.g. `/keys/:id`. */
+  path: string;
+  summary: string;
+  tag: string;
+  auth: AuthLevel;
+  body?: B;
+  query?: Q;
+  params?: P;
+  /** Billable routes are refused with 402 while the workspace balance is not positive. */
+  billable?: boolean;
+  /** Overrides BODY_LIMIT for routes that take large documents (batches). */
+  bodyLimitBytes?: number;
+  responses: Record<number, { description: string; schema?: TSchema; contentType?: string }>;
+  handler: (ctx: Koa.ParameterizedContext, input: { body: Maybe<B>; query: Maybe<Q>; params: Maybe<P> }) => unknown;
+}
+
+export type AnyRoute = RouteSpec<TSchema | undefined, TSchema | undefined, TSchema | undefined>;
+
+export function defineRoute<B extends TSchema | undefined = undefined, Q extends TSchema | undefined = undefined, P extends TSchema | undefined = undefined>(
+  spec: RouteSpec<B, Q, P>,
+): AnyRoute {
+  return spec as unknown as AnyRoute;
+}
+
+/** Registers routes on a router; validators are compiled here, once, at start-up. */
+export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): void {
+  for (const spec of routes) {
+    const body = spec.body ? compileBody(spec.body) : null;
+    const query = spec.query ? compileQuery(spec.query) : null;
+    const params = spec.params ? compileParams(spec.params) : null;
+    const chain: Koa.Middleware[] = [];
+    if (spec.auth !== 'none') chain.push(authenticate(deps, spec.auth), rateLimit(deps));
+    if (spec.billable) {
+      chain.push(async (ctx, next) => {
+        await assertCanSpend(deps.store, (ctx.state.auth as AuthContext).workspaceId);
+        await next();
+      });
+    }
+    if (spec.body) chain.push(jsonBody(spec.bodyLimitBytes ?? deps.config.http.bodyLimitBytes));
+    chain.push(async (ctx) => {
+      const input = {
+        body: body ? body(ctx.request.body) : undefined,
+        query: query ? query({ ...ctx.query }) : undefined,
+        params: params ? params({ ...ctx.params }) : undefined,
+      };
+      await spec.handler(ctx, input as never);
+    });
+    router[spec.method](spec.path, ...(chain as Parameters<Router['get']>[1][]));
+  }
+}
+
+export type { Validator };

@@ -1,0 +1,91 @@
+// The caller's own key, its workspace's keys and credits, and generation lookups. Every query is
+// scoped to the authenticated workspace: another workspace's objects are simply not found.
+import { Type } from '@sinclair/typebox';
+import { createKey, listKeys, publicKey, revokeKey } from '../../accounts/keys';
+import { getBalance } from '../../accounts/credits';
+import { NotFoundError } from '../../errors';
+import { authOf } from '../auth';
+import { defineRoute, type AnyRoute } from '../route';
+import { CreateKeyBody, Credits, CurrentKey, Generation, GenerationQuery, KeyIdParams, PublicKey } from '../schemas/accounts';
+import type { AppDeps } from '../deps';
+
+export function accountRoutes({ store, rateLimiter }: AppDeps): AnyRoute[] {
+  return [
+    defineRoute({
+      method: 'get', path: '/key', tag: 'Keys', auth: 'any',
+      summary: 'The authenticating key, its workspace usage and rate limit',
+      responses: { 200: { description: 'Current key', schema: CurrentKey } },
+      handler: async (ctx) => {
+        const auth = authOf(ctx);
+        const [doc, balance] = await Promise.all([store.apiKeys.findOne({ id: auth.keyId }), getBalance(store, auth.workspaceId)]);
+        ctx.body = {
+          data: {
+            id: auth.keyId, label: doc!.label, name: doc!.name, kind: auth.kind, workspace_id: auth.workspaceId,
+            usage: balance.total_usage, limit: null, is_free_tier: false,
+            rate_limit: { requests: rateLimiter.limit, interval: `${rateLimiter.windowSeconds}s` },
+          },
+        };
+      },
+    }),
+    defineRoute({
+      method: 'get', path: '/credits', tag: 'Credits', auth: 'any',
+      summary: "The workspace's credits, usage and balance (USD)",
+      responses: { 200: { description: 'Credits', schema: Credits } },
+      handler: async (ctx) => {
+        ctx.body = { data: await getBalance(store, authOf(ctx).workspaceId) };
+      },
+    }),
+    defineRoute({
+      method: 'get', path: '/keys', tag: 'Keys', auth: 'management',
+      summary: "List the workspace's API keys (management keys only)",
+      responses: { 200: { description: 'Keys', schema: Type.Object({ data: Type.Array(PublicKey) }) } },
+      handler: async (ctx) => {
+        ctx.body = { data: await listKeys(store, authOf(ctx).workspaceId) };
+      },
+    }),
+    defineRoute({
+      method: 'post', path: '/keys', tag: 'Keys', auth: 'management', body: CreateKeyBody,
+      summary: 'Create an API key in this workspace; the key itself is shown only in this response',
+      responses: { 201: { description: 'Created', schema: Type.Object({ data: PublicKey, key: Type.String() }) } },
+      handler: async (ctx, { body }) => {
+        const { key, ...data } = await createKey(store, authOf(ctx).workspaceId, { kind: body.kind ?? 'inference', name: body.name });
+        ctx.status = 201;
+        ctx.body = { data, key };
+      },
+    }),
+    defineRoute({
+      method: 'get', path: '/keys/:id', tag: 'Keys', auth: 'management', params: KeyIdParams,
+      summary: 'One API key of this workspace',
+      responses: { 200: { description: 'Key', schema: Type.Object({ data: PublicKey }) } },
+      handler: async (ctx, { params }) => {
+        const doc = await store.apiKeys.findOne({ id: params.id, workspace_id: authOf(ctx).workspaceId });
+        if (!doc) throw new NotFoundError(`API key ${params.id} not found`);
+        ctx.body = { data: publicKey(doc) };
+      },
+    }),
+    defineRoute({
+      method: 'delete', path: '/keys/:id', tag: 'Keys', auth: 'management', params: KeyIdParams,
+      summary: 'Revoke an API key of this workspace (its usage records stay)',
+      responses: { 200: { description: 'Revoked', schema: Type.Object({ data: PublicKey, deleted: Type.Literal(true) }) } },
+      handler: async (ctx, { params }) => {
+        ctx.body = { data: await revokeKey(store, params.id, authOf(ctx).workspaceId), deleted: true };
+      },
+    }),
+    defineRoute({
+      method: 'get', path: '/generation', tag: 'Generations', auth: 'any', query: GenerationQuery,
+      summary: 'Usage and cost of one generation (a decision, or a batch line)',
+      responses: { 200: { description: 'Generation', schema: Generation } },
+      handler: async (ctx, { query }) => {
+        const doc = await store.usage.findOne({ _id: query.id });
+        if (!doc || doc.workspace_id !== authOf(ctx).workspaceId) throw new NotFoundError(`Generation ${query.id} not found`);
+        ctx.body = {
+          data: {
+            id: doc._id, model: doc.model, provider_name: doc.provider, tokens_prompt: doc.input_tokens,
+            tokens_completion: doc.output_tokens, total_cost: doc.cost, created_at: doc.created_at.toISOString(),
+            session_id: doc.session_id, user: doc.user, app_title: doc.app.title, app_referer: doc.app.referer, batch_id: doc.batch_id,
+          },
+        };
+      },
+    }),
+  ];
+}

@@ -1,0 +1,31 @@
+// Schemas shared by several areas. Each is at once the Ajv schema, the TypeScript type (Static) and
+// an OpenAPI component.
+import { Type, type Static, type TUnsafe } from '@sinclair/typebox';
+
+/** A string enum as plain JSON Schema `enum`, so a bad value reads "must be one of …". */
+export function StringEnum<T extends string[]>(values: [...T], options: Record<string, unknown> = {}): TUnsafe<T[number]> {
+  return Type.Unsafe<T[number]>({ type: 'string', enum: values, ...options });
+}
+
+export const ErrorEnvelope = Type.Object({
+  error: Type.Object({
+    code: Type.Integer({ description: 'Equals the HTTP status' }),
+    message: Type.String(),
+    metadata: Type.Union([Type.Record(Type.String(), Type.Unknown()), Type.Null()]),
+  }),
+  user_id: Type.Union([Type.String(), Type.Null()]),
+}, { $id: 'ErrorEnvelope' });
+
+export const SessionId = Type.String({ maxLength: 256, description: 'Groups related requests; never sent to the provider' });
+export const EndUser = Type.String({ maxLength: 256 });
+
+export const TraceConfig = Type.Object({
+  trace_id: Type.Optional(Type.String()),
+  trace_name: Type.Optional(Type.String()),
+  span_name: Type.Optional(Type.String()),
+  generation_name: Type.Optional(Type.String()),
+  parent_span_id: Type.Optional(Type.String()),
+}, { additionalProperties: true, description: 'Observability metadata; extra keys pass through as custom metadata' });
+export type TraceConfig = Static<typeof TraceConfig>;
+
+export const Timestamp = Type.String({ format: 'date-time' });

@@ -1,0 +1,68 @@
+// Ajv, set up once. Schemas are TypeBox definitions (also the TypeScript types and the OpenAPI
+// components) compiled when routes are registered, never per request.
+import Ajv, { type ErrorObject, type ValidateFunction } from 'ajv';
+import addFormats from 'ajv-formats';
+import type { TSchema, Static } from '@sinclair/typebox';
+import { BadRequestError } from '../errors';
+
+function makeAjv(coerce: boolean): Ajv {
+  const ajv = new Ajv({ allErrors: true, strict: false, discriminator: true, coerceTypes: coerce ? 'array' : false, useDefaults: coerce });
+  addFormats(ajv);
+  return ajv;
+}
+
+const bodies = makeAjv(false);
+/** Query strings and path parameters arrive as text: coerce them ("10" → 10, one value → array). */
+const params = makeAjv(true);
+
+/** `/questions/q1/criteria` → `questions.q1.criteria`; `/requests/3/body` → `requests[3].body`. */
+export function fieldPath(instancePath: string, extra?: string): string {
+  const parts = instancePath.split('/').slice(1).map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'));
+  if (extra !== undefined) parts.push(extra);
+  let out = '';
+  for (const p of parts) out += /^\d+$/.test(p) ? `[${p}]` : out ? `.${p}` : p;
+  return out;
+}
+
+function describe(e: ErrorObject, root: string): { field: string; message: string } {
+  switch (e.keyword) {
+    case 'required':
+      return { field: fieldPath(e.instancePath, (e.params as { missingProperty: string }).missingProperty) || root, message: 'is required' };
+    case 'additionalProperties':
+      return { field: fieldPath(e.instancePath, (e.params as { additionalProperty: string }).additionalProperty) || root, message: 'is not an allowed field' };
+    case 'enum':
+      return { field: fieldPath(e.instancePath) || root, message: `must be one of ${(e.params as { allowedValues: unknown[] }).allowedValues.map((v) => JSON.stringify(v)).join(', ')}` };
+    default:
+      return { field: fieldPath(e.instancePath) || root, message: e.message ?? 'is invalid' };
+  }
+}
+
+/** The most useful error first: a concrete one over a union's summary, the deepest field first. */
+function rank(errors: ErrorObject[]): ErrorObject[] {
+  const concrete = errors.filter((e) => !['anyOf', 'oneOf', 'if', 'not'].includes(e.keyword));
+  const pool = concrete.length ? concrete : errors;
+  return [...pool].sort((a, b) => b.instancePath.split('/').length - a.instancePath.split('/').length);
+}
+
+export interface Validator<T> {
+  (data: unknown): T;
+  schema: TSchema;
+}
+
+function build<S extends TSchema>(ajv: Ajv, schema: S, root: string): Validator<Static<S>> {
+  const check: ValidateFunction = ajv.compile(schema);
+  const validator = ((data: unknown) => {
+    if (check(data)) return data as Static<S>;
+    const errors = rank(check.errors ?? []).map((e) => describe(e, root));
+    const seen = new Set<string>();
+    const unique = errors.filter((e) => !seen.has(`${e.field}${e.message}`) && seen.add(`${e.field}${e.message}`));
+    const first = unique[0] ?? { field: root, message: 'is invalid' };
+    throw new BadRequestError(`${first.field}: ${first.message}`, { errors: unique.slice(0, 20) });
+  }) as Validator<Static<S>>;
+  validator.schema = schema;
+  return validator;
+}
+
+export const compileBody = <S extends TSchema>(schema: S) => build(bodies, schema, 'body');
+export const compileQuery = <S extends TSchema>(schema: S) => build(params, schema, 'query');
+export const compileParams = <S extends TSchema>(schema: S) => build(params, schema, 'path');

@@ -1,0 +1,240 @@
+// The common API contract: authentication matrix and the error envelope for every status this
+// layer owns (400, 401, 402, 403, 404, 413, 429, 500).
+import { expect } from 'chai';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import Koa from 'koa';
+import Router from '@koa/router';
+import { Type } from '@sinclair/typebox';
+import { requestContext } from '../api/request-context';
+import { errorMiddleware } from '../api/errors';
+import { defineRoute, mountRoutes } from '../api/route';
+import { RateLimiter } from '../accounts/rate-limit';
+import { recordUsage } from '../accounts/credits';
+import { call, capturingLogger, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
+
+const envelope = (code: number, message: string, metadata: unknown = null, userId: string | null = null) =>
+  ({ error: { code, message, metadata }, user_id: userId });
+
+describe('authentication and the error envelope', () => {
+  let gw: TestGateway;
+  let t: Tenant;
+  const { logger, lines } = capturingLogger('debug');
+
+  before(async () => {
+    gw = await startTestGateway({ withWorker: false, logger, env: { BODY_LIMIT: '1kb' } });
+    t = await createTenant(gw.store);
+  });
+  after(async () => { await gw.stop(); });
+
+  it('401 with no Authorization header says the authentication header is missing', async () => {
+    const r = await call(`${gw.url}/api/v1/credits`);
+    expect(r.status).to.equal(401);
+    expect(r.body).to.deep.equal(envelope(401, 'Missing Authentication header: send Authorization: Bearer <API key>'));
+  });
+
+  it('401 for a malformed header, an unknown key and a revoked key alike', async () => {
+    expect((await call(`${gw.url}/api/v1/credits`, { headers: { authorization: `Basic ${t.inferenceKey}` } })).body)
+      .to.deep.equal(envelope(401, "Malformed Authorization header: expected 'Bearer <API key>'"));
+    const unknown = await call(`${gw.url}/api/v1/credits`, { key: `sk-gw-v1-${'0'.repeat(64)}` });
+    expect(unknown.body).to.deep.equal(envelope(401, 'Invalid or revoked API key'));
+    const garbage = await call(`${gw.url}/api/v1/credits`, { key: 'x'.repeat(5000) });
+    expect(garbage.status).to.equal(401);
+
+    const extra = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: { name: 'short-lived' } });
+    expect(extra.status).to.equal(201);
+    expect((await call(`${gw.url}/api/v1/credits`, { key: extra.body.key })).status).to.equal(200);
+    const revoked = await call(`${gw.url}/api/v1/keys/${extra.body.data.id}`, { method: 'DELETE', key: t.managementKey });
+    expect(revoked.status).to.equal(200);
+    expect(revoked.body.data.revoked_at).to.be.a('string');
+    expect((await call(`${gw.url}/api/v1/credits`, { key: extra.body.key })).body).to.deep.equal(envelope(401, 'Invalid or revoked API key'));
+  });
+
+  it('403 when an inference key calls a management-only operation', async () => {
+    for (const [method, path] of [['GET', '/keys'], ['POST', '/keys'], ['GET', `/keys/${t.inferenceKeyId}`], ['DELETE', `/keys/${t.inferenceKeyId}`]]) {
+      const r = await call(`${gw.url}/api/v1${path}`, { method, key: t.inferenceKey, body: method === 'POST' ? {} : undefined });
+      expect(r.status, `${method} ${path}`).to.equal(403);
+      expect(r.body).to.deep.equal(envelope(403, 'Only management keys can perform this operation', null, t.inferenceKeyId));
+    }
+  });
+
+  it('both kinds of key may use the inference-level routes', async () => {
+    for (const key of [t.inferenceKey, t.managementKey]) {
+      const r = await call(`${gw.url}/api/v1/key`, { key });
+      expect(r.status).to.equal(200);
+      expect(r.body.data.workspace_id).to.equal(t.workspaceId);
+    }
+  });
+
+  it('400 for malformed JSON, for a non-JSON content type and for a missing body', async () => {
+    const bad = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: '{"name": ' });
+    expect(bad.body).to.deep.equal(envelope(400, 'Request body is not valid JSON', null, t.managementKeyId));
+    const text = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: 'name=x', headers: { 'content-type': 'text/plain' } });
+    expect(text.status).to.equal(400);
+    expect(text.body.error.message).to.equal('Content-Type must be application/json, not "text/plain"');
+    const none = await call(`${gw.url}/api/v1/keys`, { method: 'POST', key: t.managementKey });
+    expect(none.body.error).to.include({ code: 400, message: 'Request body is required (a JSON document)' });
+    const scalar = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: '"just a string"' });
+    expect(scalar.status).to.equal(400);
+  });
+
+  it('400 naming the failing field for schema violations', async () => {
+    const wrongEnum = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: { kind: 'admin' } });
+    expect(wrongEnum.body.error.message).to.equal('kind: must be one of "inference", "management"');
+    const extraField = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: { nickname: 'x' } });
+    expect(extraField.body.error.message).to.equal('nickname: is not an allowed field');
+    const tooLong = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: { name: 'n'.repeat(101) } });
+    expect(tooLong.body.error.message).to.equal('name: must NOT have more than 100 characters');
+    expect(tooLong.body.error.metadata.errors[0]).to.deep.equal({ field: 'name', message: 'must NOT have more than 100 characters' });
+    const badParam = await call(`${gw.url}/api/v1/keys/not-a-key-id`, { key: t.managementKey });
+    expect(badParam.status).to.equal(400);
+    expect(badParam.body.error.message).to.match(/^id: must match pattern/);
+    const missingQuery = await call(`${gw.url}/api/v1/generation`, { key: t.inferenceKey });
+    expect(missingQuery.body.error.message).to.equal('id: is required');
+  });
+
+  it('404 in the envelope for unknown routes and for objects that do not exist', async () => {
+    const route = await call(`${gw.url}/api/v1/no-such-thing`, { key: t.inferenceKey });
+    expect(route.body).to.deep.equal(envelope(404, 'No route for GET /api/v1/no-such-thing'));
+    const key = await call(`${gw.url}/api/v1/keys/key_${'a'.repeat(24)}`, { key: t.managementKey });
+    expect(key.body).to.deep.equal(envelope(404, `API key key_${'a'.repeat(24)} not found`, null, t.managementKeyId));
+  });
+
+  it('405 in the envelope for a wrong method on an API route', async () => {
+    const r = await call(`${gw.url}/api/v1/credits`, { method: 'PUT', key: t.inferenceKey });
+    expect(r.status).to.equal(405);
+    expect(r.body.error.code).to.equal(405);
+  });
+
+  it('413 when the body is over the configured limit', async () => {
+    const r = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: { name: 'x'.repeat(2048) } });
+    expect(r.status).to.equal(413);
+    expect(r.body).to.deep.equal(envelope(413, 'Request body is larger than the configured limit', null, t.managementKeyId));
+  });
+
+  it('never writes a key to the log', async () => {
+    await call(`${gw.url}/api/v1/key`, { key: t.inferenceKey });
+    await call(`${gw.url}/api/v1/credits`, { headers: { authorization: `Bearer ${t.managementKey}` } });
+    const all = JSON.stringify(lines);
+    expect(all).to.not.include(t.inferenceKey).and.not.include(t.managementKey);
+    expect(lines.length).to.be.greaterThan(2);
+  });
+});
+
+describe('402, 500 and the billable guard', () => {
+  let gw: TestGateway;
+  let server: http.Server;
+  let url: string;
+  const { logger, lines } = capturingLogger('debug');
+
+  before(async () => {
+    gw = await startTestGateway({ withWorker: false });
+    // A Koa app assembled from the real middleware and route machinery, with two routes of its own:
+    // one billable, one that fails unexpectedly.
+    const app = new Koa();
+    app.silent = true;
+    app.use(requestContext(logger));
+    app.use(errorMiddleware());
+    const router = new Router();
+    const deps = { config: gw.config, logger, store: gw.store, temporal: null as never, pingTemporal: async () => undefined, rateLimiter: new RateLimiter(gw.store, 1000, 60) };
+    mountRoutes(router, [
+      defineRoute({ method: 'post', path: '/spend', summary: 'billable', tag: 't', auth: 'any', billable: true, body: Type.Object({}), responses: {}, handler: (ctx) => { ctx.body = { ok: true }; } }),
+      defineRoute({ method: 'get', path: '/boom', summary: 'fails', tag: 't', auth: 'none', responses: {}, handler: () => { throw new TypeError('secret detail: mongodb://admin:pw@db'); } }),
+    ], deps);
+    app.use(router.routes() as Koa.Middleware);
+    server = http.createServer(app.callback()).listen(0, '127.0.0.1');
+    await new Promise((r) => server.once('listening', r));
+    url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  after(async () => {
+    server.close();
+    await gw.stop();
+  });
+
+  it('402 for a billable call while the balance is not positive, 200 once credits are added', async () => {
+    const broke = await createTenant(gw.store, 0);
+    const r = await call(`${url}/spend`, { key: broke.inferenceKey, body: {} });
+    expect(r.status).to.equal(402);
+    expect(r.body).to.deep.equal(envelope(402, 'Insufficient credits: add credits to this workspace to continue', { balance: 0 }, broke.inferenceKeyId));
+
+    const rich = await createTenant(gw.store, 1);
+    expect((await call(`${url}/spend`, { key: rich.inferenceKey, body: {} })).status).to.equal(200);
+    // Spending the whole balance makes the next billable call 402 again.
+    await recordUsage(gw.store, {
+      _id: 'gen-spend-all', workspace_id: rich.workspaceId, key_id: rich.inferenceKeyId, kind: 'decision', model: 'm', provider: 'p',
+      input_tokens: 1, output_tokens: 1, cost: 1, session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
+    });
+    expect((await call(`${url}/spend`, { key: rich.inferenceKey, body: {} })).status).to.equal(402);
+  });
+
+  it('500 with a generic message; the details only in the log', async () => {
+    const r = await call(`${url}/boom`);
+    expect(r.status).to.equal(500);
+    expect(r.body).to.deep.equal(envelope(500, 'Internal server error'));
+    expect(JSON.stringify(r.body)).to.not.include('secret');
+    const logged = lines.find((l) => l.msg === 'unhandled error');
+    expect(JSON.stringify(logged)).to.include('secret detail');
+  });
+});
+
+describe('rate limits', () => {
+  let gw: TestGateway;
+  let t: Tenant;
+
+  before(async () => {
+    gw = await startTestGateway({ withWorker: false, env: { RATE_LIMIT_REQUESTS: '3', RATE_LIMIT_WINDOW_SECONDS: '3600' } });
+    t = await createTenant(gw.store);
+  });
+  after(async () => { await gw.stop(); });
+
+  it('reports the limit on every response and answers 429 with Retry-After past it', async () => {
+    const remaining: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const r = await call(`${gw.url}/api/v1/credits`, { key: t.inferenceKey });
+      expect(r.status).to.equal(200);
+      expect(r.headers.get('x-ratelimit-limit')).to.equal('3');
+      expect(Number(r.headers.get('x-ratelimit-reset'))).to.be.greaterThan(Date.now() / 1000);
+      remaining.push(r.headers.get('x-ratelimit-remaining')!);
+    }
+    expect(remaining).to.deep.equal(['2', '1', '0']);
+    const limited = await call(`${gw.url}/api/v1/credits`, { key: t.inferenceKey });
+    expect(limited.status).to.equal(429);
+    expect(limited.body.error.code).to.equal(429);
+    expect(limited.body.error.message).to.equal('Rate limit exceeded: 3 requests per 3600s for this key');
+    expect(Number(limited.headers.get('retry-after'))).to.be.within(1, 3600);
+    expect(limited.headers.get('x-ratelimit-remaining')).to.equal('0');
+    // Another key of the same workspace has its own budget.
+    expect((await call(`${gw.url}/api/v1/credits`, { key: t.managementKey })).status).to.equal(200);
+  });
+
+  it('is shared between API processes: two gateways admit the limit in total, exactly', async () => {
+    const other = await startTestGateway({ withWorker: false, env: { RATE_LIMIT_REQUESTS: '5', RATE_LIMIT_WINDOW_SECONDS: '3600', MONGODB_DATABASE: gw.config.mongo.database } });
+    const first = await startTestGateway({ withWorker: false, env: { RATE_LIMIT_REQUESTS: '5', RATE_LIMIT_WINDOW_SECONDS: '3600', MONGODB_DATABASE: gw.config.mongo.database } });
+    try {
+      const tenant = await createTenant(gw.store);
+      const calls = [];
+      for (let i = 0; i < 6; i++) calls.push(call(`${(i % 2 ? other : first).url}/api/v1/credits`, { key: tenant.inferenceKey }));
+      for (let i = 0; i < 4; i++) calls.push(call(`${(i % 2 ? first : other).url}/api/v1/credits`, { key: tenant.inferenceKey }));
+      const statuses = (await Promise.all(calls)).map((r) => r.status);
+      expect(statuses.filter((s) => s === 200)).to.have.length(5);
+      expect(statuses.filter((s) => s === 429)).to.have.length(5);
+    } finally {
+      await other.stop();
+      await first.stop();
+    }
+  });
+
+  it('opens a new window when the old one ends', async () => {
+    let now = 1_000_000_000_000;
+    const limiter = new RateLimiter(gw.store, 2, 60, () => now);
+    const key = `key_window_${Date.now()}`;
+    expect((await limiter.take(key)).allowed).to.equal(true);
+    expect((await limiter.take(key)).allowed).to.equal(true);
+    const denied = await limiter.take(key);
+    expect(denied).to.include({ allowed: false, remaining: 0 });
+    expect(denied.retryAfterSeconds).to.be.within(1, 60);
+    now += 60_000;
+    expect(await limiter.take(key)).to.include({ allowed: true, remaining: 1 });
+  });
+});
+
