@@ -58,6 +58,7 @@ describe('gateway CLI', () => {
       FERRETDB_PORT: String(await freePort()), SANDBOX_PORT: String(await freePort()),
       DATA_DIR: dataDir, LOG_LEVEL: 'warn', MONGODB_URI: '', TEMPORAL_ADDRESS: '',
     };
+    let firstKey = '';
     try {
       for (const round of [1, 2]) {
         const child = spawn(process.execPath, [bin, 'start'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
@@ -71,6 +72,17 @@ describe('gateway CLI', () => {
           child.once('exit', (code) => { clearTimeout(timer); reject(new Error(`exited ${code}:\n${said.join('\n')}`)); });
         });
         expect(said.join('\n')).to.include(`Web UI http://127.0.0.1:${env.TEMPORAL_UI_PORT}`).and.include(`sandbox provider on http://127.0.0.1:${env.SANDBOX_PORT}`);
+        // The first start on an empty database prints a management key once; later starts do not.
+        const printedKey = said.join('\n').match(/sk-gw-v1-[0-9a-f]{64}/)?.[0];
+        if (round === 1) {
+          expect(printedKey, said.join('\n')).to.be.a('string');
+          firstKey = printedKey!;
+        } else {
+          expect(printedKey).to.equal(undefined);
+        }
+        const me = await fetch(`http://127.0.0.1:${env.PORT}/api/v1/credits`, { headers: { authorization: `Bearer ${firstKey}` } });
+        expect(me.status).to.equal(200);
+        expect(((await me.json()) as { data: { balance: number } }).data.balance).to.equal(10);
         const ready = await fetch(`http://127.0.0.1:${env.PORT}/readyz`);
         expect(ready.status).to.equal(200);
         const ui = await fetch(`http://127.0.0.1:${env.TEMPORAL_UI_PORT}/`);
