@@ -12,6 +12,7 @@ WORKDIR /app
 COPY --from=build /app/node_modules ./node_modules
 COPY --from=build /app/dist ./dist
 COPY --from=build /app/bin ./bin
+COPY --from=build /app/catalog/default.json ./catalog/default.json
 COPY package.json ./
 USER node
 EXPOSE 8080

@@ -1,9 +1,11 @@
 // Activities hold all I/O. They are built by a factory from their dependencies and are idempotent:
 // a retry after a crash rewrites the same `_id`, never a second document.
 import type { Store } from '../store';
+import type { Upstreams } from '../routing/upstreams';
 
 export interface ActivityDeps {
   store: Store;
+  upstreams: Upstreams;
 }
 
 export function createActivities({ store }: ActivityDeps) {

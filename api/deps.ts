@@ -4,6 +4,7 @@ import type { Config } from '../config';
 import type { Logger } from '../log';
 import type { Store } from '../store';
 import type { RateLimiter } from '../accounts/rate-limit';
+import type { Upstreams } from '../routing/upstreams';
 
 export interface AppDeps {
   config: Config;
@@ -12,4 +13,5 @@ export interface AppDeps {
   temporal: Client;
   pingTemporal: () => Promise<void>;
   rateLimiter: RateLimiter;
+  upstreams: Upstreams;
 }

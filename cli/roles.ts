@@ -8,6 +8,7 @@ import { createWorker } from '../worker';
 import { startApiServer } from '../api/server';
 import { listenSandbox } from '../sandbox/server';
 import { RateLimiter } from '../accounts/rate-limit';
+import { createUpstreams } from '../routing/upstreams';
 
 export interface Addresses {
   mongoUri: string;
@@ -26,8 +27,10 @@ export type Stop = () => Promise<void>;
 
 export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
   const store = await Store.connect(addr.mongoUri, config.mongo.database);
+  const upstreams = createUpstreams(config, store);
+  upstreams.stats.start();
   const { connection } = await connectTemporal(addr.temporalAddress, config.temporal.namespace, logger);
-  const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store });
+  const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store, upstreams });
   const running = worker.run();
   running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
   logger.info({ task_queue: config.temporal.taskQueue }, 'worker polling');
@@ -35,6 +38,7 @@ export async function runWorkerRole(config: Config, logger: Logger, addr: Addres
     worker.shutdown();
     await running.catch(() => undefined);
     await connection.close();
+    await upstreams.close();
     await store.close();
   };
 }
@@ -46,10 +50,12 @@ export async function runApiRole(
   opts: { withWorker: boolean },
 ): Promise<{ url: string; stop: Stop }> {
   const store = await Store.connect(addr.mongoUri, config.mongo.database);
+  const upstreams = createUpstreams(config, store);
+  upstreams.stats.start();
   const { connection, client } = await connectTemporal(addr.temporalAddress, config.temporal.namespace, logger);
   let stopWorker: Stop = async () => undefined;
   if (opts.withWorker) {
-    const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store });
+    const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store, upstreams });
     const running = worker.run();
     running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
     stopWorker = async () => {
@@ -60,7 +66,7 @@ export async function runApiRole(
   const api = await startApiServer(
     {
       config, logger, store, temporal: client, pingTemporal: () => pingTemporal(client),
-      rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds),
+      rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds), upstreams,
     },
     config.host,
     config.port,
@@ -71,6 +77,7 @@ export async function runApiRole(
       await api.close();
       await stopWorker();
       await connection.close();
+      await upstreams.close();
       await store.close();
     },
   };

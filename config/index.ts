@@ -3,6 +3,9 @@
 import os from 'node:os';
 import path from 'node:path';
 
+/** The catalog that ships with the gateway (the JSON file stays in the source tree). */
+export const DEFAULT_CATALOG_PATH = path.resolve(__dirname, '..', '..', 'catalog', 'default.json');
+
 export class ConfigError extends Error {
   constructor(variable: string, value: string, expected: string) {
     super(`Invalid environment variable ${variable}=${JSON.stringify(value)}: expected ${expected}`);
@@ -88,6 +91,7 @@ export function defaultToolsDir(env: Env = process.env): string {
 
 export function loadConfig(env: Env = process.env) {
   const dataDir = path.resolve(read(env, 'DATA_DIR') ?? '.data');
+  const sandboxPort = port(env, 'SANDBOX_PORT', 8090);
   return {
     host: read(env, 'HOST') ?? '127.0.0.1',
     port: port(env, 'PORT', 8080),
@@ -109,8 +113,11 @@ export function loadConfig(env: Env = process.env) {
       uiPort: port(env, 'TEMPORAL_UI_PORT', 8233),
     },
     sandbox: {
-      port: port(env, 'SANDBOX_PORT', 8090),
+      port: sandboxPort,
+      /** Fills `${SANDBOX_URL}` in the catalog's provider URLs. */
+      url: url(env, 'SANDBOX_URL', ['http:', 'https:']) ?? `http://127.0.0.1:${sandboxPort}`,
     },
+    catalogPath: path.resolve(read(env, 'CATALOG_PATH') ?? DEFAULT_CATALOG_PATH),
     rateLimit: {
       /** Requests each API key may make per window, counted across all API processes. */
       requests: positiveInt(env, 'RATE_LIMIT_REQUESTS', 600),

@@ -106,6 +106,10 @@ export class Store {
     return this.db.collection<RateTicketDoc>('rate_tickets');
   }
 
+  get endpointSamples(): Collection<EndpointSamplesDoc> {
+    return this.db.collection<EndpointSamplesDoc>('endpoint_samples');
+  }
+
   /** Idempotent; run at start-up by every process. */
   async ensureIndexes(): Promise<void> {
     await this.workspaces.createIndex({ name: 1 }, { unique: true });
@@ -138,4 +142,11 @@ export async function withTimeout<T>(p: Promise<T>, ms: number, message: string)
 /** True for a unique-index violation (E11000), which FerretDB also reports on insert. */
 export function isDuplicateKey(err: unknown): boolean {
   return (err as { code?: number })?.code === 11000;
+}
+
+/** One process's endpoint measurements over a few seconds; inserted, never updated. */
+export interface EndpointSamplesDoc extends Document {
+  _id: string;
+  at: Date;
+  samples: { e: string; ms: number; tps: number | null; ok: boolean }[];
 }

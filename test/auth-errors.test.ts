@@ -136,7 +136,7 @@ describe('402, 500 and the billable guard', () => {
     app.use(requestContext(logger));
     app.use(errorMiddleware());
     const router = new Router();
-    const deps = { config: gw.config, logger, store: gw.store, temporal: null as never, pingTemporal: async () => undefined, rateLimiter: new RateLimiter(gw.store, 1000, 60) };
+    const deps = { config: gw.config, logger, store: gw.store, temporal: null as never, pingTemporal: async () => undefined, rateLimiter: new RateLimiter(gw.store, 1000, 60), upstreams: null as never };
     mountRoutes(router, [
       defineRoute({ method: 'post', path: '/spend', summary: 'billable', tag: 't', auth: 'any', billable: true, body: Type.Object({}), responses: {}, handler: (ctx) => { ctx.body = { ok: true }; } }),
       defineRoute({ method: 'get', path: '/boom', summary: 'fails', tag: 't', auth: 'none', responses: {}, handler: () => { throw new TypeError('secret detail: mongodb://admin:pw@db'); } }),

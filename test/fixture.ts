@@ -5,18 +5,21 @@ import os from 'node:os';
 import path from 'node:path';
 import { defaultToolsDir } from '../config';
 import { ensureTools, type ToolPaths } from '../tools/binaries';
-import { freePort } from '../tools/processes';
+import { freePort, startProcess, type ManagedProcess } from '../tools/processes';
 import { startFerretDB, startTemporalServer, type RunningService } from '../tools/services';
 
 export const stack = {
   mongoUri: '',
   temporalAddress: '',
   namespace: 'default',
+  /** The sandbox provider, in a process of its own as in production. */
+  sandboxUrl: '',
   tools: null as ToolPaths | null,
   tmpDir: '',
 };
 
 const running: RunningService[] = [];
+let sandbox: ManagedProcess | null = null;
 
 export async function mochaGlobalSetup(): Promise<void> {
   stack.tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-test-'));
@@ -29,11 +32,17 @@ export async function mochaGlobalSetup(): Promise<void> {
     external.temporal ? null : startTemporalServer({ binary: stack.tools.temporal, port: await freePort(), uiPort: null, dbFile: null, namespace: stack.namespace }),
   ]);
   for (const s of [mongo, temporal]) if (s) running.push(s);
+  const sandboxPort = await freePort();
+  sandbox = startProcess('sandbox', process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), 'sandbox'], { ...process.env, SANDBOX_PORT: String(sandboxPort), LOG_LEVEL: 'warn' });
+  stack.sandboxUrl = `http://127.0.0.1:${sandboxPort}`;
+  await sandbox.waitUntil(async () => {
+    if (!(await fetch(`${stack.sandboxUrl}/healthz`)).ok) throw new Error('not yet');
+  }, 15_000, 'answering');
   stack.mongoUri = external.mongo ?? mongo!.address;
   stack.temporalAddress = external.temporal ?? temporal!.address;
 }
 
 export async function mochaGlobalTeardown(): Promise<void> {
-  await Promise.all(running.map((s) => s.process.stop()));
+  await Promise.all([...running.map((s) => s.process.stop()), sandbox?.stop()]);
   fs.rmSync(stack.tmpDir, { recursive: true, force: true });
 }

@@ -79,6 +79,7 @@ export async function startTestGateway(
     TEMPORAL_ADDRESS: stack.temporalAddress,
     TEMPORAL_TASK_QUEUE: uniqueName('tq'),
     LOG_LEVEL: 'silent',
+    SANDBOX_URL: stack.sandboxUrl,
     ...opts.env,
   });
   const logger = opts.logger ?? createLogger('silent');

@@ -7,6 +7,8 @@ import { createWorker } from '../worker';
 import { runSelfCheck } from '../cli';
 import { createLogger } from '../log';
 import { stack } from './fixture';
+import { createUpstreams } from '../routing/upstreams';
+import { loadConfig } from '../config';
 import { uniqueName } from './helpers';
 
 describe('Temporal + MongoDB wiring', () => {
@@ -24,7 +26,8 @@ describe('Temporal + MongoDB wiring', () => {
 
   it('runs a workflow whose activity writes to and reads from MongoDB', async () => {
     const taskQueue = uniqueName('wiring');
-    const worker: Worker = await createWorker({ connection: temporal.connection, namespace: stack.namespace, taskQueue, store });
+    const upstreams = createUpstreams(loadConfig({ SANDBOX_URL: stack.sandboxUrl }), store);
+    const worker: Worker = await createWorker({ connection: temporal.connection, namespace: stack.namespace, taskQueue, store, upstreams });
     const result = await worker.runUntil(runSelfCheck(temporal.client, taskQueue));
     expect(result.note).to.match(/^checked at /);
     // The document really is in the database, under the workflow's id.
@@ -33,5 +36,6 @@ describe('Temporal + MongoDB wiring', () => {
     const history = await temporal.client.workflow.getHandle(result.id).fetchHistory();
     const activities = (history.events ?? []).filter((e) => e.activityTaskCompletedEventAttributes);
     expect(activities).to.have.length(2);
+    await upstreams.close();
   });
 });

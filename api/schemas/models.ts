@@ -1,0 +1,42 @@
+import { Type } from '@sinclair/typebox';
+
+const Percentiles = Type.Union([Type.Object({ p50: Type.Number(), p75: Type.Number(), p90: Type.Number(), p99: Type.Number() }), Type.Null()]);
+const Pricing = Type.Object({
+  prompt: Type.String({ description: 'USD per prompt token' }),
+  completion: Type.String({ description: 'USD per completion token' }),
+  request: Type.String({ description: 'USD per request' }),
+});
+
+export const ModelView = Type.Object({
+  id: Type.String(),
+  canonical_slug: Type.String({ description: 'Dated canonical id' }),
+  name: Type.String(),
+  kind: Type.String(),
+  created: Type.Integer({ description: 'Release date, unix seconds' }),
+  description: Type.String(),
+  context_length: Type.Integer(),
+  pricing: Pricing,
+  aliases: Type.Array(Type.String()),
+  supported_parameters: Type.Array(Type.String()),
+});
+
+export const EndpointView = Type.Object({
+  name: Type.String(),
+  tag: Type.String(),
+  provider_name: Type.String(),
+  model_id: Type.String(),
+  context_length: Type.Integer(),
+  pricing: Pricing,
+  quantization: Type.String(),
+  max_completion_tokens: Type.Union([Type.Integer(), Type.Null()]),
+  supported_parameters: Type.Array(Type.String()),
+  data_collection: Type.String(),
+  zdr: Type.Boolean(),
+  stats_window_seconds: Type.Integer(),
+  uptime: Type.Union([Type.Number(), Type.Null()]),
+  recent_outage: Type.Boolean(),
+  latency_seconds: Percentiles,
+  throughput_tokens_per_second: Percentiles,
+});
+
+export const ModelEndpointsParams = Type.Object({ author: Type.String({ minLength: 1 }), slug: Type.String({ minLength: 1 }) });
