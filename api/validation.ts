@@ -41,7 +41,12 @@ function describe(e: ErrorObject, root: string): { field: string; message: strin
 function rank(errors: ErrorObject[]): ErrorObject[] {
   const concrete = errors.filter((e) => !['anyOf', 'oneOf', 'if', 'not'].includes(e.keyword));
   const pool = concrete.length ? concrete : errors;
-  return [...pool].sort((a, b) => b.instancePath.split('/').length - a.instancePath.split('/').length);
+  // Deepest field first; at equal depth a union branch's bare type mismatch ("must be null") says
+  // less than the branch that matched the type and then failed on something specific.
+  // (A missing or unexpected property names a field one level below its instancePath.)
+  const depth = (e: ErrorObject) => e.instancePath.split('/').length + (e.keyword === 'required' || e.keyword === 'additionalProperties' ? 1 : 0);
+  const weight = (e: ErrorObject) => depth(e) * 2 + (e.keyword === 'type' ? 0 : 1);
+  return [...pool].sort((a, b) => weight(b) - weight(a));
 }
 
 export interface Validator<T> {

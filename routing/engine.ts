@@ -53,6 +53,15 @@ export function typicalPrice(e: Endpoint): number {
   return (p.prompt * 1000 + p.completion * 250) / 1e6 + (p.request ?? 0);
 }
 
+/** Which kinds of model an operation applies to: logprob decisions run on chat completions. */
+const OPERATION_KINDS: Record<Operation, readonly string[]> = {
+  chat: ['chat', 'decision'], responses: ['chat'], messages: ['chat'], embeddings: ['embedding'], systemone: ['decision'],
+};
+
+export function servesOperation(e: Endpoint, operation: Operation): boolean {
+  return e.operations.includes(operation) && OPERATION_KINDS[operation].includes(e.model.kind);
+}
+
 type Filter = [name: string, keep: (e: Endpoint) => boolean];
 
 function filters(input: RouteInput): Filter[] {
@@ -158,7 +167,7 @@ function groupByModel(endpoints: Endpoint[], models: CatalogModel[]): Endpoint[]
 export function planRoute(input: RouteInput): RoutePlan {
   const prefs = input.preferences ?? {};
   const names = input.models.map((m) => m.id).join(', ');
-  let candidates = input.models.flatMap((m) => m.endpoints).filter((e) => e.operations.includes(input.operation));
+  let candidates = input.models.flatMap((m) => m.endpoints).filter((e) => servesOperation(e, input.operation));
   if (!candidates.length) {
     throw new NotFoundError(`No endpoint of ${names} serves ${input.operation}`, { model: names, operation: input.operation });
   }

@@ -11,8 +11,17 @@ export function seeded(seed: string): () => number {
   };
 }
 
+/** JSON with object keys sorted, so the same request hashes the same whatever its key order. */
+function canonical(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(canonical).join(',')}]`;
+  if (value && typeof value === 'object') {
+    return `{${Object.keys(value).sort().map((k) => `${JSON.stringify(k)}:${canonical((value as Record<string, unknown>)[k])}`).join(',')}}`;
+  }
+  return JSON.stringify(value) ?? 'null';
+}
+
 export function hashOf(value: unknown): string {
-  return createHash('sha256').update(JSON.stringify(value)).digest('hex');
+  return createHash('sha256').update(canonical(value)).digest('hex');
 }
 
 /** About four characters a token, as common BPE tokenizers average on English. */
