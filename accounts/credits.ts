@@ -27,8 +27,8 @@ async function sum(coll: Store['creditGrants'] | Store['usage'], workspaceId: st
 
 export async function getBalance(store: Store, workspaceId: string): Promise<Balance> {
   const [credits, usage] = await Promise.all([sum(store.creditGrants, workspaceId, 'amount'), sum(store.usage, workspaceId, 'cost')]);
-  // Rounded to micro-dollars so float sums read as money.
-  const round = (n: number) => Math.round(n * 1e6) / 1e6;
+  // Rounded to 1e-10 USD: float sums read as money, and a single cheap call still shows.
+  const round = (n: number) => Math.round(n * 1e10) / 1e10;
   return { total_credits: round(credits), total_usage: round(usage), balance: round(credits - usage) };
 }
 

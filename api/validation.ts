@@ -6,7 +6,7 @@ import type { TSchema, Static } from '@sinclair/typebox';
 import { BadRequestError } from '../errors';
 
 function makeAjv(coerce: boolean): Ajv {
-  const ajv = new Ajv({ allErrors: true, strict: false, discriminator: true, coerceTypes: coerce ? 'array' : false, useDefaults: coerce });
+  const ajv = new Ajv({ allErrors: true, strict: false, discriminator: true, verbose: true, coerceTypes: coerce ? 'array' : false, useDefaults: coerce });
   addFormats(ajv);
   return ajv;
 }
@@ -30,6 +30,14 @@ function describe(e: ErrorObject, root: string): { field: string; message: strin
       return { field: fieldPath(e.instancePath, (e.params as { missingProperty: string }).missingProperty) || root, message: 'is required' };
     case 'additionalProperties':
       return { field: fieldPath(e.instancePath, (e.params as { additionalProperty: string }).additionalProperty) || root, message: 'is not an allowed field' };
+    case 'discriminator': {
+      // Name the allowed tags, read from the union's branches.
+      const branches = ((e.parentSchema as { oneOf?: { properties?: { type?: { const?: string } } }[] })?.oneOf ?? []);
+      const tags = branches.map((b) => b.properties?.type?.const).filter(Boolean).map((t) => JSON.stringify(t));
+      const { tag, tagValue } = e.params as { tag: string; tagValue?: unknown };
+      if (tagValue === undefined) return { field: fieldPath(e.instancePath, tag) || root, message: 'is required' };
+      return { field: fieldPath(e.instancePath, tag) || root, message: tags.length ? `must be one of ${tags.join(', ')}` : 'is not a known type' };
+    }
     case 'enum':
       return { field: fieldPath(e.instancePath) || root, message: `must be one of ${(e.params as { allowedValues: unknown[] }).allowedValues.map((v) => JSON.stringify(v)).join(', ')}` };
     default:
@@ -49,6 +57,22 @@ function rank(errors: ErrorObject[]): ErrorObject[] {
   return [...pool].sort((a, b) => weight(b) - weight(a));
 }
 
+/** Several union branches refusing one value by type read best as one list: "must be string, object or array". */
+function mergeTypeErrors(errors: ErrorObject[]): ErrorObject[] {
+  const out: ErrorObject[] = [];
+  for (const e of errors) {
+    const prior = e.keyword === 'type' ? out.find((o) => o.keyword === 'type' && o.instancePath === e.instancePath) : undefined;
+    if (!prior) {
+      out.push({ ...e, params: { ...e.params } });
+      continue;
+    }
+    const types = [...String(prior.params.type).split(','), ...String(e.params.type).split(',')].filter((t, i, a) => a.indexOf(t) === i);
+    prior.params.type = types.join(',');
+    prior.message = `must be ${types.length > 1 ? `${types.slice(0, -1).join(', ')} or ${types[types.length - 1]}` : types[0]}`;
+  }
+  return out;
+}
+
 export interface Validator<T> {
   (data: unknown): T;
   schema: TSchema;
@@ -58,7 +82,7 @@ function build<S extends TSchema>(ajv: Ajv, schema: S, root: string): Validator<
   const check: ValidateFunction = ajv.compile(schema);
   const validator = ((data: unknown) => {
     if (check(data)) return data as Static<S>;
-    const errors = rank(check.errors ?? []).map((e) => describe(e, root));
+    const errors = mergeTypeErrors(rank(check.errors ?? [])).map((e) => describe(e, root));
     const seen = new Set<string>();
     const unique = errors.filter((e) => !seen.has(`${e.field}${e.message}`) && seen.add(`${e.field}${e.message}`));
     const first = unique[0] ?? { field: root, message: 'is invalid' };

@@ -127,6 +127,12 @@ export function loadConfig(env: Env = process.env) {
       /** Granted to the `default` workspace that the first start creates, so a first call works. */
       welcomeUsd: positiveNumber(env, 'WELCOME_CREDITS_USD', 10),
     },
+    decisions: {
+      maxQuestions: positiveInt(env, 'DECISION_MAX_QUESTIONS', 256),
+      maxChoices: positiveInt(env, 'DECISION_MAX_CHOICES', 255),
+      maxScoreLevels: positiveInt(env, 'DECISION_MAX_SCORE_LEVELS', 255),
+      maxStateBytes: bytes(env, 'DECISION_MAX_STATE_BYTES', 512 * 1024),
+    },
     http: {
       bodyLimitBytes: bytes(env, 'BODY_LIMIT', 10 * 1024 ** 2),
       shutdownGraceMs: positiveInt(env, 'SHUTDOWN_GRACE_MS', 10_000),

@@ -55,6 +55,8 @@ export interface UsageDoc extends Document {
   trace: Record<string, unknown> | null;
   app: { referer: string | null; title: string | null; categories: string[] };
   batch_id: string | null;
+  /** Extra facts about the call, e.g. the label mass of logprob-answered decisions. */
+  details?: Record<string, unknown>;
   created_at: Date;
 }
 

@@ -16,15 +16,18 @@ function installRuntime(logger: Logger): void {
   if (runtimeInstalled) return;
   runtimeInstalled = true;
   // The SDK narrates worker state changes at info; keep only its warnings unless debugging.
-  const log = logger.child({ component: 'temporal-sdk' }, { level: logger.levelVal < 30 ? logger.level : 'warn' });
+  const log = logger.child({ component: 'temporal-sdk' }, { level: logger.levelVal < 30 || logger.levelVal > 40 ? logger.level : 'warn' });
+  // A decision that fails with a gateway error (an upstream 502, a 404 …) is an answer, not an incident.
+  const expected = (meta: Record<string, unknown> | undefined) =>
+    (meta?.error as { type?: string } | undefined)?.type === 'GatewayError' || meta?.workflowType === 'decisionWorkflow';
   const at = (level: string) => (level === 'TRACE' ? 'trace' : level === 'DEBUG' ? 'debug' : level === 'WARN' ? 'warn' : level === 'ERROR' ? 'error' : 'info');
   Runtime.install({
     logger: {
-      log: (level, message, meta) => log[at(level)](meta ?? {}, message),
+      log: (level, message, meta) => log[level === 'WARN' && expected(meta) ? 'debug' : at(level)](meta ?? {}, message),
       trace: (message, meta) => log.trace(meta ?? {}, message),
       debug: (message, meta) => log.debug(meta ?? {}, message),
       info: (message, meta) => log.info(meta ?? {}, message),
-      warn: (message, meta) => log.warn(meta ?? {}, message),
+      warn: (message, meta) => (expected(meta) ? log.debug(meta ?? {}, message) : log.warn(meta ?? {}, message)),
       error: (message, meta) => log.error(meta ?? {}, message),
     },
     telemetryOptions: { logging: { filter: makeTelemetryFilterString({ core: 'WARN' }), forward: {} } },

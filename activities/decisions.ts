@@ -1,0 +1,46 @@
+import { Context } from '@temporalio/activity';
+import { recordUsage } from '../accounts/credits';
+import { evaluate } from '../decisions/evaluate';
+import type { DecisionsRequest, Answer } from '../decisions/types';
+import type { RequestMeta } from '../api/request-meta';
+import type { Upstreams } from '../routing/upstreams';
+import type { Store } from '../store';
+import { toActivityFailure } from '../temporal/failures';
+
+export interface DecisionJob {
+  generationId: string;
+  workspaceId: string;
+  keyId: string;
+  request: DecisionsRequest;
+  meta: RequestMeta;
+  workspace: { only?: string[]; ignore?: string[] };
+}
+
+export interface DecisionResult {
+  id: string;
+  model: string;
+  provider: string;
+  answers: Record<string, Answer>;
+  usage: { input_tokens: number; output_tokens: number; cost: number };
+}
+
+export function createDecisionActivities({ store, upstreams }: { store: Store; upstreams: Upstreams }) {
+  return {
+    /** Evaluates and records usage. A retry re-asks the provider but cannot debit twice. */
+    async evaluateDecision(job: DecisionJob): Promise<DecisionResult> {
+      try {
+        const signal = Context.current().cancellationSignal;
+        const e = await evaluate(upstreams, job.request, { workspace: job.workspace, signal });
+        await recordUsage(store, {
+          _id: job.generationId, workspace_id: job.workspaceId, key_id: job.keyId, kind: 'decision',
+          model: e.model, provider: e.provider, input_tokens: e.usage.input_tokens, output_tokens: e.usage.output_tokens, cost: e.cost,
+          session_id: job.meta.session_id, user: job.meta.user, trace: job.meta.trace, app: job.meta.app, batch_id: null,
+          ...(e.labelMass ? { details: { label_mass: e.labelMass } } : {}),
+        });
+        return { id: job.generationId, model: e.model, provider: e.provider, answers: e.answers, usage: { ...e.usage, cost: e.cost } };
+      } catch (err) {
+        throw toActivityFailure(err);
+      }
+    },
+  };
+}

@@ -1,0 +1,51 @@
+// POST /systemone: typed decisions. Each request runs as a short workflow (id = generation id)
+// started eagerly on this process's own worker, whose local activity routes, calls the provider,
+// computes the answers and records usage; the handler waits for its result.
+import { randomBytes } from 'node:crypto';
+import { PayloadTooLargeError } from '../../errors';
+import type { decisionWorkflow } from '../../workflows';
+import { fromWorkflowFailure } from '../../temporal/failures';
+import { authOf } from '../auth';
+import { requestMeta } from '../request-meta';
+import { defineRoute, type AnyRoute } from '../route';
+import { DecisionsResponse, decisionsRequestSchema } from '../schemas/decisions';
+import type { AppDeps } from '../deps';
+
+/** Temporal refuses payloads over 2 MB; the whole request travels as the workflow's input. */
+const MAX_REQUEST_BYTES = 1.5 * 1024 * 1024;
+
+export function decisionRoutes({ config, store, temporal, upstreams }: AppDeps): AnyRoute[] {
+  const limits = config.decisions;
+  return [
+    defineRoute({
+      method: 'post', path: '/systemone', tag: 'Decisions', auth: 'any', billable: true,
+      body: decisionsRequestSchema(limits),
+      summary: 'Answer typed questions (noul, choice, score) about a state, with calibrated probabilities',
+      responses: { 200: { description: 'Answers, the dated model id, the provider and usage', schema: DecisionsResponse } },
+      handler: async (ctx, { body }) => {
+        const meta = requestMeta(ctx, body);
+        const stateBytes = Buffer.byteLength(typeof body.state === 'string' ? body.state : JSON.stringify(body.state));
+        if (stateBytes > limits.maxStateBytes) throw new PayloadTooLargeError(`state: is ${stateBytes} bytes, more than the limit of ${limits.maxStateBytes}`);
+        if (Buffer.byteLength(JSON.stringify(body)) > MAX_REQUEST_BYTES) throw new PayloadTooLargeError(`Decision request is larger than ${MAX_REQUEST_BYTES} bytes`);
+        // Fail fast on an unknown model, before anything is started.
+        upstreams.catalog.resolve(body.model);
+        const auth = authOf(ctx);
+        const ws = await store.workspaces.findOne({ _id: auth.workspaceId }, { projection: { settings: 1 } });
+        const generationId = `gen-dec-${Date.now().toString(36)}${randomBytes(10).toString('hex')}`;
+        try {
+          ctx.body = await temporal.workflow.execute<typeof decisionWorkflow>('decisionWorkflow', {
+            workflowId: generationId,
+            taskQueue: config.temporal.taskQueue,
+            requestEagerStart: true,
+            workflowExecutionTimeout: '3 minutes',
+            args: [{ generationId, workspaceId: auth.workspaceId, keyId: auth.keyId, request: body, meta, workspace: ws?.settings ?? {} }],
+          });
+        } catch (err) {
+          const mapped = fromWorkflowFailure(err);
+          if (mapped.status >= 500) ctx.state.log.warn({ err, generation_id: generationId }, 'decision failed');
+          throw mapped;
+        }
+      },
+    }),
+  ];
+}
