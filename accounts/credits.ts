@@ -2,7 +2,6 @@
 // A usage record's `_id` is its generation id, so the debit is one insert: atomic on any MongoDB
 // (FerretDB included, which has no transactions) and impossible to apply twice when a call retries.
 import { randomUUID } from 'node:crypto';
-import { PaymentRequiredError } from '../errors';
 import { isDuplicateKey, type CreditGrantDoc, type Store, type UsageDoc } from '../store';
 
 export interface Balance {
@@ -30,14 +29,6 @@ export async function getBalance(store: Store, workspaceId: string): Promise<Bal
   // Rounded to 1e-10 USD: float sums read as money, and a single cheap call still shows.
   const round = (n: number) => Math.round(n * 1e10) / 1e10;
   return { total_credits: round(credits), total_usage: round(usage), balance: round(credits - usage) };
-}
-
-/** Billable operations call this first: 402 unless the balance is positive. */
-export async function assertCanSpend(store: Store, workspaceId: string): Promise<void> {
-  const { balance } = await getBalance(store, workspaceId);
-  if (balance <= 0) {
-    throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance });
-  }
 }
 
 /**

@@ -4,6 +4,7 @@ import type { Config } from '../config';
 import type { Logger } from '../log';
 import type { Store } from '../store';
 import type { RateLimiter } from '../accounts/rate-limit';
+import type { WorkspaceCache } from '../accounts/workspace-cache';
 import type { Upstreams } from '../routing/upstreams';
 
 export interface AppDeps {
@@ -13,5 +14,6 @@ export interface AppDeps {
   temporal: Client;
   pingTemporal: () => Promise<void>;
   rateLimiter: RateLimiter;
+  workspaces: WorkspaceCache;
   upstreams: Upstreams;
 }

@@ -6,7 +6,6 @@ import type { Static, TSchema } from '@sinclair/typebox';
 import { compileBody, compileParams, compileQuery, type Validator } from './validation';
 import { jsonBody } from './body';
 import { authenticate, type AuthContext, type AuthLevel } from './auth';
-import { assertCanSpend } from '../accounts/credits';
 import { rateLimit } from './rate-limit';
 import type { AppDeps } from './deps';
 
@@ -48,7 +47,7 @@ export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): 
     if (spec.auth !== 'none') chain.push(authenticate(deps, spec.auth), rateLimit(deps));
     if (spec.billable) {
       chain.push(async (ctx, next) => {
-        await assertCanSpend(deps.store, (ctx.state.auth as AuthContext).workspaceId);
+        await deps.workspaces.assertCanSpend((ctx.state.auth as AuthContext).workspaceId);
         await next();
       });
     }

@@ -32,9 +32,9 @@ function describe(e: ErrorObject, root: string): { field: string; message: strin
       return { field: fieldPath(e.instancePath, (e.params as { additionalProperty: string }).additionalProperty) || root, message: 'is not an allowed field' };
     case 'discriminator': {
       // Name the allowed tags, read from the union's branches.
-      const branches = ((e.parentSchema as { oneOf?: { properties?: { type?: { const?: string } } }[] })?.oneOf ?? []);
-      const tags = branches.map((b) => b.properties?.type?.const).filter(Boolean).map((t) => JSON.stringify(t));
       const { tag, tagValue } = e.params as { tag: string; tagValue?: unknown };
+      const branches = ((e.parentSchema as { oneOf?: { properties?: Record<string, { const?: string }> }[] })?.oneOf ?? []);
+      const tags = branches.map((b) => b.properties?.[tag]?.const).filter(Boolean).map((t) => JSON.stringify(t));
       if (tagValue === undefined) return { field: fieldPath(e.instancePath, tag) || root, message: 'is required' };
       return { field: fieldPath(e.instancePath, tag) || root, message: tags.length ? `must be one of ${tags.join(', ')}` : 'is not a known type' };
     }
@@ -53,7 +53,8 @@ function rank(errors: ErrorObject[]): ErrorObject[] {
   // less than the branch that matched the type and then failed on something specific.
   // (A missing or unexpected property names a field one level below its instancePath.)
   const depth = (e: ErrorObject) => e.instancePath.split('/').length + (e.keyword === 'required' || e.keyword === 'additionalProperties' ? 1 : 0);
-  const weight = (e: ErrorObject) => depth(e) * 2 + (e.keyword === 'type' ? 0 : 1);
+  // At equal depth: a specific complaint (enum, const, range …) over a missing field over a type mismatch.
+  const weight = (e: ErrorObject) => depth(e) * 4 + (e.keyword === 'type' ? 0 : e.keyword === 'required' || e.keyword === 'additionalProperties' ? 1 : 2);
   return [...pool].sort((a, b) => weight(b) - weight(a));
 }
 

@@ -8,6 +8,7 @@ import { createWorker } from '../worker';
 import { startApiServer } from '../api/server';
 import { listenSandbox } from '../sandbox/server';
 import { RateLimiter } from '../accounts/rate-limit';
+import { WorkspaceCache } from '../accounts/workspace-cache';
 import { createUpstreams } from '../routing/upstreams';
 
 export interface Addresses {
@@ -67,6 +68,7 @@ export async function runApiRole(
     {
       config, logger, store, temporal: client, pingTemporal: () => pingTemporal(client),
       rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds), upstreams,
+      workspaces: new WorkspaceCache(store, config.credits.balanceCacheMs),
     },
     config.host,
     config.port,

@@ -126,6 +126,8 @@ export function loadConfig(env: Env = process.env) {
     credits: {
       /** Granted to the `default` workspace that the first start creates, so a first call works. */
       welcomeUsd: positiveNumber(env, 'WELCOME_CREDITS_USD', 10),
+      /** How long a process trusts its reading of a workspace's balance before re-reading the ledger. */
+      balanceCacheMs: positiveInt(env, 'BALANCE_CACHE_MS', 5_000),
     },
     decisions: {
       maxQuestions: positiveInt(env, 'DECISION_MAX_QUESTIONS', 256),

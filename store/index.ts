@@ -60,6 +60,27 @@ export interface UsageDoc extends Document {
   created_at: Date;
 }
 
+export interface PresetDoc extends Document {
+  _id: string; // name-based UUID of workspace + slug: creating one slug twice collides
+  workspace_id: string;
+  slug: string;
+  name: string;
+  description: string | null;
+  creator_user_id: string;
+  created_at: Date;
+}
+
+export interface PresetVersionDoc extends Document {
+  _id: string; // name-based UUID of preset + number: two writers of one number collide
+  preset_id: string;
+  workspace_id: string;
+  version: number;
+  config: Record<string, unknown>;
+  system_prompt: string | null;
+  creator_id: string;
+  created_at: Date;
+}
+
 /** A request admitted in one rate-limit window: `_id` = key id : window : ticket number. */
 export interface RateTicketDoc extends Document {
   _id: string;
@@ -106,6 +127,14 @@ export class Store {
 
   get rateTickets(): Collection<RateTicketDoc> {
     return this.db.collection<RateTicketDoc>('rate_tickets');
+  }
+
+  get presets(): Collection<PresetDoc> {
+    return this.db.collection<PresetDoc>('presets');
+  }
+
+  get presetVersions(): Collection<PresetVersionDoc> {
+    return this.db.collection<PresetVersionDoc>('preset_versions');
   }
 
   get endpointSamples(): Collection<EndpointSamplesDoc> {

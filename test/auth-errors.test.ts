@@ -10,6 +10,7 @@ import { requestContext } from '../api/request-context';
 import { errorMiddleware } from '../api/errors';
 import { defineRoute, mountRoutes } from '../api/route';
 import { RateLimiter } from '../accounts/rate-limit';
+import { WorkspaceCache } from '../accounts/workspace-cache';
 import { recordUsage } from '../accounts/credits';
 import { call, capturingLogger, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
 
@@ -136,7 +137,8 @@ describe('402, 500 and the billable guard', () => {
     app.use(requestContext(logger));
     app.use(errorMiddleware());
     const router = new Router();
-    const deps = { config: gw.config, logger, store: gw.store, temporal: null as never, pingTemporal: async () => undefined, rateLimiter: new RateLimiter(gw.store, 1000, 60), upstreams: null as never };
+    const deps = { config: gw.config, logger, store: gw.store, temporal: null as never, pingTemporal: async () => undefined, rateLimiter: new RateLimiter(gw.store, 1000, 60), upstreams: null as never,
+      workspaces: new WorkspaceCache(gw.store, 0) }; // no caching: every call reads the ledger
     mountRoutes(router, [
       defineRoute({ method: 'post', path: '/spend', summary: 'billable', tag: 't', auth: 'any', billable: true, body: Type.Object({}), responses: {}, handler: (ctx) => { ctx.body = { ok: true }; } }),
       defineRoute({ method: 'get', path: '/boom', summary: 'fails', tag: 't', auth: 'none', responses: {}, handler: () => { throw new TypeError('secret detail: mongodb://admin:pw@db'); } }),
@@ -165,6 +167,26 @@ describe('402, 500 and the billable guard', () => {
       input_tokens: 1, output_tokens: 1, cost: 1, session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
     });
     expect((await call(`${url}/spend`, { key: rich.inferenceKey, body: {} })).status).to.equal(402);
+  });
+
+  it('a process trusts its balance reading for the cache period, then re-reads the ledger', async () => {
+    let now = 0;
+    const cache = new WorkspaceCache(gw.store, 5_000, () => now);
+    const t = await createTenant(gw.store, 1);
+    await cache.assertCanSpend(t.workspaceId);
+    await recordUsage(gw.store, {
+      _id: `gen-cache-${t.workspaceId}`, workspace_id: t.workspaceId, key_id: t.inferenceKeyId, kind: 'decision', model: 'm', provider: 'p',
+      input_tokens: 1, output_tokens: 1, cost: 1, session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
+    });
+    now = 4_999;
+    await cache.assertCanSpend(t.workspaceId); // still the earlier reading
+    now = 5_000;
+    try {
+      await cache.assertCanSpend(t.workspaceId);
+      expect.fail('should be 402 after the cache period');
+    } catch (err) {
+      expect((err as { status: number }).status).to.equal(402);
+    }
   });
 
   it('500 with a generic message; the details only in the log', async () => {

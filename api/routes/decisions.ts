@@ -2,7 +2,10 @@
 // started eagerly on this process's own worker, whose local activity routes, calls the provider,
 // computes the answers and records usage; the handler waits for its result.
 import { randomBytes } from 'node:crypto';
-import { PayloadTooLargeError } from '../../errors';
+import { BadRequestError, PayloadTooLargeError } from '../../errors';
+import { presetReference } from '../../presets/apply';
+import { getPreset } from '../../presets/store';
+import type { DecisionsRequest } from '../../decisions/types';
 import type { decisionWorkflow } from '../../workflows';
 import { fromWorkflowFailure } from '../../temporal/failures';
 import { authOf } from '../auth';
@@ -11,10 +14,21 @@ import { defineRoute, type AnyRoute } from '../route';
 import { DecisionsResponse, decisionsRequestSchema } from '../schemas/decisions';
 import type { AppDeps } from '../deps';
 
+/** A preset named by the request lends its model and provider preferences; the request's own win. */
+async function withPreset(store: AppDeps['store'], workspaceId: string, body: DecisionsRequest): Promise<DecisionsRequest> {
+  const ref = presetReference(body);
+  if (!ref) return body;
+  const { designated_version: v } = await getPreset(store, workspaceId, ref.slug);
+  const { preset: _preset, ...rest } = body;
+  const model = ref.model ?? (typeof v.config.model === 'string' ? v.config.model : null);
+  if (!model) throw new BadRequestError(`model: preset "${ref.slug}" names no model; give one as <model>@preset/${ref.slug}`);
+  return { ...rest, model, provider: body.provider ?? (v.config.provider as DecisionsRequest['provider']) };
+}
+
 /** Temporal refuses payloads over 2 MB; the whole request travels as the workflow's input. */
 const MAX_REQUEST_BYTES = 1.5 * 1024 * 1024;
 
-export function decisionRoutes({ config, store, temporal, upstreams }: AppDeps): AnyRoute[] {
+export function decisionRoutes({ config, store, temporal, upstreams, workspaces }: AppDeps): AnyRoute[] {
   const limits = config.decisions;
   return [
     defineRoute({
@@ -22,15 +36,16 @@ export function decisionRoutes({ config, store, temporal, upstreams }: AppDeps):
       body: decisionsRequestSchema(limits),
       summary: 'Answer typed questions (noul, choice, score) about a state, with calibrated probabilities',
       responses: { 200: { description: 'Answers, the dated model id, the provider and usage', schema: DecisionsResponse } },
-      handler: async (ctx, { body }) => {
-        const meta = requestMeta(ctx, body);
+      handler: async (ctx, { body: given }) => {
+        const meta = requestMeta(ctx, given);
+        const auth = authOf(ctx);
+        const body = await withPreset(store, auth.workspaceId, given);
         const stateBytes = Buffer.byteLength(typeof body.state === 'string' ? body.state : JSON.stringify(body.state));
         if (stateBytes > limits.maxStateBytes) throw new PayloadTooLargeError(`state: is ${stateBytes} bytes, more than the limit of ${limits.maxStateBytes}`);
         if (Buffer.byteLength(JSON.stringify(body)) > MAX_REQUEST_BYTES) throw new PayloadTooLargeError(`Decision request is larger than ${MAX_REQUEST_BYTES} bytes`);
         // Fail fast on an unknown model, before anything is started.
         upstreams.catalog.resolve(body.model);
-        const auth = authOf(ctx);
-        const ws = await store.workspaces.findOne({ _id: auth.workspaceId }, { projection: { settings: 1 } });
+        const { settings } = await workspaces.get(auth.workspaceId);
         const generationId = `gen-dec-${Date.now().toString(36)}${randomBytes(10).toString('hex')}`;
         try {
           ctx.body = await temporal.workflow.execute<typeof decisionWorkflow>('decisionWorkflow', {
@@ -38,7 +53,7 @@ export function decisionRoutes({ config, store, temporal, upstreams }: AppDeps):
             taskQueue: config.temporal.taskQueue,
             requestEagerStart: true,
             workflowExecutionTimeout: '3 minutes',
-            args: [{ generationId, workspaceId: auth.workspaceId, keyId: auth.keyId, request: body, meta, workspace: ws?.settings ?? {} }],
+            args: [{ generationId, workspaceId: auth.workspaceId, keyId: auth.keyId, request: body, meta, workspace: settings }],
           });
         } catch (err) {
           const mapped = fromWorkflowFailure(err);

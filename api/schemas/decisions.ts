@@ -47,7 +47,8 @@ export function decisionsRequestSchema(limits: DecisionLimits) {
   const q = questionSchemas(limits);
   const question = discriminated([q.noul, q.choice, q.score], 'A question, by type');
   return Type.Object({
-    model: Type.String({ minLength: 1, maxLength: 256 }),
+    model: Type.String({ minLength: 1, maxLength: 256, description: 'A model id, or `@preset/<slug>` / `<model>@preset/<slug>`' }),
+    preset: Type.Optional(Type.String({ minLength: 1, maxLength: 136, description: 'A preset whose model and provider preferences apply' })),
     state: Guidance,
     questions: Type.Record(Type.String({ minLength: 1, maxLength: 256 }), question, { minProperties: 1, maxProperties: limits.maxQuestions }),
     provider: Type.Optional(ProviderPreferences),

@@ -1,0 +1,48 @@
+// Per-process, short-lived view of each workspace's balance and routing settings, so a billable
+// request costs no ledger scan (FerretDB scans every usage record for a non-`_id` filter). The
+// ledger stays the truth: a process re-reads it after `ttlMs`, so the 402 gate can lag other
+// processes' spending by that long, as hosted gateways' balance checks do.
+import { PaymentRequiredError } from '../errors';
+import type { Store, WorkspaceDoc } from '../store';
+import { getBalance } from './credits';
+
+interface Entry {
+  balance: number;
+  settings: WorkspaceDoc['settings'];
+  at: number;
+}
+
+export class WorkspaceCache {
+  private readonly entries = new Map<string, Entry>();
+  private readonly loading = new Map<string, Promise<Entry>>();
+
+  constructor(private readonly store: Store, readonly ttlMs = 5_000, private readonly now: () => number = Date.now) {}
+
+  async get(workspaceId: string): Promise<Entry> {
+    const e = this.entries.get(workspaceId);
+    if (e && this.now() - e.at < this.ttlMs) return e;
+    let pending = this.loading.get(workspaceId);
+    if (!pending) {
+      // One read per workspace at a time, however many requests are waiting for it.
+      pending = (async () => {
+        const [b, ws] = await Promise.all([getBalance(this.store, workspaceId), this.store.workspaces.findOne({ _id: workspaceId }, { projection: { settings: 1 } })]);
+        const entry = { balance: b.balance, settings: ws?.settings ?? {}, at: this.now() };
+        this.entries.set(workspaceId, entry);
+        return entry;
+      })().finally(() => this.loading.delete(workspaceId));
+      this.loading.set(workspaceId, pending);
+    }
+    return pending;
+  }
+
+  /** 402 unless the balance is positive. */
+  async assertCanSpend(workspaceId: string): Promise<void> {
+    const { balance } = await this.get(workspaceId);
+    if (balance <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance });
+  }
+
+  /** Forget a workspace, e.g. after credits were added through this process. */
+  invalidate(workspaceId: string): void {
+    this.entries.delete(workspaceId);
+  }
+}

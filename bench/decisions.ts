@@ -1,0 +1,64 @@
+// Decision overhead: the same System One request sent straight to the sandbox provider and
+// through the gateway (HTTP ▶ auth ▶ validation ▶ Temporal workflow ▶ local activity ▶ provider
+// ▶ usage record), side by side in one run, at concurrency 1, 10 and 50.
+import { Store } from '../store';
+import { createWorkspace } from '../accounts/workspaces';
+import { createKey } from '../accounts/keys';
+import { grantCredits } from '../accounts/credits';
+import { closedLoop, cpuSeconds, startStack, writeResult, type LoadResult } from './harness';
+
+const body = {
+  model: 'jev-1.13',
+  state: { ticket: 'I was charged twice for my subscription this month', customer: { plan: 'pro', since: 2021 } },
+  questions: {
+    urgent: { type: 'noul', instructions: 'Does this need action today?' },
+    topic: { type: 'choice', instructions: 'Which team?', criteria: { billing: null, bug: 'a defect', account: 'logins' } },
+    severity: { type: 'score', instructions: 'How severe?', criteria: ['none', 'minor', 'major', 'critical'] },
+  },
+};
+
+export async function benchDecisions(opts: { levels?: [number, number][]; temporalInMemory?: boolean } = {}) {
+  const levels = opts.levels ?? [[1, 300], [10, 1000], [50, 2000]];
+  const stack = await startStack({}, { temporalInMemory: opts.temporalInMemory });
+  try {
+    const store = await Store.connect(stack.mongoUri, 'gateway');
+    const ws = await createWorkspace(store, 'bench');
+    await grantCredits(store, ws._id, 1_000_000);
+    const { key } = await createKey(store, ws._id, { kind: 'inference' });
+    await store.close();
+    const auth = { authorization: `Bearer ${key}` };
+    const direct = `${stack.sandboxUrl}/systemone/v1/systemone`;
+    const gateway = `${stack.gatewayUrl}/api/v1/systemone`;
+
+    // Warm up both paths (JIT, connection pools, workflow bundle, Temporal caches).
+    await closedLoop(direct, body, {}, 4, 200);
+    await closedLoop(gateway, body, auth, 4, 200);
+
+    const rows = [];
+    for (const [concurrency, total] of levels) {
+      const directRun: LoadResult = await closedLoop(direct, body, {}, concurrency, total);
+      const cpuBefore = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, cpuSeconds(p.pid)]));
+      const gatewayRun = await closedLoop(gateway, body, auth, concurrency, total, (_s, text) => text.includes('"answers"'));
+      const cpuMsPerRequest = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, Math.round(((cpuSeconds(p.pid) - cpuBefore[n]) / gatewayRun.requests) * 1e5) / 100]));
+      rows.push({
+        concurrency, direct: directRun, gateway: gatewayRun,
+        added_p50_ms: Math.round((gatewayRun.p50_ms - directRun.p50_ms) * 100) / 100,
+        added_p99_ms: Math.round((gatewayRun.p99_ms - directRun.p99_ms) * 100) / 100,
+        cpu_ms_per_request: cpuMsPerRequest,
+      });
+    }
+    const result = {
+      benchmark: 'decisions', at: new Date().toISOString(), machine: { cpus: (await import('node:os')).cpus().length, node: process.version },
+      bar: { added_p50_ms_at_c1: 10 }, rows,
+    };
+    const file = writeResult('decisions', result);
+    console.log('\nconcurrency | direct p50/p99 ms | gateway p50/p99 ms | added p50 ms | gateway req/s | CPU ms/req (gateway, temporal, ferretdb)');
+    for (const r of rows) {
+      console.log(`${String(r.concurrency).padStart(11)} | ${r.direct.p50_ms} / ${r.direct.p99_ms} | ${r.gateway.p50_ms} / ${r.gateway.p99_ms} | ${r.added_p50_ms} | ${r.gateway.rps} (errors ${r.gateway.errors}) | ${r.cpu_ms_per_request.gateway}, ${r.cpu_ms_per_request.temporal}, ${r.cpu_ms_per_request.ferretdb}`);
+    }
+    console.log(`results: ${file}`);
+    return result;
+  } finally {
+    await stack.stop();
+  }
+}

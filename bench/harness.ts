@@ -1,0 +1,112 @@
+// Shared benchmark plumbing: a stack of real processes on free ports, a closed-loop load
+// generator over keep-alive HTTP, and per-process CPU time from /proc.
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { Pool } from 'undici';
+import { defaultToolsDir } from '../config';
+import { ensureTools } from '../tools/binaries';
+import { freePort, startProcess, type ManagedProcess } from '../tools/processes';
+import { startFerretDB, startTemporalServer } from '../tools/services';
+
+export interface Stack {
+  dataDir: string;
+  mongoUri: string;
+  temporalAddress: string;
+  sandboxUrl: string;
+  gatewayUrl: string;
+  processes: Record<string, ManagedProcess>;
+  stop(): Promise<void>;
+}
+
+const cli = path.join(__dirname, '..', 'cli', 'index.js');
+
+/** Temporal (file-backed, as `npm start` runs it), FerretDB, the sandbox and one gateway process. */
+export async function startStack(env: Record<string, string> = {}, opts: { temporalInMemory?: boolean } = {}): Promise<Stack> {
+  const tools = await ensureTools(process.env.TOOLS_DIR ?? defaultToolsDir(), { temporal: true, ferretdb: true });
+  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-bench-'));
+  const [ferret, temporal] = await Promise.all([
+    startFerretDB({ binary: tools.ferretdb, port: await freePort(), dataDir: path.join(dataDir, 'ferretdb') }),
+    startTemporalServer({ binary: tools.temporal, port: await freePort(), uiPort: null, dbFile: opts.temporalInMemory ? null : path.join(dataDir, 'temporal.db'), namespace: 'default' }),
+  ]);
+  const sandboxPort = await freePort();
+  const sandbox = startProcess('sandbox', process.execPath, [cli, 'sandbox'], { ...process.env, SANDBOX_PORT: String(sandboxPort), LOG_LEVEL: 'warn' });
+  const sandboxUrl = `http://127.0.0.1:${sandboxPort}`;
+  await sandbox.waitUntil(async () => { if (!(await fetch(`${sandboxUrl}/healthz`)).ok) throw new Error('not yet'); }, 15_000, 'answering');
+  const port = await freePort();
+  const gateway = startProcess('gateway', process.execPath, [cli, 'api', '--with-worker'], {
+    ...process.env, PORT: String(port), MONGODB_URI: ferret.address, TEMPORAL_ADDRESS: temporal.address, SANDBOX_URL: sandboxUrl,
+    LOG_LEVEL: 'warn', RATE_LIMIT_REQUESTS: '100000000', ...env,
+  });
+  const gatewayUrl = `http://127.0.0.1:${port}`;
+  await gateway.waitUntil(async () => { if (!(await fetch(`${gatewayUrl}/readyz`)).ok) throw new Error('not yet'); }, 60_000, 'ready');
+  const processes = { gateway, sandbox, temporal: temporal.process, ferretdb: ferret.process };
+  return {
+    dataDir, mongoUri: ferret.address, temporalAddress: temporal.address, sandboxUrl, gatewayUrl, processes,
+    stop: async () => {
+      await Promise.all(Object.values(processes).map((p) => p.stop()));
+      fs.rmSync(dataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** User + system CPU seconds a process has used so far. */
+export function cpuSeconds(pid: number | undefined): number {
+  if (!pid) return 0;
+  const fields = fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+  // utime and stime, in clock ticks (100 per second on Linux)
+  return (Number(fields[11]) + Number(fields[12])) / 100;
+}
+
+export interface LoadResult {
+  concurrency: number;
+  requests: number;
+  errors: number;
+  seconds: number;
+  rps: number;
+  p50_ms: number;
+  p90_ms: number;
+  p99_ms: number;
+}
+
+function percentile(sorted: number[], q: number): number {
+  return sorted.length ? sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)] : NaN;
+}
+
+/** `concurrency` workers each sending requests back to back until `total` are done. */
+export async function closedLoop(url: string, body: unknown, headers: Record<string, string>, concurrency: number, total: number, check?: (status: number, text: string) => boolean): Promise<LoadResult> {
+  const u = new URL(url);
+  const pool = new Pool(u.origin, { connections: concurrency, pipelining: 1 });
+  const payload = JSON.stringify(body);
+  const latencies: number[] = [];
+  let errors = 0;
+  let issued = 0;
+  const started = performance.now();
+  await Promise.all(Array.from({ length: concurrency }, async () => {
+    while (issued < total) {
+      issued++;
+      const t0 = performance.now();
+      const res = await pool.request({ path: u.pathname, method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: payload });
+      const text = await res.body.text();
+      latencies.push(performance.now() - t0);
+      if (res.statusCode !== 200 || (check && !check(res.statusCode, text))) errors++;
+    }
+  }));
+  const seconds = (performance.now() - started) / 1000;
+  await pool.close();
+  latencies.sort((a, b) => a - b);
+  const r = (x: number) => Math.round(x * 100) / 100;
+  return {
+    concurrency, requests: latencies.length, errors, seconds: r(seconds), rps: r(latencies.length / seconds),
+    p50_ms: r(percentile(latencies, 0.5)), p90_ms: r(percentile(latencies, 0.9)), p99_ms: r(percentile(latencies, 0.99)),
+  };
+}
+
+export function writeResult(name: string, result: unknown): string {
+  const dir = path.join(__dirname, '..', '..', 'bench', 'results');
+  fs.mkdirSync(dir, { recursive: true });
+  const file = path.join(dir, `${name}-${new Date().toISOString().replace(/[:.]/g, '-')}.json`);
+  fs.writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
+  fs.writeFileSync(path.join(dir, `${name}-latest.json`), `${JSON.stringify(result, null, 2)}\n`);
+  return file;
+}

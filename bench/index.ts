@@ -1,0 +1,22 @@
+// `npm run bench [decisions|batches …]`: runs the named benchmarks (all by default) and writes
+// their results as JSON under bench/results/.
+import { benchDecisions } from './decisions';
+
+const all: Record<string, () => Promise<unknown>> = {
+  decisions: () => benchDecisions(),
+};
+
+async function main() {
+  const names = process.argv.slice(2).length ? process.argv.slice(2) : Object.keys(all);
+  for (const name of names) {
+    const run = all[name];
+    if (!run) throw new Error(`unknown benchmark ${name}; known: ${Object.keys(all).join(', ')}`);
+    console.log(`== ${name}`);
+    await run();
+  }
+}
+
+main().then(() => process.exit(0), (err) => {
+  console.error(err);
+  process.exit(1);
+});

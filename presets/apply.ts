@@ -1,0 +1,54 @@
+// Using a preset: `"model": "@preset/<slug>"`, `"model": "<model>@preset/<slug>"` or
+// `"preset": "<slug>"` applies the preset's designated version. Request fields win over preset
+// fields (a shallow merge), the preset's system prompt is prepended as the system message, and
+// tools merge by identity: preset tools first, a request tool replacing the preset tool it names.
+import type { VersionView } from './store';
+
+type Body = Record<string, any>;
+export type ApplyFormat = 'chat' | 'messages' | 'responses' | 'decision' | 'embeddings';
+
+const PRESET_IN_MODEL = /^(?:(.*)@)?preset\/([A-Za-z0-9][A-Za-z0-9._~-]*)$/;
+
+/** The preset a body names, and the model it names beside it (if any). */
+export function presetReference(body: Body): { slug: string; model: string | null } | null {
+  const m = typeof body.model === 'string' ? PRESET_IN_MODEL.exec(body.model.startsWith('@') ? body.model.slice(1) : body.model) : null;
+  if (m) return { slug: m[2], model: m[1] || null };
+  if (typeof body.preset === 'string' && body.preset) {
+    return { slug: body.preset.replace(/^@?preset\//, ''), model: typeof body.model === 'string' && body.model ? body.model : null };
+  }
+  return null;
+}
+
+function toolId(t: Body): string {
+  if (t?.type === 'function' && t.function?.name) return `function:${t.function.name}`;
+  if (typeof t?.name === 'string') return `name:${t.name}`;
+  return `type:${t?.type}`;
+}
+
+export function mergeTools(presetTools: Body[] | undefined, requestTools: Body[] | undefined): Body[] | undefined {
+  if (!presetTools?.length) return requestTools;
+  if (!requestTools?.length) return presetTools;
+  const byId = new Map(requestTools.map((t) => [toolId(t), t]));
+  const merged = presetTools.map((t) => byId.get(toolId(t)) ?? t);
+  const presetIds = new Set(presetTools.map(toolId));
+  return [...merged, ...requestTools.filter((t) => !presetIds.has(toolId(t)))];
+}
+
+export function applyPreset(body: Body, version: VersionView, format: ApplyFormat): Body {
+  const ref = presetReference(body);
+  const { preset: _drop, ...request } = body;
+  const out: Body = { ...version.config, ...request };
+  out.model = ref?.model ?? version.config.model ?? body.model;
+  const tools = mergeTools(version.config.tools as Body[] | undefined, request.tools);
+  if (tools) out.tools = tools;
+  const system = version.system_prompt;
+  if (system) {
+    if (format === 'chat') out.messages = [{ role: 'system', content: system }, ...(Array.isArray(request.messages) ? request.messages : [])];
+    if (format === 'messages') {
+      const own = typeof request.system === 'string' ? [{ type: 'text', text: request.system }] : Array.isArray(request.system) ? request.system : [];
+      out.system = own.length ? [{ type: 'text', text: system }, ...own] : system;
+    }
+    if (format === 'responses') out.instructions = request.instructions ? `${system}\n\n${request.instructions}` : system;
+  }
+  return out;
+}

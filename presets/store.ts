@@ -1,0 +1,106 @@
+// Presets and their versions. Ids are name-based UUIDs (of workspace + slug, of preset + version
+// number), so concurrent writers race on `_id`, the one thing every MongoDB-compatible store
+// makes atomic: two creations of one slug become one preset, and two writers of version n+1
+// produce one version n+1 and a 409 for the loser. The designated version is the newest.
+import { createHash } from 'node:crypto';
+import { ConflictError, NotFoundError } from '../errors';
+import { isDuplicateKey, type PresetDoc, type PresetVersionDoc, type Store } from '../store';
+
+/** An RFC 4122 version-5-style UUID from a name (SHA-1, as uuidv5 does). */
+export function nameUuid(name: string): string {
+  const h = createHash('sha1').update(`inference-gateway:${name}`).digest();
+  h[6] = (h[6] & 0x0f) | 0x50;
+  h[8] = (h[8] & 0x3f) | 0x80;
+  const x = h.subarray(0, 16).toString('hex');
+  return `${x.slice(0, 8)}-${x.slice(8, 12)}-${x.slice(12, 16)}-${x.slice(16, 20)}-${x.slice(20)}`;
+}
+
+export interface PresetView {
+  id: string; name: string; slug: string; description: string | null; status: 'active'; status_updated_at: null;
+  created_at: string; updated_at: string; creator_user_id: string; workspace_id: string; designated_version_id: string;
+}
+
+export interface VersionView {
+  id: string; preset_id: string; version: number; config: Record<string, unknown>; system_prompt: string | null;
+  creator_id: string; created_at: string; updated_at: string;
+}
+
+export function versionView(v: PresetVersionDoc): VersionView {
+  const at = v.created_at.toISOString();
+  return { id: v._id, preset_id: v.preset_id, version: v.version, config: v.config, system_prompt: v.system_prompt, creator_id: v.creator_id, created_at: at, updated_at: at };
+}
+
+export function presetView(p: PresetDoc, designated: PresetVersionDoc): PresetView & { designated_version: VersionView } {
+  return {
+    id: p._id, name: p.name, slug: p.slug, description: p.description, status: 'active', status_updated_at: null,
+    created_at: p.created_at.toISOString(), updated_at: designated.created_at.toISOString(), creator_user_id: p.creator_user_id,
+    workspace_id: p.workspace_id, designated_version_id: designated._id, designated_version: versionView(designated),
+  };
+}
+
+async function latestVersion(store: Store, presetId: string): Promise<PresetVersionDoc | null> {
+  return store.presetVersions.find({ preset_id: presetId }).sort({ version: -1 }).limit(1).next();
+}
+
+/** Creates the preset if the slug is new in the workspace, then adds the next version. */
+export async function addPresetVersion(
+  store: Store,
+  input: { workspaceId: string; slug: string; creator: string; config: Record<string, unknown>; systemPrompt: string | null },
+): Promise<PresetView & { designated_version: VersionView }> {
+  const now = new Date();
+  const presetId = nameUuid(`${input.workspaceId}/${input.slug}`);
+  let preset = await store.presets.findOne({ _id: presetId });
+  if (!preset) {
+    const doc: PresetDoc = { _id: presetId, workspace_id: input.workspaceId, slug: input.slug, name: input.slug, description: null, creator_user_id: input.creator, created_at: now };
+    try {
+      await store.presets.insertOne(doc);
+      preset = doc;
+    } catch (err) {
+      if (!isDuplicateKey(err)) throw err;
+      preset = await store.presets.findOne({ _id: presetId }); // created a moment ago by another writer
+    }
+  }
+  const next = ((await latestVersion(store, presetId))?.version ?? 0) + 1;
+  const version: PresetVersionDoc = {
+    _id: nameUuid(`${presetId}#${next}`), preset_id: presetId, workspace_id: input.workspaceId, version: next,
+    config: input.config, system_prompt: input.systemPrompt, creator_id: input.creator, created_at: now,
+  };
+  try {
+    await store.presetVersions.insertOne(version);
+  } catch (err) {
+    if (isDuplicateKey(err)) {
+      throw new ConflictError('Resource conflict: another write created this preset version at the same moment. Please try again.', { slug: input.slug, version: next });
+    }
+    throw err;
+  }
+  return presetView(preset!, version);
+}
+
+export async function getPreset(store: Store, workspaceId: string, slug: string): Promise<PresetView & { designated_version: VersionView }> {
+  const presetId = nameUuid(`${workspaceId}/${slug}`);
+  const [preset, latest] = await Promise.all([store.presets.findOne({ _id: presetId }), latestVersion(store, presetId)]);
+  if (!preset || !latest) throw new NotFoundError(`Preset "${slug}" not found`);
+  return presetView(preset, latest);
+}
+
+export async function listPresets(store: Store, workspaceId: string, offset: number, limit: number) {
+  const all = await store.presets.find({ workspace_id: workspaceId }).toArray();
+  const withLatest = (await Promise.all(all.map(async (p) => ({ p, v: await latestVersion(store, p._id) }))))
+    .filter((x): x is { p: PresetDoc; v: PresetVersionDoc } => x.v !== null)
+    .sort((a, b) => b.v.created_at.getTime() - a.v.created_at.getTime() || a.p.slug.localeCompare(b.p.slug)); // most recently updated first
+  return { data: withLatest.slice(offset, offset + limit).map(({ p, v }) => presetView(p, v)), total_count: withLatest.length };
+}
+
+export async function listVersions(store: Store, workspaceId: string, slug: string, offset: number, limit: number) {
+  const presetId = nameUuid(`${workspaceId}/${slug}`);
+  if (!(await store.presets.findOne({ _id: presetId }))) throw new NotFoundError(`Preset "${slug}" not found`);
+  const versions = await store.presetVersions.find({ preset_id: presetId }).sort({ version: 1 }).toArray();
+  return { data: versions.slice(offset, offset + limit).map(versionView), total_count: versions.length };
+}
+
+export async function getVersion(store: Store, workspaceId: string, slug: string, version: number): Promise<VersionView> {
+  const presetId = nameUuid(`${workspaceId}/${slug}`);
+  const v = await store.presetVersions.findOne({ _id: nameUuid(`${presetId}#${version}`) });
+  if (!v || v.workspace_id !== workspaceId) throw new NotFoundError(`Version ${version} of preset "${slug}" not found`);
+  return versionView(v);
+}
