@@ -4,18 +4,22 @@ import type { Store } from '../store';
 import type { Upstreams } from '../routing/upstreams';
 import { createProbeActivities } from './probe';
 import { createDecisionActivities } from './decisions';
+import { createBatchActivities } from './batches';
+import type { Config } from '../config';
 
 export type { DecisionJob, DecisionResult } from './decisions';
 
 export interface ActivityDeps {
   store: Store;
   upstreams: Upstreams;
+  batchSettings: Config['batches'];
 }
 
 export function createActivities(deps: ActivityDeps) {
   return {
     ...createProbeActivities(deps),
     ...createDecisionActivities(deps),
+    ...createBatchActivities(deps),
   };
 }
 

@@ -11,6 +11,7 @@ import { accountRoutes } from './routes/accounts';
 import { modelRoutes } from './routes/models';
 import { decisionRoutes } from './routes/decisions';
 import { presetRoutes } from './routes/presets';
+import { batchRoutes } from './routes/batches';
 import { defineRoute, mountRoutes, type AnyRoute } from './route';
 import { buildOpenApi } from './openapi';
 import type { AppDeps } from './deps';
@@ -20,7 +21,7 @@ const API_VERSION = '1.0.0';
 
 /** Every /api/v1 route, in the order the OpenAPI document lists them. */
 export function apiRoutes(deps: AppDeps): AnyRoute[] {
-  const routes: AnyRoute[] = [...decisionRoutes(deps), ...presetRoutes(deps), ...accountRoutes(deps), ...modelRoutes(deps)];
+  const routes: AnyRoute[] = [...decisionRoutes(deps), ...presetRoutes(deps), ...batchRoutes(deps), ...accountRoutes(deps), ...modelRoutes(deps)];
   let document: Record<string, unknown> | null = null;
   routes.push(defineRoute({
     method: 'get', path: '/openapi.json', tag: 'Meta', auth: 'none',

@@ -31,7 +31,7 @@ export async function runWorkerRole(config: Config, logger: Logger, addr: Addres
   const upstreams = createUpstreams(config, store);
   upstreams.stats.start();
   const { connection } = await connectTemporal(addr.temporalAddress, config.temporal.namespace, logger);
-  const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store, upstreams });
+  const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store, upstreams, batchSettings: config.batches });
   const running = worker.run();
   running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
   logger.info({ task_queue: config.temporal.taskQueue }, 'worker polling');
@@ -56,7 +56,7 @@ export async function runApiRole(
   const { connection, client } = await connectTemporal(addr.temporalAddress, config.temporal.namespace, logger);
   let stopWorker: Stop = async () => undefined;
   if (opts.withWorker) {
-    const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store, upstreams });
+    const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store, upstreams, batchSettings: config.batches });
     const running = worker.run();
     running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
     stopWorker = async () => {

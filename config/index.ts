@@ -135,6 +135,18 @@ export function loadConfig(env: Env = process.env) {
       maxScoreLevels: positiveInt(env, 'DECISION_MAX_SCORE_LEVELS', 255),
       maxStateBytes: bytes(env, 'DECISION_MAX_STATE_BYTES', 512 * 1024),
     },
+    batches: {
+      maxRequests: positiveInt(env, 'BATCH_MAX_REQUESTS', 50_000),
+      maxBytes: bytes(env, 'BATCH_MAX_BYTES', 200 * 1024 ** 2),
+      /** Lines per stored chunk and per chunk activity. */
+      chunkSize: positiveInt(env, 'BATCH_CHUNK_SIZE', 250),
+      /** Chunk activities a batch keeps running at once (the sliding window). */
+      window: positiveInt(env, 'BATCH_WINDOW', 4),
+      /** Lines a chunk activity has in flight at once. */
+      lineConcurrency: positiveInt(env, 'BATCH_LINE_CONCURRENCY', 64),
+      /** Attempts per line for retryable upstream failures (each attempt already falls back across endpoints). */
+      lineAttempts: positiveInt(env, 'BATCH_LINE_ATTEMPTS', 3),
+    },
     http: {
       bodyLimitBytes: bytes(env, 'BODY_LIMIT', 10 * 1024 ** 2),
       shutdownGraceMs: positiveInt(env, 'SHUTDOWN_GRACE_MS', 10_000),

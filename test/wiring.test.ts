@@ -26,8 +26,9 @@ describe('Temporal + MongoDB wiring', () => {
 
   it('runs a workflow whose activity writes to and reads from MongoDB', async () => {
     const taskQueue = uniqueName('wiring');
-    const upstreams = createUpstreams(loadConfig({ SANDBOX_URL: stack.sandboxUrl }), store);
-    const worker: Worker = await createWorker({ connection: temporal.connection, namespace: stack.namespace, taskQueue, store, upstreams });
+    const config = loadConfig({ SANDBOX_URL: stack.sandboxUrl });
+    const upstreams = createUpstreams(config, store);
+    const worker: Worker = await createWorker({ connection: temporal.connection, namespace: stack.namespace, taskQueue, store, upstreams, batchSettings: config.batches });
     const result = await worker.runUntil(runSelfCheck(temporal.client, taskQueue));
     expect(result.note).to.match(/^checked at /);
     // The document really is in the database, under the workflow's id.

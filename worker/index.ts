@@ -14,6 +14,6 @@ export async function createWorker(opts: WorkerOptions): Promise<Worker> {
     namespace: opts.namespace,
     taskQueue: opts.taskQueue,
     workflowsPath: require.resolve('../workflows'),
-    activities: createActivities({ store: opts.store, upstreams: opts.upstreams }),
+    activities: createActivities({ store: opts.store, upstreams: opts.upstreams, batchSettings: opts.batchSettings }),
   });
 }

@@ -1,0 +1,183 @@
+// Batch activities. Each is idempotent: results are keyed by line number and written once, usage
+// records by generation id, and status writes set values rather than add to them; a chunk resumes
+// from the lines its last heartbeat reported done.
+import { Context } from '@temporalio/activity';
+import { CancelledFailure } from '@temporalio/common';
+import type { Config } from '../config';
+import { GatewayError, RateLimitedError } from '../errors';
+import { recordUsage } from '../accounts/credits';
+import { invoke, type Upstreams } from '../routing/upstreams';
+import { applyPreset, presetReference } from '../presets/apply';
+import { getPreset } from '../presets/store';
+import type { Store } from '../store';
+import { batches, inputs, results, writeResult, type BatchDoc, type BatchStatus, type ResultDoc } from '../batches/store';
+import { lineProblem, OPERATION_OF } from '../batches/lines';
+
+export interface BatchDeps {
+  store: Store;
+  upstreams: Upstreams;
+  batchSettings: Config['batches'];
+}
+
+const RETRYABLE = new Set([429, 502, 503, 524, 529]);
+const sleep = (ms: number, signal: AbortSignal) => new Promise<void>((resolve) => {
+  const t = setTimeout(resolve, ms);
+  signal.addEventListener('abort', () => { clearTimeout(t); resolve(); }, { once: true });
+});
+
+function errorType(status: number): string {
+  return status === 429 ? 'rate_limited' : status === 524 ? 'timeout' : status === 529 ? 'overloaded' : status === 404 ? 'not_found' : status < 500 ? 'invalid_request' : 'upstream_error';
+}
+
+export function createBatchActivities({ store, upstreams, batchSettings }: BatchDeps) {
+  async function load(batchId: string): Promise<BatchDoc> {
+    const b = await batches(store).findOne({ _id: batchId });
+    if (!b) throw new Error(`batch ${batchId} not found`);
+    return b;
+  }
+
+  return {
+    /** Checks every line against the endpoint's request shape; nothing is sent anywhere. */
+    async validateBatchLines(batchId: string): Promise<{ invalid: number; examples: string[] }> {
+      const b = await load(batchId);
+      const examples: string[] = [];
+      let invalid = 0;
+      for (let i = 0; i < b.chunks; i++) {
+        const chunk = await inputs(store, batchId).findOne({ _id: i });
+        for (const line of chunk?.lines ?? []) {
+          const problem = lineProblem(b.endpoint, line.body);
+          if (problem) {
+            invalid++;
+            if (examples.length < 10) examples.push(`${line.custom_id} (${problem})`);
+          }
+        }
+        Context.current().heartbeat(i);
+      }
+      return { invalid, examples };
+    },
+
+    async setBatchStatus(batchId: string, status: BatchStatus): Promise<void> {
+      const set: Partial<BatchDoc> = { status };
+      if (status === 'in_progress') set.in_progress_at = new Date();
+      await batches(store).updateOne({ _id: batchId }, { $set: set });
+    },
+
+    /** Runs one chunk's lines with bounded concurrency; returns how many it finished here. */
+    async processBatchChunk(batchId: string, chunkIndex: number): Promise<{ completed: number; failed: number }> {
+      const ctx = Context.current();
+      const b = await load(batchId);
+      const chunk = await inputs(store, batchId).findOne({ _id: chunkIndex });
+      if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
+      const done = new Set<number>((ctx.info.heartbeatDetails as { done?: number[] } | undefined)?.done ?? []);
+      const abort = new AbortController();
+      ctx.cancelled.catch(() => abort.abort());
+      const { model, variant } = upstreams.catalog.resolve(b.model);
+      const operation = OPERATION_OF[b.endpoint];
+      const ws = await store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } });
+      const presets = new Map<string, ReturnType<typeof getPreset>>();
+      const tally = { completed: 0, failed: 0 };
+
+      const runLine = async (line: (typeof chunk.lines)[number]): Promise<ResultDoc> => {
+        const id = `gen-batch-${batchId.slice('batch_'.length)}-${line.line}`;
+        let body: Record<string, unknown> = line.body;
+        const ref = presetReference(body);
+        if (ref) {
+          if (!presets.has(ref.slug)) presets.set(ref.slug, getPreset(store, b.workspace_id, ref.slug));
+          body = applyPreset(body, (await presets.get(ref.slug)!).designated_version, operation === 'embeddings' ? 'embeddings' : operation === 'systemone' ? 'decision' : operation);
+        }
+        const { model: _model, preset: _preset, ...upstreamBody } = body;
+        for (let attempt = 1; ; attempt++) {
+          try {
+            const r = await invoke(upstreams, {
+              models: [model], variant, operation, preferences: b.provider_only ? { only: b.provider_only } : undefined,
+              workspace: ws?.settings, body: upstreamBody, signal: abort.signal,
+            });
+            return {
+              _id: line.line, custom_id: line.custom_id, id, ok: true, provider: r.endpoint.provider.slug,
+              response: { status_code: 200, request_id: typeof r.body?.id === 'string' ? r.body.id : id, body: r.body }, error: null,
+              usage: { ...r.usage, cost: r.cost },
+            };
+          } catch (err) {
+            if (abort.signal.aborted) throw new CancelledFailure('batch line cancelled');
+            const g = err instanceof GatewayError ? err : null;
+            const status = g?.status ?? 500;
+            if (g && RETRYABLE.has(status) && attempt < batchSettings.lineAttempts) {
+              const wait = err instanceof RateLimitedError ? err.retryAfterSeconds * 1000 : 500 * 2 ** (attempt - 1);
+              await sleep(Math.min(wait, 30_000), abort.signal);
+              continue;
+            }
+            return {
+              _id: line.line, custom_id: line.custom_id, id, ok: false, provider: (g?.metadata?.provider_name as string | undefined) ?? null, response: null,
+              error: { type: errorType(status), message: g?.message ?? 'Internal error processing this line', code: status }, usage: null,
+            };
+          }
+        }
+      };
+
+      const queue = chunk.lines.filter((l) => !done.has(l.line));
+      const worker = async () => {
+        for (let line = queue.shift(); line && !abort.signal.aborted; line = queue.shift()) {
+          const result = await runLine(line);
+          const fresh = await writeResult(store, batchId, result);
+          // The stored result is the truth: after a crash it may be an earlier attempt's.
+          const stored = fresh ? result : (await results(store, batchId).findOne({ _id: line.line }))!;
+          if (stored.ok && stored.usage) {
+            await recordUsage(store, {
+              _id: stored.id, workspace_id: b.workspace_id, key_id: b.key_id, kind: 'batch_line', model: model.canonicalId, provider: stored.provider,
+              input_tokens: stored.usage.input_tokens, output_tokens: stored.usage.output_tokens, cost: stored.usage.cost,
+              session_id: b.meta.session_id, user: b.meta.user, trace: null, app: b.meta.app, batch_id: batchId,
+            });
+          }
+          tally[stored.ok ? 'completed' : 'failed']++;
+          done.add(line.line);
+          ctx.heartbeat({ done: [...done] });
+        }
+      };
+      await Promise.all(Array.from({ length: Math.min(batchSettings.lineConcurrency, queue.length) }, worker));
+      if (abort.signal.aborted) throw new CancelledFailure('batch chunk cancelled');
+      return tally;
+    },
+
+    /**
+     * Closes a batch: unfinished lines of an expired or cancelled batch get error results (finished
+     * ones keep theirs), usage totals and the serving provider are summed from the results, and the
+     * terminal status is set.
+     */
+    async closeBatch(batchId: string, status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>, errorMessage: string | null = null): Promise<void> {
+      const b = await load(batchId);
+      if (status === 'expired' || status === 'cancelled') {
+        const have = new Set((await results(store, batchId).find({}, { projection: { _id: 1 } }).toArray()).map((r) => r._id));
+        const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
+        const message = status === 'expired' ? 'The batch expired before this request was processed' : 'The batch was cancelled before this request was processed';
+        for (let i = 0; i < b.chunks; i++) {
+          const chunk = await inputs(store, batchId).findOne({ _id: i });
+          for (const line of chunk?.lines ?? []) {
+            if (!have.has(line.line)) {
+              await writeResult(store, batchId, { _id: line.line, custom_id: line.custom_id, id: `gen-batch-${batchId.slice(6)}-${line.line}`, ok: false, provider: null, response: null, error: { type, message }, usage: null });
+            }
+          }
+          Context.current().heartbeat(i);
+        }
+      }
+      // Summed here from a projected cursor: FerretDB's $group cannot sum nested fields.
+      const totals = { input: 0, output: 0, cost: 0 };
+      const byProvider = new Map<string, number>();
+      for await (const r of results(store, batchId).find({ ok: true }, { projection: { usage: 1, provider: 1 } })) {
+        totals.input += r.usage?.input_tokens ?? 0;
+        totals.output += r.usage?.output_tokens ?? 0;
+        totals.cost += r.usage?.cost ?? 0;
+        if (r.provider) byProvider.set(r.provider, (byProvider.get(r.provider) ?? 0) + 1);
+      }
+      const provider = [...byProvider].sort((x, y) => y[1] - x[1])[0]?.[0] ?? null;
+      await batches(store).updateOne({ _id: batchId }, {
+        $set: {
+          status, finalized_at: new Date(), provider, error: errorMessage ? { message: errorMessage } : null,
+          usage: status === 'failed' ? null : {
+            prompt_tokens: totals.input, completion_tokens: totals.output, total_tokens: totals.input + totals.output,
+            cost: Math.round(totals.cost * 1e10) / 1e10,
+          },
+        },
+      });
+    },
+  };
+}

@@ -1,0 +1,186 @@
+// Batches: created synchronously (shape, model, custom_ids, size, credits), then run by a durable
+// workflow whose id is the batch id. Every read is scoped to the key's workspace.
+import { Readable } from 'node:stream';
+import { Type } from '@sinclair/typebox';
+import { WorkflowIdReusePolicy } from '@temporalio/client';
+import { BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError, ServiceUnavailableError, UnprocessableError } from '../../errors';
+import { planRoute } from '../../routing/engine';
+import { searchAttributes } from '../../workflows/shared';
+import type { batchWorkflow } from '../../workflows/batch';
+import {
+  batches, batchView, counts, dropBatchData, newBatchId, results, resultLine, storeInputs, type BatchDoc,
+} from '../../batches/store';
+import { OPERATION_OF } from '../../batches/lines';
+import { authOf } from '../auth';
+import { requestMeta } from '../request-meta';
+import { defineRoute, type AnyRoute } from '../route';
+import { BatchIdParams, BatchObject, CreateBatchBody, ListBatchesQuery, ResultsQuery, TERMINAL_STATUSES } from '../schemas/batches';
+import type { AppDeps } from '../deps';
+
+const isTerminal = (s: string) => (TERMINAL_STATUSES as readonly string[]).includes(s);
+
+/** ISO 8601 or unix seconds → ms; 400 naming the parameter otherwise. */
+function timeParam(name: string, raw: string | undefined): number | null {
+  if (raw === undefined) return null;
+  const ms = /^\d+$/.test(raw) ? Number(raw) * 1000 : Date.parse(raw);
+  if (!Number.isFinite(ms)) throw new BadRequestError(`${name}: must be an ISO 8601 timestamp or unix seconds`);
+  return ms;
+}
+
+export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): AnyRoute[] {
+  const settings = config.batches;
+
+  async function owned(id: string, workspaceId: string): Promise<BatchDoc> {
+    const b = await batches(store).findOne({ _id: id });
+    if (!b || b.workspace_id !== workspaceId) throw new NotFoundError(`Batch ${id} not found`);
+    return b;
+  }
+
+  /** The batch object; a terminal batch's results stream inline, never held in memory at once. */
+  async function respondWithBatch(ctx: Parameters<AnyRoute['handler']>[0], b: BatchDoc): Promise<void> {
+    const view = batchView(b, await counts(store, b._id));
+    if (!isTerminal(b.status) || b.status === 'failed') {
+      ctx.body = view;
+      return;
+    }
+    const marker = `results-of-${b._id}`;
+    const [head, tail] = JSON.stringify({ ...view, results: marker }).split(`"${marker}"`);
+    const cursor = results(store, b._id).find({}).sort({ _id: 1 });
+    ctx.type = 'application/json';
+    ctx.body = Readable.from((async function* () {
+      yield `${head}[`;
+      let first = true;
+      for await (const r of cursor) {
+        yield `${first ? '' : ','}${JSON.stringify(resultLine(r))}`;
+        first = false;
+      }
+      yield `]${tail}`;
+    })());
+  }
+
+  return [
+    defineRoute({
+      method: 'post', path: '/batches', tag: 'Batches', auth: 'any', billable: true, body: CreateBatchBody, bodyLimitBytes: settings.maxBytes,
+      summary: 'Create a batch of requests to one endpoint, run asynchronously (202, status validating)',
+      responses: { 202: { description: 'Accepted', schema: BatchObject } },
+      handler: async (ctx, { body }) => {
+        const auth = authOf(ctx);
+        const meta = requestMeta(ctx);
+        if (body.requests.length > settings.maxRequests) {
+          throw new PayloadTooLargeError(`requests: ${body.requests.length} lines, more than the limit of ${settings.maxRequests}`);
+        }
+        const { model, variant } = upstreams.catalog.resolve(body.model);
+        // 404 now, naming what excluded every endpoint, rather than a failed batch later.
+        planRoute({ models: [model], variant, operation: OPERATION_OF[body.endpoint], preferences: body.provider?.only ? { only: body.provider.only } : undefined, now: Date.now(), random: Math.random });
+        const seen = new Map<string, number>();
+        body.requests.forEach((r, i) => {
+          const prior = seen.get(r.custom_id);
+          if (prior !== undefined) throw new UnprocessableError(`requests[${i}].custom_id: duplicate custom_id "${r.custom_id}" (also at requests[${prior}])`, { custom_id: r.custom_id });
+          seen.set(r.custom_id, i);
+          const own = r.body.model;
+          if (own !== undefined && own !== body.model && !(typeof own === 'string' && own.includes('preset/'))) {
+            let same = false;
+            try {
+              same = typeof own === 'string' && upstreams.catalog.resolve(own).model === model;
+            } catch { /* unknown model: not the same */ }
+            if (!same) throw new BadRequestError(`requests[${i}].body.model: must match the batch model ${body.model} (custom_id "${r.custom_id}")`);
+          }
+        });
+
+        const now = new Date();
+        const id = newBatchId(now.getTime());
+        const hours = Number((body.completion_window ?? '24h').slice(0, -1));
+        const expiresAt = new Date(now.getTime() + hours * 3_600_000);
+        const chunks = await storeInputs(store, id, body.requests.map((r, line) => ({ line, custom_id: r.custom_id, body: r.body })), settings.chunkSize);
+        const doc: BatchDoc = {
+          _id: id, workspace_id: auth.workspaceId, key_id: auth.keyId, endpoint: body.endpoint, model: body.model, canonical_model: model.canonicalId,
+          completion_window: body.completion_window ?? '24h', status: 'validating', created_at: now, in_progress_at: null, finalized_at: null,
+          expires_at: expiresAt, provider_only: body.provider?.only ?? null, total: body.requests.length, chunks, provider: null, usage: null,
+          error: null, metadata: body.metadata ?? null, meta: { session_id: meta.session_id, user: meta.user, app: meta.app },
+        };
+        await batches(store).insertOne(doc);
+        try {
+          await temporal.workflow.start<typeof batchWorkflow>('batchWorkflow', {
+            workflowId: id, taskQueue: config.temporal.taskQueue, workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
+            args: [{ batchId: id, chunks, window: settings.window, expiresAt: expiresAt.getTime(), phase: 'validate', nextChunk: 0, cancelRequested: false }],
+            typedSearchAttributes: [
+              { key: searchAttributes.workspace, value: auth.workspaceId },
+              { key: searchAttributes.model, value: model.id },
+              { key: searchAttributes.batchStatus, value: 'validating' },
+            ],
+          });
+        } catch (err) {
+          ctx.state.log.error({ err, batch_id: id }, 'could not start batch workflow');
+          await batches(store).updateOne({ _id: id }, { $set: { status: 'failed', finalized_at: new Date(), error: { message: 'The batch could not be started; nothing was sent upstream' } } });
+          throw new ServiceUnavailableError('The batch could not be started; try again', { batch_id: id });
+        }
+        ctx.status = 202;
+        ctx.body = batchView(doc, { completed: 0, failed: 0 });
+      },
+    }),
+    defineRoute({
+      method: 'get', path: '/batches', tag: 'Batches', auth: 'any', query: ListBatchesQuery,
+      summary: "The workspace's batches, newest first (results never included)",
+      responses: { 200: { description: 'A page of batches', schema: Type.Object({ object: Type.Literal('list'), data: Type.Array(BatchObject), first_id: Type.Union([Type.String(), Type.Null()]), last_id: Type.Union([Type.String(), Type.Null()]), has_more: Type.Boolean() }) } },
+      handler: async (ctx, { query }) => {
+        const after = timeParam('created_after', query.created_after);
+        const before = timeParam('created_before', query.created_before);
+        const filter: Record<string, unknown> = { workspace_id: authOf(ctx).workspaceId };
+        if (query.after) filter._id = { $lt: query.after };
+        if (query.status?.length) filter.status = { $in: query.status };
+        const created: Record<string, Date> = {};
+        if (after !== null) created.$gt = new Date(after);
+        if (before !== null) created.$lt = new Date(before);
+        if (Object.keys(created).length) filter.created_at = created;
+        const page = await batches(store).find(filter).sort({ _id: -1 }).limit(query.limit + 1).toArray();
+        const items = page.slice(0, query.limit);
+        const data = await Promise.all(items.map(async (b) => batchView(b, await counts(store, b._id))));
+        ctx.body = { object: 'list', data, first_id: data[0]?.id ?? null, last_id: data[data.length - 1]?.id ?? null, has_more: page.length > query.limit };
+      },
+    }),
+    defineRoute({
+      method: 'get', path: '/batches/:id', tag: 'Batches', auth: 'any', params: BatchIdParams,
+      summary: 'A batch with live counts; terminal batches include their results',
+      responses: { 200: { description: 'The batch', schema: BatchObject } },
+      handler: async (ctx, { params }) => respondWithBatch(ctx, await owned(params.id, authOf(ctx).workspaceId)),
+    }),
+    defineRoute({
+      method: 'get', path: '/batches/:id/results', tag: 'Batches', auth: 'any', params: BatchIdParams, query: ResultsQuery,
+      summary: 'Results so far as JSON Lines, in line order, streamed; page with after (a line number) and limit',
+      responses: { 200: { description: 'One result per line', contentType: 'application/jsonl' } },
+      handler: async (ctx, { params, query }) => {
+        await owned(params.id, authOf(ctx).workspaceId);
+        const filter = query.after !== undefined ? { _id: { $gt: query.after } } : {};
+        let cursor = results(store, params.id).find(filter).sort({ _id: 1 });
+        if (query.limit) cursor = cursor.limit(query.limit);
+        ctx.type = 'application/jsonl';
+        ctx.body = Readable.from((async function* () {
+          for await (const r of cursor) yield `${JSON.stringify({ line: r._id, ...resultLine(r) })}\n`;
+        })());
+      },
+    }),
+    defineRoute({
+      method: 'post', path: '/batches/:id/cancel', tag: 'Batches', auth: 'any', params: BatchIdParams,
+      summary: 'Cancel a batch: in-flight calls are aborted, finished lines keep their results',
+      responses: { 200: { description: 'The batch, cancelling', schema: BatchObject } },
+      handler: async (ctx, { params }) => {
+        const b = await owned(params.id, authOf(ctx).workspaceId);
+        if (isTerminal(b.status)) throw new ConflictError(`Batch ${b._id} is already ${b.status}`);
+        await temporal.workflow.getHandle(b._id).signal('cancelBatch');
+        ctx.body = { ...batchView(b, await counts(store, b._id)), status: 'cancelling' };
+      },
+    }),
+    defineRoute({
+      method: 'delete', path: '/batches/:id', tag: 'Batches', auth: 'any', params: BatchIdParams,
+      summary: 'Delete a finished batch with its inputs and results (usage records are kept)',
+      responses: { 200: { description: 'Deleted', schema: Type.Object({ id: Type.String(), object: Type.Literal('batch.deleted'), deleted: Type.Literal(true) }) } },
+      handler: async (ctx, { params }) => {
+        const b = await owned(params.id, authOf(ctx).workspaceId);
+        if (!isTerminal(b.status)) throw new ConflictError(`Batch ${b._id} is ${b.status}; only completed, failed, expired or cancelled batches can be deleted`);
+        await dropBatchData(store, b._id);
+        await batches(store).deleteOne({ _id: b._id });
+        ctx.body = { id: b._id, object: 'batch.deleted', deleted: true };
+      },
+    }),
+  ];
+}

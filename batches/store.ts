@@ -1,0 +1,120 @@
+// Batch storage. The batch document lives in `batches`; a batch's input chunks and its results
+// live in collections of their own (`batch_<id>_inputs`, `batch_<id>_results`), so reading one
+// batch never scans another's lines (FerretDB scans whole collections for anything but `_id`),
+// and deleting a batch is dropping two collections. Results are keyed by line number and written
+// once, so they are also the one source of the live counts.
+import { randomBytes } from 'node:crypto';
+import type { Collection, Document } from 'mongodb';
+import { isDuplicateKey, type Store } from '../store';
+import type { BATCH_ENDPOINTS, BATCH_STATUSES } from '../api/schemas/batches';
+
+export type BatchStatus = (typeof BATCH_STATUSES)[number];
+export type BatchEndpoint = (typeof BATCH_ENDPOINTS)[number];
+
+export interface BatchDoc extends Document {
+  _id: string;
+  workspace_id: string;
+  key_id: string;
+  endpoint: BatchEndpoint;
+  model: string; // as submitted
+  canonical_model: string;
+  completion_window: string;
+  status: BatchStatus;
+  created_at: Date;
+  in_progress_at: Date | null;
+  finalized_at: Date | null;
+  expires_at: Date;
+  provider_only: string[] | null;
+  total: number;
+  chunks: number;
+  provider: string | null;
+  usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number; cost: number } | null;
+  error: { message: string } | null;
+  metadata: Record<string, string> | null;
+  /** Session and attribution of the creating request, copied onto each line's usage record. */
+  meta: { session_id: string | null; user: string | null; app: { referer: string | null; title: string | null; categories: string[] } };
+}
+
+export interface InputChunkDoc extends Document {
+  _id: number; // chunk index
+  lines: { line: number; custom_id: string; body: Record<string, unknown> }[];
+}
+
+export interface ResultDoc extends Document {
+  _id: number; // line number
+  custom_id: string;
+  id: string;
+  ok: boolean;
+  response: { status_code: number; request_id: string; body: unknown } | null;
+  error: { type: string; message: string; code?: number } | null;
+  provider: string | null;
+  usage: { input_tokens: number; output_tokens: number; cost: number } | null;
+}
+
+/** `batch_` + time (so ids sort by creation) + randomness. */
+export function newBatchId(now = Date.now()): string {
+  return `batch_${now.toString(36).padStart(9, '0')}${randomBytes(8).toString('hex')}`;
+}
+
+export function inputs(store: Store, batchId: string): Collection<InputChunkDoc> {
+  return store.db.collection<InputChunkDoc>(`${batchId}_inputs`);
+}
+
+export function results(store: Store, batchId: string): Collection<ResultDoc> {
+  return store.db.collection<ResultDoc>(`${batchId}_results`);
+}
+
+export function batches(store: Store): Collection<BatchDoc> {
+  return store.db.collection<BatchDoc>('batches');
+}
+
+/** Stores the input lines in chunks. Idempotent: a retried write of a chunk changes nothing. */
+export async function storeInputs(store: Store, batchId: string, lines: InputChunkDoc['lines'], chunkSize: number): Promise<number> {
+  const chunks: InputChunkDoc[] = [];
+  for (let i = 0; i * chunkSize < lines.length; i++) chunks.push({ _id: i, lines: lines.slice(i * chunkSize, (i + 1) * chunkSize) });
+  const coll = inputs(store, batchId);
+  for (let i = 0; i < chunks.length; i += 20) {
+    await coll.insertMany(chunks.slice(i, i + 20), { ordered: false }).catch((err) => {
+      if (!isDuplicateKey(err) && !(err as { writeErrors?: unknown[] }).writeErrors) throw err;
+    });
+  }
+  return chunks.length;
+}
+
+/** Writes a line's result unless one is already there; the first write wins. */
+export async function writeResult(store: Store, batchId: string, doc: ResultDoc): Promise<boolean> {
+  try {
+    await results(store, batchId).insertOne(doc);
+    return true;
+  } catch (err) {
+    if (isDuplicateKey(err)) return false;
+    throw err;
+  }
+}
+
+export async function counts(store: Store, batchId: string): Promise<{ completed: number; failed: number }> {
+  const rows = await results(store, batchId).aggregate<{ _id: boolean; n: number }>([{ $group: { _id: '$ok', n: { $sum: 1 } } }]).toArray();
+  return { completed: rows.find((r) => r._id === true)?.n ?? 0, failed: rows.find((r) => r._id === false)?.n ?? 0 };
+}
+
+export async function dropBatchData(store: Store, batchId: string): Promise<void> {
+  for (const coll of [inputs(store, batchId), results(store, batchId)]) {
+    await coll.drop().catch(() => undefined); // already gone, or never created
+  }
+}
+
+const unix = (d: Date | null) => (d ? Math.floor(d.getTime() / 1000) : null);
+
+export function batchView(b: BatchDoc, c: { completed: number; failed: number }) {
+  return {
+    id: b._id, object: 'batch' as const, endpoint: b.endpoint, model: b.model, completion_window: b.completion_window, status: b.status,
+    created_at: unix(b.created_at)!, in_progress_at: unix(b.in_progress_at), finalized_at: unix(b.finalized_at), expires_at: unix(b.expires_at),
+    // A batch refused as a whole (invalid lines) counts every line as failed.
+    provider: b.provider, request_counts: { total: b.total, completed: c.completed, failed: b.status === 'failed' && c.completed + c.failed === 0 ? b.total : c.failed },
+    usage: b.usage, results: null as unknown[] | null, error: b.error, metadata: b.metadata,
+  };
+}
+
+export function resultLine(r: ResultDoc) {
+  return { id: r.id, custom_id: r.custom_id, response: r.response, error: r.error };
+}

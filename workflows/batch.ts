@@ -1,0 +1,113 @@
+import {
+  allHandlersFinished, CancellationScope, condition, continueAsNew, defineQuery, defineSignal, isCancellation,
+  proxyActivities, setHandler, sleep, upsertSearchAttributes, workflowInfo,
+} from '@temporalio/workflow';
+import type { Activities } from '../activities';
+import { searchAttributes } from './shared';
+
+export interface BatchWorkflowInput {
+  batchId: string;
+  chunks: number;
+  /** Chunk activities kept running at once. */
+  window: number;
+  /** When the completion window ends (unix ms); absolute, so it survives continue-as-new. */
+  expiresAt: number;
+  phase: 'validate' | 'process';
+  nextChunk: number;
+  cancelRequested: boolean;
+}
+
+export interface BatchProgress {
+  status: string;
+  chunks: number;
+  chunks_done: number;
+  cancel_requested: boolean;
+}
+
+export const cancelBatchSignal = defineSignal('cancelBatch');
+export const batchProgressQuery = defineQuery<BatchProgress>('progress');
+
+/** Chunks one run schedules before continuing as new, keeping every run's history small. */
+const CHUNKS_PER_RUN = 100;
+
+// Chunk work heartbeats; a short heartbeat timeout lets a crashed worker's chunk move to another
+// worker within seconds, and lets cancellation reach a running chunk quickly.
+const chunks = proxyActivities<Activities>({
+  startToCloseTimeout: '2 hours',
+  heartbeatTimeout: '5 seconds',
+  retry: { initialInterval: '1 second', maximumInterval: '30 seconds', backoffCoefficient: 2 },
+});
+const bookkeeping = proxyActivities<Activities>({
+  startToCloseTimeout: '10 minutes',
+  heartbeatTimeout: '30 seconds',
+  retry: { initialInterval: '1 second', maximumInterval: '30 seconds', backoffCoefficient: 2 },
+});
+
+/**
+ * One batch (workflow id = batch id): validate every line ▶ in_progress ▶ a sliding window of
+ * chunk activities, raced against a cancel signal and the completion-window timer ▶ finalizing ▶
+ * a terminal status. Continues as new every CHUNKS_PER_RUN chunks.
+ */
+export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> {
+  let cancelRequested = input.cancelRequested;
+  let status = input.phase === 'validate' ? 'validating' : 'in_progress';
+  let chunksDone = input.nextChunk;
+  setHandler(cancelBatchSignal, () => { cancelRequested = true; });
+  setHandler(batchProgressQuery, () => ({ status, chunks: input.chunks, chunks_done: chunksDone, cancel_requested: cancelRequested }));
+
+  const mark = async (s: 'in_progress' | 'finalizing' | 'cancelling') => {
+    status = s;
+    upsertSearchAttributes([{ key: searchAttributes.batchStatus, value: s }]);
+    await bookkeeping.setBatchStatus(input.batchId, s);
+  };
+  const close = async (s: 'completed' | 'failed' | 'expired' | 'cancelled', message: string | null = null) => {
+    await bookkeeping.closeBatch(input.batchId, s, message);
+    status = s;
+    upsertSearchAttributes([{ key: searchAttributes.batchStatus, value: s }]);
+    await condition(allHandlersFinished);
+    return s;
+  };
+
+  if (input.phase === 'validate') {
+    const { invalid, examples } = await bookkeeping.validateBatchLines(input.batchId);
+    if (invalid > 0) {
+      return close('failed', `${invalid} request line(s) are invalid for this endpoint; nothing was sent upstream: ${examples.join('; ')}`);
+    }
+    if (cancelRequested) return close('cancelled');
+    await mark('in_progress');
+  }
+
+  let next = input.nextChunk;
+  const scope = new CancellationScope();
+  const work = scope.run(async () => {
+    const inFlight = new Set<Promise<void>>();
+    let scheduled = 0;
+    while (next < input.chunks && scheduled < CHUNKS_PER_RUN && !workflowInfo().continueAsNewSuggested) {
+      const p: Promise<void> = chunks.processBatchChunk(input.batchId, next).then(() => { chunksDone++; }).finally(() => inFlight.delete(p));
+      inFlight.add(p);
+      next++;
+      scheduled++;
+      if (inFlight.size >= input.window) await Promise.race(inFlight);
+    }
+    await Promise.all(inFlight);
+  });
+
+  const outcome = await Promise.race([
+    work.then(() => 'done' as const),
+    condition(() => cancelRequested).then(() => 'cancel' as const),
+    sleep(Math.max(1, input.expiresAt - Date.now())).then(() => 'expire' as const),
+  ]);
+
+  if (outcome !== 'done') {
+    if (outcome === 'cancel') await mark('cancelling');
+    scope.cancel();
+    await work.catch((err) => { if (!isCancellation(err)) throw err; });
+    return close(outcome === 'cancel' ? 'cancelled' : 'expired');
+  }
+  if (next < input.chunks) {
+    await condition(allHandlersFinished);
+    return continueAsNew<typeof batchWorkflow>({ ...input, phase: 'process', nextChunk: next, cancelRequested });
+  }
+  await mark('finalizing');
+  return close('completed');
+}
