@@ -1,6 +1,13 @@
 // Batches end to end against the real stack: lifecycle per endpoint, validation, failures inside a
 // batch, fallback, cancel, expiry, list paging and filters, delete rules, isolation, durability.
 import { expect } from 'chai';
+import fs from 'node:fs';
+import path from 'node:path';
+import { Client, Connection } from '@temporalio/client';
+import { DEFAULT_CATALOG_PATH } from '../config';
+import { batches, newBatchId, storeInputs, type BatchDoc } from '../batches/store';
+import { searchAttributes } from '../workflows/shared';
+import { startProcess } from '../tools/processes';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
 
@@ -8,39 +15,381 @@ export async function waitForStatus(url: string, key: string, id: string, status
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const r = await call(`${url}/api/v1/batches/${id}`, { key });
+    if (r.status !== 200) throw new Error(`GET batch ${id}: ${r.status} ${JSON.stringify(r.body).slice(0, 300)}`);
     if (statuses.includes(r.body.status)) return r.body;
-    if (r.status !== 200) throw new Error(`GET batch ${id}: ${r.status} ${typeof r.body === "string" ? r.body.slice(0, 300) : JSON.stringify(r.body).slice(0, 300)}`);
     if (Date.now() > deadline) throw new Error(`batch ${id} still ${r.body.status} (${JSON.stringify(r.body.request_counts)})`);
     await new Promise((res) => setTimeout(res, 150));
   }
 }
 
+function batchCatalog(): string {
+  const base = JSON.parse(fs.readFileSync(DEFAULT_CATALOG_PATH, 'utf8'));
+  const provider = (slug: string, faults: string, extra = {}) => ({
+    slug, name: slug, adapter: 'openai', base_url: `\${SANDBOX_URL}/~batchtest=1,${faults}/openai/v1`, collects_data: false, zdr: false, max_concurrency: 50, timeout_ms: 5000, ...extra,
+  });
+  base.providers.push(provider('batch-broken', 'status=500'), provider('batch-slow', 'latency=250', { max_concurrency: 4 }), provider('batch-counted', 'counted=1'));
+  const model = (id: string, endpoints: [string, number][]) => ({
+    id, name: id, kind: 'chat', family: id, version: '1', released: '20260101', context_length: 1000, distillable: true,
+    endpoints: endpoints.map(([p, price]) => ({ provider: p, upstream_model: 'sandbox-chat', pricing: { prompt: price, completion: price }, quantization: 'bf16', supported_parameters: [] })),
+  });
+  base.models.push(model('test/batch-fallback', [['batch-broken', 0.0001], ['sandbox-alpha', 5]]), model('test/batch-slow', [['batch-slow', 1]]), model('test/batch-counted', [['batch-counted', 1]]));
+  const file = path.join(stack.tmpDir, `catalog-batches-${Date.now()}.json`);
+  fs.writeFileSync(file, JSON.stringify(base));
+  return file;
+}
+
+const chatLine = (i: number, extra: Record<string, unknown> = {}) => ({ custom_id: `req-${i}`, body: { messages: [{ role: 'user', content: `Question ${i}` }], max_tokens: 5, ...extra } });
+/** Calls the sandbox has had through the `batch-counted` provider, used by one test only. */
+const countedCalls = async () => Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
+  .filter(([k]) => k.includes('counted=1')).reduce((a, [, n]) => a + n, 0);
+
 describe('batches', () => {
   let gw: TestGateway;
   let t: Tenant;
+  let catalogPath: string;
+  const env = () => ({ BATCH_CHUNK_SIZE: '7', BATCH_MAX_REQUESTS: '500', BATCH_MAX_BYTES: '256kb', CATALOG_PATH: catalogPath });
   const create = (body: unknown, key?: string) => call(`${gw.url}/api/v1/batches`, { key: key ?? t.inferenceKey, body });
+  const get = (p: string, key?: string) => call(`${gw.url}/api/v1${p}`, { key: key ?? t.inferenceKey });
 
   before(async () => {
-    gw = await startTestGateway({ env: { BATCH_CHUNK_SIZE: '7' } });
+    catalogPath = batchCatalog();
+    gw = await startTestGateway({ env: env() });
     t = await createTenant(gw.store, 10);
   });
   after(async () => { await gw.stop(); });
 
-  it('runs a chat completions batch to completion with one result per line', async () => {
-    const requests = Array.from({ length: 20 }, (_, i) => ({ custom_id: `req-${i}`, body: { messages: [{ role: 'user', content: `Question ${i}` }], max_tokens: 5 } }));
-    const r = await create({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests });
-    expect(r.status, JSON.stringify(r.body)).to.equal(202);
-    expect(r.body).to.include({ object: 'batch', status: 'validating', endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', completion_window: '24h', results: null, error: null });
-    expect(r.body.id).to.match(/^batch_/);
-    expect(r.body.request_counts).to.deep.equal({ total: 20, completed: 0, failed: 0 });
-    const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed']);
-    expect(done.status, JSON.stringify(done.error)).to.equal('completed');
-    expect(done.request_counts).to.deep.equal({ total: 20, completed: 20, failed: 0 });
-    expect(done.results).to.have.length(20);
-    expect(done.results.map((x: any) => x.custom_id).sort()).to.deep.equal(requests.map((x) => x.custom_id).sort());
-    expect(done.results[0].response.status_code).to.equal(200);
-    expect(done.results[0].response.body.object).to.equal('chat.completion');
-    expect(done.usage.cost).to.be.greaterThan(0);
-    expect(done.finalized_at).to.be.a('number');
+  describe('lifecycle', () => {
+    it('runs a chat completions batch to completion with one result per line', async () => {
+      const requests = Array.from({ length: 20 }, (_, i) => chatLine(i));
+      const r = await create({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests, metadata: { team: 'risk' } });
+      expect(r.status, JSON.stringify(r.body)).to.equal(202);
+      expect(r.body).to.include({ object: 'batch', status: 'validating', endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', completion_window: '24h', results: null, error: null, usage: null });
+      expect(r.body.id).to.match(/^batch_/);
+      expect(r.body.metadata).to.deep.equal({ team: 'risk' });
+      expect(r.body.expires_at - r.body.created_at).to.equal(24 * 3600);
+      expect(r.body.request_counts).to.deep.equal({ total: 20, completed: 0, failed: 0 });
+      const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed']);
+      expect(done.status, JSON.stringify(done.error)).to.equal('completed');
+      expect(done.request_counts).to.deep.equal({ total: 20, completed: 20, failed: 0 });
+      expect(done.results.map((x: any) => x.custom_id).sort()).to.deep.equal(requests.map((x) => x.custom_id).sort());
+      for (const line of done.results) {
+        expect(line.error).to.equal(null);
+        expect(line.response.status_code).to.equal(200);
+        expect(line.response.body.object).to.equal('chat.completion');
+      }
+      expect(done.in_progress_at).to.be.a('number');
+      expect(done.finalized_at).to.be.a('number');
+      expect(done.provider).to.be.oneOf(['sandbox-alpha', 'sandbox-beta']);
+      // Usage: totals on the batch, one usage record per line, all debited.
+      const records = await gw.store.usage.find({ batch_id: r.body.id }).toArray();
+      expect(records).to.have.length(20);
+      const cost = records.reduce((s, u) => s + u.cost, 0);
+      expect(done.usage.cost).to.be.closeTo(cost, 1e-9);
+      expect(done.usage.prompt_tokens).to.equal(records.reduce((s, u) => s + u.input_tokens, 0));
+      expect(records[0]).to.include({ kind: 'batch_line', workspace_id: t.workspaceId, key_id: t.inferenceKeyId, model: 'sandbox/chat-1-20261015' });
+    });
+
+    const endpoints: [string, string, (i: number) => Record<string, unknown>, (body: any) => void][] = [
+      ['/v1/responses', 'sandbox/chat-1', (i) => ({ input: `Hello ${i}`, max_output_tokens: 4 }), (b) => expect(b.object).to.equal('response')],
+      ['/v1/messages', 'sandbox/chat-1', (i) => ({ messages: [{ role: 'user', content: `Hi ${i}` }], max_tokens: 4 }), (b) => expect(b.type).to.equal('message')],
+      ['/v1/embeddings', 'sandbox/embed-1', (i) => ({ input: [`text ${i}`, 'more'], dimensions: 4 }), (b) => expect(b.data[1].embedding).to.have.length(4)],
+    ];
+    for (const [endpoint, model, body, check] of endpoints) {
+      it(`runs a ${endpoint} batch to completion`, async () => {
+        const r = await create({ endpoint, model, requests: Array.from({ length: 9 }, (_, i) => ({ custom_id: `x${i}`, body: body(i) })) });
+        expect(r.status, JSON.stringify(r.body)).to.equal(202);
+        const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed']);
+        expect(done.status, JSON.stringify(done.error)).to.equal('completed');
+        expect(done.request_counts).to.deep.equal({ total: 9, completed: 9, failed: 0 });
+        for (const line of done.results) check(line.response.body);
+        if (endpoint === '/v1/messages') expect(done.provider).to.equal('sandbox-claude');
+      });
+    }
+
+    it('accepts the body with requests before endpoint and model (field order does not matter)', async () => {
+      const text = `{"requests":[{"custom_id":"a","body":{"messages":[{"role":"user","content":"x"}]}}],"model":"sandbox/chat-1","endpoint":"/v1/chat/completions"}`;
+      const r = await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body: text });
+      expect(r.status, JSON.stringify(r.body)).to.equal(202);
+      await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed']);
+    });
+
+    it('applies a preset named in a line', async () => {
+      await call(`${gw.url}/api/v1/presets/batch-sys/chat/completions`, { key: t.managementKey, body: { model: 'sandbox/chat-1', messages: [{ role: 'system', content: 'A long system prompt that adds quite a few prompt tokens to every request.' }] } });
+      const r = await create({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests: [chatLine(1), { ...chatLine(2), body: { ...chatLine(1).body, preset: 'batch-sys' } }] });
+      const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed']);
+      const [plain, withPreset] = [...done.results].sort((a: any, b: any) => a.custom_id.localeCompare(b.custom_id));
+      expect(withPreset.response.body.usage.prompt_tokens).to.be.greaterThan(plain.response.body.usage.prompt_tokens + 10);
+    });
+  });
+
+  describe('synchronous validation', () => {
+    const good = { endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests: [chatLine(0)] };
+    const cases: [string, unknown, number, string][] = [
+      ['no endpoint', { model: good.model, requests: good.requests }, 400, 'endpoint: is required'],
+      ['an unknown endpoint', { ...good, endpoint: '/v1/images' }, 400, 'endpoint: must be one of "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/embeddings"'],
+      ['no model', { endpoint: good.endpoint, requests: good.requests }, 400, 'model: is required'],
+      ['empty requests', { ...good, requests: [] }, 400, 'requests: must NOT have fewer than 1 items'],
+      ['a line without custom_id', { ...good, requests: [{ body: {} }] }, 400, 'requests[0].custom_id: is required'],
+      ['a custom_id over 256', { ...good, requests: [{ custom_id: 'c'.repeat(257), body: {} }] }, 400, 'requests[0].custom_id: must NOT have more than 256 characters'],
+      ['a body that is not an object', { ...good, requests: [{ custom_id: 'a', body: 'x' }] }, 400, 'requests[0].body: must be object'],
+      ['provider keys other than only', { ...good, provider: { sort: 'price' } }, 400, 'provider.sort: is not an allowed field'],
+      ['a bad completion window', { ...good, completion_window: '1d' }, 400, 'completion_window: must match pattern "^([1-9]|[1-9][0-9]|1[0-5][0-9]|16[0-8])h$"'],
+      ['a line naming another model', { ...good, requests: [{ custom_id: 'a', body: { model: 'sandbox/embed-1', messages: [] } }] }, 400, 'requests[0].body.model: must match the batch model sandbox/chat-1 (custom_id "a")'],
+      ['an unknown model', { ...good, model: 'nope/none' }, 404, 'Model "nope/none" not found'],
+      ['provider.only matching nothing', { ...good, provider: { only: ['nobody'] } }, 404, 'No endpoint of sandbox/chat-1 satisfies provider.only'],
+      ['a model that does not serve the endpoint', { ...good, endpoint: '/v1/embeddings' }, 404, 'No endpoint of sandbox/chat-1 serves embeddings'],
+      ['a duplicate custom_id', { ...good, requests: [chatLine(1), chatLine(2), chatLine(1)] }, 422, 'requests[2].custom_id: duplicate custom_id "req-1" (also at requests[0])'],
+      ['too many lines', { ...good, requests: Array.from({ length: 501 }, (_, i) => ({ custom_id: `${i}`, body: {} })) }, 413, 'requests: 501 lines, more than the limit of 500'],
+    ];
+    for (const [name, body, status, message] of cases) {
+      it(`${status} for ${name}`, async () => {
+        const r = await create(body);
+        expect(r.status, JSON.stringify(r.body)).to.equal(status);
+        expect(r.body.error).to.include({ code: status, message });
+      });
+    }
+
+    it('accepts a line whose model is an alias of the batch model', async () => {
+      const r = await create({ ...good, requests: [{ custom_id: 'a', body: { ...chatLine(0).body, model: 'sandbox/chat-1-20261015' } }] });
+      expect(r.status).to.equal(202);
+    });
+
+    it('413 over the size limit, 402 without credits, 401 without a key', async () => {
+      const big = await create({ ...good, requests: Array.from({ length: 300 }, (_, i) => ({ custom_id: `${i}`, body: { messages: [{ role: 'user', content: 'x'.repeat(1000) }] } })) });
+      expect(big.status).to.equal(413);
+      const broke = await createTenant(gw.store, 0);
+      expect((await create(good, broke.inferenceKey)).status).to.equal(402);
+      expect((await call(`${gw.url}/api/v1/batches`, { body: good })).status).to.equal(401);
+    });
+  });
+
+  describe('running', () => {
+    it('fails the whole batch for invalid lines, naming them, with nothing sent upstream', async () => {
+      const r = await create({
+        endpoint: '/v1/chat/completions', model: 'test/batch-counted',
+        requests: [chatLine(0), { custom_id: 'streams', body: { ...chatLine(1).body, stream: true } }, { custom_id: 'no-messages', body: { max_tokens: 3 } }, chatLine(3)],
+      });
+      expect(r.status).to.equal(202);
+      const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed']);
+      expect(done.status).to.equal('failed');
+      expect(done.error.message).to.include('2 request line(s) are invalid').and.include('streams (stream: must be equal to constant)').and.include('no-messages (messages: is required)');
+      expect(done.results).to.equal(null);
+      expect(done.request_counts).to.deep.equal({ total: 4, completed: 0, failed: 4 });
+      expect(await countedCalls()).to.equal(0);
+      // The same provider does get called by a valid batch, so the count above means something.
+      const valid = await create({ endpoint: '/v1/chat/completions', model: 'test/batch-counted', requests: [chatLine(0)] });
+      await waitForStatus(gw.url, t.inferenceKey, valid.body.id, ['completed']);
+      expect(await countedCalls()).to.equal(1);
+      expect(await gw.store.usage.countDocuments({ batch_id: r.body.id })).to.equal(0);
+    });
+
+    it('keeps going past a line that fails upstream: a failed line, not a failed batch', async () => {
+      const requests = [0, 1, 2, 3].map((i) => ({ custom_id: `e${i}`, body: { input: `t${i}`, dimensions: i === 2 ? 5000 : 4 } }));
+      const r = await create({ endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests });
+      const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed']);
+      expect(done.status).to.equal('completed');
+      expect(done.request_counts).to.deep.equal({ total: 4, completed: 3, failed: 1 });
+      const bad = done.results.find((x: any) => x.custom_id === 'e2');
+      expect(bad.response).to.equal(null);
+      expect(bad.error).to.include({ type: 'upstream_error', code: 502 });
+      expect(bad.error.message).to.include('dimensions');
+      expect(await gw.store.usage.countDocuments({ batch_id: r.body.id })).to.equal(3); // failed lines are not billed
+    });
+
+    it('falls back to the next provider inside a batch', async () => {
+      const r = await create({ endpoint: '/v1/chat/completions', model: 'test/batch-fallback', requests: Array.from({ length: 6 }, (_, i) => chatLine(i)) });
+      const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed']);
+      expect(done.request_counts).to.deep.equal({ total: 6, completed: 6, failed: 0 });
+      expect(done.provider).to.equal('sandbox-alpha');
+    });
+
+    it('streams results as JSON Lines, paged by after and limit', async () => {
+      const r = await create({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests: Array.from({ length: 10 }, (_, i) => chatLine(i)) });
+      await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed']);
+      const res = await fetch(`${gw.url}/api/v1/batches/${r.body.id}/results`, { headers: { authorization: `Bearer ${t.inferenceKey}` } });
+      expect(res.headers.get('content-type')).to.include('application/jsonl');
+      const lines = (await res.text()).trim().split('\n').map((l) => JSON.parse(l));
+      expect(lines.map((l) => l.line)).to.deep.equal([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+      expect(lines[3]).to.include({ custom_id: 'req-3' });
+      const page = await fetch(`${gw.url}/api/v1/batches/${r.body.id}/results?after=4&limit=3`, { headers: { authorization: `Bearer ${t.inferenceKey}` } });
+      expect((await page.text()).trim().split('\n').map((l) => JSON.parse(l).line)).to.deep.equal([5, 6, 7]);
+    });
+
+    it('cancel: cancelling, then cancelled; finished lines keep results, the rest get batch_cancelled', async () => {
+      const r = await create({ endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 40 }, (_, i) => chatLine(i)) });
+      await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['in_progress']);
+      await new Promise((res) => setTimeout(res, 800));
+      const c = await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
+      expect(c.status).to.equal(200);
+      expect(c.body.status).to.equal('cancelling');
+      const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['cancelled'], 30_000);
+      const ok = done.results.filter((x: any) => x.response);
+      const cancelled = done.results.filter((x: any) => x.error?.type === 'batch_cancelled');
+      expect(done.results).to.have.length(40);
+      expect(ok.length).to.be.greaterThan(0);
+      expect(cancelled.length).to.be.greaterThan(0);
+      expect(ok.length + cancelled.length).to.equal(40);
+      expect(done.request_counts).to.deep.equal({ total: 40, completed: ok.length, failed: cancelled.length });
+      const again = await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
+      expect(again.status).to.equal(409);
+    });
+
+    it('expiry: when the completion window ends the batch is expired; finished lines keep their results', async () => {
+      // The workflow under test, started directly with a two-second window (the API accepts whole hours).
+      const id = newBatchId();
+      const lines = Array.from({ length: 30 }, (_, i) => ({ line: i, ...chatLine(i) }));
+      const chunks = await storeInputs(gw.store, id, lines, 7);
+      const now = new Date();
+      const doc: BatchDoc = {
+        _id: id, workspace_id: t.workspaceId, key_id: t.inferenceKeyId, endpoint: '/v1/chat/completions', model: 'test/batch-slow', canonical_model: 'test/batch-slow-20260101',
+        completion_window: '1h', status: 'validating', created_at: now, in_progress_at: null, finalized_at: null, expires_at: new Date(now.getTime() + 2000),
+        provider_only: null, total: 30, chunks, provider: null, usage: null, error: null, metadata: null, meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
+      };
+      await batches(gw.store).insertOne(doc);
+      const connection = await Connection.connect({ address: stack.temporalAddress });
+      try {
+        await new Client({ connection }).workflow.start('batchWorkflow', {
+          workflowId: id, taskQueue: gw.config.temporal.taskQueue,
+          args: [{ batchId: id, chunks, window: 2, expiresAt: doc.expires_at.getTime(), phase: 'validate', nextChunk: 0, cancelRequested: false }],
+        });
+      } finally {
+        await connection.close();
+      }
+      const done = await waitForStatus(gw.url, t.inferenceKey, id, ['expired'], 30_000);
+      const ok = done.results.filter((x: any) => x.response);
+      const expired = done.results.filter((x: any) => x.error?.type === 'batch_expired');
+      expect(ok.length).to.be.greaterThan(0);
+      expect(expired.length).to.be.greaterThan(0);
+      expect(ok.length + expired.length).to.equal(30);
+      expect(expired[0].error.message).to.equal('The batch expired before this request was processed');
+    });
+  });
+
+  describe('list, delete and isolation', () => {
+    let tenant: Tenant;
+    const ids: string[] = [];
+    before(async () => {
+      tenant = await createTenant(gw.store, 5);
+      for (let i = 0; i < 3; i++) {
+        const r = await create({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests: [chatLine(i)] }, tenant.inferenceKey);
+        ids.push(r.body.id);
+        await waitForStatus(gw.url, tenant.inferenceKey, r.body.id, ['completed']);
+        await new Promise((res) => setTimeout(res, 1100)); // distinct created_at seconds
+      }
+    });
+
+    it('lists newest first, pages with after/last_id, never includes results', async () => {
+      const first = await get('/batches?limit=2', tenant.inferenceKey);
+      expect(first.status).to.equal(200);
+      expect(first.body).to.include({ object: 'list', has_more: true, first_id: ids[2], last_id: ids[1] });
+      expect(first.body.data.map((b: any) => b.id)).to.deep.equal([ids[2], ids[1]]);
+      for (const b of first.body.data) expect(b.results).to.equal(null);
+      const second = await get(`/batches?limit=2&after=${first.body.last_id}`, tenant.inferenceKey);
+      expect(second.body.data.map((b: any) => b.id)).to.deep.equal([ids[0]]);
+      expect(second.body.has_more).to.equal(false);
+    });
+
+    it('filters by repeated status and strict created_after / created_before', async () => {
+      expect((await get('/batches?status=completed&status=failed', tenant.inferenceKey)).body.data).to.have.length(3);
+      expect((await get('/batches?status=in_progress', tenant.inferenceKey)).body.data).to.have.length(0);
+      const middle = (await get(`/batches/${ids[1]}`, tenant.inferenceKey)).body.created_at;
+      const after = await get(`/batches?created_after=${middle}`, tenant.inferenceKey);
+      expect(after.body.data.map((b: any) => b.id)).to.deep.equal([ids[2]]);
+      const before = await get(`/batches?created_before=${new Date(middle * 1000).toISOString()}`, tenant.inferenceKey);
+      expect(before.body.data.map((b: any) => b.id)).to.deep.equal([ids[0]]);
+    });
+
+    it('400 for bad list parameters', async () => {
+      for (const q of ['limit=0', 'limit=101', 'limit=x', 'status=done', 'created_after=yesterday', 'after=nope', 'colour=red']) {
+        const r = await get(`/batches?${q}`, tenant.inferenceKey);
+        expect(r.status, q).to.equal(400);
+        expect(r.body.error.code).to.equal(400);
+      }
+    });
+
+    it("never shows one workspace another's batches", async () => {
+      expect((await get(`/batches/${ids[0]}`, t.inferenceKey)).status).to.equal(404);
+      expect((await get(`/batches/${ids[0]}/results`, t.inferenceKey)).status).to.equal(404);
+      expect((await call(`${gw.url}/api/v1/batches/${ids[0]}/cancel`, { method: 'POST', key: t.inferenceKey })).status).to.equal(404);
+      expect((await call(`${gw.url}/api/v1/batches/${ids[0]}`, { method: 'DELETE', key: t.inferenceKey })).status).to.equal(404);
+      const mine = (await get('/batches?limit=100', t.inferenceKey)).body.data.map((b: any) => b.id);
+      expect(mine).to.not.include.members(ids);
+    });
+
+    it('deletes only terminal batches; the usage records stay; a later get is 404', async () => {
+      const running = await create({ endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 16 }, (_, i) => chatLine(i)) }, tenant.inferenceKey);
+      const conflict = await call(`${gw.url}/api/v1/batches/${running.body.id}`, { method: 'DELETE', key: tenant.inferenceKey });
+      expect(conflict.status).to.equal(409);
+      expect(conflict.body.error.code).to.equal(409);
+      const usageBefore = await gw.store.usage.countDocuments({ batch_id: ids[0] });
+      expect(usageBefore).to.equal(1);
+      const del = await call(`${gw.url}/api/v1/batches/${ids[0]}`, { method: 'DELETE', key: tenant.inferenceKey });
+      expect(del.body).to.deep.equal({ id: ids[0], object: 'batch.deleted', deleted: true });
+      expect((await get(`/batches/${ids[0]}`, tenant.inferenceKey)).status).to.equal(404);
+      expect(await gw.store.usage.countDocuments({ batch_id: ids[0] })).to.equal(usageBefore);
+      const names = (await gw.store.db.listCollections().toArray()).map((c) => c.name);
+      expect(names).to.not.include(`${ids[0]}_results`).and.not.include(`${ids[0]}_inputs`);
+      await call(`${gw.url}/api/v1/batches/${running.body.id}/cancel`, { method: 'POST', key: tenant.inferenceKey });
+    });
+  });
+
+  it('is one Temporal workflow per batch, with search attributes and a progress query', async () => {
+    const r = await create({ endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 24 }, (_, i) => chatLine(i)) });
+    const connection = await Connection.connect({ address: stack.temporalAddress });
+    try {
+      const handle = new Client({ connection }).workflow.getHandle(r.body.id);
+      await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['in_progress']);
+      const progress = await handle.query<{ status: string; chunks: number }>('progress');
+      expect(progress).to.include({ status: 'in_progress', chunks: 4 });
+      await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed'], 30_000);
+      const d = await handle.describe();
+      expect(d.type).to.equal('batchWorkflow');
+      expect(d.typedSearchAttributes.get(searchAttributes.batchStatus)).to.equal('completed');
+      expect(d.typedSearchAttributes.get(searchAttributes.workspace)).to.equal(t.workspaceId);
+      expect(d.typedSearchAttributes.get(searchAttributes.model)).to.equal('test/batch-slow');
+      const history = await handle.fetchHistory();
+      const names = (history.events ?? []).flatMap((e) => (e.activityTaskScheduledEventAttributes?.activityType?.name ? [e.activityTaskScheduledEventAttributes.activityType.name] : []));
+      expect(new Set(names)).to.deep.equal(new Set(['validateBatchLines', 'setBatchStatus', 'processBatchChunk', 'closeBatch']));
+    } finally {
+      await connection.close();
+    }
+  });
+
+  it('survives the worker being killed mid-batch: exactly one result per line', async function () {
+    this.timeout(120_000);
+    // An API without a worker, and a worker in a process of its own that we can kill.
+    const api = await startTestGateway({ withWorker: false, env: env() });
+    const tenant = await createTenant(api.store, 5);
+    const bin = path.resolve(__dirname, '..', '..', 'bin', 'gateway.js');
+    const workerEnv = {
+      ...process.env, MONGODB_URI: stack.mongoUri, MONGODB_DATABASE: api.config.mongo.database, TEMPORAL_ADDRESS: stack.temporalAddress,
+      TEMPORAL_TASK_QUEUE: api.config.temporal.taskQueue, SANDBOX_URL: stack.sandboxUrl, CATALOG_PATH: catalogPath, LOG_LEVEL: 'warn', BATCH_CHUNK_SIZE: '7',
+    };
+    let worker = startProcess('worker-1', process.execPath, [bin, 'worker'], workerEnv);
+    try {
+      const r = await call(`${api.url}/api/v1/batches`, { key: tenant.inferenceKey, body: { endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 60 }, (_, i) => chatLine(i)) } });
+      expect(r.status).to.equal(202);
+      // Let some lines finish, then kill the worker without warning.
+      for (let i = 0; i < 100; i++) {
+        const b = await call(`${api.url}/api/v1/batches/${r.body.id}`, { key: tenant.inferenceKey });
+        if (b.body.request_counts.completed >= 8) break;
+        await new Promise((res) => setTimeout(res, 100));
+      }
+      const before = (await call(`${api.url}/api/v1/batches/${r.body.id}`, { key: tenant.inferenceKey })).body;
+      expect(before.status).to.equal('in_progress');
+      await worker.kill();
+      expect(before.request_counts.completed).to.be.within(8, 59);
+      worker = startProcess('worker-2', process.execPath, [bin, 'worker'], workerEnv);
+      const done = await waitForStatus(api.url, tenant.inferenceKey, r.body.id, ['completed', 'failed'], 90_000);
+      expect(done.status).to.equal('completed');
+      expect(done.request_counts).to.deep.equal({ total: 60, completed: 60, failed: 0 });
+      const customIds = done.results.map((x: any) => x.custom_id);
+      expect(new Set(customIds).size).to.equal(60);
+      expect(customIds).to.have.length(60);
+      expect(await api.store.usage.countDocuments({ batch_id: r.body.id })).to.equal(60); // each line debited once
+    } finally {
+      await worker.stop();
+      await api.stop();
+    }
   });
 });

@@ -19,12 +19,17 @@ import type { AppDeps } from '../deps';
 
 const isTerminal = (s: string) => (TERMINAL_STATUSES as readonly string[]).includes(s);
 
-/** ISO 8601 or unix seconds → ms; 400 naming the parameter otherwise. */
-function timeParam(name: string, raw: string | undefined): number | null {
-  if (raw === undefined) return null;
-  const ms = /^\d+$/.test(raw) ? Number(raw) * 1000 : Date.parse(raw);
+/**
+ * A strict bound from ISO 8601 or unix seconds, as a `created_at` filter. Unix seconds are compared
+ * at the granularity the batch object shows: "after second S" starts at S + 1.
+ */
+function timeBound(name: 'created_after' | 'created_before', raw: string | undefined): Record<string, Date> {
+  if (raw === undefined) return {};
+  const seconds = /^\d+$/.test(raw);
+  const ms = seconds ? Number(raw) * 1000 : Date.parse(raw);
   if (!Number.isFinite(ms)) throw new BadRequestError(`${name}: must be an ISO 8601 timestamp or unix seconds`);
-  return ms;
+  if (name === 'created_after') return seconds ? { $gte: new Date(ms + 1000) } : { $gt: new Date(ms) };
+  return { $lt: new Date(ms) };
 }
 
 export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): AnyRoute[] {
@@ -123,14 +128,10 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
       summary: "The workspace's batches, newest first (results never included)",
       responses: { 200: { description: 'A page of batches', schema: Type.Object({ object: Type.Literal('list'), data: Type.Array(BatchObject), first_id: Type.Union([Type.String(), Type.Null()]), last_id: Type.Union([Type.String(), Type.Null()]), has_more: Type.Boolean() }) } },
       handler: async (ctx, { query }) => {
-        const after = timeParam('created_after', query.created_after);
-        const before = timeParam('created_before', query.created_before);
+        const created = { ...timeBound('created_after', query.created_after), ...timeBound('created_before', query.created_before) };
         const filter: Record<string, unknown> = { workspace_id: authOf(ctx).workspaceId };
         if (query.after) filter._id = { $lt: query.after };
         if (query.status?.length) filter.status = { $in: query.status };
-        const created: Record<string, Date> = {};
-        if (after !== null) created.$gt = new Date(after);
-        if (before !== null) created.$lt = new Date(before);
         if (Object.keys(created).length) filter.created_at = created;
         const page = await batches(store).find(filter).sort({ _id: -1 }).limit(query.limit + 1).toArray();
         const items = page.slice(0, query.limit);
