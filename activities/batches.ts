@@ -5,11 +5,10 @@ import { Context } from '@temporalio/activity';
 import { CancelledFailure } from '@temporalio/common';
 import type { Config } from '../config';
 import { GatewayError, RateLimitedError } from '../errors';
-import { recordUsage } from '../accounts/credits';
 import { invoke, type Upstreams } from '../routing/upstreams';
 import { applyPreset, presetReference } from '../presets/apply';
 import { getPreset } from '../presets/store';
-import type { Store } from '../store';
+import { insertManyNew, type Store } from '../store';
 import { batches, inputs, results, writeResult, type BatchDoc, type BatchStatus, type ResultDoc } from '../batches/store';
 import { lineProblem, OPERATION_OF } from '../batches/lines';
 
@@ -114,26 +113,46 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
         }
       };
 
+      // Results and usage records are written in batches: one unordered insert each per flush.
+      // Lines count as done (and are heartbeated) only once flushed, so a retry redoes at most
+      // the unflushed ones; the first stored result of a line wins, and its usage is what is billed.
+      const pending: ResultDoc[] = [];
+      let flushing: Promise<void> = Promise.resolve();
+      const flush = () => {
+        flushing = flushing.then(async () => {
+          if (!pending.length) return;
+          const batch = pending.splice(0);
+          const dup = await insertManyNew(results(store, batchId), batch);
+          const earlier = dup.size ? await results(store, batchId).find({ _id: { $in: [...dup] } }).toArray() : [];
+          const stored = batch.map((r) => (dup.has(r._id) ? earlier.find((e) => e._id === r._id) ?? r : r));
+          await insertManyNew(store.usage, stored.filter((r) => r.ok && r.usage).map((r) => ({
+            _id: r.id, workspace_id: b.workspace_id, key_id: b.key_id, kind: 'batch_line' as const, model: model.canonicalId, provider: r.provider,
+            input_tokens: r.usage!.input_tokens, output_tokens: r.usage!.output_tokens, cost: r.usage!.cost,
+            session_id: b.meta.session_id, user: b.meta.user, trace: null, app: b.meta.app, batch_id: batchId, created_at: new Date(),
+          })));
+          for (const r of stored) {
+            tally[r.ok ? 'completed' : 'failed']++;
+            done.add(r._id);
+          }
+          ctx.heartbeat({ done: [...done] });
+        });
+        return flushing;
+      };
+      const ticker = setInterval(() => void flush(), 250);
+
       const queue = chunk.lines.filter((l) => !done.has(l.line));
       const worker = async () => {
         for (let line = queue.shift(); line && !abort.signal.aborted; line = queue.shift()) {
-          const result = await runLine(line);
-          const fresh = await writeResult(store, batchId, result);
-          // The stored result is the truth: after a crash it may be an earlier attempt's.
-          const stored = fresh ? result : (await results(store, batchId).findOne({ _id: line.line }))!;
-          if (stored.ok && stored.usage) {
-            await recordUsage(store, {
-              _id: stored.id, workspace_id: b.workspace_id, key_id: b.key_id, kind: 'batch_line', model: model.canonicalId, provider: stored.provider,
-              input_tokens: stored.usage.input_tokens, output_tokens: stored.usage.output_tokens, cost: stored.usage.cost,
-              session_id: b.meta.session_id, user: b.meta.user, trace: null, app: b.meta.app, batch_id: batchId,
-            });
-          }
-          tally[stored.ok ? 'completed' : 'failed']++;
-          done.add(line.line);
-          ctx.heartbeat({ done: [...done] });
+          pending.push(await runLine(line));
+          if (pending.length >= 100) await flush();
         }
       };
-      await Promise.all(Array.from({ length: Math.min(batchSettings.lineConcurrency, queue.length) }, worker));
+      try {
+        await Promise.all(Array.from({ length: Math.min(batchSettings.lineConcurrency, queue.length) }, worker));
+      } finally {
+        clearInterval(ticker);
+        await flush(); // keep what finished, cancelled or not
+      }
       if (abort.signal.aborted) throw new CancelledFailure('batch chunk cancelled');
       return tally;
     },

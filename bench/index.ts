@@ -1,9 +1,11 @@
 // `npm run bench [decisions|batches …]`: runs the named benchmarks (all by default) and writes
 // their results as JSON under bench/results/.
 import { benchDecisions } from './decisions';
+import { benchBatches } from './batches';
 
 const all: Record<string, () => Promise<unknown>> = {
   decisions: () => benchDecisions(),
+  batches: () => benchBatches(),
 };
 
 async function main() {

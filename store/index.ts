@@ -181,3 +181,21 @@ export interface EndpointSamplesDoc extends Document {
   at: Date;
   samples: { e: string; ms: number; tps: number | null; ok: boolean }[];
 }
+
+/**
+ * Inserts documents that may already exist (a retried write), as one unordered batch; returns the
+ * `_id`s that were already there. Any other write error is thrown.
+ */
+export async function insertManyNew<T extends Document & { _id: unknown }>(coll: Collection<T>, docs: T[]): Promise<Set<T['_id']>> {
+  const existing = new Set<T['_id']>();
+  if (!docs.length) return existing;
+  try {
+    await coll.insertMany(docs as never[], { ordered: false });
+  } catch (err) {
+    const writeErrors = (err as { writeErrors?: { code?: number; index: number }[] | { code?: number; index: number } }).writeErrors;
+    const list = Array.isArray(writeErrors) ? writeErrors : writeErrors ? [writeErrors] : [];
+    if (!list.length || list.some((e) => e.code !== 11000)) throw err;
+    for (const e of list) existing.add(docs[e.index]._id);
+  }
+  return existing;
+}
