@@ -9,7 +9,7 @@ import { invoke, type Upstreams } from '../routing/upstreams';
 import { applyPreset, presetReference } from '../presets/apply';
 import { getPreset } from '../presets/store';
 import { insertManyNew, type Store } from '../store';
-import { batches, inputs, results, writeResult, type BatchDoc, type BatchStatus, type ResultDoc } from '../batches/store';
+import { batches, countResults, inputs, progress, results, writeResult, type BatchDoc, type BatchStatus, type ResultDoc } from '../batches/store';
 import { lineProblem, OPERATION_OF } from '../batches/lines';
 
 export interface BatchDeps {
@@ -67,14 +67,16 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
       const b = await load(batchId);
       const chunk = await inputs(store, batchId).findOne({ _id: chunkIndex });
       if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
-      const done = new Set<number>((ctx.info.heartbeatDetails as { done?: number[] } | undefined)?.done ?? []);
+      const resumed = ctx.info.heartbeatDetails as { done?: number[]; completed?: number; failed?: number } | undefined;
+      const done = new Set<number>(resumed?.done ?? []);
       const abort = new AbortController();
       ctx.cancelled.catch(() => abort.abort());
       const { model, variant } = upstreams.catalog.resolve(b.model);
       const operation = OPERATION_OF[b.endpoint];
       const ws = await store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } });
       const presets = new Map<string, ReturnType<typeof getPreset>>();
-      const tally = { completed: 0, failed: 0 };
+      // This chunk's counts, carried across retries in the heartbeat like the done lines.
+      const tally = { completed: resumed?.completed ?? 0, failed: resumed?.failed ?? 0 };
 
       const runLine = async (line: (typeof chunk.lines)[number]): Promise<ResultDoc> => {
         const id = `gen-batch-${batchId.slice('batch_'.length)}-${line.line}`;
@@ -134,11 +136,16 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
             tally[r.ok ? 'completed' : 'failed']++;
             done.add(r._id);
           }
-          ctx.heartbeat({ done: [...done] });
+          await progress(store, batchId).replaceOne({ _id: chunkIndex }, { _id: chunkIndex, ...tally }, { upsert: true });
         });
         return flushing;
       };
       const ticker = setInterval(() => void flush(), 250);
+      // Heartbeats say "alive, and these lines are stored", on their own clock: a slow database
+      // write must not look like a dead worker (the SDK throttles what reaches the server).
+      const beat = () => ctx.heartbeat({ done: [...done], ...tally });
+      const beater = setInterval(beat, 1000);
+      beat();
 
       const queue = chunk.lines.filter((l) => !done.has(l.line));
       const worker = async () => {
@@ -152,6 +159,8 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
       } finally {
         clearInterval(ticker);
         await flush(); // keep what finished, cancelled or not
+        clearInterval(beater);
+        beat();
       }
       if (abort.signal.aborted) throw new CancelledFailure('batch chunk cancelled');
       return tally;
@@ -188,9 +197,10 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
         if (r.provider) byProvider.set(r.provider, (byProvider.get(r.provider) ?? 0) + 1);
       }
       const provider = [...byProvider].sort((x, y) => y[1] - x[1])[0]?.[0] ?? null;
+      const finalCounts = await countResults(store, batchId);
       await batches(store).updateOne({ _id: batchId }, {
         $set: {
-          status, finalized_at: new Date(), provider, error: errorMessage ? { message: errorMessage } : null,
+          status, finalized_at: new Date(), provider, error: errorMessage ? { message: errorMessage } : null, final_counts: finalCounts,
           usage: status === 'failed' ? null : {
             prompt_tokens: totals.input, completion_tokens: totals.output, total_tokens: totals.input + totals.output,
             cost: Math.round(totals.cost * 1e10) / 1e10,

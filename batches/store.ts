@@ -31,6 +31,8 @@ export interface BatchDoc extends Document {
   usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number; cost: number } | null;
   error: { message: string } | null;
   metadata: Record<string, string> | null;
+  /** Counted from the results when the batch closed; live counts come from the progress documents. */
+  final_counts?: { completed: number; failed: number };
   /** Session and attribution of the creating request, copied onto each line's usage record. */
   meta: { session_id: string | null; user: string | null; app: { referer: string | null; title: string | null; categories: string[] } };
 }
@@ -64,6 +66,17 @@ export function results(store: Store, batchId: string): Collection<ResultDoc> {
   return store.db.collection<ResultDoc>(`${batchId}_results`);
 }
 
+/** One small document per chunk, `{completed, failed}`, written only by that chunk's activity. */
+export interface ProgressDoc extends Document {
+  _id: number;
+  completed: number;
+  failed: number;
+}
+
+export function progress(store: Store, batchId: string): Collection<ProgressDoc> {
+  return store.db.collection<ProgressDoc>(`${batchId}_progress`);
+}
+
 export function batches(store: Store): Collection<BatchDoc> {
   return store.db.collection<BatchDoc>('batches');
 }
@@ -92,13 +105,21 @@ export async function writeResult(store: Store, batchId: string, doc: ResultDoc)
   }
 }
 
-export async function counts(store: Store, batchId: string): Promise<{ completed: number; failed: number }> {
-  const rows = await results(store, batchId).aggregate<{ _id: boolean; n: number }>([{ $group: { _id: '$ok', n: { $sum: 1 } } }]).toArray();
-  return { completed: rows.find((r) => r._id === true)?.n ?? 0, failed: rows.find((r) => r._id === false)?.n ?? 0 };
+/** Exact counts, from the results themselves: a scan of the batch's results (used when it closes). */
+export async function countResults(store: Store, batchId: string): Promise<{ completed: number; failed: number }> {
+  const [completed, total] = await Promise.all([results(store, batchId).countDocuments({ ok: true }), results(store, batchId).countDocuments({})]);
+  return { completed, failed: total - completed };
+}
+
+/** Counts for a reader: final once closed, else the sum of the chunks' progress documents. */
+export async function counts(store: Store, b: BatchDoc): Promise<{ completed: number; failed: number }> {
+  if (b.final_counts) return b.final_counts;
+  const docs = await progress(store, b._id).find({}).toArray();
+  return docs.reduce((c, d) => ({ completed: c.completed + d.completed, failed: c.failed + d.failed }), { completed: 0, failed: 0 });
 }
 
 export async function dropBatchData(store: Store, batchId: string): Promise<void> {
-  for (const coll of [inputs(store, batchId), results(store, batchId)]) {
+  for (const coll of [inputs(store, batchId), results(store, batchId), progress(store, batchId)]) {
     await coll.drop().catch(() => undefined); // already gone, or never created
   }
 }

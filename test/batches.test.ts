@@ -47,7 +47,7 @@ describe('batches', () => {
   let gw: TestGateway;
   let t: Tenant;
   let catalogPath: string;
-  const env = () => ({ BATCH_CHUNK_SIZE: '7', BATCH_MAX_REQUESTS: '500', BATCH_MAX_BYTES: '256kb', CATALOG_PATH: catalogPath });
+  const env = () => ({ BATCH_CHUNK_SIZE: '7', BATCH_MAX_REQUESTS: '1000', BATCH_MAX_BYTES: '256kb', CATALOG_PATH: catalogPath });
   const create = (body: unknown, key?: string) => call(`${gw.url}/api/v1/batches`, { key: key ?? t.inferenceKey, body });
   const get = (p: string, key?: string) => call(`${gw.url}/api/v1${p}`, { key: key ?? t.inferenceKey });
 
@@ -139,7 +139,7 @@ describe('batches', () => {
       ['provider.only matching nothing', { ...good, provider: { only: ['nobody'] } }, 404, 'No endpoint of sandbox/chat-1 satisfies provider.only'],
       ['a model that does not serve the endpoint', { ...good, endpoint: '/v1/embeddings' }, 404, 'No endpoint of sandbox/chat-1 serves embeddings'],
       ['a duplicate custom_id', { ...good, requests: [chatLine(1), chatLine(2), chatLine(1)] }, 422, 'requests[2].custom_id: duplicate custom_id "req-1" (also at requests[0])'],
-      ['too many lines', { ...good, requests: Array.from({ length: 501 }, (_, i) => ({ custom_id: `${i}`, body: {} })) }, 413, 'requests: 501 lines, more than the limit of 500'],
+      ['too many lines', { ...good, requests: Array.from({ length: 1001 }, (_, i) => ({ custom_id: `${i}`, body: {} })) }, 413, 'requests: 1001 lines, more than the limit of 1000'],
     ];
     for (const [name, body, status, message] of cases) {
       it(`${status} for ${name}`, async () => {
@@ -350,6 +350,25 @@ describe('batches', () => {
       const history = await handle.fetchHistory();
       const names = (history.events ?? []).flatMap((e) => (e.activityTaskScheduledEventAttributes?.activityType?.name ? [e.activityTaskScheduledEventAttributes.activityType.name] : []));
       expect(new Set(names)).to.deep.equal(new Set(['validateBatchLines', 'setBatchStatus', 'processBatchChunk', 'closeBatch']));
+    } finally {
+      await connection.close();
+    }
+  });
+
+  it('continues as new every 100 chunks, keeping each run small, and still answers every line', async function () {
+    this.timeout(120_000);
+    // Chunks of 7 lines: 720 lines are 103 chunks, so the workflow continues as new once.
+    const r = await create({ endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: Array.from({ length: 720 }, (_, i) => ({ custom_id: `e${i}`, body: { input: `t${i}`, dimensions: 2 } })) });
+    expect(r.status).to.equal(202);
+    const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed'], 100_000);
+    expect(done.request_counts).to.deep.equal({ total: 720, completed: 720, failed: 0 });
+    const connection = await Connection.connect({ address: stack.temporalAddress });
+    try {
+      const client = new Client({ connection });
+      const runs = [];
+      for await (const w of client.workflow.list({ query: `WorkflowId = '${r.body.id}'` })) runs.push(w);
+      expect(runs.map((w) => w.status.name).sort()).to.deep.equal(['COMPLETED', 'CONTINUED_AS_NEW']);
+      for (const w of runs) expect(w.historyLength).to.be.lessThan(1000);
     } finally {
       await connection.close();
     }

@@ -30,11 +30,12 @@ export const batchProgressQuery = defineQuery<BatchProgress>('progress');
 /** Chunks one run schedules before continuing as new, keeping every run's history small. */
 const CHUNKS_PER_RUN = 100;
 
-// Chunk work heartbeats; a short heartbeat timeout lets a crashed worker's chunk move to another
-// worker within seconds, and lets cancellation reach a running chunk quickly.
+// Chunk work heartbeats every second; a heartbeat timeout of 10 s moves a crashed worker's chunk
+// to another worker within seconds while leaving room for a slow database write, and cancellation
+// reaches a running chunk within the heartbeat throttle (0.8 × the timeout).
 const chunks = proxyActivities<Activities>({
   startToCloseTimeout: '2 hours',
-  heartbeatTimeout: '5 seconds',
+  heartbeatTimeout: '10 seconds',
   retry: { initialInterval: '1 second', maximumInterval: '30 seconds', backoffCoefficient: 2 },
 });
 const bookkeeping = proxyActivities<Activities>({

@@ -43,7 +43,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
 
   /** The batch object; a terminal batch's results stream inline, never held in memory at once. */
   async function respondWithBatch(ctx: Parameters<AnyRoute['handler']>[0], b: BatchDoc): Promise<void> {
-    const view = batchView(b, await counts(store, b._id));
+    const view = batchView(b, await counts(store, b));
     if (!isTerminal(b.status) || b.status === 'failed') {
       ctx.body = view;
       return;
@@ -135,7 +135,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
         if (Object.keys(created).length) filter.created_at = created;
         const page = await batches(store).find(filter).sort({ _id: -1 }).limit(query.limit + 1).toArray();
         const items = page.slice(0, query.limit);
-        const data = await Promise.all(items.map(async (b) => batchView(b, await counts(store, b._id))));
+        const data = await Promise.all(items.map(async (b) => batchView(b, await counts(store, b))));
         ctx.body = { object: 'list', data, first_id: data[0]?.id ?? null, last_id: data[data.length - 1]?.id ?? null, has_more: page.length > query.limit };
       },
     }),
@@ -168,7 +168,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
         const b = await owned(params.id, authOf(ctx).workspaceId);
         if (isTerminal(b.status)) throw new ConflictError(`Batch ${b._id} is already ${b.status}`);
         await temporal.workflow.getHandle(b._id).signal('cancelBatch');
-        ctx.body = { ...batchView(b, await counts(store, b._id)), status: 'cancelling' };
+        ctx.body = { ...batchView(b, await counts(store, b)), status: 'cancelling' };
       },
     }),
     defineRoute({
