@@ -9,7 +9,7 @@ import { invoke, type Upstreams } from '../routing/upstreams';
 import { applyPreset, presetReference } from '../presets/apply';
 import { getPreset } from '../presets/store';
 import { insertManyNew, type Store } from '../store';
-import { batches, countResults, inputs, progress, results, writeResult, type BatchDoc, type BatchStatus, type ResultDoc } from '../batches/store';
+import { batches, countResults, inputs, progress, results, seqId, writeResult, type BatchDoc, type BatchStatus, type ResultDoc } from '../batches/store';
 import { lineProblem, OPERATION_OF } from '../batches/lines';
 
 export interface BatchDeps {
@@ -42,7 +42,7 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
       const examples: string[] = [];
       let invalid = 0;
       for (let i = 0; i < b.chunks; i++) {
-        const chunk = await inputs(store, batchId).findOne({ _id: i });
+        const chunk = await inputs(store, batchId).findOne({ _id: seqId(i) });
         for (const line of chunk?.lines ?? []) {
           const problem = lineProblem(b.endpoint, line.body);
           if (problem) {
@@ -65,7 +65,7 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
     async processBatchChunk(batchId: string, chunkIndex: number): Promise<{ completed: number; failed: number }> {
       const ctx = Context.current();
       const b = await load(batchId);
-      const chunk = await inputs(store, batchId).findOne({ _id: chunkIndex });
+      const chunk = await inputs(store, batchId).findOne({ _id: seqId(chunkIndex) });
       if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
       const resumed = ctx.info.heartbeatDetails as { done?: number[]; completed?: number; failed?: number } | undefined;
       const done = new Set<number>(resumed?.done ?? []);
@@ -94,7 +94,7 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
               workspace: ws?.settings, body: upstreamBody, signal: abort.signal,
             });
             return {
-              _id: line.line, custom_id: line.custom_id, id, ok: true, provider: r.endpoint.provider.slug,
+              _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id, ok: true, provider: r.endpoint.provider.slug,
               response: { status_code: 200, request_id: typeof r.body?.id === 'string' ? r.body.id : id, body: r.body }, error: null,
               usage: { ...r.usage, cost: r.cost },
             };
@@ -108,7 +108,7 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
               continue;
             }
             return {
-              _id: line.line, custom_id: line.custom_id, id, ok: false, provider: (g?.metadata?.provider_name as string | undefined) ?? null, response: null,
+              _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id, ok: false, provider: (g?.metadata?.provider_name as string | undefined) ?? null, response: null,
               error: { type: errorType(status), message: g?.message ?? 'Internal error processing this line', code: status }, usage: null,
             };
           }
@@ -134,9 +134,9 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
           })));
           for (const r of stored) {
             tally[r.ok ? 'completed' : 'failed']++;
-            done.add(r._id);
+            done.add(r.line);
           }
-          await progress(store, batchId).replaceOne({ _id: chunkIndex }, { _id: chunkIndex, ...tally }, { upsert: true });
+          await progress(store, batchId).replaceOne({ _id: seqId(chunkIndex) }, { _id: seqId(chunkIndex), ...tally }, { upsert: true });
         });
         return flushing;
       };
@@ -174,14 +174,14 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
     async closeBatch(batchId: string, status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>, errorMessage: string | null = null): Promise<void> {
       const b = await load(batchId);
       if (status === 'expired' || status === 'cancelled') {
-        const have = new Set((await results(store, batchId).find({}, { projection: { _id: 1 } }).toArray()).map((r) => r._id));
+        const have = new Set((await results(store, batchId).find({}, { projection: { line: 1 } }).toArray()).map((r) => r.line));
         const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
         const message = status === 'expired' ? 'The batch expired before this request was processed' : 'The batch was cancelled before this request was processed';
         for (let i = 0; i < b.chunks; i++) {
-          const chunk = await inputs(store, batchId).findOne({ _id: i });
+          const chunk = await inputs(store, batchId).findOne({ _id: seqId(i) });
           for (const line of chunk?.lines ?? []) {
             if (!have.has(line.line)) {
-              await writeResult(store, batchId, { _id: line.line, custom_id: line.custom_id, id: `gen-batch-${batchId.slice(6)}-${line.line}`, ok: false, provider: null, response: null, error: { type, message }, usage: null });
+              await writeResult(store, batchId, { _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id: `gen-batch-${batchId.slice(6)}-${line.line}`, ok: false, provider: null, response: null, error: { type, message }, usage: null });
             }
           }
           Context.current().heartbeat(i);

@@ -37,13 +37,23 @@ export interface BatchDoc extends Document {
   meta: { session_id: string | null; user: string | null; app: { referer: string | null; title: string | null; categories: string[] } };
 }
 
+/**
+ * Chunk, progress and result ids are zero-padded strings, not numbers: FerretDB turns only a
+ * string (or ObjectId) `_id` equality into an indexed SQLite lookup, and padding keeps their
+ * lexical order the numeric one.
+ */
+export function seqId(n: number): string {
+  return n.toString().padStart(9, '0');
+}
+
 export interface InputChunkDoc extends Document {
-  _id: number; // chunk index
+  _id: string; // seqId(chunk index)
   lines: { line: number; custom_id: string; body: Record<string, unknown> }[];
 }
 
 export interface ResultDoc extends Document {
-  _id: number; // line number
+  _id: string; // seqId(line)
+  line: number;
   custom_id: string;
   id: string;
   ok: boolean;
@@ -68,7 +78,7 @@ export function results(store: Store, batchId: string): Collection<ResultDoc> {
 
 /** One small document per chunk, `{completed, failed}`, written only by that chunk's activity. */
 export interface ProgressDoc extends Document {
-  _id: number;
+  _id: string; // seqId(chunk index)
   completed: number;
   failed: number;
 }
@@ -84,7 +94,7 @@ export function batches(store: Store): Collection<BatchDoc> {
 /** Stores the input lines in chunks. Idempotent: a retried write of a chunk changes nothing. */
 export async function storeInputs(store: Store, batchId: string, lines: InputChunkDoc['lines'], chunkSize: number): Promise<number> {
   const chunks: InputChunkDoc[] = [];
-  for (let i = 0; i * chunkSize < lines.length; i++) chunks.push({ _id: i, lines: lines.slice(i * chunkSize, (i + 1) * chunkSize) });
+  for (let i = 0; i * chunkSize < lines.length; i++) chunks.push({ _id: seqId(i), lines: lines.slice(i * chunkSize, (i + 1) * chunkSize) });
   const coll = inputs(store, batchId);
   for (let i = 0; i < chunks.length; i += 20) {
     await coll.insertMany(chunks.slice(i, i + 20), { ordered: false }).catch((err) => {

@@ -1,9 +1,10 @@
 // Live endpoint statistics: latency and throughput percentiles and recent failures over a rolling
 // window, measured by whichever process made the call and shared through MongoDB. Each process
-// buffers its samples and inserts them as one document every few seconds (inserts only: FerretDB
-// has no atomic read-modify-write), and rebuilds its snapshot from the window's documents.
+// buffers its measurements and inserts one compact summary every few seconds (inserts only:
+// FerretDB has no atomic read-modify-write); counts are exact, latencies a bounded sample, so a
+// busy window stays cheap to read. Each process rebuilds its snapshot from all summaries.
 import { randomBytes } from 'node:crypto';
-import type { Store } from '../store';
+import type { EndpointSamplesDoc, Store } from '../store';
 import type { EndpointStat, Percentile, Percentiles, StatsSnapshot } from './engine';
 
 export interface Sample {
@@ -12,7 +13,13 @@ export interface Sample {
   outputTokens: number;
 }
 
+type Summary = EndpointSamplesDoc['endpoints'][number];
+
 const PERCENTILES: [Percentile, number][] = [['p50', 0.5], ['p75', 0.75], ['p90', 0.9], ['p99', 0.99]];
+/** Latency and throughput values one summary keeps per endpoint. */
+const SAMPLES_PER_FLUSH = 64;
+/** Routing asks for the snapshot on every call; it is rebuilt at most this often. */
+const SNAPSHOT_TTL_MS = 250;
 
 function percentiles(values: number[]): Percentiles | null {
   if (!values.length) return null;
@@ -22,15 +29,20 @@ function percentiles(values: number[]): Percentiles | null {
   return out;
 }
 
-interface Row { e: string; ms: number; tps: number | null; ok: boolean; at: number }
+/** Keeps every k-th value once more than `max` arrived, so a summary is a fair sample of its interval. */
+function addSample(list: number[], value: number, seen: number): void {
+  if (list.length < SAMPLES_PER_FLUSH) list.push(value);
+  else list[seen % SAMPLES_PER_FLUSH] = value;
+}
 
 export class LiveStats {
   private readonly instance = randomBytes(6).toString('hex');
   private seq = 0;
-  private pending: Row[] = [];
-  private shared: Row[] = [];
+  private pending = new Map<string, Summary & { seen: number }>();
+  private shared: { at: number; s: Summary }[] = [];
   private timer: NodeJS.Timeout | null = null;
   private running = false;
+  private cached: { at: number; value: StatsSnapshot } | null = null;
 
   constructor(
     private readonly store: Store,
@@ -39,57 +51,70 @@ export class LiveStats {
   ) {}
 
   record(endpointKey: string, s: Sample): void {
+    let p = this.pending.get(endpointKey);
+    if (!p) this.pending.set(endpointKey, (p = { e: endpointKey, ok: 0, failed: 0, last_failure: null, ms: [], tps: [], seen: 0 }));
+    if (!s.ok) {
+      p.failed++;
+      p.last_failure = this.now();
+      this.cached = null; // an outage counts at once
+      return;
+    }
+    p.ok++;
+    addSample(p.ms, s.latencyMs, p.seen);
     const seconds = s.latencyMs / 1000;
-    this.pending.push({
-      e: endpointKey, ms: s.latencyMs, ok: s.ok, at: this.now(),
-      tps: s.ok && s.outputTokens > 0 && seconds > 0 ? s.outputTokens / seconds : null,
-    });
+    if (s.outputTokens > 0 && seconds > 0) addSample(p.tps, s.outputTokens / seconds, p.seen);
+    p.seen++;
   }
 
-  /** Writes this process's buffered samples as one document. */
+  /** Writes this process's buffered measurements as one document. */
   async flush(): Promise<void> {
-    if (!this.pending.length) return;
-    const batch = this.pending;
-    this.pending = [];
+    if (!this.pending.size) return;
+    const at = this.now();
+    const endpoints = [...this.pending.values()].map(({ seen: _seen, ...summary }) => summary);
+    this.pending = new Map();
     try {
-      await this.store.endpointSamples.insertOne({
-        _id: `${this.instance}:${this.seq++}`,
-        at: new Date(this.now()),
-        samples: batch.map(({ e, ms, tps, ok }) => ({ e, ms, tps, ok })),
-      });
-      this.shared.push(...batch); // ours count at once, before the next refresh reads them back
+      await this.store.endpointSamples.insertOne({ _id: `${this.instance}:${this.seq++}`, at: new Date(at), endpoints });
+      this.shared.push(...endpoints.map((s) => ({ at, s })));
+      this.cached = null;
     } catch {
-      this.pending.unshift(...batch); // try again next flush
+      for (const s of endpoints) this.pending.set(s.e, { ...s, seen: s.ms.length }); // try again next flush
     }
   }
 
-  /** Reads every process's samples in the window and drops documents older than two windows. */
+  /** Reads every process's summaries in the window and drops documents older than two windows. */
   async refresh(): Promise<void> {
     const since = this.now() - this.windowMs;
     const docs = await this.store.endpointSamples.find({ at: { $gte: new Date(since) } }).toArray();
-    this.shared = docs.flatMap((d) => d.samples.map((s) => ({ ...s, at: d.at.getTime() })));
+    this.shared = docs.flatMap((d) => (d.endpoints ?? []).map((s) => ({ at: d.at.getTime(), s })));
+    this.cached = null;
     await this.store.endpointSamples.deleteMany({ at: { $lt: new Date(since - this.windowMs) } }).catch(() => undefined);
   }
 
   snapshot(): StatsSnapshot {
-    const since = this.now() - this.windowMs;
-    const by = new Map<string, Row[]>();
-    for (const r of [...this.shared, ...this.pending]) {
-      if (r.at < since) continue;
-      let list = by.get(r.e);
-      if (!list) by.set(r.e, (list = []));
-      list.push(r);
+    const now = this.now();
+    if (this.cached && now - this.cached.at < SNAPSHOT_TTL_MS) return this.cached.value;
+    this.cached = { at: now, value: this.build(now) };
+    return this.cached.value;
+  }
+
+  private build(now: number): StatsSnapshot {
+    const since = now - this.windowMs;
+    const by = new Map<string, Summary[]>();
+    const summaries = [...this.shared.filter((x) => x.at >= since).map((x) => x.s), ...this.pending.values()];
+    for (const s of summaries) {
+      let list = by.get(s.e);
+      if (!list) by.set(s.e, (list = []));
+      list.push(s);
     }
     const out = new Map<string, EndpointStat>();
-    for (const [key, rows] of by) {
-      const ok = rows.filter((r) => r.ok);
-      const failed = rows.filter((r) => !r.ok);
+    for (const [key, list] of by) {
+      const failures = list.filter((s) => s.last_failure !== null).map((s) => s.last_failure!);
       out.set(key, {
-        latency: percentiles(ok.map((r) => r.ms / 1000)),
-        throughput: percentiles(ok.flatMap((r) => (r.tps === null ? [] : [r.tps]))),
-        requests: ok.length,
-        failures: failed.length,
-        lastFailureAt: failed.length ? Math.max(...failed.map((r) => r.at)) : null,
+        latency: percentiles(list.flatMap((s) => s.ms.map((ms) => ms / 1000))),
+        throughput: percentiles(list.flatMap((s) => s.tps)),
+        requests: list.reduce((n, s) => n + s.ok, 0),
+        failures: list.reduce((n, s) => n + s.failed, 0),
+        lastFailureAt: failures.length ? Math.max(...failures) : null,
       });
     }
     return out;

@@ -2,12 +2,15 @@
 // plausible token counts and log-probabilities.
 import { createHash } from 'node:crypto';
 
-/** A seeded source of numbers in [0, 1), from the request itself. */
+/** A seeded source of numbers in [0, 1), from the request itself: one hash, then mulberry32. */
 export function seeded(seed: string): () => number {
-  let counter = 0;
+  let a = createHash('sha256').update(seed).digest().readUInt32BE(0);
   return () => {
-    const h = createHash('sha256').update(`${seed}:${counter++}`).digest();
-    return h.readUInt32BE(0) / 2 ** 32;
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 32;
   };
 }
 

@@ -175,11 +175,14 @@ export function isDuplicateKey(err: unknown): boolean {
   return (err as { code?: number })?.code === 11000;
 }
 
-/** One process's endpoint measurements over a few seconds; inserted, never updated. */
+/**
+ * One process's endpoint measurements over a few seconds; inserted, never updated. Counts are
+ * exact; latency and throughput keep a bounded sample so the documents stay small under load.
+ */
 export interface EndpointSamplesDoc extends Document {
   _id: string;
   at: Date;
-  samples: { e: string; ms: number; tps: number | null; ok: boolean }[];
+  endpoints: { e: string; ok: number; failed: number; last_failure: number | null; ms: number[]; tps: number[] }[];
 }
 
 /**

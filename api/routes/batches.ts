@@ -8,7 +8,7 @@ import { planRoute } from '../../routing/engine';
 import { searchAttributes } from '../../workflows/shared';
 import type { batchWorkflow } from '../../workflows/batch';
 import {
-  batches, batchView, counts, dropBatchData, newBatchId, results, resultLine, storeInputs, type BatchDoc,
+  batches, batchView, counts, dropBatchData, newBatchId, results, resultLine, seqId, storeInputs, type BatchDoc,
 } from '../../batches/store';
 import { OPERATION_OF } from '../../batches/lines';
 import { authOf } from '../auth';
@@ -151,12 +151,12 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
       responses: { 200: { description: 'One result per line', contentType: 'application/jsonl' } },
       handler: async (ctx, { params, query }) => {
         await owned(params.id, authOf(ctx).workspaceId);
-        const filter = query.after !== undefined ? { _id: { $gt: query.after } } : {};
+        const filter = query.after !== undefined && query.after >= 0 ? { _id: { $gt: seqId(query.after) } } : {};
         let cursor = results(store, params.id).find(filter).sort({ _id: 1 });
         if (query.limit) cursor = cursor.limit(query.limit);
         ctx.type = 'application/jsonl';
         ctx.body = Readable.from((async function* () {
-          for await (const r of cursor) yield `${JSON.stringify({ line: r._id, ...resultLine(r) })}\n`;
+          for await (const r of cursor) yield `${JSON.stringify({ line: r.line, ...resultLine(r) })}\n`;
         })());
       },
     }),
