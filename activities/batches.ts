@@ -151,7 +151,11 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
       const worker = async () => {
         for (let line = queue.shift(); line && !abort.signal.aborted; line = queue.shift()) {
           pending.push(await runLine(line));
-          if (pending.length >= 100) await flush();
+          // Flush in the background; wait only when the database falls far behind (backpressure).
+          if (pending.length >= 100) {
+            const flushed = flush();
+            if (pending.length >= 1000) await flushed;
+          }
         }
       };
       try {
