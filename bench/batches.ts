@@ -4,11 +4,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { DEFAULT_CATALOG_PATH } from '../config';
-import { Store } from '../store';
-import { createWorkspace } from '../accounts/workspaces';
-import { createKey } from '../accounts/keys';
-import { grantCredits } from '../accounts/credits';
-import { startStack, writeResult } from './harness';
+import { benchKey, startStack, writeResult } from './harness';
 
 const CONCURRENCY = 100;
 
@@ -59,11 +55,7 @@ export async function benchBatches(opts: { lines?: number; big?: number } = {}) 
   const tmp = fs.mkdtempSync(path.join(process.env.TMPDIR ?? '/tmp', 'bench-batches-'));
   const stack = await startStack({ CATALOG_PATH: benchCatalog(tmp), BATCH_MAX_REQUESTS: String(Math.max(big, 50_000)), BODY_LIMIT: '50mb' });
   try {
-    const store = await Store.connect(stack.mongoUri, 'gateway');
-    const ws = await createWorkspace(store, 'bench');
-    await grantCredits(store, ws._id, 1_000_000);
-    const { key } = await createKey(store, ws._id, { kind: 'inference' });
-    await store.close();
+    const key = await benchKey(stack);
     const runs = [];
     for (const [model, latencyMs, n] of [['bench/0ms', 0, lines], ['bench/200ms', 200, lines], ['bench/0ms', 0, big]] as const) {
       if (n <= 0) continue;

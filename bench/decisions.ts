@@ -1,11 +1,7 @@
 // Decision overhead: the same System One request sent straight to the sandbox provider and
 // through the gateway (HTTP ▶ auth ▶ validation ▶ Temporal workflow ▶ local activity ▶ provider
 // ▶ usage record), side by side in one run, at concurrency 1, 10 and 50.
-import { Store } from '../store';
-import { createWorkspace } from '../accounts/workspaces';
-import { createKey } from '../accounts/keys';
-import { grantCredits } from '../accounts/credits';
-import { closedLoop, cpuSeconds, startStack, writeResult, type LoadResult } from './harness';
+import { benchKey, closedLoop, cpuSeconds, startStack, writeResult, type LoadResult } from './harness';
 
 const body = {
   model: 'jev-1.13',
@@ -21,11 +17,7 @@ export async function benchDecisions(opts: { levels?: [number, number][]; tempor
   const levels = opts.levels ?? [[1, 300], [10, 1000], [50, 2000]];
   const stack = await startStack({}, { temporalInMemory: opts.temporalInMemory });
   try {
-    const store = await Store.connect(stack.mongoUri, 'gateway');
-    const ws = await createWorkspace(store, 'bench');
-    await grantCredits(store, ws._id, 1_000_000);
-    const { key } = await createKey(store, ws._id, { kind: 'inference' });
-    await store.close();
+    const key = await benchKey(stack);
     const auth = { authorization: `Bearer ${key}` };
     const direct = `${stack.sandboxUrl}/systemone/v1/systemone`;
     const gateway = `${stack.gatewayUrl}/api/v1/systemone`;

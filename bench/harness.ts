@@ -8,6 +8,10 @@ import { defaultToolsDir } from '../config';
 import { ensureTools } from '../tools/binaries';
 import { freePort, startProcess, type ManagedProcess } from '../tools/processes';
 import { startFerretDB, startTemporalServer } from '../tools/services';
+import { Store } from '../store';
+import { createWorkspace } from '../accounts/workspaces';
+import { createKey } from '../accounts/keys';
+import { grantCredits } from '../accounts/credits';
 
 export interface Stack {
   dataDir: string;
@@ -48,6 +52,18 @@ export async function startStack(env: Record<string, string> = {}, opts: { tempo
       fs.rmSync(dataDir, { recursive: true, force: true });
     },
   };
+}
+
+/** A workspace with ample credits in the stack's database, and an inference key for it. */
+export async function benchKey(stack: Stack): Promise<string> {
+  const store = await Store.connect(stack.mongoUri, 'gateway');
+  try {
+    const ws = await createWorkspace(store, 'bench');
+    await grantCredits(store, ws._id, 1_000_000);
+    return (await createKey(store, ws._id, { kind: 'inference' })).key;
+  } finally {
+    await store.close();
+  }
 }
 
 /** User + system CPU seconds a process has used so far. */

@@ -76,6 +76,14 @@ function runGo(args: string[], opts: { cwd: string; env?: NodeJS.ProcessEnv; lab
   });
 }
 
+/** Puts a freshly built binary in place atomically: copy beside the target, then rename. */
+function install(built: string, target: string): void {
+  fs.mkdirSync(path.dirname(target), { recursive: true });
+  fs.copyFileSync(built, `${target}.tmp`);
+  fs.chmodSync(`${target}.tmp`, 0o755);
+  fs.renameSync(`${target}.tmp`, target);
+}
+
 async function buildTemporal(target: string, progress: Progress): Promise<void> {
   requireGo(`the Temporal CLI ${TEMPORAL_CLI_VERSION}`, 'TEMPORAL_ADDRESS');
   const gobin = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-temporal-'));
@@ -84,10 +92,7 @@ async function buildTemporal(target: string, progress: Progress): Promise<void> 
     await runGo(['install', '-v', `github.com/temporalio/cli/cmd/temporal@${TEMPORAL_CLI_VERSION}`], {
       cwd: gobin, env: { GOBIN: gobin }, label: 'temporal build', progress,
     });
-    fs.mkdirSync(path.dirname(target), { recursive: true });
-    fs.copyFileSync(path.join(gobin, 'temporal'), `${target}.tmp`);
-    fs.chmodSync(`${target}.tmp`, 0o755);
-    fs.renameSync(`${target}.tmp`, target);
+    install(path.join(gobin, 'temporal'), target);
   } finally {
     fs.rmSync(gobin, { recursive: true, force: true });
   }
@@ -111,10 +116,7 @@ async function buildFerretDB(target: string, progress: Progress): Promise<void> 
     await runGo(['build', '-v', '-buildvcs=false', '-o', path.join(work, 'ferretdb'), './cmd/ferretdb'], {
       cwd: src, label: 'ferretdb build', progress,
     });
-    fs.mkdirSync(path.dirname(target), { recursive: true });
-    fs.copyFileSync(path.join(work, 'ferretdb'), `${target}.tmp`);
-    fs.chmodSync(`${target}.tmp`, 0o755);
-    fs.renameSync(`${target}.tmp`, target);
+    install(path.join(work, 'ferretdb'), target);
   } finally {
     fs.rmSync(work, { recursive: true, force: true });
   }

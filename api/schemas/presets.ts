@@ -123,14 +123,12 @@ export const MessagesBody = Type.Object({
 
 const ChatMessage = Type.Object({ role: StringEnum(['system', 'developer', 'user', 'assistant', 'tool']), content: Type.Union([Type.String(), Type.Array(Type.Unknown()), Type.Null()]) }, { additionalProperties: true });
 
-export const ChatBody = Type.Object({
+/** Fields the chat and responses bodies share. */
+const sharedInferenceFields = {
   model: Type.String({ minLength: 1 }),
-  messages: Type.Optional(Type.Array(ChatMessage)),
   models: Type.Optional(Type.Array(Type.String({ minLength: 1 }))),
   provider: Type.Optional(ProviderPreferences),
   route: Type.Optional(Nullable(StringEnum(['fallback', 'sort']))),
-  max_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
-  max_completion_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
   temperature: Type.Optional(Type.Number({ minimum: 0, maximum: 2 })),
   top_p: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
   tools: Type.Optional(Type.Array(Type.Object({ type: Type.String() }, { additionalProperties: true }))),
@@ -139,24 +137,20 @@ export const ChatBody = Type.Object({
   user: Type.Optional(EndUser),
   trace: Type.Optional(TraceConfig),
   stream: Type.Optional(Type.Boolean()),
+};
+
+export const ChatBody = Type.Object({
+  ...sharedInferenceFields,
+  messages: Type.Optional(Type.Array(ChatMessage)),
+  max_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
+  max_completion_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
 }, { additionalProperties: true });
 
 export const ResponsesBody = Type.Object({
-  model: Type.String({ minLength: 1 }),
+  ...sharedInferenceFields,
   input: Type.Optional(Type.Unknown()),
   instructions: Type.Optional(Nullable(Type.String())),
-  models: Type.Optional(Type.Array(Type.String({ minLength: 1 }))),
-  provider: Type.Optional(ProviderPreferences),
-  route: Type.Optional(Nullable(StringEnum(['fallback', 'sort']))),
   max_output_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
-  temperature: Type.Optional(Type.Number({ minimum: 0, maximum: 2 })),
-  top_p: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
-  tools: Type.Optional(Type.Array(Type.Object({ type: Type.String() }, { additionalProperties: true }))),
-  plugins: Type.Optional(Type.Array(Plugin)),
-  session_id: Type.Optional(SessionId),
-  user: Type.Optional(EndUser),
-  trace: Type.Optional(TraceConfig),
-  stream: Type.Optional(Type.Boolean()),
 }, { additionalProperties: true });
 
 export const SlugParams = Type.Object({ slug: Type.String({ minLength: 1, maxLength: 128, pattern: '^[A-Za-z0-9][A-Za-z0-9._~-]*$', description: 'URL-safe' }) });
