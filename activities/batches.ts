@@ -9,7 +9,7 @@ import { invoke, type Upstreams } from '../routing/upstreams';
 import { applyPreset, presetReference } from '../presets/apply';
 import { getPreset } from '../presets/store';
 import { insertManyNew, type Store } from '../store';
-import { batches, countResults, inputs, progress, results, seqId, writeResult, type BatchDoc, type BatchStatus, type ResultDoc } from '../batches/store';
+import { batches, emptyTally, inputs, progress, results, seqId, sumProgress, writeResult, type BatchDoc, type BatchStatus, type ChunkTally, type ResultDoc } from '../batches/store';
 import { lineProblem, OPERATION_OF } from '../batches/lines';
 
 export interface BatchDeps {
@@ -67,7 +67,7 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
       const b = await load(batchId);
       const chunk = await inputs(store, batchId).findOne({ _id: seqId(chunkIndex) });
       if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
-      const resumed = ctx.info.heartbeatDetails as { done?: number[]; completed?: number; failed?: number } | undefined;
+      const resumed = ctx.info.heartbeatDetails as ({ done?: number[] } & Partial<ChunkTally>) | undefined;
       const done = new Set<number>(resumed?.done ?? []);
       const abort = new AbortController();
       ctx.cancelled.catch(() => abort.abort());
@@ -76,7 +76,8 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
       const ws = await store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } });
       const presets = new Map<string, ReturnType<typeof getPreset>>();
       // This chunk's counts, carried across retries in the heartbeat like the done lines.
-      const tally = { completed: resumed?.completed ?? 0, failed: resumed?.failed ?? 0 };
+      const { done: _done, ...carried } = resumed ?? {};
+      const tally: ChunkTally = { ...emptyTally(), ...carried };
 
       const runLine = async (line: (typeof chunk.lines)[number]): Promise<ResultDoc> => {
         const id = `gen-batch-${batchId.slice('batch_'.length)}-${line.line}`;
@@ -134,6 +135,12 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
           })));
           for (const r of stored) {
             tally[r.ok ? 'completed' : 'failed']++;
+            if (r.ok && r.usage) {
+              tally.input_tokens += r.usage.input_tokens;
+              tally.output_tokens += r.usage.output_tokens;
+              tally.cost += r.usage.cost;
+            }
+            if (r.ok && r.provider) tally.providers[r.provider] = (tally.providers[r.provider] ?? 0) + 1;
             done.add(r.line);
           }
           await progress(store, batchId).replaceOne({ _id: seqId(chunkIndex) }, { _id: seqId(chunkIndex), ...tally }, { upsert: true });
@@ -167,16 +174,17 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
         beat();
       }
       if (abort.signal.aborted) throw new CancelledFailure('batch chunk cancelled');
-      return tally;
+      return { completed: tally.completed, failed: tally.failed };
     },
 
     /**
      * Closes a batch: unfinished lines of an expired or cancelled batch get error results (finished
-     * ones keep theirs), usage totals and the serving provider are summed from the results, and the
+     * ones keep theirs), usage totals and the serving provider are summed from the chunk tallies, and the
      * terminal status is set.
      */
     async closeBatch(batchId: string, status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>, errorMessage: string | null = null): Promise<void> {
       const b = await load(batchId);
+      let filled = 0;
       if (status === 'expired' || status === 'cancelled') {
         const have = new Set((await results(store, batchId).find({}, { projection: { line: 1 } }).toArray()).map((r) => r.line));
         const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
@@ -185,29 +193,22 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
           const chunk = await inputs(store, batchId).findOne({ _id: seqId(i) });
           for (const line of chunk?.lines ?? []) {
             if (!have.has(line.line)) {
-              await writeResult(store, batchId, { _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id: `gen-batch-${batchId.slice(6)}-${line.line}`, ok: false, provider: null, response: null, error: { type, message }, usage: null });
+              if (await writeResult(store, batchId, { _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id: `gen-batch-${batchId.slice(6)}-${line.line}`, ok: false, provider: null, response: null, error: { type, message }, usage: null })) filled++;
             }
           }
           Context.current().heartbeat(i);
         }
       }
-      // Summed here from a projected cursor: FerretDB's $group cannot sum nested fields.
-      const totals = { input: 0, output: 0, cost: 0 };
-      const byProvider = new Map<string, number>();
-      for await (const r of results(store, batchId).find({ ok: true }, { projection: { usage: 1, provider: 1 } })) {
-        totals.input += r.usage?.input_tokens ?? 0;
-        totals.output += r.usage?.output_tokens ?? 0;
-        totals.cost += r.usage?.cost ?? 0;
-        if (r.provider) byProvider.set(r.provider, (byProvider.get(r.provider) ?? 0) + 1);
-      }
-      const provider = [...byProvider].sort((x, y) => y[1] - x[1])[0]?.[0] ?? null;
-      const finalCounts = await countResults(store, batchId);
+      // Totals from the chunks' tallies (a few small documents), plus the lines closed above.
+      const t = await sumProgress(store, batchId);
+      const finalCounts = { completed: t.completed, failed: t.failed + filled };
+      const provider = Object.entries(t.providers).sort((x, y) => y[1] - x[1])[0]?.[0] ?? null;
       await batches(store).updateOne({ _id: batchId }, {
         $set: {
           status, finalized_at: new Date(), provider, error: errorMessage ? { message: errorMessage } : null, final_counts: finalCounts,
           usage: status === 'failed' ? null : {
-            prompt_tokens: totals.input, completion_tokens: totals.output, total_tokens: totals.input + totals.output,
-            cost: Math.round(totals.cost * 1e10) / 1e10,
+            prompt_tokens: t.input_tokens, completion_tokens: t.output_tokens, total_tokens: t.input_tokens + t.output_tokens,
+            cost: Math.round(t.cost * 1e10) / 1e10,
           },
         },
       });

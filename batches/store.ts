@@ -76,11 +76,23 @@ export function results(store: Store, batchId: string): Collection<ResultDoc> {
   return store.db.collection<ResultDoc>(`${batchId}_results`);
 }
 
-/** One small document per chunk, `{completed, failed}`, written only by that chunk's activity. */
-export interface ProgressDoc extends Document {
-  _id: string; // seqId(chunk index)
+/** A chunk's tally so far: what it finished, what that cost, and who served it. */
+export interface ChunkTally {
   completed: number;
   failed: number;
+  input_tokens: number;
+  output_tokens: number;
+  cost: number;
+  providers: Record<string, number>;
+}
+
+export function emptyTally(): ChunkTally {
+  return { completed: 0, failed: 0, input_tokens: 0, output_tokens: 0, cost: 0, providers: {} };
+}
+
+/** One small document per chunk, written only by that chunk's activity. */
+export interface ProgressDoc extends Document, ChunkTally {
+  _id: string; // seqId(chunk index)
 }
 
 export function progress(store: Store, batchId: string): Collection<ProgressDoc> {
@@ -115,17 +127,25 @@ export async function writeResult(store: Store, batchId: string, doc: ResultDoc)
   }
 }
 
-/** Exact counts, from the results themselves: a scan of the batch's results (used when it closes). */
-export async function countResults(store: Store, batchId: string): Promise<{ completed: number; failed: number }> {
-  const [completed, total] = await Promise.all([results(store, batchId).countDocuments({ ok: true }), results(store, batchId).countDocuments({})]);
-  return { completed, failed: total - completed };
+/** The chunks' tallies added up. */
+export async function sumProgress(store: Store, batchId: string): Promise<ChunkTally> {
+  const total = emptyTally();
+  for (const d of await progress(store, batchId).find({}).toArray()) {
+    total.completed += d.completed;
+    total.failed += d.failed;
+    total.input_tokens += d.input_tokens ?? 0;
+    total.output_tokens += d.output_tokens ?? 0;
+    total.cost += d.cost ?? 0;
+    for (const [p, n] of Object.entries(d.providers ?? {})) total.providers[p] = (total.providers[p] ?? 0) + n;
+  }
+  return total;
 }
 
 /** Counts for a reader: final once closed, else the sum of the chunks' progress documents. */
 export async function counts(store: Store, b: BatchDoc): Promise<{ completed: number; failed: number }> {
   if (b.final_counts) return b.final_counts;
-  const docs = await progress(store, b._id).find({}).toArray();
-  return docs.reduce((c, d) => ({ completed: c.completed + d.completed, failed: c.failed + d.failed }), { completed: 0, failed: 0 });
+  const t = await sumProgress(store, b._id);
+  return { completed: t.completed, failed: t.failed };
 }
 
 export async function dropBatchData(store: Store, batchId: string): Promise<void> {

@@ -49,16 +49,17 @@ async function runBatch(url: string, key: string, model: string, lines: number) 
   }
 }
 
-export async function benchBatches(opts: { lines?: number; big?: number } = {}) {
+export async function benchBatches(opts: { lines?: number; big?: number; env?: Record<string, string>; latencies?: number[] } = {}) {
   const lines = opts.lines ?? 10_000;
   const big = opts.big ?? 50_000;
   const tmp = fs.mkdtempSync(path.join(process.env.TMPDIR ?? '/tmp', 'bench-batches-'));
-  const stack = await startStack({ CATALOG_PATH: benchCatalog(tmp), BATCH_MAX_REQUESTS: String(Math.max(big, 50_000)), BODY_LIMIT: '50mb' });
+  const stack = await startStack({ CATALOG_PATH: benchCatalog(tmp), BATCH_MAX_REQUESTS: String(Math.max(big, 50_000)), BODY_LIMIT: '50mb', ...opts.env });
   try {
     const key = await benchKey(stack);
     const runs = [];
+    const latencies = opts.latencies ?? [0, 200];
     for (const [model, latencyMs, n] of [['bench/0ms', 0, lines], ['bench/200ms', 200, lines], ['bench/0ms', 0, big]] as const) {
-      if (n <= 0) continue;
+      if (n <= 0 || (n === lines && !latencies.includes(latencyMs))) continue;
       const r = await runBatch(stack.gatewayUrl, key, model, n);
       const ideal = (n * latencyMs) / 1000 / CONCURRENCY;
       runs.push({
