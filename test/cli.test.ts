@@ -108,6 +108,36 @@ describe('gateway CLI', () => {
     }
   });
 
+  it('`gateway start` uses the services named by MONGODB_URI and TEMPORAL_ADDRESS instead of starting its own', async function () {
+    this.timeout(60_000);
+    const env: NodeJS.ProcessEnv = {
+      ...process.env, PORT: String(await freePort()), SANDBOX_PORT: String(await freePort()), LOG_LEVEL: 'warn',
+      MONGODB_URI: stack.mongoUri, MONGODB_DATABASE: `start_external_${Date.now()}`, TEMPORAL_ADDRESS: stack.temporalAddress,
+      TEMPORAL_TASK_QUEUE: `start-external-${Date.now()}`, TOOLS_DIR: '/nonexistent-tools', DATA_DIR: path.join(stack.tmpDir, `unused-${Date.now()}`),
+    };
+    const child = spawn(process.execPath, [bin, 'start'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    const said: string[] = [];
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`no ready line; saw:\n${said.join('\n')}`)), 45_000);
+      readline.createInterface({ input: child.stdout! }).on('line', (l) => {
+        said.push(l);
+        if (l.includes('ready')) { clearTimeout(timer); resolve(); }
+      });
+      child.once('exit', (code) => { clearTimeout(timer); reject(new Error(`exited ${code}:\n${said.join('\n')}`)); });
+    });
+    try {
+      expect(said.join('\n')).to.not.include('FerretDB').and.not.include('Temporal dev server');
+      expect((await fetch(`http://127.0.0.1:${env.PORT}/readyz`)).status).to.equal(200);
+      // Only the sandbox is a child: no tools were needed (TOOLS_DIR does not even exist).
+      const children = spawnSync('pgrep', ['-P', String(child.pid)], { encoding: 'utf8' }).stdout.trim().split('\n').filter(Boolean);
+      expect(children).to.have.length(1);
+      expect(fs.existsSync(env.DATA_DIR!)).to.equal(false);
+    } finally {
+      child.kill('SIGTERM');
+      await new Promise((r) => child.once('exit', r));
+    }
+  });
+
   it('a managed process reports its output when it dies before it is ready', async () => {
     const p = startProcess('doomed', process.execPath, ['-e', 'console.error("boom: bad flag"); process.exit(3)']);
     try {
