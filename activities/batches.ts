@@ -184,24 +184,39 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
      */
     async closeBatch(batchId: string, status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>, errorMessage: string | null = null): Promise<void> {
       const b = await load(batchId);
-      let filled = 0;
+      let t = emptyTally();
       if (status === 'expired' || status === 'cancelled') {
-        const have = new Set((await results(store, batchId).find({}, { projection: { line: 1 } }).toArray()).map((r) => r.line));
+        // Cancelled and expired batches are counted from the results themselves: a chunk that was
+        // still stopping may have written after its tally was last saved.
+        const have = new Set<number>();
+        for await (const r of results(store, batchId).find({}, { projection: { line: 1, ok: 1, usage: 1, provider: 1 } })) {
+          have.add(r.line);
+          t[r.ok ? 'completed' : 'failed']++;
+          if (r.ok && r.usage) {
+            t.input_tokens += r.usage.input_tokens;
+            t.output_tokens += r.usage.output_tokens;
+            t.cost += r.usage.cost;
+          }
+          if (r.ok && r.provider) t.providers[r.provider] = (t.providers[r.provider] ?? 0) + 1;
+        }
         const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
         const message = status === 'expired' ? 'The batch expired before this request was processed' : 'The batch was cancelled before this request was processed';
         for (let i = 0; i < b.chunks; i++) {
           const chunk = await inputs(store, batchId).findOne({ _id: seqId(i) });
           for (const line of chunk?.lines ?? []) {
-            if (!have.has(line.line)) {
-              if (await writeResult(store, batchId, { _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id: `gen-batch-${batchId.slice(6)}-${line.line}`, ok: false, provider: null, response: null, error: { type, message }, usage: null })) filled++;
-            }
+            if (have.has(line.line)) continue;
+            const filled = await writeResult(store, batchId, { _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id: `gen-batch-${batchId.slice(6)}-${line.line}`, ok: false, provider: null, response: null, error: { type, message }, usage: null });
+            // A late write that won the race is what the line's result is.
+            const ok = !filled && (await results(store, batchId).findOne({ _id: seqId(line.line) }))?.ok === true;
+            t[ok ? 'completed' : 'failed']++;
           }
           Context.current().heartbeat(i);
         }
+      } else {
+        // Every chunk finished: their tallies (a few small documents) are complete.
+        t = await sumProgress(store, batchId);
       }
-      // Totals from the chunks' tallies (a few small documents), plus the lines closed above.
-      const t = await sumProgress(store, batchId);
-      const finalCounts = { completed: t.completed, failed: t.failed + filled };
+      const finalCounts = { completed: t.completed, failed: t.failed };
       const provider = Object.entries(t.providers).sort((x, y) => y[1] - x[1])[0]?.[0] ?? null;
       await batches(store).updateOne({ _id: batchId }, {
         $set: {

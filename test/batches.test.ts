@@ -229,7 +229,8 @@ describe('batches', () => {
       expect(ok.length).to.be.greaterThan(0);
       expect(cancelled.length).to.be.greaterThan(0);
       expect(ok.length + cancelled.length).to.equal(40);
-      expect(done.request_counts).to.deep.equal({ total: 40, completed: ok.length, failed: cancelled.length });
+      const diag = JSON.stringify({ types: done.results.map((x: any) => x.error?.type ?? 'ok'), progress: await gw.store.db.collection(`${r.body.id}_progress`).find({}).toArray() });
+      expect(done.request_counts, diag).to.deep.equal({ total: 40, completed: ok.length, failed: cancelled.length });
       const again = await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
       expect(again.status).to.equal(409);
     });

@@ -80,8 +80,8 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
 
   let next = input.nextChunk;
   const scope = new CancellationScope();
+  const inFlight = new Set<Promise<void>>();
   const work = scope.run(async () => {
-    const inFlight = new Set<Promise<void>>();
     let scheduled = 0;
     while (next < input.chunks && scheduled < CHUNKS_PER_RUN && !workflowInfo().continueAsNewSuggested) {
       const p: Promise<void> = chunks.processBatchChunk(input.batchId, next).then(() => { chunksDone++; }).finally(() => inFlight.delete(p));
@@ -103,6 +103,9 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
     if (outcome === 'cancel') await mark('cancelling');
     scope.cancel();
     await work.catch((err) => { if (!isCancellation(err)) throw err; });
+    // `work` gives up at the first chunk that confirms; close only once every chunk has stopped
+    // writing, so no late write lands after the batch is counted.
+    await Promise.allSettled([...inFlight]);
     return close(outcome === 'cancel' ? 'cancelled' : 'expired');
   }
   if (next < input.chunks) {
