@@ -9,7 +9,7 @@ import { invoke, type Upstreams } from '../routing/upstreams';
 import { applyPreset, presetReference } from '../presets/apply';
 import { getPreset } from '../presets/store';
 import { insertManyNew, type Store } from '../store';
-import { batches, emptyTally, inputs, progress, results, seqId, sumProgress, writeResult, type BatchDoc, type BatchStatus, type ChunkTally, type ResultDoc } from '../batches/store';
+import { addToTally, batches, emptyTally, inputs, progress, results, seqId, sumProgress, writeResult, type BatchDoc, type BatchStatus, type ChunkTally, type ResultDoc } from '../batches/store';
 import { lineProblem, OPERATION_OF } from '../batches/lines';
 
 export interface BatchDeps {
@@ -134,13 +134,7 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
             session_id: b.meta.session_id, user: b.meta.user, trace: null, app: b.meta.app, batch_id: batchId, created_at: new Date(),
           })));
           for (const r of stored) {
-            tally[r.ok ? 'completed' : 'failed']++;
-            if (r.ok && r.usage) {
-              tally.input_tokens += r.usage.input_tokens;
-              tally.output_tokens += r.usage.output_tokens;
-              tally.cost += r.usage.cost;
-            }
-            if (r.ok && r.provider) tally.providers[r.provider] = (tally.providers[r.provider] ?? 0) + 1;
+            addToTally(tally, r);
             done.add(r.line);
           }
           await progress(store, batchId).replaceOne({ _id: seqId(chunkIndex) }, { _id: seqId(chunkIndex), ...tally }, { upsert: true });
@@ -191,13 +185,7 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
         const have = new Set<number>();
         for await (const r of results(store, batchId).find({}, { projection: { line: 1, ok: 1, usage: 1, provider: 1 } })) {
           have.add(r.line);
-          t[r.ok ? 'completed' : 'failed']++;
-          if (r.ok && r.usage) {
-            t.input_tokens += r.usage.input_tokens;
-            t.output_tokens += r.usage.output_tokens;
-            t.cost += r.usage.cost;
-          }
-          if (r.ok && r.provider) t.providers[r.provider] = (t.providers[r.provider] ?? 0) + 1;
+          addToTally(t, r);
         }
         const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
         const message = status === 'expired' ? 'The batch expired before this request was processed' : 'The batch was cancelled before this request was processed';

@@ -90,6 +90,18 @@ export function emptyTally(): ChunkTally {
   return { completed: 0, failed: 0, input_tokens: 0, output_tokens: 0, cost: 0, providers: {} };
 }
 
+/** Counts one stored result into a tally. */
+export function addToTally(t: ChunkTally, r: Pick<ResultDoc, 'ok' | 'usage' | 'provider'>): void {
+  t[r.ok ? 'completed' : 'failed']++;
+  if (!r.ok) return;
+  if (r.usage) {
+    t.input_tokens += r.usage.input_tokens;
+    t.output_tokens += r.usage.output_tokens;
+    t.cost += r.usage.cost;
+  }
+  if (r.provider) t.providers[r.provider] = (t.providers[r.provider] ?? 0) + 1;
+}
+
 /** One small document per chunk, written only by that chunk's activity. */
 export interface ProgressDoc extends Document, ChunkTally {
   _id: string; // seqId(chunk index)

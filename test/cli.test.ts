@@ -20,6 +20,21 @@ function alive(pid: number): boolean {
   }
 }
 
+/** Runs `gateway start` and resolves once it prints its ready line, with every line it printed. */
+async function startUntilReady(env: NodeJS.ProcessEnv, timeoutMs: number): Promise<{ child: ReturnType<typeof spawn>; said: string[] }> {
+  const child = spawn(process.execPath, [bin, 'start'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const said: string[] = [];
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`no ready line; saw:\n${said.join('\n')}`)), timeoutMs);
+    readline.createInterface({ input: child.stdout! }).on('line', (l) => {
+      said.push(l);
+      if (l.includes('ready')) { clearTimeout(timer); resolve(); }
+    });
+    child.once('exit', (code) => { clearTimeout(timer); reject(new Error(`exited ${code}:\n${said.join('\n')}`)); });
+  });
+  return { child, said };
+}
+
 describe('gateway CLI', () => {
   it('`gateway --help` lists the commands', () => {
     const out = spawnSync(process.execPath, [bin, '--help'], { encoding: 'utf8' });
@@ -61,16 +76,7 @@ describe('gateway CLI', () => {
     let firstKey = '';
     try {
       for (const round of [1, 2]) {
-        const child = spawn(process.execPath, [bin, 'start'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
-        const said: string[] = [];
-        await new Promise<void>((resolve, reject) => {
-          const timer = setTimeout(() => reject(new Error(`no ready line; saw:\n${said.join('\n')}`)), 90_000);
-          readline.createInterface({ input: child.stdout! }).on('line', (l) => {
-            said.push(l);
-            if (l.includes('ready')) { clearTimeout(timer); resolve(); }
-          });
-          child.once('exit', (code) => { clearTimeout(timer); reject(new Error(`exited ${code}:\n${said.join('\n')}`)); });
-        });
+        const { child, said } = await startUntilReady(env, 90_000);
         expect(said.join('\n')).to.include(`Web UI http://127.0.0.1:${env.TEMPORAL_UI_PORT}`).and.include(`sandbox provider on http://127.0.0.1:${env.SANDBOX_PORT}`);
         // The first start on an empty database prints a management key once; later starts do not.
         const printedKey = said.join('\n').match(/sk-gw-v1-[0-9a-f]{64}/)?.[0];
@@ -115,16 +121,7 @@ describe('gateway CLI', () => {
       MONGODB_URI: stack.mongoUri, MONGODB_DATABASE: `start_external_${Date.now()}`, TEMPORAL_ADDRESS: stack.temporalAddress,
       TEMPORAL_TASK_QUEUE: `start-external-${Date.now()}`, TOOLS_DIR: '/nonexistent-tools', DATA_DIR: path.join(stack.tmpDir, `unused-${Date.now()}`),
     };
-    const child = spawn(process.execPath, [bin, 'start'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
-    const said: string[] = [];
-    await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`no ready line; saw:\n${said.join('\n')}`)), 45_000);
-      readline.createInterface({ input: child.stdout! }).on('line', (l) => {
-        said.push(l);
-        if (l.includes('ready')) { clearTimeout(timer); resolve(); }
-      });
-      child.once('exit', (code) => { clearTimeout(timer); reject(new Error(`exited ${code}:\n${said.join('\n')}`)); });
-    });
+    const { child, said } = await startUntilReady(env, 45_000);
     try {
       expect(said.join('\n')).to.not.include('FerretDB').and.not.include('Temporal dev server');
       expect((await fetch(`http://127.0.0.1:${env.PORT}/readyz`)).status).to.equal(200);
