@@ -1,6 +1,7 @@
 import { Context } from '@temporalio/activity';
 import { recordUsage } from '../accounts/credits';
 import { evaluate } from '../decisions/evaluate';
+import { PROMPT_FORMAT } from '../decisions/prompt';
 import type { DecisionsRequest, Answer } from '../decisions/types';
 import type { RequestMeta } from '../api/request-meta';
 import type { Upstreams } from '../routing/upstreams';
@@ -35,7 +36,7 @@ export function createDecisionActivities({ store, upstreams }: { store: Store; u
           _id: job.generationId, workspace_id: job.workspaceId, key_id: job.keyId, kind: 'decision',
           model: e.model, provider: e.provider, input_tokens: e.usage.input_tokens, output_tokens: e.usage.output_tokens, cost: e.cost,
           session_id: job.meta.session_id, user: job.meta.user, trace: job.meta.trace, app: job.meta.app, batch_id: null,
-          ...(e.labelMass ? { details: { label_mass: e.labelMass } } : {}),
+          ...(e.labelMass ? { details: { label_mass: e.labelMass, prompt_format: PROMPT_FORMAT } } : {}),
         });
         return { id: job.generationId, model: e.model, provider: e.provider, answers: e.answers, usage: { ...e.usage, cost: e.cost } };
       } catch (err) {

@@ -133,9 +133,4 @@ export class Catalog {
     }
     throw new NotFoundError(`Model ${JSON.stringify(requested)} not found`, { model: requested });
   }
-
-  endpoint(key: string): Endpoint | undefined {
-    for (const m of this.models) for (const e of m.endpoints) if (e.key === key) return e;
-    return undefined;
-  }
 }

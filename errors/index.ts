@@ -20,7 +20,6 @@ export class MethodNotAllowedError extends GatewayError { readonly status = 405;
 export class ConflictError extends GatewayError { readonly status = 409; }
 export class PayloadTooLargeError extends GatewayError { readonly status = 413; }
 export class UnprocessableError extends GatewayError { readonly status = 422; }
-export class UnsupportedMediaTypeError extends GatewayError { readonly status = 400; }
 export class InternalError extends GatewayError { readonly status = 500; }
 export class UpstreamError extends GatewayError { readonly status = 502; }
 export class ServiceUnavailableError extends GatewayError { readonly status = 503; }

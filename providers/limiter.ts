@@ -7,10 +7,6 @@ class Semaphore {
   private readonly waiting: (() => void)[] = [];
   constructor(readonly max: number) {}
 
-  get inUse(): number {
-    return this.active;
-  }
-
   async acquire(waitMs: number, signal: AbortSignal | undefined, provider: string): Promise<() => void> {
     if (this.active < this.max) {
       this.active++;
@@ -51,9 +47,5 @@ export class ProviderLimiter {
     let s = this.semaphores.get(provider.slug);
     if (!s) this.semaphores.set(provider.slug, (s = new Semaphore(provider.max_concurrency)));
     return s.acquire(waitMs, signal, provider.slug);
-  }
-
-  inUse(slug: string): number {
-    return this.semaphores.get(slug)?.inUse ?? 0;
   }
 }

@@ -251,6 +251,7 @@ describe('POST /api/v1/systemone', () => {
       expect(r.body.usage.input_tokens).to.equal(inputTokens);
       expect(r.body.usage.output_tokens).to.equal(3); // one label token per question
       const usage = await gw.store.usage.findOne({ _id: r.body.id });
+      expect(usage!.details!.prompt_format).to.equal('gw-decision-v1');
       expect(Object.keys(usage!.details!.label_mass as object)).to.have.members(['urgent', 'topic', 'severity']);
       for (const mass of Object.values(usage!.details!.label_mass as Record<string, number>)) expect(mass).to.be.closeTo(0.97, 1e-9);
     });
