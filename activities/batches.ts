@@ -9,7 +9,7 @@ import { invoke, type Upstreams } from '../routing/upstreams';
 import { applyPreset, presetReference } from '../presets/apply';
 import { getPreset } from '../presets/store';
 import { insertManyNew, type Store } from '../store';
-import { addToTally, batches, emptyTally, inputs, progress, results, seqId, sumProgress, writeResult, type BatchDoc, type BatchStatus, type ChunkTally, type ResultDoc } from '../batches/store';
+import { addToTally, batches, emptyTally, inputs, progress, results, seqId, sumProgress, type BatchDoc, type BatchStatus, type ChunkTally, type ResultDoc } from '../batches/store';
 import { lineProblem, OPERATION_OF } from '../batches/lines';
 
 export interface BatchDeps {
@@ -191,13 +191,14 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
         const message = status === 'expired' ? 'The batch expired before this request was processed' : 'The batch was cancelled before this request was processed';
         for (let i = 0; i < b.chunks; i++) {
           const chunk = await inputs(store, batchId).findOne({ _id: seqId(i) });
-          for (const line of chunk?.lines ?? []) {
-            if (have.has(line.line)) continue;
-            const filled = await writeResult(store, batchId, { _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id: `gen-batch-${batchId.slice(6)}-${line.line}`, ok: false, provider: null, response: null, error: { type, message }, usage: null });
-            // A late write that won the race is what the line's result is.
-            const ok = !filled && (await results(store, batchId).findOne({ _id: seqId(line.line) }))?.ok === true;
-            t[ok ? 'completed' : 'failed']++;
-          }
+          const missing: ResultDoc[] = (chunk?.lines ?? []).filter((l) => !have.has(l.line)).map((l) => ({
+            _id: seqId(l.line), line: l.line, custom_id: l.custom_id, id: `gen-batch-${batchId.slice(6)}-${l.line}`,
+            ok: false, provider: null, response: null, error: { type, message }, usage: null,
+          }));
+          const late = await insertManyNew(results(store, batchId), missing);
+          // A late write that won the race is what those lines' results are.
+          const lateDocs = late.size ? await results(store, batchId).find({ _id: { $in: [...late] } }).toArray() : [];
+          for (const r of missing) addToTally(t, late.has(r._id) ? lateDocs.find((d) => d._id === r._id) ?? r : r);
           Context.current().heartbeat(i);
         }
       } else {

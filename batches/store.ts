@@ -128,17 +128,6 @@ export async function storeInputs(store: Store, batchId: string, lines: InputChu
   return chunks.length;
 }
 
-/** Writes a line's result unless one is already there; the first write wins. */
-export async function writeResult(store: Store, batchId: string, doc: ResultDoc): Promise<boolean> {
-  try {
-    await results(store, batchId).insertOne(doc);
-    return true;
-  } catch (err) {
-    if (isDuplicateKey(err)) return false;
-    throw err;
-  }
-}
-
 /** The chunks' tallies added up. */
 export async function sumProgress(store: Store, batchId: string): Promise<ChunkTally> {
   const total = emptyTally();

@@ -26,22 +26,34 @@ export function configuredAddresses(config: Config): Addresses {
 
 export type Stop = () => Promise<void>;
 
-export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
+/** The store, upstream clients and Temporal connection every role needs, and a worker if asked. */
+async function startCore(config: Config, logger: Logger, addr: Addresses, withWorker: boolean) {
   const store = await Store.connect(addr.mongoUri, config.mongo.database);
   const upstreams = createUpstreams(config, store);
   upstreams.stats.start();
-  const { connection } = await connectTemporal(addr.temporalAddress, config.temporal.namespace, logger);
-  const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store, upstreams, batchSettings: config.batches });
-  const running = worker.run();
-  running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
-  logger.info({ task_queue: config.temporal.taskQueue }, 'worker polling');
-  return async () => {
-    worker.shutdown();
-    await running.catch(() => undefined);
+  const { connection, client } = await connectTemporal(addr.temporalAddress, config.temporal.namespace, logger);
+  let stopWorker: Stop = async () => undefined;
+  if (withWorker) {
+    const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store, upstreams, batchSettings: config.batches });
+    const running = worker.run();
+    running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
+    logger.info({ task_queue: config.temporal.taskQueue }, 'worker polling');
+    stopWorker = async () => {
+      worker.shutdown();
+      await running.catch(() => undefined);
+    };
+  }
+  const stop: Stop = async () => {
+    await stopWorker();
     await connection.close();
     await upstreams.close();
     await store.close();
   };
+  return { store, upstreams, client, stop };
+}
+
+export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
+  return (await startCore(config, logger, addr, true)).stop;
 }
 
 export async function runApiRole(
@@ -50,20 +62,7 @@ export async function runApiRole(
   addr: Addresses,
   opts: { withWorker: boolean },
 ): Promise<{ url: string; stop: Stop }> {
-  const store = await Store.connect(addr.mongoUri, config.mongo.database);
-  const upstreams = createUpstreams(config, store);
-  upstreams.stats.start();
-  const { connection, client } = await connectTemporal(addr.temporalAddress, config.temporal.namespace, logger);
-  let stopWorker: Stop = async () => undefined;
-  if (opts.withWorker) {
-    const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store, upstreams, batchSettings: config.batches });
-    const running = worker.run();
-    running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
-    stopWorker = async () => {
-      worker.shutdown();
-      await running.catch(() => undefined);
-    };
-  }
+  const { store, upstreams, client, stop } = await startCore(config, logger, addr, opts.withWorker);
   const api = await startApiServer(
     {
       config, logger, store, temporal: client, pingTemporal: () => pingTemporal(client),
@@ -77,10 +76,7 @@ export async function runApiRole(
     url: api.url,
     stop: async () => {
       await api.close();
-      await stopWorker();
-      await connection.close();
-      await upstreams.close();
-      await store.close();
+      await stop();
     },
   };
 }

@@ -42,7 +42,9 @@ export function decisionRoutes({ config, store, temporal, upstreams, workspaces 
         const body = await withPreset(store, auth.workspaceId, given);
         const stateBytes = Buffer.byteLength(typeof body.state === 'string' ? body.state : JSON.stringify(body.state));
         if (stateBytes > limits.maxStateBytes) throw new PayloadTooLargeError(`state: is ${stateBytes} bytes, more than the limit of ${limits.maxStateBytes}`);
-        if (Buffer.byteLength(JSON.stringify(body)) > MAX_REQUEST_BYTES) throw new PayloadTooLargeError(`Decision request is larger than ${MAX_REQUEST_BYTES} bytes`);
+        // The request's own length when the client sent one; measure only when it did not.
+        const requestBytes = ctx.request.length ?? Buffer.byteLength(JSON.stringify(body));
+        if (requestBytes > MAX_REQUEST_BYTES) throw new PayloadTooLargeError(`Decision request is larger than ${MAX_REQUEST_BYTES} bytes`);
         // Fail fast on an unknown model, before anything is started.
         upstreams.catalog.resolve(body.model);
         const { settings } = await workspaces.get(auth.workspaceId);
