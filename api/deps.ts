@@ -6,12 +6,15 @@ import type { Store } from '../store';
 import type { RateLimiter } from '../accounts/rate-limit';
 import type { WorkspaceCache } from '../accounts/workspace-cache';
 import type { Upstreams } from '../routing/upstreams';
+import type { DecisionHandoff } from '../temporal/decision-handoff';
 
 export interface AppDeps {
   config: Config;
   logger: Logger;
   store: Store;
   temporal: Client;
+  /** Decisions finished by this process's own worker. */
+  handoff: DecisionHandoff;
   pingTemporal: () => Promise<void>;
   rateLimiter: RateLimiter;
   workspaces: WorkspaceCache;

@@ -10,6 +10,7 @@ import { listenSandbox } from '../sandbox/server';
 import { RateLimiter } from '../accounts/rate-limit';
 import { WorkspaceCache } from '../accounts/workspace-cache';
 import { createUpstreams } from '../routing/upstreams';
+import { DecisionHandoff } from '../temporal/decision-handoff';
 
 export interface Addresses {
   mongoUri: string;
@@ -32,9 +33,10 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   const upstreams = createUpstreams(config, store);
   upstreams.stats.start();
   const { connection, client } = await connectTemporal(addr.temporalAddress, config.temporal.namespace, logger);
+  const handoff = new DecisionHandoff();
   let stopWorker: Stop = async () => undefined;
   if (withWorker) {
-    const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store, upstreams, batchSettings: config.batches });
+    const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store, upstreams, batchSettings: config.batches, handoff });
     const running = worker.run();
     running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
     logger.info({ task_queue: config.temporal.taskQueue }, 'worker polling');
@@ -49,7 +51,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     await upstreams.close();
     await store.close();
   };
-  return { store, upstreams, client, stop };
+  return { store, upstreams, client, handoff, stop };
 }
 
 export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
@@ -62,10 +64,10 @@ export async function runApiRole(
   addr: Addresses,
   opts: { withWorker: boolean },
 ): Promise<{ url: string; stop: Stop }> {
-  const { store, upstreams, client, stop } = await startCore(config, logger, addr, opts.withWorker);
+  const { store, upstreams, client, handoff, stop } = await startCore(config, logger, addr, opts.withWorker);
   const api = await startApiServer(
     {
-      config, logger, store, temporal: client, pingTemporal: () => pingTemporal(client),
+      config, logger, store, temporal: client, handoff, pingTemporal: () => pingTemporal(client),
       rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds), upstreams,
       workspaces: new WorkspaceCache(store, config.credits.balanceCacheMs),
     },

@@ -137,7 +137,7 @@ describe('402, 500 and the billable guard', () => {
     app.use(requestContext(logger));
     app.use(errorMiddleware());
     const router = new Router();
-    const deps = { config: gw.config, logger, store: gw.store, temporal: null as never, pingTemporal: async () => undefined, rateLimiter: new RateLimiter(gw.store, 1000, 60), upstreams: null as never,
+    const deps = { config: gw.config, logger, store: gw.store, temporal: null as never, handoff: null as never, pingTemporal: async () => undefined, rateLimiter: new RateLimiter(gw.store, 1000, 60), upstreams: null as never,
       workspaces: new WorkspaceCache(gw.store, 0) }; // no caching: every call reads the ledger
     mountRoutes(router, [
       defineRoute({ method: 'post', path: '/spend', summary: 'billable', tag: 't', auth: 'any', billable: true, body: Type.Object({}), responses: {}, handler: (ctx) => { ctx.body = { ok: true }; } }),

@@ -4,6 +4,7 @@ import { Worker } from '@temporalio/worker';
 import { Store } from '../store';
 import { connectTemporal, type TemporalHandles } from '../temporal/client';
 import { createWorker } from '../worker';
+import { DecisionHandoff } from '../temporal/decision-handoff';
 import { runSelfCheck } from '../cli';
 import { createLogger } from '../log';
 import { stack } from './fixture';
@@ -28,7 +29,7 @@ describe('Temporal + MongoDB wiring', () => {
     const taskQueue = uniqueName('wiring');
     const config = loadConfig({ SANDBOX_URL: stack.sandboxUrl });
     const upstreams = createUpstreams(config, store);
-    const worker: Worker = await createWorker({ connection: temporal.connection, namespace: stack.namespace, taskQueue, store, upstreams, batchSettings: config.batches });
+    const worker: Worker = await createWorker({ connection: temporal.connection, namespace: stack.namespace, taskQueue, store, upstreams, batchSettings: config.batches, handoff: new DecisionHandoff() });
     const result = await worker.runUntil(runSelfCheck(temporal.client, taskQueue));
     expect(result.note).to.match(/^checked at /);
     // The document really is in the database, under the workflow's id.

@@ -1,4 +1,4 @@
-import { proxyLocalActivities } from '@temporalio/workflow';
+import { proxyLocalActivities, proxySinks, type Sinks } from '@temporalio/workflow';
 import type { Activities, DecisionJob, DecisionResult } from '../activities';
 
 // A local activity: it runs in the worker that took the workflow task, with no extra round trip
@@ -8,7 +8,25 @@ const { evaluateDecision } = proxyLocalActivities<Activities>({
   retry: { maximumAttempts: 3, initialInterval: '200 ms', nonRetryableErrorTypes: ['GatewayError'] },
 });
 
+/** How a decision tells the HTTP handler in its own process that it is done (temporal/decision-handoff). */
+export interface DecisionSinks extends Sinks {
+  decisions: {
+    answered(generationId: string, result: DecisionResult): void;
+    failed(generationId: string): void;
+  };
+}
+
+const { decisions } = proxySinks<DecisionSinks>();
+
 /** One decision request (workflow id = its generation id): evaluate, record usage, answer. */
 export async function decisionWorkflow(job: DecisionJob): Promise<DecisionResult> {
-  return evaluateDecision(job);
+  try {
+    const result = await evaluateDecision(job);
+    decisions.answered(job.generationId, result);
+    return result;
+  } catch (err) {
+    // The failure's details travel through the server; the handler fetches them from there.
+    decisions.failed(job.generationId);
+    throw err;
+  }
 }

@@ -1,6 +1,6 @@
 // POST /systemone: typed decisions. Each request runs as a short workflow (id = generation id)
 // started eagerly on this process's own worker, whose local activity routes, calls the provider,
-// computes the answers and records usage; the handler waits for its result.
+// computes the answers and records usage; the handler waits for its result, handed over in-process.
 import { randomBytes } from 'node:crypto';
 import { BadRequestError, PayloadTooLargeError } from '../../errors';
 import { presetReference } from '../../presets/apply';
@@ -28,7 +28,7 @@ async function withPreset(store: AppDeps['store'], workspaceId: string, body: De
 /** Temporal refuses payloads over 2 MB; the whole request travels as the workflow's input. */
 const MAX_REQUEST_BYTES = 1.5 * 1024 * 1024;
 
-export function decisionRoutes({ config, store, temporal, upstreams, workspaces }: AppDeps): AnyRoute[] {
+export function decisionRoutes({ config, store, temporal, handoff, upstreams, workspaces }: AppDeps): AnyRoute[] {
   const limits = config.decisions;
   return [
     defineRoute({
@@ -50,13 +50,13 @@ export function decisionRoutes({ config, store, temporal, upstreams, workspaces 
         const { settings } = await workspaces.get(auth.workspaceId);
         const generationId = `gen-dec-${Date.now().toString(36)}${randomBytes(10).toString('hex')}`;
         try {
-          ctx.body = await temporal.workflow.execute<typeof decisionWorkflow>('decisionWorkflow', {
+          ctx.body = await handoff.execute(generationId, () => temporal.workflow.start<typeof decisionWorkflow>('decisionWorkflow', {
             workflowId: generationId,
             taskQueue: config.temporal.taskQueue,
             requestEagerStart: true,
             workflowExecutionTimeout: '3 minutes',
             args: [{ generationId, workspaceId: auth.workspaceId, keyId: auth.keyId, request: body, meta, workspace: settings }],
-          });
+          }));
         } catch (err) {
           const mapped = fromWorkflowFailure(err);
           if (mapped.status >= 500) ctx.state.log.warn({ err, generation_id: generationId }, 'decision failed');
