@@ -49,10 +49,14 @@ export async function createKey(
   return { ...publicKey(doc), key };
 }
 
-/** The key's record when the bearer token is a live key; null for anything else. */
-export async function authenticateKey(store: Store, token: string): Promise<ApiKeyDoc | null> {
-  if (!KEY_SHAPE.test(token)) return null;
-  const doc = await store.apiKeys.findOne({ _id: hashKey(token) });
+/** The stored id (SHA-256) of a well-formed token; null for anything that cannot be a key. */
+export function tokenHash(token: string): string | null {
+  return KEY_SHAPE.test(token) ? hashKey(token) : null;
+}
+
+/** The key's record when `hash` names a live key; null for anything else. */
+export async function liveKeyByHash(store: Store, hash: string): Promise<ApiKeyDoc | null> {
+  const doc = await store.apiKeys.findOne({ _id: hash });
   return doc && !doc.revoked_at ? doc : null;
 }
 

@@ -1,7 +1,6 @@
 // Bearer-key authentication for /api/v1. Unknown, malformed and revoked keys are all "invalid":
 // a caller learns nothing about which keys exist.
 import type Koa from 'koa';
-import { authenticateKey } from '../accounts/keys';
 import { ForbiddenError, UnauthorizedError } from '../errors';
 import type { KeyKind } from '../store';
 import type { AppDeps } from './deps';
@@ -21,7 +20,7 @@ export function authenticate(deps: AppDeps, level: Exclude<AuthLevel, 'none'>): 
     if (!header) throw new UnauthorizedError('Missing Authentication header: send Authorization: Bearer <API key>');
     const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
     if (!match) throw new UnauthorizedError("Malformed Authorization header: expected 'Bearer <API key>'");
-    const key = await authenticateKey(deps.store, match[1]);
+    const key = await deps.keys.authenticate(match[1]);
     if (!key) throw new UnauthorizedError('Invalid or revoked API key');
     const auth: AuthContext = { keyId: key.id, workspaceId: key.workspace_id, kind: key.kind };
     ctx.state.auth = auth;

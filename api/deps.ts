@@ -5,6 +5,7 @@ import type { Logger } from '../log';
 import type { Store } from '../store';
 import type { RateLimiter } from '../accounts/rate-limit';
 import type { WorkspaceCache } from '../accounts/workspace-cache';
+import type { KeyCache } from '../accounts/key-cache';
 import type { Upstreams } from '../routing/upstreams';
 import type { DecisionHandoff } from '../temporal/decision-handoff';
 
@@ -17,6 +18,7 @@ export interface AppDeps {
   handoff: DecisionHandoff;
   pingTemporal: () => Promise<void>;
   rateLimiter: RateLimiter;
+  keys: KeyCache;
   workspaces: WorkspaceCache;
   upstreams: Upstreams;
 }

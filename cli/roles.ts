@@ -9,6 +9,7 @@ import { startApiServer } from '../api/server';
 import { listenSandbox } from '../sandbox/server';
 import { RateLimiter } from '../accounts/rate-limit';
 import { WorkspaceCache } from '../accounts/workspace-cache';
+import { KeyCache } from '../accounts/key-cache';
 import { createUpstreams } from '../routing/upstreams';
 import { DecisionHandoff } from '../temporal/decision-handoff';
 
@@ -70,6 +71,7 @@ export async function runApiRole(
       config, logger, store, temporal: client, handoff, pingTemporal: () => pingTemporal(client),
       rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds), upstreams,
       workspaces: new WorkspaceCache(store, config.credits.balanceCacheMs),
+      keys: new KeyCache(store, config.auth.keyCacheMs),
     },
     config.host,
     config.port,

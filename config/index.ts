@@ -34,6 +34,13 @@ function positiveInt(env: Env, name: string, fallback: number): number {
   return Number(raw);
 }
 
+function wholeNumber(env: Env, name: string, fallback: number): number {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  if (!/^\d+$/.test(raw)) throw new ConfigError(name, raw, 'a whole number (0 or more)');
+  return Number(raw);
+}
+
 function positiveNumber(env: Env, name: string, fallback: number): number {
   const raw = read(env, name);
   if (raw === undefined) return fallback;
@@ -118,6 +125,10 @@ export function loadConfig(env: Env = process.env) {
       url: url(env, 'SANDBOX_URL', ['http:', 'https:']) ?? `http://127.0.0.1:${sandboxPort}`,
     },
     catalogPath: path.resolve(read(env, 'CATALOG_PATH') ?? DEFAULT_CATALOG_PATH),
+    auth: {
+      /** How long a process trusts a key it has authenticated: a revocation elsewhere applies here within this. 0 turns it off. */
+      keyCacheMs: wholeNumber(env, 'KEY_CACHE_MS', 5_000),
+    },
     rateLimit: {
       /** Requests each API key may make per window, counted across all API processes. */
       requests: positiveInt(env, 'RATE_LIMIT_REQUESTS', 600),

@@ -11,6 +11,7 @@ import { errorMiddleware } from '../api/errors';
 import { defineRoute, mountRoutes } from '../api/route';
 import { RateLimiter } from '../accounts/rate-limit';
 import { WorkspaceCache } from '../accounts/workspace-cache';
+import { KeyCache } from '../accounts/key-cache';
 import { recordUsage } from '../accounts/credits';
 import { call, capturingLogger, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
 
@@ -122,6 +123,42 @@ describe('authentication and the error envelope', () => {
   });
 });
 
+describe('authenticated-key cache', () => {
+  let gw: TestGateway;
+  before(async () => { gw = await startTestGateway({ withWorker: false }); });
+  after(async () => { await gw.stop(); });
+
+  it('remembers live keys for its TTL, refuses a key revoked elsewhere after it, and forgets on request', async () => {
+    const t = await createTenant(gw.store);
+    let now = 1_000;
+    const cache = new KeyCache(gw.store, 5_000, 100, () => now);
+    expect((await cache.authenticate(t.inferenceKey))?.id).to.equal(t.inferenceKeyId);
+    // Revoked behind the cache's back, as another process would: still trusted within the TTL …
+    await gw.store.apiKeys.updateOne({ id: t.inferenceKeyId }, { $set: { revoked_at: new Date() } });
+    now += 4_999;
+    expect((await cache.authenticate(t.inferenceKey))?.id).to.equal(t.inferenceKeyId);
+    // … and refused once it runs out.
+    now += 1;
+    expect(await cache.authenticate(t.inferenceKey)).to.equal(null);
+    expect(cache.size).to.equal(0);
+
+    expect((await cache.authenticate(t.managementKey))?.id).to.equal(t.managementKeyId);
+    await gw.store.apiKeys.updateOne({ id: t.managementKeyId }, { $set: { revoked_at: new Date() } });
+    cache.forget(t.managementKeyId);
+    expect(await cache.authenticate(t.managementKey)).to.equal(null);
+  });
+
+  it('keeps no unknown or malformed tokens, and at most its bound of live ones', async () => {
+    const cache = new KeyCache(gw.store, 60_000, 2);
+    expect(await cache.authenticate(`sk-gw-v1-${'0'.repeat(64)}`)).to.equal(null);
+    expect(await cache.authenticate('not a key')).to.equal(null);
+    expect(cache.size).to.equal(0);
+    const [a, b] = [await createTenant(gw.store), await createTenant(gw.store)];
+    for (const key of [a.inferenceKey, a.managementKey, b.inferenceKey]) expect(await cache.authenticate(key)).to.not.equal(null);
+    expect(cache.size).to.equal(2);
+  });
+});
+
 describe('402, 500 and the billable guard', () => {
   let gw: TestGateway;
   let server: http.Server;
@@ -138,7 +175,7 @@ describe('402, 500 and the billable guard', () => {
     app.use(errorMiddleware());
     const router = new Router();
     const deps = { config: gw.config, logger, store: gw.store, temporal: null as never, handoff: null as never, pingTemporal: async () => undefined, rateLimiter: new RateLimiter(gw.store, 1000, 60), upstreams: null as never,
-      workspaces: new WorkspaceCache(gw.store, 0) }; // no caching: every call reads the ledger
+      workspaces: new WorkspaceCache(gw.store, 0), keys: new KeyCache(gw.store, 0) }; // no caching: every call reads the ledger
     mountRoutes(router, [
       defineRoute({ method: 'post', path: '/spend', summary: 'billable', tag: 't', auth: 'any', billable: true, body: Type.Object({}), responses: {}, handler: (ctx) => { ctx.body = { ok: true }; } }),
       defineRoute({ method: 'get', path: '/boom', summary: 'fails', tag: 't', auth: 'none', responses: {}, handler: () => { throw new TypeError('secret detail: mongodb://admin:pw@db'); } }),

@@ -9,7 +9,7 @@ import { defineRoute, type AnyRoute } from '../route';
 import { CreateKeyBody, Credits, CurrentKey, Generation, GenerationQuery, KeyIdParams, PublicKey } from '../schemas/accounts';
 import type { AppDeps } from '../deps';
 
-export function accountRoutes({ store, rateLimiter }: AppDeps): AnyRoute[] {
+export function accountRoutes({ store, rateLimiter, keys }: AppDeps): AnyRoute[] {
   return [
     defineRoute({
       method: 'get', path: '/key', tag: 'Keys', auth: 'any',
@@ -68,7 +68,9 @@ export function accountRoutes({ store, rateLimiter }: AppDeps): AnyRoute[] {
       summary: 'Revoke an API key of this workspace (its usage records stay)',
       responses: { 200: { description: 'Revoked', schema: Type.Object({ data: PublicKey, deleted: Type.Literal(true) }) } },
       handler: async (ctx, { params }) => {
-        ctx.body = { data: await revokeKey(store, params.id, authOf(ctx).workspaceId), deleted: true };
+        const data = await revokeKey(store, params.id, authOf(ctx).workspaceId);
+        keys.forget(data.id);
+        ctx.body = { data, deleted: true };
       },
     }),
     defineRoute({
