@@ -25,7 +25,7 @@ export class KeyCache {
     this.entries.delete(hash);
     const doc = await liveKeyByHash(this.store, hash);
     if (doc && this.ttlMs > 0) {
-      // Oldest first in a Map: drop the least recently read key when full.
+      // A Map iterates in insertion order: when full, drop the key held longest.
       if (this.entries.size >= this.maxEntries) this.entries.delete(this.entries.keys().next().value as string);
       this.entries.set(hash, { doc, at: this.now() });
     }

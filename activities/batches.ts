@@ -9,7 +9,10 @@ import { invoke, type Upstreams } from '../routing/upstreams';
 import { applyPreset, presetReference } from '../presets/apply';
 import { getPreset } from '../presets/store';
 import { insertManyNew, type Store } from '../store';
-import { addToTally, batches, emptyTally, inputs, progress, results, seqId, sumProgress, type BatchDoc, type BatchStatus, type ChunkTally, type ResultDoc } from '../batches/store';
+import {
+  addToTally, batches, emptyTally, inputs, lineGenerationId, progress, results, seqId, sumProgress, writeResultsOnce,
+  type BatchDoc, type BatchStatus, type ChunkTally, type ResultDoc,
+} from '../batches/store';
 import { lineProblem, OPERATION_OF } from '../batches/lines';
 
 export interface BatchDeps {
@@ -80,7 +83,7 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
       const tally: ChunkTally = { ...emptyTally(), ...carried };
 
       const runLine = async (line: (typeof chunk.lines)[number]): Promise<ResultDoc> => {
-        const id = `gen-batch-${batchId.slice('batch_'.length)}-${line.line}`;
+        const id = lineGenerationId(batchId, line.line);
         let body: Record<string, unknown> = line.body;
         const ref = presetReference(body);
         if (ref) {
@@ -125,9 +128,7 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
         flushing = flushing.then(async () => {
           if (!pending.length) return;
           const batch = pending.splice(0);
-          const dup = await insertManyNew(results(store, batchId), batch);
-          const earlier = dup.size ? await results(store, batchId).find({ _id: { $in: [...dup] } }).toArray() : [];
-          const stored = batch.map((r) => (dup.has(r._id) ? earlier.find((e) => e._id === r._id) ?? r : r));
+          const stored = await writeResultsOnce(store, batchId, batch);
           await insertManyNew(store.usage, stored.filter((r) => r.ok && r.usage).map((r) => ({
             _id: r.id, workspace_id: b.workspace_id, key_id: b.key_id, kind: 'batch_line' as const, model: model.canonicalId, provider: r.provider,
             input_tokens: r.usage!.input_tokens, output_tokens: r.usage!.output_tokens, cost: r.usage!.cost,
@@ -192,13 +193,11 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
         for (let i = 0; i < b.chunks; i++) {
           const chunk = await inputs(store, batchId).findOne({ _id: seqId(i) });
           const missing: ResultDoc[] = (chunk?.lines ?? []).filter((l) => !have.has(l.line)).map((l) => ({
-            _id: seqId(l.line), line: l.line, custom_id: l.custom_id, id: `gen-batch-${batchId.slice(6)}-${l.line}`,
+            _id: seqId(l.line), line: l.line, custom_id: l.custom_id, id: lineGenerationId(batchId, l.line),
             ok: false, provider: null, response: null, error: { type, message }, usage: null,
           }));
-          const late = await insertManyNew(results(store, batchId), missing);
           // A late write that won the race is what those lines' results are.
-          const lateDocs = late.size ? await results(store, batchId).find({ _id: { $in: [...late] } }).toArray() : [];
-          for (const r of missing) addToTally(t, late.has(r._id) ? lateDocs.find((d) => d._id === r._id) ?? r : r);
+          for (const r of await writeResultsOnce(store, batchId, missing)) addToTally(t, r);
           Context.current().heartbeat(i);
         }
       } else {

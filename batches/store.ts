@@ -1,11 +1,11 @@
 // Batch storage. The batch document lives in `batches`; a batch's input chunks and its results
 // live in collections of their own (`batch_<id>_inputs`, `batch_<id>_results`), so reading one
 // batch never scans another's lines (FerretDB scans whole collections for anything but `_id`),
-// and deleting a batch is dropping two collections. Results are keyed by line number and written
-// once, so they are also the one source of the live counts.
+// and deleting a batch is dropping its collections. Results are keyed by line number and written
+// once; live counts come from small per-chunk progress documents.
 import { randomBytes } from 'node:crypto';
 import type { Collection, Document } from 'mongodb';
-import { isDuplicateKey, type Store } from '../store';
+import { insertManyNew, type Store } from '../store';
 import type { BATCH_ENDPOINTS, BATCH_STATUSES } from '../api/schemas/batches';
 
 export type BatchStatus = (typeof BATCH_STATUSES)[number];
@@ -63,6 +63,11 @@ export interface ResultDoc extends Document {
   usage: { input_tokens: number; output_tokens: number; cost: number } | null;
 }
 
+/** The generation id of one line's call (and of its usage record). */
+export function lineGenerationId(batchId: string, line: number): string {
+  return `gen-batch-${batchId.slice('batch_'.length)}-${line}`;
+}
+
 /** `batch_` + time (so ids sort by creation) + randomness. */
 export function newBatchId(now = Date.now()): string {
   return `batch_${now.toString(36).padStart(9, '0')}${randomBytes(8).toString('hex')}`;
@@ -74,6 +79,17 @@ export function inputs(store: Store, batchId: string): Collection<InputChunkDoc>
 
 export function results(store: Store, batchId: string): Collection<ResultDoc> {
   return store.db.collection<ResultDoc>(`${batchId}_results`);
+}
+
+/**
+ * Writes results that may already be stored (a retried chunk, a late write racing a close) in one
+ * unordered insert, and returns what is stored for each line: the first write of a line wins.
+ */
+export async function writeResultsOnce(store: Store, batchId: string, docs: ResultDoc[]): Promise<ResultDoc[]> {
+  const dup = await insertManyNew(results(store, batchId), docs);
+  if (!dup.size) return docs;
+  const earlier = new Map((await results(store, batchId).find({ _id: { $in: [...dup] } }).toArray()).map((d) => [d._id, d]));
+  return docs.map((r) => earlier.get(r._id) ?? r);
 }
 
 /** A chunk's tally so far: what it finished, what that cost, and who served it. */
@@ -119,12 +135,7 @@ export function batches(store: Store): Collection<BatchDoc> {
 export async function storeInputs(store: Store, batchId: string, lines: InputChunkDoc['lines'], chunkSize: number): Promise<number> {
   const chunks: InputChunkDoc[] = [];
   for (let i = 0; i * chunkSize < lines.length; i++) chunks.push({ _id: seqId(i), lines: lines.slice(i * chunkSize, (i + 1) * chunkSize) });
-  const coll = inputs(store, batchId);
-  for (let i = 0; i < chunks.length; i += 20) {
-    await coll.insertMany(chunks.slice(i, i + 20), { ordered: false }).catch((err) => {
-      if (!isDuplicateKey(err) && !(err as { writeErrors?: unknown[] }).writeErrors) throw err;
-    });
-  }
+  for (let i = 0; i < chunks.length; i += 20) await insertManyNew(inputs(store, batchId), chunks.slice(i, i + 20));
   return chunks.length;
 }
 

@@ -15,6 +15,11 @@ export function nameUuid(name: string): string {
   return `${x.slice(0, 8)}-${x.slice(8, 12)}-${x.slice(12, 16)}-${x.slice(16, 20)}-${x.slice(20)}`;
 }
 
+/** A preset's id: the same workspace and slug always name the same preset. */
+const presetIdOf = (workspaceId: string, slug: string) => nameUuid(`${workspaceId}/${slug}`);
+/** A version's id: two writers of one version number collide on it. */
+const versionIdOf = (presetId: string, version: number) => nameUuid(`${presetId}#${version}`);
+
 export interface PresetView {
   id: string; name: string; slug: string; description: string | null; status: 'active'; status_updated_at: null;
   created_at: string; updated_at: string; creator_user_id: string; workspace_id: string; designated_version_id: string;
@@ -48,7 +53,7 @@ export async function addPresetVersion(
   input: { workspaceId: string; slug: string; creator: string; config: Record<string, unknown>; systemPrompt: string | null },
 ): Promise<PresetView & { designated_version: VersionView }> {
   const now = new Date();
-  const presetId = nameUuid(`${input.workspaceId}/${input.slug}`);
+  const presetId = presetIdOf(input.workspaceId, input.slug);
   let preset = await store.presets.findOne({ _id: presetId });
   if (!preset) {
     const doc: PresetDoc = { _id: presetId, workspace_id: input.workspaceId, slug: input.slug, name: input.slug, description: null, creator_user_id: input.creator, created_at: now };
@@ -62,7 +67,7 @@ export async function addPresetVersion(
   }
   const next = ((await latestVersion(store, presetId))?.version ?? 0) + 1;
   const version: PresetVersionDoc = {
-    _id: nameUuid(`${presetId}#${next}`), preset_id: presetId, workspace_id: input.workspaceId, version: next,
+    _id: versionIdOf(presetId, next), preset_id: presetId, workspace_id: input.workspaceId, version: next,
     config: input.config, system_prompt: input.systemPrompt, creator_id: input.creator, created_at: now,
   };
   try {
@@ -77,7 +82,7 @@ export async function addPresetVersion(
 }
 
 export async function getPreset(store: Store, workspaceId: string, slug: string): Promise<PresetView & { designated_version: VersionView }> {
-  const presetId = nameUuid(`${workspaceId}/${slug}`);
+  const presetId = presetIdOf(workspaceId, slug);
   const [preset, latest] = await Promise.all([store.presets.findOne({ _id: presetId }), latestVersion(store, presetId)]);
   if (!preset || !latest) throw new NotFoundError(`Preset "${slug}" not found`);
   return presetView(preset, latest);
@@ -92,15 +97,15 @@ export async function listPresets(store: Store, workspaceId: string, offset: num
 }
 
 export async function listVersions(store: Store, workspaceId: string, slug: string, offset: number, limit: number) {
-  const presetId = nameUuid(`${workspaceId}/${slug}`);
+  const presetId = presetIdOf(workspaceId, slug);
   if (!(await store.presets.findOne({ _id: presetId }))) throw new NotFoundError(`Preset "${slug}" not found`);
   const versions = await store.presetVersions.find({ preset_id: presetId }).sort({ version: 1 }).toArray();
   return { data: versions.slice(offset, offset + limit).map(versionView), total_count: versions.length };
 }
 
 export async function getVersion(store: Store, workspaceId: string, slug: string, version: number): Promise<VersionView> {
-  const presetId = nameUuid(`${workspaceId}/${slug}`);
-  const v = await store.presetVersions.findOne({ _id: nameUuid(`${presetId}#${version}`) });
+  const presetId = presetIdOf(workspaceId, slug);
+  const v = await store.presetVersions.findOne({ _id: versionIdOf(presetId, version) });
   if (!v || v.workspace_id !== workspaceId) throw new NotFoundError(`Version ${version} of preset "${slug}" not found`);
   return versionView(v);
 }

@@ -77,7 +77,19 @@ export class LiveStats {
       this.shared.push(...endpoints.map((s) => ({ at, s })));
       this.cached = null;
     } catch {
-      for (const s of endpoints) this.pending.set(s.e, { ...s, seen: s.ms.length }); // try again next flush
+      // Try again next flush, together with whatever was measured while this write failed.
+      for (const s of endpoints) {
+        const p = this.pending.get(s.e);
+        if (!p) {
+          this.pending.set(s.e, { ...s, seen: s.ms.length });
+          continue;
+        }
+        p.ok += s.ok;
+        p.failed += s.failed;
+        p.last_failure = Math.max(p.last_failure ?? 0, s.last_failure ?? 0) || null;
+        p.ms = [...s.ms, ...p.ms].slice(-SAMPLES_PER_FLUSH);
+        p.tps = [...s.tps, ...p.tps].slice(-SAMPLES_PER_FLUSH);
+      }
     }
   }
 

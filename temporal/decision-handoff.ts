@@ -7,7 +7,7 @@ import type { InjectedSinks } from '@temporalio/worker';
 import type { DecisionResult } from '../activities';
 import type { DecisionSinks } from '../workflows/decision';
 
-export type Settlement = { ok: true; result: DecisionResult } | { ok: false };
+type Settlement = { ok: true; result: DecisionResult } | { ok: false };
 
 type Started = Pick<WorkflowHandle, 'result'> & { readonly eagerlyStarted: boolean };
 
@@ -39,9 +39,9 @@ export class DecisionHandoff {
     }
   }
 
+  /** Wakes the caller of `execute` for this generation, if it is still waiting (it forgets it). */
   private settle(generationId: string, s: Settlement): void {
     this.waiting.get(generationId)?.(s);
-    this.waiting.delete(generationId);
   }
 
   /** The worker's side. Not called on replay: a replayed run's caller has been answered already. */

@@ -208,6 +208,20 @@ describe('live endpoint statistics', () => {
     }
   });
 
+  it('keep what a failed write held, together with what was measured meanwhile', async () => {
+    const store = await Store.connect(stack.mongoUri, uniqueName('stats').replace(/-/g, '_'));
+    const s = new LiveStats(store);
+    s.record('m@p', { ok: true, latencyMs: 100, outputTokens: 1 });
+    await store.close(); // the write below fails
+    const flushing = s.flush();
+    s.record('m@p', { ok: true, latencyMs: 300, outputTokens: 1 });
+    s.record('m@p', { ok: false, latencyMs: 0, outputTokens: 0 });
+    await flushing;
+    const stat = s.snapshot().get('m@p')!;
+    expect(stat).to.include({ requests: 2, failures: 1 });
+    expect(stat.latency).to.include({ p50: 0.1, p99: 0.3 });
+  });
+
   it('drop samples older than the window', async () => {
     const store = await Store.connect(stack.mongoUri, uniqueName('stats').replace(/-/g, '_'));
     try {
