@@ -1,8 +1,8 @@
 // Credits and the usage ledger. The balance is derived: grants minus the cost of usage records.
-// A usage record's `_id` is its generation id, so the debit is one insert: atomic on any MongoDB
-// (FerretDB included, which has no transactions) and impossible to apply twice when a call retries.
+// A usage record's `_id` is its generation id, so the debit is one insert (accounts/usage-ledger):
+// atomic on any MongoDB (FerretDB included, which has no transactions) and never applied twice.
 import { randomUUID } from 'node:crypto';
-import { isDuplicateKey, type CreditGrantDoc, type Store, type UsageDoc } from '../store';
+import type { CreditGrantDoc, Store } from '../store';
 
 export interface Balance {
   total_credits: number;
@@ -29,18 +29,4 @@ export async function getBalance(store: Store, workspaceId: string): Promise<Bal
   // Rounded to 1e-10 USD: float sums read as money, and a single cheap call still shows.
   const round = (n: number) => Math.round(n * 1e10) / 1e10;
   return { total_credits: round(credits), total_usage: round(usage), balance: round(credits - usage) };
-}
-
-/**
- * Records one billable call and so debits its cost. Returns false when that generation was
- * already recorded (a retried call): nothing is debited a second time.
- */
-export async function recordUsage(store: Store, usage: Omit<UsageDoc, 'created_at'> & { created_at?: Date }): Promise<boolean> {
-  try {
-    await store.usage.insertOne({ ...usage, created_at: usage.created_at ?? new Date() } as UsageDoc);
-    return true;
-  } catch (err) {
-    if (isDuplicateKey(err)) return false;
-    throw err;
-  }
 }

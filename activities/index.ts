@@ -1,6 +1,7 @@
 // Activities hold all I/O. They are built by a factory from their dependencies and are idempotent:
 // a retry after a crash rewrites the same `_id`, never a second document.
 import type { Store } from '../store';
+import type { UsageLedger } from '../accounts/usage-ledger';
 import type { Upstreams } from '../routing/upstreams';
 import { createProbeActivities } from './probe';
 import { createDecisionActivities } from './decisions';
@@ -13,6 +14,8 @@ export interface ActivityDeps {
   store: Store;
   upstreams: Upstreams;
   batchSettings: Config['batches'];
+  /** The one writer of usage records (group commit). */
+  usage: UsageLedger;
 }
 
 export function createActivities(deps: ActivityDeps) {

@@ -7,15 +7,15 @@ import type { RateLimiter } from '../accounts/rate-limit';
 import type { WorkspaceCache } from '../accounts/workspace-cache';
 import type { KeyCache } from '../accounts/key-cache';
 import type { Upstreams } from '../routing/upstreams';
-import type { DecisionHandoff } from '../temporal/decision-handoff';
+import type { DecisionExecution } from './decision-execution';
 
 export interface AppDeps {
   config: Config;
   logger: Logger;
   store: Store;
   temporal: Client;
-  /** Decisions finished by this process's own worker. */
-  handoff: DecisionHandoff;
+  /** How decisions run: in-process, or as workflows (DECISIONS_EXECUTION). */
+  decisions: DecisionExecution;
   pingTemporal: () => Promise<void>;
   rateLimiter: RateLimiter;
   keys: KeyCache;

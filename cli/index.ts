@@ -45,7 +45,6 @@ export function buildProgram(): Command {
       const logger = createLogger(config.logLevel, 'gateway-api');
       const api = await runApiRole(config, logger, configuredAddresses(config), { withWorker: opts.withWorker }).catch(fail);
       stopOnSignals(logger, [api.stop]);
-      logger.info({ url: api.url }, 'API listening');
     });
 
   program.command('worker')

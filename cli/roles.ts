@@ -12,6 +12,9 @@ import { WorkspaceCache } from '../accounts/workspace-cache';
 import { KeyCache } from '../accounts/key-cache';
 import { createUpstreams } from '../routing/upstreams';
 import { DecisionHandoff } from '../temporal/decision-handoff';
+import { UsageLedger } from '../accounts/usage-ledger';
+import { createActivities } from '../activities';
+import { inlineExecution, workflowExecution } from '../api/decision-execution';
 
 export interface Addresses {
   mongoUri: string;
@@ -35,9 +38,11 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   upstreams.stats.start();
   const { connection, client } = await connectTemporal(addr.temporalAddress, config.temporal.namespace, logger);
   const handoff = new DecisionHandoff();
+  // One set of activity functions per process: the worker registers them, inline decisions call them.
+  const activities = createActivities({ store, upstreams, batchSettings: config.batches, usage: new UsageLedger(store) });
   let stopWorker: Stop = async () => undefined;
   if (withWorker) {
-    const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, store, upstreams, batchSettings: config.batches, handoff });
+    const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, activities, handoff });
     const running = worker.run();
     running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
     logger.info({ task_queue: config.temporal.taskQueue }, 'worker polling');
@@ -52,7 +57,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     await upstreams.close();
     await store.close();
   };
-  return { store, upstreams, client, handoff, stop };
+  return { store, upstreams, client, handoff, activities, stop };
 }
 
 export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
@@ -65,10 +70,13 @@ export async function runApiRole(
   addr: Addresses,
   opts: { withWorker: boolean },
 ): Promise<{ url: string; stop: Stop }> {
-  const { store, upstreams, client, handoff, stop } = await startCore(config, logger, addr, opts.withWorker);
+  const { store, upstreams, client, handoff, activities, stop } = await startCore(config, logger, addr, opts.withWorker);
+  const decisions = config.decisions.execution === 'workflow'
+    ? workflowExecution(client, handoff, config.temporal.taskQueue)
+    : inlineExecution(activities);
   const api = await startApiServer(
     {
-      config, logger, store, temporal: client, handoff, pingTemporal: () => pingTemporal(client),
+      config, logger, store, temporal: client, decisions, pingTemporal: () => pingTemporal(client),
       rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds), upstreams,
       workspaces: new WorkspaceCache(store, config.credits.balanceCacheMs),
       keys: new KeyCache(store, config.auth.keyCacheMs),
@@ -76,6 +84,7 @@ export async function runApiRole(
     config.host,
     config.port,
   );
+  logger.info({ url: api.url, decisions_execution: decisions.mode }, 'API listening');
   return {
     url: api.url,
     stop: async () => {

@@ -60,6 +60,6 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   const api = await runApiRole(config, logger, { mongoUri, temporalAddress }, { withWorker: true });
   stops.push(api.stop);
   say(`worker polling task queue "${config.temporal.taskQueue}"`);
-  say(`API on ${api.url}/api/v1 (health: ${api.url}/readyz)`);
+  say(`API on ${api.url}/api/v1 (health: ${api.url}/readyz) — decisions run ${config.decisions.execution === 'inline' ? 'inline, in the API process' : 'as Temporal workflows'} (DECISIONS_EXECUTION)`);
   say(`ready — Ctrl-C stops everything`);
 }

@@ -141,6 +141,10 @@ export function loadConfig(env: Env = process.env) {
       balanceCacheMs: positiveInt(env, 'BALANCE_CACHE_MS', 5_000),
     },
     decisions: {
+      /** `inline`: run in the API process; `workflow`: one eagerly started Temporal workflow each. */
+      execution: oneOf(env, 'DECISIONS_EXECUTION', ['inline', 'workflow'] as const, 'inline'),
+      /** A decision that has not finished by then is abandoned with a 524. */
+      timeoutMs: positiveInt(env, 'DECISION_TIMEOUT_MS', 120_000),
       maxQuestions: positiveInt(env, 'DECISION_MAX_QUESTIONS', 256),
       maxChoices: positiveInt(env, 'DECISION_MAX_CHOICES', 255),
       maxScoreLevels: positiveInt(env, 'DECISION_MAX_SCORE_LEVELS', 255),

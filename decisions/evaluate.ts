@@ -1,7 +1,6 @@
 // Evaluates one decision request against the catalog: native System One endpoints answer all
 // questions in one call; chat endpoints answer one question per call, in parallel, from label
 // log-probabilities. Returns answers, usage and cost; recording usage is the caller's job.
-import { BadRequestError } from '../errors';
 import type { Upstreams } from '../routing/upstreams';
 import { invoke } from '../routing/upstreams';
 import { servesOperation } from '../routing/engine';
@@ -25,7 +24,6 @@ export async function evaluate(
   opts: { workspace?: { only?: string[]; ignore?: string[] }; signal?: AbortSignal } = {},
 ): Promise<Evaluation> {
   const { model, variant } = up.catalog.resolve(request.model);
-  if (model.kind !== 'decision') throw new BadRequestError(`model: ${model.id} is a ${model.kind} model, not a decision model`);
   const common = { models: [model], variant, preferences: request.provider ?? undefined, workspace: opts.workspace, signal: opts.signal };
   const native = model.endpoints.some((e) => servesOperation(e, 'systemone'));
 

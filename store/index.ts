@@ -185,20 +185,41 @@ export interface EndpointSamplesDoc extends Document {
   endpoints: { e: string; ok: number; failed: number; last_failure: number | null; ms: number[]; tps: number[] }[];
 }
 
+/** What became of one document of an unordered insert. */
+export type InsertOutcome = 'inserted' | 'existing' | Error;
+
+/**
+ * Inserts documents as one unordered batch and says what became of each: inserted, already there
+ * (a retried write), or refused with its own error. A failure of the whole command (the server is
+ * unreachable) is thrown: then nothing is known about any document.
+ */
+export async function insertManyEach<T extends Document>(coll: Collection<T>, docs: T[]): Promise<InsertOutcome[]> {
+  const outcomes: InsertOutcome[] = docs.map(() => 'inserted');
+  if (!docs.length) return outcomes;
+  try {
+    await coll.insertMany(docs as never[], { ordered: false });
+  } catch (err) {
+    const writeErrors = (err as { writeErrors?: WriteErrorLike[] | WriteErrorLike }).writeErrors;
+    const list = Array.isArray(writeErrors) ? writeErrors : writeErrors ? [writeErrors] : [];
+    if (!list.length) throw err;
+    for (const e of list) outcomes[e.index] = e.code === 11000 ? 'existing' : new Error(e.errmsg ?? `write error ${e.code}`);
+  }
+  return outcomes;
+}
+
+interface WriteErrorLike {
+  code?: number;
+  index: number;
+  errmsg?: string;
+}
+
 /**
  * Inserts documents that may already exist (a retried write), as one unordered batch; returns the
  * `_id`s that were already there. Any other write error is thrown.
  */
 export async function insertManyNew<T extends Document & { _id: unknown }>(coll: Collection<T>, docs: T[]): Promise<Set<T['_id']>> {
-  const existing = new Set<T['_id']>();
-  if (!docs.length) return existing;
-  try {
-    await coll.insertMany(docs as never[], { ordered: false });
-  } catch (err) {
-    const writeErrors = (err as { writeErrors?: { code?: number; index: number }[] | { code?: number; index: number } }).writeErrors;
-    const list = Array.isArray(writeErrors) ? writeErrors : writeErrors ? [writeErrors] : [];
-    if (!list.length || list.some((e) => e.code !== 11000)) throw err;
-    for (const e of list) existing.add(docs[e.index]._id);
-  }
-  return existing;
+  const outcomes = await insertManyEach(coll, docs);
+  const failed = outcomes.find((o): o is Error => o instanceof Error);
+  if (failed) throw failed;
+  return new Set(docs.filter((_, i) => outcomes[i] === 'existing').map((d) => d._id));
 }

@@ -12,7 +12,8 @@ import { requestContext } from '../api/request-context';
 import { errorMiddleware } from '../api/errors';
 import { jsonBody } from '../api/body';
 import { requestMeta } from '../api/request-meta';
-import { getBalance, recordUsage } from '../accounts/credits';
+import { getBalance } from '../accounts/credits';
+import { UsageLedger } from '../accounts/usage-ledger';
 import { createLogger } from '../log';
 import type { UsageDoc } from '../store';
 import { stack } from './fixture';
@@ -67,7 +68,7 @@ describe('workspaces, keys and credits', () => {
     expect(revoke.status).to.equal(404);
     expect((await call(`${gw.url}/api/v1/credits`, { key: b.inferenceKey })).status).to.equal(200); // still live
 
-    await recordUsage(gw.store, usage(b, `gen-${uniqueName('b')}`, 0.5));
+    await new UsageLedger(gw.store).record(usage(b, `gen-${uniqueName('b')}`, 0.5));
     const genId = (await gw.store.usage.findOne({ workspace_id: b.workspaceId }))!._id;
     expect((await call(`${gw.url}/api/v1/generation?id=${genId}`, { key: a.inferenceKey })).status).to.equal(404);
     const own = await call(`${gw.url}/api/v1/generation?id=${genId}`, { key: b.inferenceKey });
@@ -80,9 +81,11 @@ describe('workspaces, keys and credits', () => {
   it('debits a retried call exactly once, even when the retries race', async () => {
     const t = await createTenant(gw.store, 2);
     const id = `gen-${uniqueName('retry')}`;
-    const results = await Promise.all(Array.from({ length: 8 }, () => recordUsage(gw.store, usage(t, id, 0.25))));
+    // Retries in one writer's group and in other writers (processes) at once.
+    const ledger = new UsageLedger(gw.store);
+    const results = await Promise.all(Array.from({ length: 8 }, (_, i) => (i % 2 ? ledger : new UsageLedger(gw.store)).record(usage(t, id, 0.25))));
     expect(results.filter(Boolean)).to.have.length(1);
-    expect(await recordUsage(gw.store, usage(t, id, 0.25))).to.equal(false);
+    expect(await ledger.record(usage(t, id, 0.25))).to.equal(false);
     expect(await gw.store.usage.countDocuments({ _id: id })).to.equal(1);
     expect(await getBalance(gw.store, t.workspaceId)).to.deep.equal({ total_credits: 2, total_usage: 0.25, balance: 1.75 });
     const credits = await call(`${gw.url}/api/v1/credits`, { key: t.inferenceKey });

@@ -12,7 +12,7 @@ import { defineRoute, mountRoutes } from '../api/route';
 import { RateLimiter } from '../accounts/rate-limit';
 import { WorkspaceCache } from '../accounts/workspace-cache';
 import { KeyCache } from '../accounts/key-cache';
-import { recordUsage } from '../accounts/credits';
+import { UsageLedger } from '../accounts/usage-ledger';
 import { call, capturingLogger, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
 
 const envelope = (code: number, message: string, metadata: unknown = null, userId: string | null = null) =>
@@ -174,7 +174,7 @@ describe('402, 500 and the billable guard', () => {
     app.use(requestContext(logger));
     app.use(errorMiddleware());
     const router = new Router();
-    const deps = { config: gw.config, logger, store: gw.store, temporal: null as never, handoff: null as never, pingTemporal: async () => undefined, rateLimiter: new RateLimiter(gw.store, 1000, 60), upstreams: null as never,
+    const deps = { config: gw.config, logger, store: gw.store, temporal: null as never, decisions: null as never, pingTemporal: async () => undefined, rateLimiter: new RateLimiter(gw.store, 1000, 60), upstreams: null as never,
       workspaces: new WorkspaceCache(gw.store, 0), keys: new KeyCache(gw.store, 0) }; // no caching: every call reads the ledger
     mountRoutes(router, [
       defineRoute({ method: 'post', path: '/spend', summary: 'billable', tag: 't', auth: 'any', billable: true, body: Type.Object({}), responses: {}, handler: (ctx) => { ctx.body = { ok: true }; } }),
@@ -199,7 +199,7 @@ describe('402, 500 and the billable guard', () => {
     const rich = await createTenant(gw.store, 1);
     expect((await call(`${url}/spend`, { key: rich.inferenceKey, body: {} })).status).to.equal(200);
     // Spending the whole balance makes the next billable call 402 again.
-    await recordUsage(gw.store, {
+    await new UsageLedger(gw.store).record({
       _id: 'gen-spend-all', workspace_id: rich.workspaceId, key_id: rich.inferenceKeyId, kind: 'decision', model: 'm', provider: 'p',
       input_tokens: 1, output_tokens: 1, cost: 1, session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
     });
@@ -211,7 +211,7 @@ describe('402, 500 and the billable guard', () => {
     const cache = new WorkspaceCache(gw.store, 5_000, () => now);
     const t = await createTenant(gw.store, 1);
     await cache.assertCanSpend(t.workspaceId);
-    await recordUsage(gw.store, {
+    await new UsageLedger(gw.store).record({
       _id: `gen-cache-${t.workspaceId}`, workspace_id: t.workspaceId, key_id: t.inferenceKeyId, kind: 'decision', model: 'm', provider: 'p',
       input_tokens: 1, output_tokens: 1, cost: 1, session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
     });

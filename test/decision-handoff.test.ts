@@ -7,6 +7,8 @@ import type { Worker } from '@temporalio/worker';
 import { Store } from '../store';
 import { connectTemporal, type TemporalHandles } from '../temporal/client';
 import { DecisionHandoff } from '../temporal/decision-handoff';
+import { UsageLedger } from '../accounts/usage-ledger';
+import { createActivities } from '../activities';
 import { createWorker } from '../worker';
 import { createUpstreams } from '../routing/upstreams';
 import { loadConfig } from '../config';
@@ -36,7 +38,7 @@ describe('decision hand-off from the in-process worker', () => {
     const config = loadConfig({ SANDBOX_URL: stack.sandboxUrl });
     upstreams = createUpstreams(config, store);
     temporal = await connectTemporal(stack.temporalAddress, stack.namespace, createLogger('silent'));
-    worker = await createWorker({ connection: temporal.connection, namespace: stack.namespace, taskQueue, store, upstreams, batchSettings: config.batches, handoff: local });
+    worker = await createWorker({ connection: temporal.connection, namespace: stack.namespace, taskQueue, activities: createActivities({ store, upstreams, batchSettings: config.batches, usage: new UsageLedger(store) }), handoff: local });
     running = worker.run();
   });
   after(async () => {

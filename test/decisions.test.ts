@@ -99,7 +99,8 @@ describe('decision maths', () => {
   });
 });
 
-describe('POST /api/v1/systemone', () => {
+// The whole suite runs once per execution mode: both must answer, fail and bill alike.
+for (const mode of ['inline', 'workflow'] as const) describe(`POST /api/v1/systemone (DECISIONS_EXECUTION=${mode})`, () => {
   let gw: TestGateway;
   let t: Tenant;
   const decide = (body: unknown, opts: { key?: string; headers?: Record<string, string> } = {}) =>
@@ -108,7 +109,7 @@ describe('POST /api/v1/systemone', () => {
   before(async function () {
     this.timeout(60_000);
     gw = await startTestGateway({
-      env: { CATALOG_PATH: testCatalogFile(), DECISION_MAX_QUESTIONS: '5', DECISION_MAX_CHOICES: '4', DECISION_MAX_SCORE_LEVELS: '4', DECISION_MAX_STATE_BYTES: '2kb' },
+      env: { DECISIONS_EXECUTION: mode, CATALOG_PATH: testCatalogFile(), DECISION_MAX_QUESTIONS: '5', DECISION_MAX_CHOICES: '4', DECISION_MAX_SCORE_LEVELS: '4', DECISION_MAX_STATE_BYTES: '2kb' },
     });
     t = await createTenant(gw.store, 5);
   });
@@ -321,12 +322,19 @@ describe('POST /api/v1/systemone', () => {
       expect(long.status).to.equal(400);
     });
 
-    it('runs each decision as a workflow whose id is the generation id', async () => {
+    it(mode === 'workflow' ? 'runs each decision as a workflow whose id is the generation id' : 'runs decisions in-process, with no workflow', async () => {
       const r = await decide({ model: 'jev-1.13', state: 'z', questions: { q: { type: 'noul', instructions: '?' } } });
-      const { Connection, Client } = await import('@temporalio/client');
+      expect(r.status).to.equal(200);
+      expect((await call(`${gw.url}/readyz`)).body.decisions_execution).to.equal(mode);
+      const { Connection, Client, WorkflowNotFoundError } = await import('@temporalio/client');
       const connection = await Connection.connect({ address: stack.temporalAddress });
       try {
-        const d = await new Client({ connection }).workflow.getHandle(r.body.id).describe();
+        const described = new Client({ connection }).workflow.getHandle(r.body.id).describe();
+        if (mode === 'inline') {
+          await described.then(() => expect.fail('no workflow should exist'), (err) => expect(err).to.be.instanceOf(WorkflowNotFoundError));
+          return;
+        }
+        const d = await described;
         expect(d.type).to.equal('decisionWorkflow');
         expect(d.status.name).to.equal('COMPLETED');
       } finally {

@@ -19,10 +19,10 @@ describe('health, request ids and the error envelope', () => {
     expect(await res.json()).to.deep.equal({ status: 'ok' });
   });
 
-  it('GET /readyz answers 200 with MongoDB and Temporal both reachable', async () => {
+  it('GET /readyz answers 200 with MongoDB and Temporal both reachable, and names the decision mode', async () => {
     const res = await fetch(`${gw.url}/readyz`);
     expect(res.status).to.equal(200);
-    expect(await res.json()).to.deep.equal({ status: 'ok', checks: { mongodb: 'ok', temporal: 'ok' } });
+    expect(await res.json()).to.deep.equal({ status: 'ok', checks: { mongodb: 'ok', temporal: 'ok' }, decisions_execution: 'inline' });
   });
 
   it('generates a request id, echoes it, and puts it on the request log line', async () => {

@@ -1,12 +1,14 @@
-// The Temporal worker: runs workflows/ and the activities built from the store and HTTP clients.
+// The Temporal worker: runs workflows/ and the activities built (by `createActivities`) from the store and HTTP clients.
 import { NativeConnection, Worker } from '@temporalio/worker';
-import { createActivities, type ActivityDeps } from '../activities';
+import type { Activities } from '../activities';
 import type { DecisionHandoff } from '../temporal/decision-handoff';
 
-export interface WorkerOptions extends ActivityDeps {
+export interface WorkerOptions {
   connection: NativeConnection;
   namespace: string;
   taskQueue: string;
+  /** Built once per process by `createActivities`; the API's inline decisions call the same functions. */
+  activities: Activities;
   /** Where finished decisions are handed to this process's HTTP handlers. */
   handoff: DecisionHandoff;
 }
@@ -17,7 +19,7 @@ export async function createWorker(opts: WorkerOptions): Promise<Worker> {
     namespace: opts.namespace,
     taskQueue: opts.taskQueue,
     workflowsPath: require.resolve('../workflows'),
-    activities: createActivities({ store: opts.store, upstreams: opts.upstreams, batchSettings: opts.batchSettings }),
+    activities: opts.activities,
     sinks: opts.handoff.sinks(),
   });
 }

@@ -1,13 +1,12 @@
-// POST /systemone: typed decisions. Each request runs as a short workflow (id = generation id)
-// started eagerly on this process's own worker, whose local activity routes, calls the provider,
-// computes the answers and records usage; the handler waits for its result, handed over in-process.
+// POST /systemone: typed decisions. The handler checks the request, then hands the work (route,
+// call the provider, compute the answers, record usage) to the configured execution mode
+// (api/decision-execution): in-process by default, or as a short Temporal workflow.
 import { randomBytes } from 'node:crypto';
-import { BadRequestError, PayloadTooLargeError } from '../../errors';
+import type Koa from 'koa';
+import { BadRequestError, PayloadTooLargeError, UpstreamTimeoutError, type GatewayError } from '../../errors';
 import { presetReference } from '../../presets/apply';
 import { getPreset } from '../../presets/store';
 import type { DecisionsRequest } from '../../decisions/types';
-import type { decisionWorkflow } from '../../workflows';
-import { fromWorkflowFailure } from '../../temporal/failures';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
 import { defineRoute, type AnyRoute } from '../route';
@@ -25,10 +24,18 @@ async function withPreset(store: AppDeps['store'], workspaceId: string, body: De
   return { ...rest, model, provider: body.provider ?? (v.config.provider as DecisionsRequest['provider']) };
 }
 
-/** Temporal refuses payloads over 2 MB; the whole request travels as the workflow's input. */
+/** Temporal refuses payloads over 2 MB; in workflow mode the whole request is the workflow's input. */
 const MAX_REQUEST_BYTES = 1.5 * 1024 * 1024;
 
-export function decisionRoutes({ config, store, temporal, handoff, upstreams, workspaces }: AppDeps): AnyRoute[] {
+/** Fires when the client goes away before its answer is written, or when the time is up. */
+function requestSignal(ctx: Koa.ParameterizedContext, timeoutMs: number): { signal: AbortSignal; timedOut: () => boolean } {
+  const gone = new AbortController();
+  ctx.res.once('close', () => { if (!ctx.res.writableFinished) gone.abort(); });
+  const timeout = AbortSignal.timeout(timeoutMs);
+  return { signal: AbortSignal.any([gone.signal, timeout]), timedOut: () => timeout.aborted };
+}
+
+export function decisionRoutes({ config, store, decisions, upstreams, workspaces }: AppDeps): AnyRoute[] {
   const limits = config.decisions;
   return [
     defineRoute({
@@ -45,20 +52,16 @@ export function decisionRoutes({ config, store, temporal, handoff, upstreams, wo
         // The request's own length when the client sent one; measure only when it did not.
         const requestBytes = ctx.request.length ?? Buffer.byteLength(JSON.stringify(body));
         if (requestBytes > MAX_REQUEST_BYTES) throw new PayloadTooLargeError(`Decision request is larger than ${MAX_REQUEST_BYTES} bytes`);
-        // Fail fast on an unknown model, before anything is started.
-        upstreams.catalog.resolve(body.model);
+        // Fail fast on an unknown or unsuitable model, before any work starts.
+        const { model } = upstreams.catalog.resolve(body.model);
+        if (model.kind !== 'decision') throw new BadRequestError(`model: ${model.id} is a ${model.kind} model, not a decision model`);
         const { settings } = await workspaces.get(auth.workspaceId);
         const generationId = `gen-dec-${Date.now().toString(36)}${randomBytes(10).toString('hex')}`;
+        const { signal, timedOut } = requestSignal(ctx, limits.timeoutMs);
         try {
-          ctx.body = await handoff.execute(generationId, () => temporal.workflow.start<typeof decisionWorkflow>('decisionWorkflow', {
-            workflowId: generationId,
-            taskQueue: config.temporal.taskQueue,
-            requestEagerStart: true,
-            workflowExecutionTimeout: '3 minutes',
-            args: [{ generationId, workspaceId: auth.workspaceId, keyId: auth.keyId, request: body, meta, workspace: settings }],
-          }));
+          ctx.body = await decisions.run({ generationId, workspaceId: auth.workspaceId, keyId: auth.keyId, request: body, meta, workspace: settings }, signal);
         } catch (err) {
-          const mapped = fromWorkflowFailure(err);
+          const mapped = timedOut() ? new UpstreamTimeoutError(`Decision did not finish within ${limits.timeoutMs} ms`) : (err as GatewayError);
           if (mapped.status >= 500) ctx.state.log.warn({ err, generation_id: generationId }, 'decision failed');
           throw mapped;
         }

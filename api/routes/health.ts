@@ -22,7 +22,7 @@ export function healthRoutes(deps: AppDeps): Router {
         temporal: checks[1] === null ? 'ok' : 'unavailable',
       });
     }
-    ctx.body = { status: 'ok', checks: { mongodb: 'ok', temporal: 'ok' } };
+    ctx.body = { status: 'ok', checks: { mongodb: 'ok', temporal: 'ok' }, decisions_execution: deps.decisions.mode };
   });
 
   return router;
