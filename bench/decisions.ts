@@ -1,8 +1,10 @@
-// Decision overhead: the same System One request sent straight to the sandbox provider and
-// through the gateway (HTTP ▶ auth ▶ validation ▶ Temporal workflow ▶ local activity ▶ provider
-// ▶ usage record), side by side in one run, at concurrency 1, 10 and 50; and, on the same server,
-// the Temporal floor under the c=1 row (bench/temporal-floor).
-import { benchKey, closedLoop, cpuSeconds, startStack, writeResult, type LoadResult } from './harness';
+// Decision overhead and throughput, side by side in one run on one stack: the same System One
+// request sent straight to the sandbox provider ("direct"), through a gateway whose decisions run
+// in-process ("inline") and through one whose decisions are Temporal workflows ("workflow"), at
+// concurrency 1, 10, 50 and 200; plus, on the same server, the Temporal floor (bench/temporal-floor).
+// Each row has req/s, p50/p99, errors and CPU milliseconds per request of every process.
+import os from 'node:os';
+import { benchKey, closedLoop, cpuSeconds, startStack, writeResult, type LoadResult, type Stack } from './harness';
 import { measureTemporalFloor } from './temporal-floor';
 
 const body = {
@@ -15,46 +17,86 @@ const body = {
   },
 };
 
-export async function benchDecisions(opts: { levels?: [number, number][]; temporalInMemory?: boolean } = {}) {
-  const levels = opts.levels ?? [[1, 300], [10, 1000], [50, 2000]];
-  const stack = await startStack({}, { temporalInMemory: opts.temporalInMemory });
+/** Requests per row by concurrency: enough for stable percentiles, bounded for the slow mode. */
+const TOTALS: Record<'direct' | 'inline' | 'workflow', Record<number, number>> = {
+  direct: { 1: 1000, 10: 3000, 50: 5000, 200: 6000 },
+  inline: { 1: 1000, 10: 3000, 50: 5000, 200: 6000 },
+  workflow: { 1: 200, 10: 400, 50: 600, 200: 800 },
+};
+
+export const BARS = {
+  inline: { added_p50_ms_at_c1: 2, min_rps_at_c50: 400, max_p99_ms_at_c50: 100, max_p99_ms_at_c200: 500, max_ferretdb_cpu_ms_at_c50: 3 },
+  workflow: { max_p99_ms_at_c50: 1500, rps_at_c50_at_least_rps_at_c10: true },
+};
+
+type Row = LoadResult & { cpu_ms_per_request: Record<string, number> };
+
+async function measured(stack: Stack, url: string, headers: Record<string, string>, concurrency: number, total: number): Promise<Row> {
+  const before = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, cpuSeconds(p.pid)]));
+  const run = await closedLoop(url, body, headers, concurrency, total, (_s, text) => text.includes('"answers"'));
+  const cpu = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, Math.round(((cpuSeconds(p.pid) - before[n]) / run.requests) * 1e5) / 100]));
+  return { ...run, cpu_ms_per_request: cpu };
+}
+
+export async function benchDecisions(opts: { levels?: number[]; temporalInMemory?: boolean } = {}) {
+  const levels = opts.levels ?? [1, 10, 50, 200];
+  const stack = await startStack({}, { temporalInMemory: opts.temporalInMemory, gateways: { inline: { DECISIONS_EXECUTION: 'inline' }, workflow: { DECISIONS_EXECUTION: 'workflow' } } });
   try {
     const key = await benchKey(stack);
     const auth = { authorization: `Bearer ${key}` };
-    const direct = `${stack.sandboxUrl}/systemone/v1/systemone`;
-    const gateway = `${stack.gatewayUrl}/api/v1/systemone`;
+    const targets = {
+      direct: { url: `${stack.sandboxUrl}/systemone/v1/systemone`, headers: {} },
+      inline: { url: `${stack.gatewayUrls.inline}/api/v1/systemone`, headers: auth },
+      workflow: { url: `${stack.gatewayUrls.workflow}/api/v1/systemone`, headers: auth },
+    };
+    // Warm up every path (JIT, connection pools, workflow bundle, Temporal caches).
+    for (const t of Object.values(targets)) await closedLoop(t.url, body, t.headers, 4, 300);
 
-    // Warm up both paths (JIT, connection pools, workflow bundle, Temporal caches).
-    await closedLoop(direct, body, {}, 4, 200);
-    await closedLoop(gateway, body, auth, 4, 200);
-
-    const rows = [];
-    let temporalFloor: { p50_ms: number; p99_ms: number } | null = null;
-    for (const [concurrency, total] of levels) {
-      const directRun: LoadResult = await closedLoop(direct, body, {}, concurrency, total);
-      const cpuBefore = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, cpuSeconds(p.pid)]));
-      const gatewayRun = await closedLoop(gateway, body, auth, concurrency, total, (_s, text) => text.includes('"answers"'));
-      const cpuMsPerRequest = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, Math.round(((cpuSeconds(p.pid) - cpuBefore[n]) / gatewayRun.requests) * 1e5) / 100]));
-      rows.push({
-        concurrency, direct: directRun, gateway: gatewayRun,
-        added_p50_ms: Math.round((gatewayRun.p50_ms - directRun.p50_ms) * 100) / 100,
-        added_p99_ms: Math.round((gatewayRun.p99_ms - directRun.p99_ms) * 100) / 100,
-        cpu_ms_per_request: cpuMsPerRequest,
-      });
-      // Right after the first (sequential) row, on the same server in the same state: how much of
-      // that row is Temporal's own.
-      temporalFloor ??= await measureTemporalFloor(stack.temporalAddress, 50, total);
+    const rows: Record<string, any>[] = [];
+    for (const concurrency of levels) {
+      const row: Record<string, unknown> = { concurrency };
+      for (const [name, t] of Object.entries(targets) as [keyof typeof TOTALS, (typeof targets)['direct']][]) {
+        row[name] = await measured(stack, t.url, t.headers, concurrency, TOTALS[name][concurrency] ?? 1000);
+      }
+      const direct = row.direct as Row;
+      for (const name of ['inline', 'workflow'] as const) {
+        const r = row[name] as Row;
+        row[`${name}_added_p50_ms`] = Math.round((r.p50_ms - direct.p50_ms) * 100) / 100;
+      }
+      rows.push(row);
     }
+    // On the same server in the same state: how much of a workflow-mode decision is Temporal's own.
+    const temporalFloor = await measureTemporalFloor(stack.temporalAddress, 50, 300);
+
+    const at = (c: number) => rows.find((r) => r.concurrency === c);
+    const c1 = at(1);
+    const c10 = at(10);
+    const c50 = at(50);
+    const c200 = at(200);
+    const verdicts = {
+      inline_added_p50_at_c1: c1 && c1.inline_added_p50_ms <= BARS.inline.added_p50_ms_at_c1,
+      inline_rps_at_c50: c50 && c50.inline.rps >= BARS.inline.min_rps_at_c50,
+      inline_p99_at_c50: c50 && c50.inline.p99_ms <= BARS.inline.max_p99_ms_at_c50,
+      inline_c200_no_errors_p99: c200 && c200.inline.errors === 0 && c200.inline.p99_ms <= BARS.inline.max_p99_ms_at_c200,
+      inline_ferretdb_cpu_at_c50: c50 && c50.inline.cpu_ms_per_request.ferretdb <= BARS.inline.max_ferretdb_cpu_ms_at_c50,
+      workflow_no_collapse: c10 && c50 && c50.workflow.rps >= c10.workflow.rps && c50.workflow.p99_ms <= BARS.workflow.max_p99_ms_at_c50 && c50.workflow.errors === 0,
+    };
     const result = {
-      benchmark: 'decisions', at: new Date().toISOString(), machine: { cpus: (await import('node:os')).cpus().length, node: process.version },
-      bar: { added_p50_ms_at_c1: 10 }, rows, temporal_floor: temporalFloor,
+      benchmark: 'decisions', at: new Date().toISOString(), machine: { cpus: os.cpus().length, node: process.version },
+      bars: BARS, verdicts, rows, temporal_floor: temporalFloor,
     };
     const file = writeResult('decisions', result);
-    console.log('\nconcurrency | direct p50/p99 ms | gateway p50/p99 ms | added p50 ms | gateway req/s | CPU ms/req (gateway, temporal, ferretdb)');
+    const cpu = (r: Row) => ['inline', 'workflow', 'temporal', 'ferretdb', 'sandbox'].map((n) => r.cpu_ms_per_request[n]).join(' / ');
+    console.log('\n   c | mode     | req/s   | p50 / p99 ms    | added p50 | errors | CPU ms/req: inline / workflow / temporal / ferretdb / sandbox');
     for (const r of rows) {
-      console.log(`${String(r.concurrency).padStart(11)} | ${r.direct.p50_ms} / ${r.direct.p99_ms} | ${r.gateway.p50_ms} / ${r.gateway.p99_ms} | ${r.added_p50_ms} | ${r.gateway.rps} (errors ${r.gateway.errors}) | ${r.cpu_ms_per_request.gateway}, ${r.cpu_ms_per_request.temporal}, ${r.cpu_ms_per_request.ferretdb}`);
+      for (const name of ['direct', 'inline', 'workflow']) {
+        const x = r[name] as Row;
+        const added = name === 'direct' ? '' : String(r[`${name}_added_p50_ms`]);
+        console.log(`${String(r.concurrency).padStart(4)} | ${name.padEnd(8)} | ${String(x.rps).padEnd(7)} | ${`${x.p50_ms} / ${x.p99_ms}`.padEnd(15)} | ${added.padEnd(9)} | ${String(x.errors).padEnd(6)} | ${cpu(x)}`);
+      }
     }
-    console.log(`Temporal floor (eager start + one no-op local activity, in-process result), c=1: p50 ${temporalFloor?.p50_ms} ms, p99 ${temporalFloor?.p99_ms} ms`);
+    console.log(`Temporal floor (eager start + one no-op local activity, in-process result), c=1: p50 ${temporalFloor.p50_ms} ms, p99 ${temporalFloor.p99_ms} ms`);
+    console.log(`verdicts: ${JSON.stringify(verdicts)}`);
     console.log(`results: ${file}`);
     return result;
   } finally {

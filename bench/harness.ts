@@ -18,15 +18,24 @@ export interface Stack {
   mongoUri: string;
   temporalAddress: string;
   sandboxUrl: string;
+  /** The first gateway's URL; `gatewayUrls` has each by name. */
   gatewayUrl: string;
+  gatewayUrls: Record<string, string>;
   processes: Record<string, ManagedProcess>;
   stop(): Promise<void>;
 }
 
 const cli = path.join(__dirname, '..', 'cli', 'index.js');
 
-/** Temporal (file-backed, as `npm start` runs it), FerretDB, the sandbox and one gateway process. */
-export async function startStack(env: Record<string, string> = {}, opts: { temporalInMemory?: boolean } = {}): Promise<Stack> {
+/**
+ * Temporal (file-backed, as `npm start` runs it), FerretDB, the sandbox and gateway processes (one
+ * per entry of `gateways`, each with its own extra environment) on the same services.
+ * BENCH_CPU_PROF=<dir> runs the gateways under `node --cpu-prof`, writing profiles there on stop.
+ */
+export async function startStack(
+  env: Record<string, string> = {},
+  opts: { temporalInMemory?: boolean; gateways?: Record<string, Record<string, string>> } = {},
+): Promise<Stack> {
   const tools = await ensureTools(process.env.TOOLS_DIR ?? defaultToolsDir(), { temporal: true, ferretdb: true });
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-bench-'));
   const [ferret, temporal] = await Promise.all([
@@ -37,16 +46,25 @@ export async function startStack(env: Record<string, string> = {}, opts: { tempo
   const sandbox = startProcess('sandbox', process.execPath, [cli, 'sandbox'], { ...process.env, SANDBOX_PORT: String(sandboxPort), LOG_LEVEL: 'warn' });
   const sandboxUrl = `http://127.0.0.1:${sandboxPort}`;
   await sandbox.waitUntil(async () => { if (!(await fetch(`${sandboxUrl}/healthz`)).ok) throw new Error('not yet'); }, 15_000, 'answering');
-  const port = await freePort();
-  const gateway = startProcess('gateway', process.execPath, [cli, 'api', '--with-worker'], {
-    ...process.env, PORT: String(port), MONGODB_URI: ferret.address, TEMPORAL_ADDRESS: temporal.address, SANDBOX_URL: sandboxUrl,
-    LOG_LEVEL: 'warn', RATE_LIMIT_REQUESTS: '100000000', ...env,
-  });
-  const gatewayUrl = `http://127.0.0.1:${port}`;
-  await gateway.waitUntil(async () => { if (!(await fetch(`${gatewayUrl}/readyz`)).ok) throw new Error('not yet'); }, 60_000, 'ready');
-  const processes = { gateway, sandbox, temporal: temporal.process, ferretdb: ferret.process };
+  const profileDir = process.env.BENCH_CPU_PROF;
+  const gateways: Record<string, ManagedProcess> = {};
+  const gatewayUrls: Record<string, string> = {};
+  for (const [name, extra] of Object.entries(opts.gateways ?? { gateway: {} })) {
+    const port = await freePort();
+    const nodeArgs = profileDir ? ['--cpu-prof', `--cpu-prof-dir=${path.resolve(profileDir)}`, `--cpu-prof-name=${name}-${Date.now()}.cpuprofile`] : [];
+    const gateway = startProcess(name, process.execPath, [...nodeArgs, cli, 'api', '--with-worker'], {
+      ...process.env, PORT: String(port), MONGODB_URI: ferret.address, TEMPORAL_ADDRESS: temporal.address, SANDBOX_URL: sandboxUrl,
+      // Each gateway its own task queue: eager starts stay on the process that asked.
+      LOG_LEVEL: 'warn', RATE_LIMIT_REQUESTS: '100000000', TEMPORAL_TASK_QUEUE: `bench-${name}`, ...env, ...extra,
+    });
+    const url = `http://127.0.0.1:${port}`;
+    await gateway.waitUntil(async () => { if (!(await fetch(`${url}/readyz`)).ok) throw new Error('not yet'); }, 60_000, 'ready');
+    gateways[name] = gateway;
+    gatewayUrls[name] = url;
+  }
+  const processes = { ...gateways, sandbox, temporal: temporal.process, ferretdb: ferret.process };
   return {
-    dataDir, mongoUri: ferret.address, temporalAddress: temporal.address, sandboxUrl, gatewayUrl, processes,
+    dataDir, mongoUri: ferret.address, temporalAddress: temporal.address, sandboxUrl, gatewayUrl: Object.values(gatewayUrls)[0], gatewayUrls, processes,
     stop: async () => {
       await Promise.all(Object.values(processes).map((p) => p.stop()));
       fs.rmSync(dataDir, { recursive: true, force: true });

@@ -7,6 +7,8 @@
 //   latency=<ms>     wait before answering          status=<code>     answer with that error
 //   overloaded       529 overloaded_error           timeout           never answer
 //   retry_after=<s>  Retry-After on the error       fail_first=<n>    only the first n calls fail
+// GET /_calls counts calls per fault spec and path; GET /_aborted counts those whose client hung up
+// before the answer (how tests see that the gateway cancelled an upstream call).
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { countTokens, distribution, hashOf, optionLogprobs, seeded, sentence, textOf } from './generate';
@@ -186,6 +188,7 @@ function send(res: http.ServerResponse, status: number, body: unknown, headers: 
 
 export function createSandboxServer(): http.Server {
   const calls = new Map<string, number>(); // per fault spec and path: drives fail_first, read by /_calls
+  const aborted = new Map<string, number>(); // calls whose client hung up before the answer, read by /_aborted
   const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
   return http.createServer(async (req, res) => {
@@ -195,6 +198,7 @@ export function createSandboxServer(): http.Server {
       if (req.method === 'DELETE') calls.clear();
       return send(res, 200, Object.fromEntries(calls));
     }
+    if (url.pathname === '/_aborted') return send(res, 200, Object.fromEntries(aborted));
     const m = /^(?:\/~([^/]*))?(\/.*)$/.exec(url.pathname)!;
     const route = ROUTES[m[2]];
     if (!route || req.method !== 'POST') return send(res, 404, errorBody('openai', 404, 'not_found', `sandbox: no route for ${req.method} ${url.pathname}`));
@@ -204,6 +208,7 @@ export function createSandboxServer(): http.Server {
     const callKey = `${faults.spec}|${m[2]}`;
     const n = (calls.get(callKey) ?? 0) + 1;
     calls.set(callKey, n);
+    res.once('close', () => { if (!res.writableFinished) aborted.set(callKey, (aborted.get(callKey) ?? 0) + 1); });
 
     if (faults.hang) return; // the client's timeout is what ends this
     if (faults.latencyMs > 0) await sleep(faults.latencyMs);

@@ -1,6 +1,6 @@
 // The MongoDB connection and the collections the gateway keeps. FerretDB (the embedded default)
 // has no transactions and scans everything but `_id` lookups, so writes are idempotent by `_id`.
-import { MongoClient, type Db, type Document, type Collection } from 'mongodb';
+import { MongoClient, type Db, type Document, type Collection, type MongoClientOptions } from 'mongodb';
 
 export interface ProbeDoc extends Document {
   _id: string;
@@ -91,8 +91,9 @@ export interface RateTicketDoc extends Document {
 export class Store {
   private constructor(readonly client: MongoClient, readonly db: Db) {}
 
-  static async connect(uri: string, database: string): Promise<Store> {
+  static async connect(uri: string, database: string, options: MongoClientOptions = {}): Promise<Store> {
     const client = new MongoClient(uri, {
+      ...options,
       serverSelectionTimeoutMS: 5_000,
       connectTimeoutMS: 5_000,
       // FerretDB has no sessions/transactions; a standalone needs no retryable-write txn numbers.

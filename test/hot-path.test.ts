@@ -1,0 +1,216 @@
+// The synchronous hot path under concurrency: rate-limit blocks claimed without races or
+// duplicate-key storms, exact admission across processes, and usage records group-committed yet
+// durable before the client is answered.
+import { expect } from 'chai';
+import path from 'node:path';
+import { RateLimiter, blockSizeFor } from '../accounts/rate-limit';
+import { UsageLedger, type UsageRecord } from '../accounts/usage-ledger';
+import { getBalance } from '../accounts/credits';
+import { Store } from '../store';
+import { freePort, startProcess } from '../tools/processes';
+import { stack } from './fixture';
+import { call, createTenant, startTestGateway, uniqueName, type TestGateway } from './helpers';
+
+/** A store connection that counts the insert commands sent to one collection. */
+async function countingStore(database: string, collection: string): Promise<{ store: Store; inserts: () => number }> {
+  const store = await Store.connect(stack.mongoUri, database, { monitorCommands: true });
+  let n = 0;
+  store.client.on('commandStarted', (e) => { if (e.commandName === 'insert' && e.command.insert === collection) n++; });
+  return { store, inserts: () => n };
+}
+
+const decision = { model: 'jev-1.13', state: 'hot path', questions: { q: { type: 'noul', instructions: 'ok?' } } };
+
+describe('rate limiter without contention', () => {
+  const database = uniqueName('rl').replace(/-/g, '_');
+  let a: Awaited<ReturnType<typeof countingStore>>;
+  let b: Awaited<ReturnType<typeof countingStore>>;
+  before(async () => {
+    a = await countingStore(database, 'rate_tickets');
+    b = await countingStore(database, 'rate_tickets');
+  });
+  after(async () => {
+    await a.store.close();
+    await b.store.close();
+  });
+
+  it('50 concurrent requests in one process never race for a ticket: one insert per block, none wasted', async () => {
+    const limiter = new RateLimiter(a.store, 3, 3600);
+    const before = a.inserts();
+    const key = `key_${Date.now()}`;
+    const decisions = await Promise.all(Array.from({ length: 50 }, () => limiter.take(key)));
+    expect(decisions.filter((d) => d.allowed)).to.have.length(3);
+    expect(decisions.filter((d) => d.allowed).map((d) => d.remaining).sort()).to.deep.equal([0, 1, 2]);
+    // Before blocks, every one of the 50 inserted the same ticket: 49 duplicate-key errors and a scan.
+    expect(a.inserts() - before).to.equal(3);
+  });
+  it('two processes at c=50 each admit exactly the limit, at no more than two inserts per block of tickets', async () => {
+    // Each process alone wants more than the limit, so neither can be left holding unused tickets.
+    const limit = 3_200;
+    const key = `key_two_${Date.now()}`;
+    const p1 = new RateLimiter(a.store, limit, 3600);
+    const p2 = new RateLimiter(b.store, limit, 3600);
+    const before = a.inserts() + b.inserts();
+    let admitted = 0;
+    let refused = 0;
+    const client = async (limiter: RateLimiter, n: number) => {
+      for (let i = 0; i < n; i++) ((await limiter.take(key)).allowed ? admitted++ : refused++);
+    };
+    // 50 concurrent callers per process, 4,000 requests per process.
+    await Promise.all([...Array.from({ length: 50 }, () => client(p1, 80)), ...Array.from({ length: 50 }, () => client(p2, 80))]);
+    expect(admitted).to.equal(limit);
+    expect(refused).to.equal(8_000 - limit);
+    const inserts = a.inserts() + b.inserts() - before;
+    const blocks = limit / blockSizeFor(limit);
+    // One insert per block claimed, plus at most one lost race per claim.
+    expect(inserts).to.be.at.least(blocks).and.at.most(2 * blocks);
+    // So at most 2 / 50 = 0.04 inserts per admitted request (the old limiter: one per request at best).
+    expect(inserts / admitted).to.be.at.most(2 / blockSizeFor(limit));
+  });
+
+  it('two API processes at c=50 each admit exactly the limit over HTTP; the rest get 429 with Retry-After and rate headers', async () => {
+    const env = { RATE_LIMIT_REQUESTS: '200', RATE_LIMIT_WINDOW_SECONDS: '3600' };
+    const first = await startTestGateway({ withWorker: false, env });
+    const second = await startTestGateway({ withWorker: false, env: { ...env, MONGODB_DATABASE: first.config.mongo.database } });
+    try {
+      const t = await createTenant(first.store);
+      const statuses: number[] = [];
+      let limited: Awaited<ReturnType<typeof call>> | null = null;
+      const worker = async (gw: TestGateway) => {
+        for (let i = 0; i < 6; i++) {
+          const r = await call(`${gw.url}/api/v1/key`, { key: t.inferenceKey });
+          statuses.push(r.status);
+          expect(r.headers.get('x-ratelimit-limit')).to.equal('200');
+          if (r.status === 429) limited = r;
+        }
+      };
+      await Promise.all([...Array.from({ length: 50 }, () => worker(first)), ...Array.from({ length: 50 }, () => worker(second))]);
+      expect(statuses.filter((s) => s === 200)).to.have.length(200);
+      expect(statuses.filter((s) => s === 429)).to.have.length(400);
+      const r = limited as unknown as Awaited<ReturnType<typeof call>>;
+      expect(r.body.error.code).to.equal(429);
+      expect(Number(r.headers.get('retry-after'))).to.be.within(1, 3600);
+      expect(r.headers.get('x-ratelimit-remaining')).to.equal('0');
+      expect(Number(r.headers.get('x-ratelimit-reset'))).to.be.greaterThan(Date.now() / 1000);
+      // Blocks of 3 for a limit of 200: 67 block documents, not one per request.
+      expect(await first.store.rateTickets.countDocuments({})).to.equal(Math.ceil(200 / blockSizeFor(200)));
+    } finally {
+      await second.stop();
+      await first.stop();
+    }
+  });
+
+  it('deletes a finished window\'s blocks by id when the key is next seen', async () => {
+    let now = 1_000_000_000_000;
+    const limiter = new RateLimiter(a.store, 128, 60, () => now);
+    const key = `key_retire_${Date.now()}`;
+    for (let i = 0; i < 5; i++) await limiter.take(key);
+    expect(await a.store.rateTickets.countDocuments({ key_id: key })).to.equal(3); // blocks of 2
+    now += 60_000;
+    expect(await limiter.take(key)).to.include({ allowed: true, remaining: 127 });
+    for (let i = 0; i < 50 && (await a.store.rateTickets.countDocuments({ key_id: key })) !== 1; i++) await new Promise((r) => setTimeout(r, 20));
+    expect(await a.store.rateTickets.countDocuments({ key_id: key })).to.equal(1);
+  });
+});
+
+describe('usage ledger with group commit', () => {
+  let store: Store;
+  before(async () => { store = await Store.connect(stack.mongoUri, uniqueName('ledger').replace(/-/g, '_')); });
+  after(async () => { await store.close(); });
+
+  const usage = (id: string, cost = 0.01): UsageRecord => ({
+    _id: id, workspace_id: 'ws-ledger', key_id: 'key-ledger', kind: 'decision', model: 'm', provider: 'p', input_tokens: 1, output_tokens: 1, cost,
+    session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
+  });
+
+  it('records that arrive together share one write; each resolves once its own record is stored', async () => {
+    const ledger = new UsageLedger(store);
+    const ids = Array.from({ length: 200 }, (_, i) => `gen-group-${Date.now()}-${i}`);
+    const settled = await Promise.all(ids.map(async (id) => {
+      const ok = await ledger.record(usage(id));
+      // Durable before the caller hears of it.
+      return ok && (await store.usage.countDocuments({ _id: id })) === 1;
+    }));
+    expect(settled.every(Boolean)).to.equal(true);
+    expect(ledger.writes).to.be.at.most(2);
+  });
+
+  it('a lone record is written at once, and a repeated generation is not debited twice', async () => {
+    const ledger = new UsageLedger(store);
+    const id = `gen-lone-${Date.now()}`;
+    expect(await ledger.record(usage(id))).to.equal(true);
+    const again = await Promise.all([ledger.record(usage(id)), ledger.record(usage(id)), new UsageLedger(store).record(usage(id))]);
+    expect(again).to.deep.equal([false, false, false]);
+    expect(await store.usage.countDocuments({ _id: id })).to.equal(1);
+  });
+
+  it('a write that fails as a whole rejects every record of its group', async () => {
+    const broken = await Store.connect(stack.mongoUri, uniqueName('ledger').replace(/-/g, '_'));
+    await broken.close();
+    const ledger = new UsageLedger(broken);
+    const outcomes = await Promise.allSettled([ledger.record(usage('gen-x-1')), ledger.record(usage('gen-x-2'))]);
+    expect(outcomes.map((o) => o.status)).to.deep.equal(['rejected', 'rejected']);
+  });
+});
+
+describe('decision usage under load (inline mode)', () => {
+  let gw: TestGateway;
+  before(async () => { gw = await startTestGateway({ withWorker: false, env: { RATE_LIMIT_REQUESTS: '100000' } }); });
+  after(async () => { await gw.stop(); });
+
+  it('1,000 concurrent decisions make exactly 1,000 usage records and the matching debit', async function () {
+    this.timeout(120_000);
+    const t = await createTenant(gw.store, 100);
+    const responses = await Promise.all(Array.from({ length: 1_000 }, () => call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body: decision })));
+    expect(responses.map((r) => r.status).filter((s) => s !== 200)).to.deep.equal([]);
+    const ids = new Set(responses.map((r) => r.body.id));
+    expect(ids.size).to.equal(1_000);
+    const records = await gw.store.usage.find({ workspace_id: t.workspaceId }).toArray();
+    expect(records).to.have.length(1_000);
+    expect(new Set(records.map((r) => r._id))).to.deep.equal(ids);
+    const billed = responses.reduce((s, r) => s + r.body.usage.cost, 0);
+    const balance = await getBalance(gw.store, t.workspaceId);
+    expect(balance.total_usage).to.be.closeTo(billed, 1e-9);
+    expect(balance.balance).to.be.closeTo(100 - billed, 1e-9);
+  });
+});
+
+describe('a gateway killed right after answering', () => {
+  it('has written the usage record of every decision it answered', async function () {
+    this.timeout(120_000);
+    const database = uniqueName('killed').replace(/-/g, '_');
+    const store = await Store.connect(stack.mongoUri, database);
+    const t = await createTenant(store, 10);
+    const port = await freePort();
+    const gateway = startProcess('gateway', process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), 'api'], {
+      ...process.env, PORT: String(port), MONGODB_URI: stack.mongoUri, MONGODB_DATABASE: database, TEMPORAL_ADDRESS: stack.temporalAddress,
+      SANDBOX_URL: stack.sandboxUrl, LOG_LEVEL: 'warn', DECISIONS_EXECUTION: 'inline',
+    });
+    try {
+      const url = `http://127.0.0.1:${port}`;
+      await gateway.waitUntil(async () => { if (!(await fetch(`${url}/readyz`)).ok) throw new Error('not yet'); }, 60_000, 'ready');
+      const answered: string[] = [];
+      let killed = false;
+      // Many decisions in flight; the first answer triggers SIGKILL, so the rest die mid-way.
+      await Promise.all(Array.from({ length: 40 }, async () => {
+        try {
+          const r = await call(`${url}/api/v1/systemone`, { key: t.inferenceKey, body: decision });
+          if (r.status === 200) {
+            answered.push(r.body.id);
+            if (!killed) {
+              killed = true;
+              await gateway.kill();
+            }
+          }
+        } catch { /* connection reset by the kill */ }
+      }));
+      expect(killed).to.equal(true);
+      expect(answered.length).to.be.at.least(1);
+      const stored = await store.usage.find({ _id: { $in: answered } }).toArray();
+      expect(stored.map((d) => d._id).sort()).to.deep.equal([...answered].sort());
+    } finally {
+      await gateway.stop();
+      await store.close();
+    }
+  });
+});
