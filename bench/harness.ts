@@ -51,7 +51,8 @@ export async function startStack(
   const gatewayUrls: Record<string, string> = {};
   for (const [name, extra] of Object.entries(opts.gateways ?? { gateway: {} })) {
     const port = await freePort();
-    const nodeArgs = profileDir ? ['--cpu-prof', `--cpu-prof-dir=${path.resolve(profileDir)}`, `--cpu-prof-name=${name}-${Date.now()}.cpuprofile`] : [];
+    // One folder per gateway: the main thread's profile is the largest file in it (workflow threads write their own).
+    const nodeArgs = profileDir ? ['--cpu-prof', `--cpu-prof-dir=${path.resolve(profileDir, name)}`] : [];
     const gateway = startProcess(name, process.execPath, [...nodeArgs, cli, 'api', '--with-worker'], {
       ...process.env, PORT: String(port), MONGODB_URI: ferret.address, TEMPORAL_ADDRESS: temporal.address, SANDBOX_URL: sandboxUrl,
       // Each gateway its own task queue: eager starts stay on the process that asked.

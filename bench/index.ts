@@ -4,7 +4,8 @@ import { benchDecisions } from './decisions';
 import { benchBatches } from './batches';
 
 const all: Record<string, () => Promise<unknown>> = {
-  decisions: () => benchDecisions(),
+  // BENCH_LEVELS=1,50 runs only those concurrency levels.
+  decisions: () => benchDecisions({ levels: process.env.BENCH_LEVELS?.split(',').map(Number) }),
   batches: () => benchBatches(),
 };
 

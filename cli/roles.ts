@@ -72,7 +72,7 @@ export async function runApiRole(
 ): Promise<{ url: string; stop: Stop }> {
   const { store, upstreams, client, handoff, activities, stop } = await startCore(config, logger, addr, opts.withWorker);
   const decisions = config.decisions.execution === 'workflow'
-    ? workflowExecution(client, handoff, config.temporal.taskQueue)
+    ? workflowExecution(client, handoff, config.temporal.taskQueue, config.decisions.workflowConcurrency)
     : inlineExecution(activities);
   const api = await startApiServer(
     {
