@@ -1,7 +1,8 @@
 // Per-process, short-lived view of each workspace's balance and routing settings, so a billable
 // request costs no ledger scan (FerretDB scans every usage record for a non-`_id` filter). The
-// ledger stays the truth: a process re-reads it after `ttlMs`, so the 402 gate can lag other
-// processes' spending by that long, as hosted gateways' balance checks do.
+// ledger stays the truth: a process re-reads it in the background once `ttlMs` has passed, so the
+// 402 gate can lag other processes' spending by that long plus one read, as hosted gateways'
+// balance checks do.
 import { PaymentRequiredError } from '../errors';
 import type { Store, WorkspaceDoc } from '../store';
 import { getBalance } from './credits';
@@ -18,9 +19,24 @@ export class WorkspaceCache {
 
   constructor(private readonly store: Store, readonly ttlMs = 5_000, private readonly now: () => number = Date.now) {}
 
+  /**
+   * The workspace's entry. A fresh one is returned as is; an expired one is returned too while a
+   * single background read replaces it, so requests never queue behind the ledger sum (a scan on
+   * FerretDB that takes seconds on a large ledger). Only a workspace never read waits for the store,
+   * and every read does with `ttlMs` 0 (no caching).
+   */
   async get(workspaceId: string): Promise<Entry> {
     const e = this.entries.get(workspaceId);
     if (e && this.now() - e.at < this.ttlMs) return e;
+    const pending = this.load(workspaceId);
+    if (e && this.ttlMs > 0) {
+      pending.catch(() => undefined); // the next request after the TTL tries again
+      return e;
+    }
+    return pending;
+  }
+
+  private load(workspaceId: string): Promise<Entry> {
     let pending = this.loading.get(workspaceId);
     if (!pending) {
       // One read per workspace at a time, however many requests are waiting for it.
