@@ -229,6 +229,26 @@ describe('402, 500 and the billable guard', () => {
     expect(status).to.equal(402);
   });
 
+  it('trusts a slow balance reading for ten times what it took, so a large ledger is not summed back to back', async () => {
+    let now = 0;
+    let reading = false;
+    // A clock on which the ledger read (between its two clock readings) takes 2 s.
+    const cache = new WorkspaceCache(gw.store, 5_000, () => { if (reading) now += 2_000; reading = !reading; return now; });
+    const t = await createTenant(gw.store, 1);
+    await cache.assertCanSpend(t.workspaceId);
+    expect(now).to.equal(2_000);
+    await new UsageLedger(gw.store).record({
+      _id: `gen-slow-${t.workspaceId}`, workspace_id: t.workspaceId, key_id: t.inferenceKeyId, kind: 'decision', model: 'm', provider: 'p',
+      input_tokens: 1, output_tokens: 1, cost: 1, session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
+    });
+    const cached = cache['entries'].get(t.workspaceId)!;
+    expect(cached.ttl).to.equal(20_000);
+    now = 2_000 + 19_999;
+    reading = false;
+    await cache.assertCanSpend(t.workspaceId); // still trusted: no re-read started
+    expect(cache['loading'].size).to.equal(0);
+  });
+
   it('500 with a generic message; the details only in the log', async () => {
     const r = await call(`${url}/boom`);
     expect(r.status).to.equal(500);
