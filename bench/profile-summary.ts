@@ -1,5 +1,5 @@
 // Summarises a V8 CPU profile (`node --cpu-prof`, as `BENCH_CPU_PROF=<dir> npm run bench` writes
-// for each gateway) as the functions with the most self time:
+// for each gateway) as the functions with the most self time, in percent of the busy (non-idle) time:
 //   node dist/bench/profile-summary.js <file.cpuprofile> [top]
 import fs from 'node:fs';
 import path from 'node:path';
@@ -18,8 +18,9 @@ export function topSelfTime(file: string, top = 15): { name: string; where: stri
   let total = 0;
   for (const n of profile.nodes) {
     const hits = counts.get(n.id) ?? 0;
-    total += hits;
     const { functionName, url, lineNumber } = n.callFrame;
+    if (functionName === '(idle)') continue;
+    total += hits;
     const where = url ? `${url.replace(/^file:\/\//, '').replace(/^.*node_modules\//, '').replace(`${process.cwd()}/`, '')}:${lineNumber + 1}` : '';
     const key = `${functionName}|${where}`;
     const e = byFunction.get(key) ?? { name: functionName || '(anonymous)', where, hits: 0 };

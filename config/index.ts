@@ -146,7 +146,7 @@ export function loadConfig(env: Env = process.env) {
       /** A decision that has not finished by then is abandoned with a 524. */
       timeoutMs: positiveInt(env, 'DECISION_TIMEOUT_MS', 120_000),
       /** Workflow mode: decisions a process runs as workflows at once; more wait in line (api/decision-execution). */
-      workflowConcurrency: positiveInt(env, 'DECISION_WORKFLOW_CONCURRENCY', 10),
+      workflowConcurrency: positiveInt(env, 'DECISION_WORKFLOW_CONCURRENCY', 20),
       maxQuestions: positiveInt(env, 'DECISION_MAX_QUESTIONS', 256),
       maxChoices: positiveInt(env, 'DECISION_MAX_CHOICES', 255),
       maxScoreLevels: positiveInt(env, 'DECISION_MAX_SCORE_LEVELS', 255),

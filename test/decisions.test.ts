@@ -22,13 +22,13 @@ function testCatalogFile(): string {
   const faulty = (slug: string, faults: string, extra = {}) => ({
     slug, name: slug, adapter: 'systemone', base_url: `\${SANDBOX_URL}/~dec=1,${faults}/systemone`, collects_data: false, zdr: true, max_concurrency: 10, timeout_ms: 5000, ...extra,
   });
-  base.providers.push(faulty('s1-500', 'status=500'), faulty('s1-timeout', 'timeout', { timeout_ms: 300 }), faulty('s1-busy', 'overloaded'), faulty('s1-429', 'status=429,retry_after=20'));
+  base.providers.push(faulty('s1-slow', 'latency=2500,tag=slow', { timeout_ms: 10_000 }), faulty('s1-500', 'status=500'), faulty('s1-timeout', 'timeout', { timeout_ms: 300 }), faulty('s1-busy', 'overloaded'), faulty('s1-429', 'status=429,retry_after=20'));
   const model = (id: string, providers: string[]) => ({
     id, name: id, kind: 'decision', family: id, version: '1', released: '20260101', context_length: 1000, distillable: false,
     endpoints: providers.map((p, i) => ({ provider: p, upstream_model: 'jev-1.13', pricing: { prompt: 0.1 * (i + 1), completion: 0.1 }, quantization: 'bf16', supported_parameters: [] })),
   });
   base.models.push(model('test/dec-500', ['s1-500']), model('test/dec-timeout', ['s1-timeout']), model('test/dec-busy', ['s1-busy']),
-    model('test/dec-429', ['s1-429']), model('test/dec-fallback', ['s1-500', 'sandbox-systemone']));
+    model('test/dec-429', ['s1-429']), model('test/dec-fallback', ['s1-500', 'sandbox-systemone']), model('test/dec-slow', ['s1-slow']));
   const file = path.join(stack.tmpDir, `catalog-decisions-${Date.now()}.json`);
   fs.writeFileSync(file, JSON.stringify(base));
   return file;
@@ -109,7 +109,7 @@ for (const mode of ['inline', 'workflow'] as const) describe(`POST /api/v1/syste
   before(async function () {
     this.timeout(60_000);
     gw = await startTestGateway({
-      env: { DECISIONS_EXECUTION: mode, CATALOG_PATH: testCatalogFile(), DECISION_MAX_QUESTIONS: '5', DECISION_MAX_CHOICES: '4', DECISION_MAX_SCORE_LEVELS: '4', DECISION_MAX_STATE_BYTES: '2kb' },
+      env: { DECISIONS_EXECUTION: mode, DECISION_TIMEOUT_MS: '1000', CATALOG_PATH: testCatalogFile(), DECISION_MAX_QUESTIONS: '5', DECISION_MAX_CHOICES: '4', DECISION_MAX_SCORE_LEVELS: '4', DECISION_MAX_STATE_BYTES: '2kb' },
     });
     t = await createTenant(gw.store, 5);
   });
@@ -291,6 +291,45 @@ for (const mode of ['inline', 'workflow'] as const) describe(`POST /api/v1/syste
       const r = await decide({ model: 'jev-1.13', state: 'x', questions: q, provider: { data_collection: 'deny', only: ['sandbox-alpha'] } });
       expect(r.status).to.equal(404);
       expect(r.body.error.message).to.equal('No endpoint of typesafe/jev-1.13 satisfies provider.only');
+    });
+  });
+
+  if (mode === 'inline') describe('cancellation (inline mode)', () => {
+    const slow = { model: 'test/dec-slow', state: 'slow', questions: { q: { type: 'noul', instructions: '?' } } };
+    const aborted = async () => ((await (await fetch(`${stack.sandboxUrl}/_aborted`)).json()) as Record<string, number>)['dec=1,latency=2500,tag=slow|/systemone/v1/systemone'] ?? 0;
+
+    it('a client that goes away cancels the provider call, and nothing is billed', async () => {
+      const tenant = await createTenant(gw.store, 1);
+      const before = await aborted();
+      const controller = new AbortController();
+      const pending = fetch(`${gw.url}/api/v1/systemone`, {
+        method: 'POST', signal: controller.signal,
+        headers: { authorization: `Bearer ${tenant.inferenceKey}`, 'content-type': 'application/json' }, body: JSON.stringify(slow),
+      }).catch((err: Error) => err);
+      await new Promise((r) => setTimeout(r, 300));
+      controller.abort();
+      expect(await pending).to.be.instanceOf(Error);
+      // The sandbox sees its caller hang up long before its 2.5 s answer would have been ready.
+      let seen = before;
+      for (let i = 0; i < 100 && seen === before; i++) {
+        await new Promise((r) => setTimeout(r, 20));
+        seen = await aborted();
+      }
+      expect(seen).to.equal(before + 1);
+      expect(await gw.store.usage.countDocuments({ workspace_id: tenant.workspaceId })).to.equal(0);
+    });
+
+    it('a decision still running at DECISION_TIMEOUT_MS is abandoned with a 524 and the provider call cancelled', async () => {
+      const before = await aborted();
+      const r = await decide(slow);
+      expect(r.status).to.equal(524);
+      expect(r.body.error.message).to.equal('Decision did not finish within 1000 ms');
+      let seen = before;
+      for (let i = 0; i < 100 && seen === before; i++) {
+        await new Promise((resolve) => setTimeout(resolve, 20));
+        seen = await aborted();
+      }
+      expect(seen).to.equal(before + 1);
     });
   });
 
