@@ -133,9 +133,8 @@ export class RateLimiter {
         throw err;
       }
       let got = 0;
-      outcomes.forEach((o, i) => {
-        if (o instanceof Error) throw o;
-        if (o !== 'inserted') return;
+      for (const [i, o] of outcomes.entries()) {
+        if (o !== 'inserted') continue; // taken by another process, or refused: not ours either way
         const b = first + i;
         s.claimed.push(docs[i]._id);
         const start = b * this.blockSize + 1;
@@ -143,8 +142,13 @@ export class RateLimiter {
         s.ranges.push([start, end]);
         s.held += end - start;
         got++;
-      });
+      }
+      const refused = outcomes.find((o): o is Error => o instanceof Error);
       if (got) return;
+      if (refused) {
+        s.block = first; // a refused block is not taken: try again next time
+        throw refused;
+      }
     }
     s.exhausted = true;
   }

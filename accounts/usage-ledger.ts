@@ -34,11 +34,6 @@ export class UsageLedger {
     });
   }
 
-  /** Records many at once (a batch chunk's lines); one outcome per record, in order. */
-  recordMany(usages: UsageRecord[]): Promise<boolean[]> {
-    return Promise.all(usages.map((u) => this.record(u)));
-  }
-
   private async drain(): Promise<void> {
     while (this.queue.length) {
       const group = this.queue.splice(0, this.maxBatch);

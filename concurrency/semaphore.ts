@@ -7,11 +7,6 @@ export class Semaphore {
 
   constructor(readonly max: number) {}
 
-  /** Slots in use: never more than `max`. */
-  get inUse(): number {
-    return this.active;
-  }
-
   /**
    * Resolves with a release function once a slot is held. Rejects with `onTimeout()` after
    * `waitMs`, or with `onAbort()` when `signal` fires, if no slot came by then.

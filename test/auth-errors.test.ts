@@ -13,7 +13,7 @@ import { RateLimiter } from '../accounts/rate-limit';
 import { WorkspaceCache } from '../accounts/workspace-cache';
 import { KeyCache } from '../accounts/key-cache';
 import { UsageLedger } from '../accounts/usage-ledger';
-import { call, capturingLogger, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
+import { usageRecord, call, capturingLogger, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
 
 const envelope = (code: number, message: string, metadata: unknown = null, userId: string | null = null) =>
   ({ error: { code, message, metadata }, user_id: userId });
@@ -199,10 +199,7 @@ describe('402, 500 and the billable guard', () => {
     const rich = await createTenant(gw.store, 1);
     expect((await call(`${url}/spend`, { key: rich.inferenceKey, body: {} })).status).to.equal(200);
     // Spending the whole balance makes the next billable call 402 again.
-    await new UsageLedger(gw.store).record({
-      _id: 'gen-spend-all', workspace_id: rich.workspaceId, key_id: rich.inferenceKeyId, kind: 'decision', model: 'm', provider: 'p',
-      input_tokens: 1, output_tokens: 1, cost: 1, session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
-    });
+    await new UsageLedger(gw.store).record(usageRecord('gen-spend-all', rich.workspaceId, rich.inferenceKeyId, 1));
     expect((await call(`${url}/spend`, { key: rich.inferenceKey, body: {} })).status).to.equal(402);
   });
 
@@ -211,10 +208,7 @@ describe('402, 500 and the billable guard', () => {
     const cache = new WorkspaceCache(gw.store, 5_000, () => now);
     const t = await createTenant(gw.store, 1);
     await cache.assertCanSpend(t.workspaceId);
-    await new UsageLedger(gw.store).record({
-      _id: `gen-cache-${t.workspaceId}`, workspace_id: t.workspaceId, key_id: t.inferenceKeyId, kind: 'decision', model: 'm', provider: 'p',
-      input_tokens: 1, output_tokens: 1, cost: 1, session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
-    });
+    await new UsageLedger(gw.store).record(usageRecord(`gen-cache-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 1));
     now = 4_999;
     await cache.assertCanSpend(t.workspaceId); // still the earlier reading
     now = 5_000;
@@ -237,10 +231,7 @@ describe('402, 500 and the billable guard', () => {
     const t = await createTenant(gw.store, 1);
     await cache.assertCanSpend(t.workspaceId);
     expect(now).to.equal(2_000);
-    await new UsageLedger(gw.store).record({
-      _id: `gen-slow-${t.workspaceId}`, workspace_id: t.workspaceId, key_id: t.inferenceKeyId, kind: 'decision', model: 'm', provider: 'p',
-      input_tokens: 1, output_tokens: 1, cost: 1, session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
-    });
+    await new UsageLedger(gw.store).record(usageRecord(`gen-slow-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 1));
     const cached = cache['entries'].get(t.workspaceId)!;
     expect(cached.ttl).to.equal(20_000);
     now = 2_000 + 19_999;

@@ -10,6 +10,7 @@ import { Store } from '../store';
 import { createWorkspace } from '../accounts/workspaces';
 import { createKey } from '../accounts/keys';
 import { grantCredits } from '../accounts/credits';
+import type { UsageRecord } from '../accounts/usage-ledger';
 
 export function uniqueName(prefix: string): string {
   return `${prefix}-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
@@ -91,5 +92,13 @@ export async function startTestGateway(
       await store.close();
       await api.stop();
     },
+  };
+}
+
+/** A minimal usage record (one billed call) for tests that spend a workspace's credits directly. */
+export function usageRecord(id: string, workspaceId: string, keyId: string, cost: number): UsageRecord {
+  return {
+    _id: id, workspace_id: workspaceId, key_id: keyId, kind: 'decision', model: 'm', provider: 'p', input_tokens: 1, output_tokens: 1, cost,
+    session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
   };
 }

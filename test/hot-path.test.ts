@@ -4,12 +4,12 @@
 import { expect } from 'chai';
 import path from 'node:path';
 import { RateLimiter, blockSizeFor } from '../accounts/rate-limit';
-import { UsageLedger, type UsageRecord } from '../accounts/usage-ledger';
+import { UsageLedger } from '../accounts/usage-ledger';
 import { getBalance } from '../accounts/credits';
 import { Store } from '../store';
 import { freePort, startProcess } from '../tools/processes';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, uniqueName, type TestGateway } from './helpers';
+import { call, createTenant, startTestGateway, uniqueName, usageRecord, type TestGateway } from './helpers';
 
 /** A store connection that counts the insert commands sent to one collection. */
 async function countingStore(database: string, collection: string): Promise<{ store: Store; inserts: () => number }> {
@@ -120,10 +120,7 @@ describe('usage ledger with group commit', () => {
   before(async () => { store = await Store.connect(stack.mongoUri, uniqueName('ledger').replace(/-/g, '_')); });
   after(async () => { await store.close(); });
 
-  const usage = (id: string, cost = 0.01): UsageRecord => ({
-    _id: id, workspace_id: 'ws-ledger', key_id: 'key-ledger', kind: 'decision', model: 'm', provider: 'p', input_tokens: 1, output_tokens: 1, cost,
-    session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
-  });
+  const usage = (id: string) => usageRecord(id, 'ws-ledger', 'key-ledger', 0.01);
 
   it('records that arrive together share one write; each resolves once its own record is stored', async () => {
     const ledger = new UsageLedger(store);
