@@ -10,7 +10,7 @@ import { applyPreset, presetReference } from '../presets/apply';
 import { getPreset } from '../presets/store';
 import { insertManyNew, type Store } from '../store';
 import {
-  addToTally, batches, emptyTally, inputs, lineGenerationId, progress, results, seqId, sumProgress, writeResultsOnce,
+  addToTally, batches, emptyTally, inputs, lineGenerationId, pickTally, progress, results, saveProgress, seqId, sumProgress, writeResultsOnce,
   type BatchDoc, type BatchStatus, type ChunkTally, type ResultDoc,
 } from '../batches/store';
 import { lineProblem, OPERATION_OF } from '../batches/lines';
@@ -26,6 +26,12 @@ const sleep = (ms: number, signal: AbortSignal) => new Promise<void>((resolve) =
   const t = setTimeout(resolve, ms);
   signal.addEventListener('abort', () => { clearTimeout(t); resolve(); }, { once: true });
 });
+
+/** True when every endpoint tried could not even be connected to. */
+function unreachable(err: GatewayError | null): boolean {
+  const attempts = err?.metadata?.attempts as { kind: string }[] | undefined;
+  return !!attempts?.length && attempts.every((a) => a.kind === 'connection');
+}
 
 function errorType(status: number): string {
   return status === 429 ? 'rate_limited' : status === 524 ? 'timeout' : status === 529 ? 'overloaded' : status === 404 ? 'not_found' : status < 500 ? 'invalid_request' : 'upstream_error';
@@ -70,27 +76,44 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
       const b = await load(batchId);
       const chunk = await inputs(store, batchId).findOne({ _id: seqId(chunkIndex) });
       if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
-      const resumed = ctx.info.heartbeatDetails as ({ done?: number[] } & Partial<ChunkTally>) | undefined;
-      const done = new Set<number>(resumed?.done ?? []);
+      // Resume from this chunk's progress document: it is written after every stored group of
+      // results, so it is never behind the last heartbeat Temporal kept (which can be older after a
+      // server restart, and made live counts go backwards when a retry started from it).
+      const saved = await progress(store, batchId).findOne({ _id: seqId(chunkIndex) });
+      const done = new Set<number>(saved?.done ?? []);
       const abort = new AbortController();
       ctx.cancelled.catch(() => abort.abort());
       const { model, variant } = upstreams.catalog.resolve(b.model);
       const operation = OPERATION_OF[b.endpoint];
       const ws = await store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } });
       const presets = new Map<string, ReturnType<typeof getPreset>>();
-      // This chunk's counts, carried across retries in the heartbeat like the done lines.
-      const { done: _done, ...carried } = resumed ?? {};
-      const tally: ChunkTally = { ...emptyTally(), ...carried };
+      // This chunk's counts, carried across retries in the progress document like the done lines.
+      const tally: ChunkTally = { ...emptyTally(), ...(saved ? pickTally(saved) : {}) };
+
+      const failure = (line: (typeof chunk.lines)[number], status: number, message: string, provider: string | null = null): ResultDoc => ({
+        _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id: lineGenerationId(batchId, line.line), ok: false, provider, response: null,
+        error: { type: errorType(status), message, code: status }, usage: null,
+      });
 
       const runLine = async (line: (typeof chunk.lines)[number]): Promise<ResultDoc> => {
         const id = lineGenerationId(batchId, line.line);
         let body: Record<string, unknown> = line.body;
         const ref = presetReference(body);
         if (ref) {
+          // A preset that is missing (or another workspace's) fails this line alone, never the chunk.
           if (!presets.has(ref.slug)) presets.set(ref.slug, getPreset(store, b.workspace_id, ref.slug));
-          body = applyPreset(body, (await presets.get(ref.slug)!).designated_version, operation === 'embeddings' ? 'embeddings' : operation === 'systemone' ? 'decision' : operation);
+          try {
+            body = applyPreset(body, (await presets.get(ref.slug)!).designated_version, operation === 'embeddings' ? 'embeddings' : operation);
+          } catch (err) {
+            if (!(err instanceof GatewayError) || err.status >= 500) {
+              presets.delete(ref.slug); // a database error: the next line asks again
+              throw err;
+            }
+            return failure(line, err.status, err.message);
+          }
         }
         const { model: _model, preset: _preset, ...upstreamBody } = body;
+        let unreachableSince: number | null = null;
         for (let attempt = 1; ; attempt++) {
           try {
             const r = await invoke(upstreams, {
@@ -106,29 +129,39 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
             if (abort.signal.aborted) throw new CancelledFailure('batch line cancelled');
             const g = err instanceof GatewayError ? err : null;
             const status = g?.status ?? 500;
+            // A provider that refuses connections is down, not failing this line: wait it out
+            // (within the outage allowance) without spending the line's attempts.
+            if (unreachable(g)) {
+              unreachableSince ??= Date.now();
+              if (Date.now() - unreachableSince < batchSettings.outageMs) {
+                attempt--;
+                await sleep(1000, abort.signal);
+                continue;
+              }
+            }
             if (g && RETRYABLE.has(status) && attempt < batchSettings.lineAttempts) {
               const wait = err instanceof RateLimitedError ? err.retryAfterSeconds * 1000 : 500 * 2 ** (attempt - 1);
               await sleep(Math.min(wait, 30_000), abort.signal);
               continue;
             }
-            return {
-              _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id, ok: false, provider: (g?.metadata?.provider_name as string | undefined) ?? null, response: null,
-              error: { type: errorType(status), message: g?.message ?? 'Internal error processing this line', code: status }, usage: null,
-            };
+            return failure(line, status, g?.message ?? 'Internal error processing this line', (g?.metadata?.provider_name as string | undefined) ?? null);
           }
         }
       };
 
       // Results and usage records are written in batches: one unordered insert each per flush.
-      // Lines count as done (and are heartbeated) only once flushed, so a retry redoes at most
+      // Lines count as done (in the progress document) only once flushed, so a retry redoes at most
       // the unflushed ones; the first stored result of a line wins, and its usage is what is billed.
+      // A failed write (the database is down) keeps its results for the next flush rather than
+      // losing paid work; only when writes keep failing does the chunk give up and let Temporal retry.
       const pending: ResultDoc[] = [];
-      let flushing: Promise<void> = Promise.resolve();
-      const flush = () => {
-        flushing = flushing.then(async () => {
-          if (!pending.length) return;
-          const batch = pending.splice(0);
-          const stored = await writeResultsOnce(store, batchId, batch);
+      let failingSince: number | null = null;
+      let lastError: unknown = null;
+      const writeOnce = async (): Promise<void> => {
+        if (!pending.length) return;
+        const group = pending.splice(0);
+        try {
+          const stored = await writeResultsOnce(store, batchId, group);
           await insertManyNew(store.usage, stored.filter((r) => r.ok && r.usage).map((r) => ({
             _id: r.id, workspace_id: b.workspace_id, key_id: b.key_id, kind: 'batch_line' as const, model: model.canonicalId, provider: r.provider,
             input_tokens: r.usage!.input_tokens, output_tokens: r.usage!.output_tokens, cost: r.usage!.cost,
@@ -138,25 +171,35 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
             addToTally(tally, r);
             done.add(r.line);
           }
-          await progress(store, batchId).replaceOne({ _id: seqId(chunkIndex) }, { _id: seqId(chunkIndex), ...tally }, { upsert: true });
-        });
-        return flushing;
+          await saveProgress(store, batchId, chunkIndex, tally, [...done]);
+          failingSince = null;
+        } catch (err) {
+          // Both writes are idempotent, so writing the whole group again is safe.
+          pending.unshift(...group);
+          failingSince ??= Date.now();
+          lastError = err;
+        }
       };
+      let flushing: Promise<void> = Promise.resolve();
+      /** Queues a write after the one in flight; never rejects. */
+      const flush = () => (flushing = flushing.then(writeOnce));
       const ticker = setInterval(() => void flush(), 250);
       // Heartbeats say "alive, and these lines are stored", on their own clock: a slow database
       // write must not look like a dead worker (the SDK throttles what reaches the server).
-      const beat = () => ctx.heartbeat({ done: [...done], ...tally });
+      const beat = () => ctx.heartbeat({ done: done.size });
       const beater = setInterval(beat, 1000);
       beat();
+      const givingUp = () => failingSince !== null && Date.now() - failingSince > batchSettings.outageMs;
 
       const queue = chunk.lines.filter((l) => !done.has(l.line));
       const worker = async () => {
-        for (let line = queue.shift(); line && !abort.signal.aborted; line = queue.shift()) {
+        for (let line = queue.shift(); line && !abort.signal.aborted && !givingUp(); line = queue.shift()) {
           pending.push(await runLine(line));
           // Flush in the background; wait only when the database falls far behind (backpressure).
-          if (pending.length >= 100) {
-            const flushed = flush();
-            if (pending.length >= 1000) await flushed;
+          if (pending.length >= 100) void flush();
+          while (pending.length >= 1000 && !abort.signal.aborted && !givingUp()) {
+            await flush();
+            if (failingSince !== null) await sleep(1000, abort.signal);
           }
         }
       };
@@ -164,10 +207,12 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
         await Promise.all(Array.from({ length: Math.min(batchSettings.lineConcurrency, queue.length) }, worker));
       } finally {
         clearInterval(ticker);
-        await flush(); // keep what finished, cancelled or not
+        // Keep what finished, cancelled or not, for as long as the database may come back.
+        for (await flush(); pending.length && !givingUp(); await flush()) await sleep(1000, new AbortController().signal);
         clearInterval(beater);
         beat();
       }
+      if (pending.length) throw new Error(`batch chunk ${chunkIndex}: results could not be stored: ${lastError instanceof Error ? lastError.message : String(lastError)}`);
       if (abort.signal.aborted) throw new CancelledFailure('batch chunk cancelled');
       return { completed: tally.completed, failed: tally.failed };
     },

@@ -30,7 +30,7 @@ const SCHEMAS: Record<BatchEndpoint, TSchema> = {
 
 const validators = Object.fromEntries(Object.entries(SCHEMAS).map(([k, s]) => [k, compileBody(s)])) as unknown as Record<BatchEndpoint, (b: unknown) => unknown>;
 
-export const OPERATION_OF: Record<BatchEndpoint, Operation> = {
+export const OPERATION_OF: Record<BatchEndpoint, Exclude<Operation, 'systemone'>> = {
   '/v1/chat/completions': 'chat', '/v1/responses': 'responses', '/v1/messages': 'messages', '/v1/embeddings': 'embeddings',
 };
 

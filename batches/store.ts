@@ -121,6 +121,29 @@ export function addToTally(t: ChunkTally, r: Pick<ResultDoc, 'ok' | 'usage' | 'p
 /** One small document per chunk, written only by that chunk's activity. */
 export interface ProgressDoc extends Document, ChunkTally {
   _id: string; // seqId(chunk index)
+  /** Lines whose results are stored: where a retried chunk resumes. */
+  done?: number[];
+  /** completed + failed, for the never-backwards guard. */
+  n?: number;
+}
+
+export function pickTally(d: ChunkTally): ChunkTally {
+  return { completed: d.completed, failed: d.failed, input_tokens: d.input_tokens ?? 0, output_tokens: d.output_tokens ?? 0, cost: d.cost ?? 0, providers: d.providers ?? {} };
+}
+
+/**
+ * Saves a chunk's tally unless a larger one is already stored (an older attempt of the same chunk
+ * still running), so the counts clients see never go backwards.
+ */
+export async function saveProgress(store: Store, batchId: string, chunkIndex: number, tally: ChunkTally, done: number[]): Promise<void> {
+  const n = tally.completed + tally.failed;
+  const doc: ProgressDoc = { _id: seqId(chunkIndex), ...pickTally(tally), done, n };
+  try {
+    await progress(store, batchId).replaceOne({ _id: doc._id, $or: [{ n: { $lte: n } }, { n: { $exists: false } }] }, doc, { upsert: true });
+  } catch (err) {
+    // The filter missed because a larger tally is stored, and the upsert hit its _id: keep that one.
+    if ((err as { code?: number }).code !== 11000) throw err;
+  }
 }
 
 export function progress(store: Store, batchId: string): Collection<ProgressDoc> {

@@ -163,9 +163,18 @@ export function loadConfig(env: Env = process.env) {
       lineConcurrency: positiveInt(env, 'BATCH_LINE_CONCURRENCY', 64),
       /** Attempts per line for retryable upstream failures (each attempt already falls back across endpoints). */
       lineAttempts: positiveInt(env, 'BATCH_LINE_ATTEMPTS', 3),
+      /**
+       * How long a chunk waits out an outage (the database refusing writes, finished results kept in
+       * memory; a provider refusing connections, its lines retried) before giving up on it.
+       */
+      outageMs: positiveInt(env, 'BATCH_OUTAGE_MS', 5 * 60_000),
     },
     http: {
       bodyLimitBytes: bytes(env, 'BODY_LIMIT', 10 * 1024 ** 2),
+      /** JSON bodies nested deeper than this are refused (400) before they reach a validator or the database. */
+      bodyMaxDepth: positiveInt(env, 'BODY_MAX_DEPTH', 64),
+      /** A request body that sends nothing for this long is refused (408) and its connection closed. */
+      bodyIdleMs: positiveInt(env, 'BODY_IDLE_TIMEOUT_MS', 15_000),
       shutdownGraceMs: positiveInt(env, 'SHUTDOWN_GRACE_MS', 10_000),
     },
   };

@@ -1,15 +1,13 @@
 // Batches end to end against the real stack: lifecycle per endpoint, validation, failures inside a
 // batch, fallback, cancel, expiry, list paging and filters, delete rules, isolation, durability.
 import { expect } from 'chai';
-import fs from 'node:fs';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
-import { DEFAULT_CATALOG_PATH } from '../config';
 import { batches, newBatchId, storeInputs, type BatchDoc } from '../batches/store';
 import { searchAttributes } from '../workflows/shared';
 import { startProcess } from '../tools/processes';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
+import { call, createTenant, startTestGateway, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
 
 export async function waitForStatus(url: string, key: string, id: string, statuses: string[], timeoutMs = 60_000): Promise<any> {
   const deadline = Date.now() + timeoutMs;
@@ -23,19 +21,17 @@ export async function waitForStatus(url: string, key: string, id: string, status
 }
 
 function batchCatalog(): string {
-  const base = JSON.parse(fs.readFileSync(DEFAULT_CATALOG_PATH, 'utf8'));
-  const provider = (slug: string, faults: string, extra = {}) => ({
-    slug, name: slug, adapter: 'openai', base_url: `\${SANDBOX_URL}/~batchtest=1,${faults}/openai/v1`, collects_data: false, zdr: false, max_concurrency: 50, timeout_ms: 5000, ...extra,
+  return writeTestCatalog('batches', (base) => {
+    const provider = (slug: string, faults: string, extra = {}) => ({
+      slug, name: slug, adapter: 'openai', base_url: `\${SANDBOX_URL}/~batchtest=1,${faults}/openai/v1`, collects_data: false, zdr: false, max_concurrency: 50, timeout_ms: 5000, ...extra,
+    });
+    base.providers.push(provider('batch-broken', 'status=500'), provider('batch-slow', 'latency=250', { max_concurrency: 4 }), provider('batch-counted', 'counted=1'));
+    const model = (id: string, endpoints: [string, number][]) => ({
+      id, name: id, kind: 'chat', family: id, version: '1', released: '20260101', context_length: 1000, distillable: true,
+      endpoints: endpoints.map(([p, price]) => ({ provider: p, upstream_model: 'sandbox-chat', pricing: { prompt: price, completion: price }, quantization: 'bf16', supported_parameters: [] })),
+    });
+    base.models.push(model('test/batch-fallback', [['batch-broken', 0.0001], ['sandbox-alpha', 5]]), model('test/batch-slow', [['batch-slow', 1]]), model('test/batch-counted', [['batch-counted', 1]]));
   });
-  base.providers.push(provider('batch-broken', 'status=500'), provider('batch-slow', 'latency=250', { max_concurrency: 4 }), provider('batch-counted', 'counted=1'));
-  const model = (id: string, endpoints: [string, number][]) => ({
-    id, name: id, kind: 'chat', family: id, version: '1', released: '20260101', context_length: 1000, distillable: true,
-    endpoints: endpoints.map(([p, price]) => ({ provider: p, upstream_model: 'sandbox-chat', pricing: { prompt: price, completion: price }, quantization: 'bf16', supported_parameters: [] })),
-  });
-  base.models.push(model('test/batch-fallback', [['batch-broken', 0.0001], ['sandbox-alpha', 5]]), model('test/batch-slow', [['batch-slow', 1]]), model('test/batch-counted', [['batch-counted', 1]]));
-  const file = path.join(stack.tmpDir, `catalog-batches-${Date.now()}.json`);
-  fs.writeFileSync(file, JSON.stringify(base));
-  return file;
 }
 
 const chatLine = (i: number, extra: Record<string, unknown> = {}) => ({ custom_id: `req-${i}`, body: { messages: [{ role: 'user', content: `Question ${i}` }], max_tokens: 5, ...extra } });

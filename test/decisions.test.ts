@@ -1,14 +1,11 @@
 // POST /api/v1/systemone end to end: validation, answers against the formulas, native and logprob
 // endpoints, upstream failures, usage and debit, session precedence, and the OpenRouter SDK.
 import { expect } from 'chai';
-import fs from 'node:fs';
-import path from 'node:path';
 import { answerFromDistribution, answerFromNative, choiceConfidence, normalize, scoreConfidence } from '../decisions/answers';
 import { labelsOf, logprobRequest, readLabelDistribution, renderPrompt } from '../decisions/prompt';
 import type { Question } from '../decisions/types';
-import { DEFAULT_CATALOG_PATH } from '../config';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
+import { call, createTenant, startTestGateway, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
 
 const questions = {
   urgent: { type: 'noul', instructions: 'Is this urgent?', criteria: { true: 'needs action today', false: 'can wait' } },
@@ -18,20 +15,18 @@ const questions = {
 const state = { ticket: 'I was charged twice for my subscription', customer: { plan: 'pro' } };
 
 function testCatalogFile(): string {
-  const base = JSON.parse(fs.readFileSync(DEFAULT_CATALOG_PATH, 'utf8'));
-  const faulty = (slug: string, faults: string, extra = {}) => ({
-    slug, name: slug, adapter: 'systemone', base_url: `\${SANDBOX_URL}/~dec=1,${faults}/systemone`, collects_data: false, zdr: true, max_concurrency: 10, timeout_ms: 5000, ...extra,
+  return writeTestCatalog('decisions', (base) => {
+    const faulty = (slug: string, faults: string, extra = {}) => ({
+      slug, name: slug, adapter: 'systemone', base_url: `\${SANDBOX_URL}/~dec=1,${faults}/systemone`, collects_data: false, zdr: true, max_concurrency: 10, timeout_ms: 5000, ...extra,
+    });
+    base.providers.push(faulty('s1-slow', 'latency=2500,tag=slow', { timeout_ms: 10_000 }), faulty('s1-500', 'status=500'), faulty('s1-timeout', 'timeout', { timeout_ms: 300 }), faulty('s1-busy', 'overloaded'), faulty('s1-429', 'status=429,retry_after=20'));
+    const model = (id: string, providers: string[]) => ({
+      id, name: id, kind: 'decision', family: id, version: '1', released: '20260101', context_length: 1000, distillable: false,
+      endpoints: providers.map((p, i) => ({ provider: p, upstream_model: 'jev-1.13', pricing: { prompt: 0.1 * (i + 1), completion: 0.1 }, quantization: 'bf16', supported_parameters: [] })),
+    });
+    base.models.push(model('test/dec-500', ['s1-500']), model('test/dec-timeout', ['s1-timeout']), model('test/dec-busy', ['s1-busy']),
+      model('test/dec-429', ['s1-429']), model('test/dec-fallback', ['s1-500', 'sandbox-systemone']), model('test/dec-slow', ['s1-slow']));
   });
-  base.providers.push(faulty('s1-slow', 'latency=2500,tag=slow', { timeout_ms: 10_000 }), faulty('s1-500', 'status=500'), faulty('s1-timeout', 'timeout', { timeout_ms: 300 }), faulty('s1-busy', 'overloaded'), faulty('s1-429', 'status=429,retry_after=20'));
-  const model = (id: string, providers: string[]) => ({
-    id, name: id, kind: 'decision', family: id, version: '1', released: '20260101', context_length: 1000, distillable: false,
-    endpoints: providers.map((p, i) => ({ provider: p, upstream_model: 'jev-1.13', pricing: { prompt: 0.1 * (i + 1), completion: 0.1 }, quantization: 'bf16', supported_parameters: [] })),
-  });
-  base.models.push(model('test/dec-500', ['s1-500']), model('test/dec-timeout', ['s1-timeout']), model('test/dec-busy', ['s1-busy']),
-    model('test/dec-429', ['s1-429']), model('test/dec-fallback', ['s1-500', 'sandbox-systemone']), model('test/dec-slow', ['s1-slow']));
-  const file = path.join(stack.tmpDir, `catalog-decisions-${Date.now()}.json`);
-  fs.writeFileSync(file, JSON.stringify(base));
-  return file;
 }
 
 describe('decision maths', () => {

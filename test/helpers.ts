@@ -1,7 +1,9 @@
 // Shared test plumbing: an isolated gateway (own database, own task queue) on the run's real services.
 import { randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
 import { Writable } from 'node:stream';
-import { loadConfig, type Config } from '../config';
+import { DEFAULT_CATALOG_PATH, loadConfig, type Config } from '../config';
 import { createLogger, type Logger } from '../log';
 import { runApiRole } from '../cli/roles';
 import { freePort } from '../tools/processes';
@@ -101,4 +103,13 @@ export function usageRecord(id: string, workspaceId: string, keyId: string, cost
     _id: id, workspace_id: workspaceId, key_id: keyId, kind: 'decision', model: 'm', provider: 'p', input_tokens: 1, output_tokens: 1, cost,
     session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
   };
+}
+
+/** The default catalog with a test's own providers and models added, written to a file for CATALOG_PATH. */
+export function writeTestCatalog(name: string, extend: (catalog: { providers: any[]; models: any[] }) => void): string {
+  const catalog = JSON.parse(fs.readFileSync(DEFAULT_CATALOG_PATH, 'utf8'));
+  extend(catalog);
+  const file = path.join(stack.tmpDir, `catalog-${name}-${randomBytes(4).toString('hex')}.json`);
+  fs.writeFileSync(file, JSON.stringify(catalog));
+  return file;
 }

@@ -1,0 +1,111 @@
+// The chunk activity on its own (Temporal's MockActivityEnvironment, real database and sandbox):
+// where a retried chunk resumes, that counts never go backwards, and that a line naming a missing
+// preset fails alone.
+import { expect } from 'chai';
+import { MockActivityEnvironment } from '@temporalio/testing';
+import { loadConfig } from '../config';
+import { Store } from '../store';
+import { createUpstreams } from '../routing/upstreams';
+import { UsageLedger } from '../accounts/usage-ledger';
+import { createActivities } from '../activities';
+import {
+  batches, newBatchId, progress, results, saveProgress, seqId, storeInputs, emptyTally, type BatchDoc,
+} from '../batches/store';
+import { stack } from './fixture';
+import { addPresetVersion } from '../presets/store';
+import { createTenant, uniqueName, writeTestCatalog, type Tenant } from './helpers';
+
+const countedCalls = async (tag: string) => Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
+  .filter(([k]) => k.includes(`chunktest=${tag}`)).reduce((a, [, n]) => a + n, 0);
+
+describe('batch chunk activity', () => {
+  let store: Store;
+  let upstreams: ReturnType<typeof createUpstreams>;
+  let activities: ReturnType<typeof createActivities>;
+  let t: Tenant;
+  const tag = uniqueName('c');
+
+  before(async () => {
+    const catalogPath = writeTestCatalog('chunk', (base) => {
+      base.providers.push({
+        slug: 'chunk-counted', name: 'chunk-counted', adapter: 'openai', base_url: `\${SANDBOX_URL}/~chunktest=${tag}/openai/v1`,
+        collects_data: false, zdr: false, max_concurrency: 10, timeout_ms: 5000,
+      });
+      base.models.push({
+        id: 'test/chunk-counted', name: 'chunk', kind: 'chat', family: 'test/chunk', version: '1', released: '20260101', context_length: 1000, distillable: true,
+        endpoints: [{ provider: 'chunk-counted', upstream_model: 'sandbox-chat', pricing: { prompt: 1, completion: 1 }, quantization: 'bf16', supported_parameters: [] }],
+      });
+    });
+    const config = loadConfig({ MONGODB_URI: stack.mongoUri, MONGODB_DATABASE: uniqueName('db').replace(/-/g, '_'), SANDBOX_URL: stack.sandboxUrl, CATALOG_PATH: catalogPath });
+    store = await Store.connect(stack.mongoUri, config.mongo.database);
+    upstreams = createUpstreams(config, store);
+    activities = createActivities({ store, upstreams, batchSettings: config.batches, usage: new UsageLedger(store) });
+    t = await createTenant(store, 10);
+  });
+  after(async () => {
+    await upstreams.close();
+    await store.close();
+  });
+
+  async function storeBatch(bodies: Record<string, unknown>[]): Promise<string> {
+    const id = newBatchId();
+    const lines = bodies.map((body, i) => ({ line: i, custom_id: `c${i}`, body }));
+    const chunks = await storeInputs(store, id, lines, 100);
+    const now = new Date();
+    const doc: BatchDoc = {
+      _id: id, workspace_id: t.workspaceId, key_id: t.inferenceKeyId, endpoint: '/v1/chat/completions', model: 'test/chunk-counted', canonical_model: 'test/chunk-counted-20260101',
+      completion_window: '24h', status: 'in_progress', created_at: now, in_progress_at: now, finalized_at: null, expires_at: new Date(now.getTime() + 3600_000),
+      provider_only: null, total: lines.length, chunks, provider: null, usage: null, error: null, metadata: null, meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
+    };
+    await batches(store).insertOne(doc);
+    return id;
+  }
+  const chat = (i: number, extra = {}) => ({ messages: [{ role: 'user', content: `q${i}` }], max_tokens: 3, ...extra });
+
+  it('a retry resumes from the stored progress, not from an older heartbeat, and its counts never shrink', async () => {
+    const id = await storeBatch(Array.from({ length: 10 }, (_, i) => chat(i)));
+    // A first attempt runs the chunk.
+    const first = new MockActivityEnvironment();
+    const before = await countedCalls(tag);
+    await first.run(activities.processBatchChunk, id, 0);
+    expect(await countedCalls(tag) - before).to.equal(10);
+    const stored = await progress(store, id).findOne({ _id: seqId(0) });
+    expect(stored).to.include({ completed: 10, failed: 0, n: 10 });
+
+    // Rewind to an attempt that died having stored six lines, while the last heartbeat Temporal
+    // kept says two (as after a server restart).
+    await results(store, id).deleteMany({ _id: { $in: [6, 7, 8, 9].map(seqId) } });
+    const six = { ...emptyTally(), completed: 6, input_tokens: stored!.input_tokens, output_tokens: stored!.output_tokens, cost: stored!.cost };
+    await progress(store, id).replaceOne({ _id: seqId(0) }, { _id: seqId(0), ...six, done: [0, 1, 2, 3, 4, 5], n: 6 });
+
+    const retry = new MockActivityEnvironment({ heartbeatDetails: { done: [0, 1], completed: 2, failed: 0 } });
+    const mid = await countedCalls(tag);
+    const out = await retry.run(activities.processBatchChunk, id, 0);
+    expect(await countedCalls(tag) - mid, 'only the four unstored lines are called again').to.equal(4);
+    expect(out).to.deep.equal({ completed: 10, failed: 0 });
+    expect(await results(store, id).countDocuments({})).to.equal(10);
+  });
+
+  it('a stored tally is never replaced by a smaller one', async () => {
+    const id = newBatchId();
+    await saveProgress(store, id, 0, { ...emptyTally(), completed: 5 }, [0, 1, 2, 3, 4]);
+    await saveProgress(store, id, 0, { ...emptyTally(), completed: 2 }, [0, 1]); // an older attempt, still running
+    expect(await progress(store, id).findOne({ _id: seqId(0) })).to.include({ completed: 5, n: 5 });
+    await saveProgress(store, id, 0, { ...emptyTally(), completed: 6 }, [0, 1, 2, 3, 4, 5]);
+    expect(await progress(store, id).findOne({ _id: seqId(0) })).to.include({ completed: 6, n: 6 });
+  });
+
+  it("a line naming a missing preset (or another workspace's) fails alone with a clear error", async () => {
+    const other = await createTenant(store, 1);
+    await addPresetVersion(store, { workspaceId: other.workspaceId, slug: 'theirs', creator: 'u', config: { model: 'test/chunk-counted' }, systemPrompt: 'secret' });
+    const id = await storeBatch([chat(0), chat(1, { preset: 'no-such-preset' }), { ...chat(2), model: '@preset/theirs' }, chat(3)]);
+    const env = new MockActivityEnvironment();
+    const out = await env.run(activities.processBatchChunk, id, 0);
+    expect(out).to.deep.equal({ completed: 2, failed: 2 });
+    const byLine = new Map((await results(store, id).find({}).toArray()).map((r) => [r.line, r]));
+    expect(byLine.get(1)!.error).to.deep.include({ type: 'not_found', code: 404, message: 'Preset "no-such-preset" not found' });
+    expect(byLine.get(2)!.error).to.deep.include({ type: 'not_found', code: 404, message: 'Preset "theirs" not found' });
+    expect(byLine.get(0)!.ok).to.equal(true);
+    expect(byLine.get(3)!.ok).to.equal(true);
+  });
+});

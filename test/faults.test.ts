@@ -1,0 +1,179 @@
+// Fault tests: a batch keeps running while each kind of process it depends on is killed with
+// SIGKILL and started again (FerretDB, the Temporal dev server, the sandbox provider, the gateway
+// itself). Each must end `completed` with exactly one result and one usage record per line, and
+// counts a client sees never go backwards.
+import { expect } from 'chai';
+import path from 'node:path';
+import { stack } from './fixture';
+import { call, createTenant, uniqueName, writeTestCatalog, type Tenant } from './helpers';
+import { freePort, startProcess, type ManagedProcess } from '../tools/processes';
+import { startFerretDB, startTemporalServer } from '../tools/services';
+import { Store } from '../store';
+
+const BIN = path.resolve(__dirname, '..', '..', 'bin', 'gateway.js');
+const LINES = 60;
+
+function faultCatalog(): string {
+  return writeTestCatalog('faults', (base) => {
+    base.providers.push({
+      slug: 'fault-slow', name: 'fault-slow', adapter: 'openai', base_url: '${SANDBOX_URL}/~faults=1,latency=150/openai/v1',
+      collects_data: false, zdr: false, max_concurrency: 6, timeout_ms: 5000,
+    });
+    base.models.push({
+      id: 'test/fault-slow', name: 'fault-slow', kind: 'chat', family: 'test/fault-slow', version: '1', released: '20260101', context_length: 1000, distillable: true,
+      endpoints: [{ provider: 'fault-slow', upstream_model: 'sandbox-chat', pricing: { prompt: 1, completion: 1 }, quantization: 'bf16', supported_parameters: [] }],
+    });
+  });
+}
+
+interface Services { mongoUri: string; temporalAddress: string; sandboxUrl: string }
+
+/** A gateway (API and worker) in a process of its own, so a crash of it is visible as an exit. */
+async function startGatewayProcess(name: string, services: Services, env: Record<string, string>): Promise<{ proc: ManagedProcess; url: string }> {
+  const port = Number(env.PORT) || await freePort();
+  const proc = startProcess(name, process.execPath, [BIN, 'api', '--with-worker'], {
+    ...process.env, ...env, PORT: String(port), MONGODB_URI: services.mongoUri, TEMPORAL_ADDRESS: services.temporalAddress, SANDBOX_URL: services.sandboxUrl, LOG_LEVEL: 'warn',
+  });
+  const url = `http://127.0.0.1:${port}`;
+  await proc.waitUntil(async () => {
+    if (!(await fetch(`${url}/healthz`)).ok) throw new Error('not yet');
+  }, 30_000, 'answering');
+  return { proc, url };
+}
+
+/** Polls the batch until it is terminal, tolerating errors while a dependency is down; keeps every count seen. */
+async function pollUntilTerminal(url: () => string, key: string, id: string, seen: number[], timeoutMs: number): Promise<any> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown = null;
+  while (Date.now() < deadline) {
+    try {
+      const r = await call(`${url()}/api/v1/batches/${id}`, { key });
+      last = r.body;
+      if (r.status === 200) {
+        seen.push(r.body.request_counts.completed + r.body.request_counts.failed);
+        if (['completed', 'failed', 'cancelled', 'expired'].includes(r.body.status)) return r.body;
+      }
+    } catch (err) {
+      last = String(err); // the gateway itself is down
+    }
+    await new Promise((res) => setTimeout(res, 200));
+  }
+  throw new Error(`batch ${id} not terminal in time: ${JSON.stringify(last).slice(0, 400)}`);
+}
+
+async function waitForCompleted(url: string, key: string, id: string, atLeast: number): Promise<void> {
+  const deadline = Date.now() + 60_000;
+  while (Date.now() < deadline) {
+    const r = await call(`${url}/api/v1/batches/${id}`, { key });
+    if (r.body?.request_counts?.completed >= atLeast) return;
+    await new Promise((res) => setTimeout(res, 100));
+  }
+  throw new Error('batch did not make progress');
+}
+
+describe('faults: a running batch survives each process being killed', function () {
+  this.timeout(240_000);
+  let catalogPath: string;
+  before(() => { catalogPath = faultCatalog(); });
+
+  /**
+   * Starts a gateway on `services`, runs a batch, and once 10 lines are done calls `fault` (which
+   * kills something and starts it again), then checks the batch's outcome.
+   */
+  async function survives(services: Services, fault: (gw: { proc: ManagedProcess; url: string }, env: Record<string, string>) => Promise<{ proc: ManagedProcess; url: string } | void>) {
+    const env = {
+      PORT: String(await freePort()), MONGODB_DATABASE: uniqueName('db').replace(/-/g, '_'), TEMPORAL_TASK_QUEUE: uniqueName('tq'),
+      CATALOG_PATH: catalogPath, BATCH_CHUNK_SIZE: '10', BATCH_WINDOW: '2',
+    };
+    let gw = await startGatewayProcess('gateway', services, env);
+    const store = await Store.connect(services.mongoUri, env.MONGODB_DATABASE);
+    try {
+      const t: Tenant = await createTenant(store, 10);
+      const requests = Array.from({ length: LINES }, (_, i) => ({ custom_id: `line-${i}`, body: { messages: [{ role: 'user', content: `Question ${i}` }], max_tokens: 5 } }));
+      const created = await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body: { endpoint: '/v1/chat/completions', model: 'test/fault-slow', requests } });
+      expect(created.status, JSON.stringify(created.body)).to.equal(202);
+      await waitForCompleted(gw.url, t.inferenceKey, created.body.id, 10);
+
+      const seen: number[] = [];
+      const replaced = await fault(gw, env);
+      if (replaced) gw = replaced;
+      const done = await pollUntilTerminal(() => gw.url, t.inferenceKey, created.body.id, seen, 180_000);
+
+      expect(gw.proc.hasExited, `the gateway died:\n${gw.proc.recentOutput()}`).to.equal(false);
+      expect(done.status, JSON.stringify(done.error)).to.equal('completed');
+      expect(done.request_counts).to.deep.equal({ total: LINES, completed: LINES, failed: 0 });
+      const customIds = done.results.map((r: any) => r.custom_id);
+      expect(customIds).to.have.length(LINES);
+      expect(new Set(customIds).size).to.equal(LINES);
+      const billed = await store.usage.find({ batch_id: created.body.id }).toArray();
+      expect(billed).to.have.length(LINES);
+      expect(done.usage.cost).to.be.closeTo(billed.reduce((a, u) => a + u.cost, 0), 1e-9);
+      // Live counts never went backwards.
+      for (let i = 1; i < seen.length; i++) expect(seen[i], `counts seen: ${seen.join(',')}`).to.be.at.least(seen[i - 1]);
+    } finally {
+      await store.close().catch(() => undefined);
+      await gw.proc.stop();
+    }
+  }
+
+  const shared = (): Services => ({ mongoUri: stack.mongoUri, temporalAddress: stack.temporalAddress, sandboxUrl: stack.sandboxUrl });
+
+  it('FerretDB killed and restarted: the gateway stays up and the batch completes', async () => {
+    const port = await freePort();
+    const dataDir = path.join(stack.tmpDir, uniqueName('ferret-fault'));
+    let ferret = await startFerretDB({ binary: stack.tools!.ferretdb, port, dataDir });
+    try {
+      await survives({ ...shared(), mongoUri: ferret.address }, async () => {
+        await ferret.process.kill();
+        await new Promise((res) => setTimeout(res, 3000)); // writes in flight fail meanwhile
+        ferret = await startFerretDB({ binary: stack.tools!.ferretdb, port, dataDir });
+      });
+    } finally {
+      await ferret.process.stop();
+    }
+  });
+
+  it('Temporal killed and restarted: the batch completes', async () => {
+    const port = await freePort();
+    const dbFile = path.join(stack.tmpDir, uniqueName('temporal-fault'), 'temporal.db');
+    const start = () => startTemporalServer({ binary: stack.tools!.temporal, port, uiPort: null, dbFile, namespace: stack.namespace });
+    let temporal = await start();
+    try {
+      await survives({ ...shared(), temporalAddress: temporal.address }, async () => {
+        await temporal.process.kill();
+        await new Promise((res) => setTimeout(res, 1000));
+        temporal = await start();
+      });
+    } finally {
+      await temporal.process.stop();
+    }
+  });
+
+  it('the sandbox provider killed and restarted: lines in flight are retried and billed once', async () => {
+    const port = await freePort();
+    const start = async () => {
+      const p = startProcess('sandbox-fault', process.execPath, [BIN, 'sandbox'], { ...process.env, SANDBOX_PORT: String(port), LOG_LEVEL: 'warn' });
+      await p.waitUntil(async () => {
+        if (!(await fetch(`http://127.0.0.1:${port}/healthz`)).ok) throw new Error('not yet');
+      }, 15_000, 'answering');
+      return p;
+    };
+    let sandbox = await start();
+    try {
+      await survives({ ...shared(), sandboxUrl: `http://127.0.0.1:${port}` }, async () => {
+        await sandbox.kill();
+        await new Promise((res) => setTimeout(res, 2000));
+        sandbox = await start();
+      });
+    } finally {
+      await sandbox.stop();
+    }
+  });
+
+  it('the gateway itself killed and started again: the batch completes', async () => {
+    await survives(shared(), async (gw, env) => {
+      await gw.proc.kill();
+      return startGatewayProcess('gateway-2', shared(), env);
+    });
+  });
+});
