@@ -4,6 +4,7 @@
 // Each caller's promise settles only once its own record is durably written (or refused), so a
 // client is never answered for a call whose bill could still be lost. A record's `_id` is its
 // generation id: a retried call finds its record already there and is not debited twice.
+import { toJsonText } from '../store/json-text';
 import { insertManyEach, type Store, type UsageDoc } from '../store';
 
 export type UsageRecord = Omit<UsageDoc, 'created_at'> & { created_at?: Date };
@@ -25,7 +26,8 @@ export class UsageLedger {
   /** Resolves true once written, false when that generation was already recorded. */
   record(usage: UsageRecord): Promise<boolean> {
     return new Promise((resolve, reject) => {
-      this.queue.push({ doc: { ...usage, created_at: usage.created_at ?? new Date() } as UsageDoc, resolve, reject });
+      // Trace metadata is the caller's own object: stored as its JSON text.
+      this.queue.push({ doc: { ...usage, trace: usage.trace && toJsonText(usage.trace), created_at: usage.created_at ?? new Date() } as UsageDoc, resolve, reject });
       if (!this.writing) {
         this.writing = true;
         // Let records finished in the same turn of the event loop join the first write.

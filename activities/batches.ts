@@ -10,7 +10,7 @@ import { applyPreset, presetReference } from '../presets/apply';
 import { getPreset } from '../presets/store';
 import { insertManyNew, type Store } from '../store';
 import {
-  addToTally, batches, emptyTally, inputs, lineGenerationId, pickTally, progress, results, saveProgress, seqId, sumProgress, writeResultsOnce,
+  addToTally, batches, emptyTally, inputs, lineBody, lineGenerationId, pickTally, progress, results, saveProgress, seqId, sumProgress, writeResultsOnce,
   type BatchDoc, type BatchStatus, type ChunkTally, type ResultDoc,
 } from '../batches/store';
 import { lineProblem, OPERATION_OF } from '../batches/lines';
@@ -53,7 +53,7 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
       for (let i = 0; i < b.chunks; i++) {
         const chunk = await inputs(store, batchId).findOne({ _id: seqId(i) });
         for (const line of chunk?.lines ?? []) {
-          const problem = lineProblem(b.endpoint, line.body);
+          const problem = lineProblem(b.endpoint, lineBody(line));
           if (problem) {
             invalid++;
             if (examples.length < 10) examples.push(`${line.custom_id} (${problem})`);
@@ -97,7 +97,7 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
 
       const runLine = async (line: (typeof chunk.lines)[number]): Promise<ResultDoc> => {
         const id = lineGenerationId(batchId, line.line);
-        let body: Record<string, unknown> = line.body;
+        let body = lineBody(line);
         const ref = presetReference(body);
         if (ref) {
           // A preset that is missing (or another workspace's) fails this line alone, never the chunk.

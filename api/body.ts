@@ -1,17 +1,143 @@
-// JSON request bodies: only application/json, within a size limit, parsed strictly. Failures
-// become 400/413 in the error envelope (api/errors.ts maps the parser's errors).
+// JSON request bodies, read by hand because every step has a limit a hostile client tests:
+// only application/json; identity, gzip, deflate or br encoding, inflated no further than the size
+// limit (counted on decoded bytes, so a small gzip bomb stops at the limit); a body that stalls is
+// refused rather than held open; strict UTF-8; no `__proto__` keys; bounded
+// nesting. Any refusal closes the connection, since the rest of the body was never read.
+import zlib from 'node:zlib';
+import { pipeline, type Readable } from 'node:stream';
 import type Koa from 'koa';
-import { bodyParser } from '@koa/bodyparser';
-import { BadRequestError } from '../errors';
+import bourne from '@hapi/bourne';
+import { BadRequestError, PayloadTooLargeError, RequestTimeoutError, type GatewayError } from '../errors';
 
-export function jsonBody(limitBytes: number): Koa.Middleware {
-  const parse = bodyParser({ enableTypes: ['json'], jsonLimit: limitBytes, encoding: 'utf-8', jsonStrict: true });
+export interface BodyLimits {
+  /** Decoded bytes. */
+  limitBytes: number;
+  /** Objects and arrays nested deeper than this are refused. */
+  maxDepth: number;
+  /** A body that sends nothing for this long is refused with 408. */
+  idleMs: number;
+}
+
+const DECODERS: Record<string, (() => zlib.Gunzip | zlib.Inflate | zlib.BrotliDecompress) | null> = {
+  identity: null,
+  gzip: () => zlib.createGunzip(),
+  'x-gzip': () => zlib.createGunzip(),
+  deflate: () => zlib.createInflate(),
+  br: () => zlib.createBrotliDecompress(),
+};
+
+/** Depth of the deepest object or array in JSON text (strings skipped), stopping once past `max`. */
+export function jsonDepthOver(text: string, max: number): boolean {
+  let depth = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c === 34 /* " */) {
+      for (i++; i < text.length; i++) {
+        const d = text.charCodeAt(i);
+        if (d === 92 /* \ */) i++;
+        else if (d === 34) break;
+      }
+    } else if (c === 123 /* { */ || c === 91 /* [ */) {
+      if (++depth > max) return true;
+    } else if (c === 125 || c === 93) {
+      depth--;
+    }
+  }
+  return false;
+}
+
+function readAll(req: Koa.Request['req'], limits: BodyLimits): Promise<Buffer> {
+  const encoding = (req.headers['content-encoding'] ?? 'identity').trim().toLowerCase();
+  if (!(encoding in DECODERS)) throw new BadRequestError(`Content-Encoding ${JSON.stringify(encoding.slice(0, 40))} is not supported (use identity, gzip, deflate or br)`);
+  const declared = Number(req.headers['content-length']);
+  if (encoding === 'identity' && declared > limits.limitBytes) throw new PayloadTooLargeError('Request body is larger than the configured limit');
+  const decoder = DECODERS[encoding]?.() ?? null;
+  // pipeline, not pipe: a request that ends early or errors must end the decoder too.
+  const source: Readable = decoder ? pipeline(req, decoder, () => undefined) : req;
+  return new Promise<Buffer>((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    let idle: NodeJS.Timeout | null = null;
+    // Settles once; stops reading without destroying the request, whose socket still carries the answer.
+    const finish = (err: GatewayError | null) => {
+      if (idle) clearTimeout(idle);
+      source.off('data', onData).off('end', onEnd).off('error', onError);
+      req.off('aborted', onAborted);
+      if (err) {
+        source.pause();
+        if (decoder) req.unpipe(decoder);
+        decoder?.destroy();
+        reject(err);
+      } else {
+        resolve(Buffer.concat(chunks, size));
+      }
+    };
+    const arm = () => {
+      if (idle) clearTimeout(idle);
+      idle = setTimeout(() => finish(new RequestTimeoutError(`Request body stalled: nothing received for ${limits.idleMs} ms`)), limits.idleMs);
+    };
+    const onData = (chunk: Buffer) => {
+      arm();
+      size += chunk.length;
+      if (size > limits.limitBytes) return finish(new PayloadTooLargeError('Request body is larger than the configured limit'));
+      chunks.push(chunk);
+    };
+    const onEnd = () => finish(null);
+    const onError = (err: NodeJS.ErrnoException) => {
+      const corrupt = decoder && (err.code?.startsWith('Z_') || err.code === 'ERR_BROTLI_DECOMPRESSION_FAILED' || err.code === 'ERR__ERROR_FORMAT_PADDING_1');
+      finish(new BadRequestError(corrupt ? `Request body is not valid ${encoding} data` : 'Request body was not received in full'));
+    };
+    // The client went away mid-body (or sent less than its Content-Length and closed).
+    const onAborted = () => finish(new BadRequestError('Request body was not received in full'));
+    source.on('data', onData).on('end', onEnd).on('error', onError);
+    req.on('aborted', onAborted);
+    arm();
+  });
+}
+
+const utf8 = new TextDecoder('utf-8', { fatal: true });
+
+/** Parses JSON text as a request body: an object or array, safe keys, bounded depth. */
+export function parseJsonBody(text: string, maxDepth: number): unknown {
+  if (!/^[\x20\x09\x0a\x0d]*[[{]/.test(text)) throw new BadRequestError('Request body is not valid JSON (expected an object)');
+  if (jsonDepthOver(text, maxDepth)) throw new BadRequestError(`Request body nests deeper than ${maxDepth} levels`);
+  try {
+    return bourne.parse(text, { protoAction: 'error' });
+  } catch (err) {
+    if (/prototype/.test((err as Error).message)) throw new BadRequestError('Request body contains a forbidden key ("__proto__")');
+    throw new BadRequestError('Request body is not valid JSON');
+  }
+}
+
+export function jsonBody(limits: BodyLimits): Koa.Middleware {
   return async (ctx, next) => {
     const hasBody = Number(ctx.get('content-length') || 0) > 0 || ctx.get('transfer-encoding') !== '';
-    if (!hasBody) throw new BadRequestError('Request body is required (a JSON document)');
-    if (!ctx.is('application/json')) {
-      throw new BadRequestError(`Content-Type must be application/json, not ${JSON.stringify(ctx.get('content-type') || 'none')}`);
+    try {
+      if (!hasBody) throw new BadRequestError('Request body is required (a JSON document)');
+      if (!ctx.is('application/json')) {
+        throw new BadRequestError(`Content-Type must be application/json, not ${JSON.stringify((ctx.get('content-type') || 'none').slice(0, 100))}`);
+      }
+      const charset = /charset\s*=\s*"?([^";\s]+)/i.exec(ctx.get('content-type'))?.[1]?.toLowerCase();
+      if (charset && charset !== 'utf-8' && charset !== 'utf8') throw new BadRequestError(`Request body must be UTF-8, not ${JSON.stringify(charset.slice(0, 40))}`);
+      const raw = await readAll(ctx.req, limits);
+      let text: string;
+      try {
+        text = utf8.decode(raw);
+      } catch {
+        throw new BadRequestError('Request body is not valid UTF-8');
+      }
+      ctx.request.body = parseJsonBody(text, limits.maxDepth);
+    } catch (err) {
+      // The unread rest of the body would otherwise sit on a kept-alive socket.
+      if (!ctx.req.readableEnded) ctx.set('Connection', 'close');
+      throw err;
     }
-    await parse(ctx, next);
+    await next();
   };
+}
+
+declare module 'koa' {
+  interface Request {
+    body?: unknown;
+  }
 }

@@ -16,7 +16,7 @@ export interface AppDeps {
   temporal: Client;
   /** How decisions run: in-process, or as workflows (DECISIONS_EXECUTION). */
   decisions: DecisionExecution;
-  pingTemporal: () => Promise<void>;
+  pingTemporal: (timeoutMs?: number) => Promise<void>;
   rateLimiter: RateLimiter;
   keys: KeyCache;
   workspaces: WorkspaceCache;

@@ -1,8 +1,6 @@
 // The one place where a thrown value becomes an HTTP status and the interface's error envelope.
 import type Koa from 'koa';
-import {
-  GatewayError, BadRequestError, InternalError, PayloadTooLargeError, RateLimitedError,
-} from '../errors';
+import { GatewayError, InternalError, RateLimitedError, errorFromStatus } from '../errors';
 import type { Logger } from '../log';
 
 export interface ErrorEnvelope {
@@ -10,20 +8,17 @@ export interface ErrorEnvelope {
   user_id: string | null;
 }
 
-/** Errors thrown by Koa's body parser and friends carry a status; give them our classes. */
+/** Errors Koa and the router throw carry an HTTP status: a client error keeps it, anything else is a 500. */
 function normalize(err: unknown): GatewayError {
   if (err instanceof GatewayError) return err;
-  const e = err as { status?: number; type?: string; message?: string };
-  if (e?.status === 413 || e?.type === 'entity.too.large') {
-    return new PayloadTooLargeError('Request body is larger than the configured limit');
-  }
-  if (e?.type === 'entity.parse.failed' || (e?.status === 400 && /json/i.test(e?.message ?? ''))) {
-    return new BadRequestError('Request body is not valid JSON');
-  }
-  if (e?.status === 415 || e?.type === 'encoding.unsupported' || e?.type === 'charset.unsupported') {
-    return new BadRequestError(e.message ?? 'Unsupported request encoding');
-  }
+  const e = err as { status?: number; expose?: boolean; message?: string };
+  if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && e.expose) return errorFromStatus(e.status, short(e.message ?? 'Bad request'));
   return new InternalError('Internal server error');
+}
+
+/** Messages can carry what a client sent: bounded in logs and answers. */
+export function short(text: string, max = 300): string {
+  return text.length > max ? `${text.slice(0, max)}… (${text.length} characters)` : text;
 }
 
 export function envelope(err: GatewayError, userId: string | null = null): ErrorEnvelope {
@@ -41,7 +36,7 @@ export function errorMiddleware(): Koa.Middleware {
         // Details stay in the log; the client gets the generic message.
         log.error({ err: raw }, 'unhandled error');
       } else {
-        log.debug({ status: err.status, message: err.message }, 'request failed');
+        log.debug({ status: err.status, message: short(err.message) }, 'request failed');
       }
       if (err instanceof RateLimitedError) ctx.set('Retry-After', String(err.retryAfterSeconds));
       ctx.status = err.status;

@@ -51,7 +51,10 @@ export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): 
         await next();
       });
     }
-    if (spec.body) chain.push(jsonBody(spec.bodyLimitBytes ?? deps.config.http.bodyLimitBytes));
+    if (spec.body) {
+      const { bodyLimitBytes, bodyMaxDepth, bodyIdleMs } = deps.config.http;
+      chain.push(jsonBody({ limitBytes: spec.bodyLimitBytes ?? bodyLimitBytes, maxDepth: bodyMaxDepth, idleMs: bodyIdleMs }));
+    }
     chain.push(async (ctx) => {
       const input = {
         body: body ? body(ctx.request.body) : undefined,

@@ -2,6 +2,8 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { createApp } from './app';
+import { envelope } from './errors';
+import { errorFromStatus } from '../errors';
 import type { AppDeps } from './deps';
 
 export interface ApiServer {
@@ -14,6 +16,21 @@ export async function startApiServer(deps: AppDeps, host: string, port: number):
   const app = createApp(deps);
   const server = http.createServer(app.callback());
   server.keepAliveTimeout = 65_000; // longer than common load balancers' idle timeouts
+  // Requests Node refuses before Koa sees them (headers or URL over 16 KB, malformed HTTP) still get
+  // an answer in the error envelope, not a bare status line.
+  server.on('clientError', (err: NodeJS.ErrnoException, socket) => {
+    if (err.code === 'ECONNRESET' || !socket.writable) {
+      socket.destroy();
+      return;
+    }
+    const [status, reason, message] = err.code === 'HPE_HEADER_OVERFLOW'
+      ? [431, 'Request Header Fields Too Large', 'Request line and headers are larger than 16 KB (a long URL or header)']
+      : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+        ? [408, 'Request Timeout', 'Request was not received in time']
+        : [400, 'Bad Request', 'Malformed HTTP request'];
+    const body = JSON.stringify(envelope(errorFromStatus(status, message)));
+    socket.end(`HTTP/1.1 ${status} ${reason}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+  });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(port, host, () => resolve());

@@ -6,7 +6,8 @@ import type { TSchema, Static } from '@sinclair/typebox';
 import { BadRequestError } from '../errors';
 
 function makeAjv(coerce: boolean): Ajv {
-  const ajv = new Ajv({ allErrors: true, strict: false, discriminator: true, verbose: true, coerceTypes: coerce ? 'array' : false, useDefaults: coerce });
+  // strictNumbers: `strict: false` would otherwise let Infinity (JSON's 1e309) pass as an integer.
+  const ajv = new Ajv({ allErrors: true, strict: false, strictNumbers: true, discriminator: true, verbose: true, coerceTypes: coerce ? 'array' : false, useDefaults: coerce });
   addFormats(ajv);
   return ajv;
 }
@@ -21,7 +22,8 @@ export function fieldPath(instancePath: string, extra?: string): string {
   if (extra !== undefined) parts.push(extra);
   let out = '';
   for (const p of parts) out += /^\d+$/.test(p) ? `[${p}]` : out ? `.${p}` : p;
-  return out;
+  // A client's own key names are echoed back and logged: keep a hostile one short.
+  return out.length > 200 ? `${out.slice(0, 200)}…` : out;
 }
 
 function describe(e: ErrorObject, root: string): { field: string; message: string } {

@@ -23,7 +23,10 @@ const SCHEMAS: Record<BatchEndpoint, TSchema> = {
     messages: Type.Array(Message, { minItems: 1 }), max_tokens: Type.Integer({ minimum: 1 }), stream: NoStream,
   }, { additionalProperties: true }),
   '/v1/embeddings': Type.Object({
-    input: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1, maxItems: 2048 }), Type.Array(Type.Integer(), { minItems: 1 })]),
+    input: Type.Union([
+      Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1, maxItems: 2048 }), Type.Array(Type.Integer(), { minItems: 1 }),
+      Type.Array(Type.Array(Type.Integer(), { minItems: 1 }), { minItems: 1, maxItems: 2048 }), // several inputs as token arrays
+    ]),
     dimensions: Type.Optional(Type.Integer({ minimum: 1 })),
   }, { additionalProperties: true }),
 };

@@ -6,6 +6,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Collection, Document } from 'mongodb';
 import { insertManyNew, type Store } from '../store';
+import { fromJsonText } from '../store/json-text';
 import type { BATCH_ENDPOINTS, BATCH_STATUSES } from '../api/schemas/batches';
 
 export type BatchStatus = (typeof BATCH_STATUSES)[number];
@@ -30,7 +31,8 @@ export interface BatchDoc extends Document {
   provider: string | null;
   usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number; cost: number } | null;
   error: { message: string } | null;
-  metadata: Record<string, string> | null;
+  /** JSON text (store/json-text), or the object itself in older batches. */
+  metadata: string | Record<string, string> | null;
   /** Counted from the results when the batch closed; live counts come from the progress documents. */
   final_counts?: { completed: number; failed: number };
   /** Session and attribution of the creating request, copied onto each line's usage record. */
@@ -48,7 +50,20 @@ export function seqId(n: number): string {
 
 export interface InputChunkDoc extends Document {
   _id: string; // seqId(chunk index)
-  lines: { line: number; custom_id: string; body: Record<string, unknown> }[];
+  /**
+   * Each body is stored as its JSON text: any key a caller may send (`$ref` in a schema, a dotted
+   * name) is stored as sent, and a chunk's size is known before it is written.
+   */
+  lines: { line: number; custom_id: string; body: string }[];
+}
+
+export type InputLine = InputChunkDoc['lines'][number];
+
+/** A chunk stays well under MongoDB's 16 MB document limit; a single line may use all of it. */
+export const MAX_CHUNK_BYTES = 8 * 1024 * 1024;
+
+export function lineBody(l: InputLine): Record<string, unknown> {
+  return JSON.parse(l.body);
 }
 
 export interface ResultDoc extends Document {
@@ -154,10 +169,25 @@ export function batches(store: Store): Collection<BatchDoc> {
   return store.db.collection<BatchDoc>('batches');
 }
 
-/** Stores the input lines in chunks. Idempotent: a retried write of a chunk changes nothing. */
-export async function storeInputs(store: Store, batchId: string, lines: InputChunkDoc['lines'], chunkSize: number): Promise<number> {
+/**
+ * Stores the input lines in chunks of at most `chunkSize` lines and MAX_CHUNK_BYTES of bodies.
+ * Idempotent: a retried write of a chunk changes nothing.
+ */
+export async function storeInputs(store: Store, batchId: string, lines: InputLine[], chunkSize: number): Promise<number> {
   const chunks: InputChunkDoc[] = [];
-  for (let i = 0; i * chunkSize < lines.length; i++) chunks.push({ _id: seqId(i), lines: lines.slice(i * chunkSize, (i + 1) * chunkSize) });
+  let current: InputLine[] = [];
+  let bytes = 0;
+  for (const l of lines) {
+    if (current.length && (current.length >= chunkSize || bytes + l.body.length > MAX_CHUNK_BYTES)) {
+      chunks.push({ _id: seqId(chunks.length), lines: current });
+      current = [];
+      bytes = 0;
+    }
+    current.push(l);
+    bytes += l.body.length;
+  }
+  if (current.length) chunks.push({ _id: seqId(chunks.length), lines: current });
+  // The driver splits an insert into messages under the server's size limit.
   for (let i = 0; i < chunks.length; i += 20) await insertManyNew(inputs(store, batchId), chunks.slice(i, i + 20));
   return chunks.length;
 }
@@ -197,7 +227,7 @@ export function batchView(b: BatchDoc, c: { completed: number; failed: number })
     created_at: unix(b.created_at)!, in_progress_at: unix(b.in_progress_at), finalized_at: unix(b.finalized_at), expires_at: unix(b.expires_at),
     // A batch refused as a whole (invalid lines) counts every line as failed.
     provider: b.provider, request_counts: { total: b.total, completed: c.completed, failed: b.status === 'failed' && c.completed + c.failed === 0 ? b.total : c.failed },
-    usage: b.usage, results: null as unknown[] | null, error: b.error, metadata: b.metadata,
+    usage: b.usage, results: null as unknown[] | null, error: b.error, metadata: b.metadata && fromJsonText(b.metadata),
   };
 }
 

@@ -76,7 +76,7 @@ export async function runApiRole(
     : inlineExecution(activities);
   const api = await startApiServer(
     {
-      config, logger, store, temporal: client, decisions, pingTemporal: () => pingTemporal(client),
+      config, logger, store, temporal: client, decisions, pingTemporal: (timeoutMs) => pingTemporal(client, timeoutMs),
       rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds), upstreams,
       workspaces: new WorkspaceCache(store, config.credits.balanceCacheMs),
       keys: new KeyCache(store, config.auth.keyCacheMs),

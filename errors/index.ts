@@ -17,8 +17,10 @@ export class PaymentRequiredError extends GatewayError { readonly status = 402; 
 export class ForbiddenError extends GatewayError { readonly status = 403; }
 export class NotFoundError extends GatewayError { readonly status = 404; }
 export class MethodNotAllowedError extends GatewayError { readonly status = 405; }
+export class RequestTimeoutError extends GatewayError { readonly status = 408; }
 export class ConflictError extends GatewayError { readonly status = 409; }
 export class PayloadTooLargeError extends GatewayError { readonly status = 413; }
+export class HeadersTooLargeError extends GatewayError { readonly status = 431; }
 export class UnprocessableError extends GatewayError { readonly status = 422; }
 export class InternalError extends GatewayError { readonly status = 500; }
 export class UpstreamError extends GatewayError { readonly status = 502; }
@@ -36,8 +38,8 @@ export class RateLimitedError extends GatewayError {
 /** The constructors by status, so an error that crossed a process boundary (a Temporal failure) can be rebuilt. */
 const byStatus: Record<number, new (message: string, metadata?: ErrorMetadata | null) => GatewayError> = {
   400: BadRequestError, 401: UnauthorizedError, 402: PaymentRequiredError, 403: ForbiddenError,
-  404: NotFoundError, 405: MethodNotAllowedError, 409: ConflictError, 413: PayloadTooLargeError,
-  422: UnprocessableError, 500: InternalError, 502: UpstreamError, 503: ServiceUnavailableError,
+  404: NotFoundError, 405: MethodNotAllowedError, 408: RequestTimeoutError, 409: ConflictError, 413: PayloadTooLargeError,
+  422: UnprocessableError, 431: HeadersTooLargeError, 500: InternalError, 502: UpstreamError, 503: ServiceUnavailableError,
   524: UpstreamTimeoutError, 529: UpstreamOverloadedError,
 };
 

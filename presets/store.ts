@@ -2,6 +2,7 @@
 // number), so concurrent writers race on `_id`, the one thing every MongoDB-compatible store
 // makes atomic: two creations of one slug become one preset, and two writers of version n+1
 // produce one version n+1 and a 409 for the loser. The designated version is the newest.
+import { fromJsonText, toJsonText } from '../store/json-text';
 import { createHash } from 'node:crypto';
 import { ConflictError, NotFoundError } from '../errors';
 import { isDuplicateKey, type PresetDoc, type PresetVersionDoc, type Store } from '../store';
@@ -32,7 +33,7 @@ export interface VersionView {
 
 export function versionView(v: PresetVersionDoc): VersionView {
   const at = v.created_at.toISOString();
-  return { id: v._id, preset_id: v.preset_id, version: v.version, config: v.config, system_prompt: v.system_prompt, creator_id: v.creator_id, created_at: at, updated_at: at };
+  return { id: v._id, preset_id: v.preset_id, version: v.version, config: fromJsonText(v.config), system_prompt: v.system_prompt, creator_id: v.creator_id, created_at: at, updated_at: at };
 }
 
 export function presetView(p: PresetDoc, designated: PresetVersionDoc): PresetView & { designated_version: VersionView } {
@@ -68,7 +69,7 @@ export async function addPresetVersion(
   const next = ((await latestVersion(store, presetId))?.version ?? 0) + 1;
   const version: PresetVersionDoc = {
     _id: versionIdOf(presetId, next), preset_id: presetId, workspace_id: input.workspaceId, version: next,
-    config: input.config, system_prompt: input.systemPrompt, creator_id: input.creator, created_at: now,
+    config: toJsonText(input.config), system_prompt: input.systemPrompt, creator_id: input.creator, created_at: now,
   };
   try {
     await store.presetVersions.insertOne(version);

@@ -52,7 +52,8 @@ export interface UsageDoc extends Document {
   cost: number; // USD, debited from the workspace balance
   session_id: string | null;
   user: string | null;
-  trace: Record<string, unknown> | null;
+  /** The caller's trace object as JSON text (store/json-text), or the object itself in older records. */
+  trace: string | Record<string, unknown> | null;
   app: { referer: string | null; title: string | null; categories: string[] };
   batch_id: string | null;
   /** Extra facts about the call, e.g. the label mass of logprob-answered decisions. */
@@ -75,7 +76,8 @@ export interface PresetVersionDoc extends Document {
   preset_id: string;
   workspace_id: string;
   version: number;
-  config: Record<string, unknown>;
+  /** JSON text (store/json-text), or the object itself in older versions. */
+  config: string | Record<string, unknown>;
   system_prompt: string | null;
   creator_id: string;
   created_at: Date;

@@ -165,7 +165,7 @@ describe('session and attribution context', () => {
     app.silent = true;
     app.use(requestContext(createLogger('silent')));
     app.use(errorMiddleware());
-    app.use(jsonBody(1024 * 1024));
+    app.use(jsonBody({ limitBytes: 1024 * 1024, maxDepth: 64, idleMs: 5000 }));
     app.use((ctx) => { ctx.body = requestMeta(ctx, ctx.request.body as object); });
     server = http.createServer(app.callback()).listen(0, '127.0.0.1');
     await new Promise((r) => server.once('listening', r));

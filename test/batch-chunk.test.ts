@@ -49,7 +49,7 @@ describe('batch chunk activity', () => {
 
   async function storeBatch(bodies: Record<string, unknown>[]): Promise<string> {
     const id = newBatchId();
-    const lines = bodies.map((body, i) => ({ line: i, custom_id: `c${i}`, body }));
+    const lines = bodies.map((body, i) => ({ line: i, custom_id: `c${i}`, body: JSON.stringify(body) }));
     const chunks = await storeInputs(store, id, lines, 100);
     const now = new Date();
     const doc: BatchDoc = {

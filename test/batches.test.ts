@@ -234,7 +234,7 @@ describe('batches', () => {
     it('expiry: when the completion window ends the batch is expired; finished lines keep their results', async () => {
       // The workflow under test, started directly with a two-second window (the API accepts whole hours).
       const id = newBatchId();
-      const lines = Array.from({ length: 30 }, (_, i) => ({ line: i, ...chatLine(i) }));
+      const lines = Array.from({ length: 30 }, (_, i) => ({ line: i, custom_id: chatLine(i).custom_id, body: JSON.stringify(chatLine(i).body) }));
       const chunks = await storeInputs(gw.store, id, lines, 7);
       const now = new Date();
       const doc: BatchDoc = {

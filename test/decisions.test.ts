@@ -4,6 +4,7 @@ import { expect } from 'chai';
 import { answerFromDistribution, answerFromNative, choiceConfidence, normalize, scoreConfidence } from '../decisions/answers';
 import { labelsOf, logprobRequest, readLabelDistribution, renderPrompt } from '../decisions/prompt';
 import type { Question } from '../decisions/types';
+import { fromJsonText } from '../store/json-text';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
 
@@ -340,7 +341,7 @@ for (const mode of ['inline', 'workflow'] as const) describe(`POST /api/v1/syste
       expect(doc).to.include({ workspace_id: tenant.workspaceId, key_id: tenant.inferenceKeyId, kind: 'decision', model: 'typesafe/jev-1.13-20260917', provider: 'sandbox-systemone', session_id: 'sess-header', user: 'end-user-1' });
       expect(doc!.input_tokens).to.equal(r.body.usage.input_tokens);
       expect(doc!.cost).to.equal(r.body.usage.cost);
-      expect(doc!.trace).to.deep.equal({ trace_id: 'tr-1', team: 'risk' });
+      expect(fromJsonText(doc!.trace)).to.deep.equal({ trace_id: 'tr-1', team: 'risk' });
       expect(doc!.app).to.deep.equal({ referer: 'https://app.example', title: 'Risk Desk', categories: ['agents', 'cli'] });
       const credits = await call(`${gw.url}/api/v1/credits`, { key: tenant.inferenceKey });
       expect(credits.body.data.total_usage).to.be.closeTo(r.body.usage.cost, 1e-9);

@@ -71,6 +71,15 @@ async function waitForCompleted(url: string, key: string, id: string, atLeast: n
   throw new Error('batch did not make progress');
 }
 
+/** /readyz answers 503 within a second, naming the part that is down. */
+async function expectNotReady(url: string, part: 'mongodb' | 'temporal'): Promise<void> {
+  const started = Date.now();
+  const res = await fetch(`${url}/readyz`);
+  expect(Date.now() - started).to.be.lessThan(1000);
+  expect(res.status).to.equal(503);
+  expect(((await res.json()) as any).error.metadata[part]).to.equal('unavailable');
+}
+
 describe('faults: a running batch survives each process being killed', function () {
   this.timeout(240_000);
   let catalogPath: string;
@@ -123,8 +132,9 @@ describe('faults: a running batch survives each process being killed', function 
     const dataDir = path.join(stack.tmpDir, uniqueName('ferret-fault'));
     let ferret = await startFerretDB({ binary: stack.tools!.ferretdb, port, dataDir });
     try {
-      await survives({ ...shared(), mongoUri: ferret.address }, async () => {
+      await survives({ ...shared(), mongoUri: ferret.address }, async (gw) => {
         await ferret.process.kill();
+        await expectNotReady(gw.url, 'mongodb');
         await new Promise((res) => setTimeout(res, 3000)); // writes in flight fail meanwhile
         ferret = await startFerretDB({ binary: stack.tools!.ferretdb, port, dataDir });
       });
@@ -139,8 +149,9 @@ describe('faults: a running batch survives each process being killed', function 
     const start = () => startTemporalServer({ binary: stack.tools!.temporal, port, uiPort: null, dbFile, namespace: stack.namespace });
     let temporal = await start();
     try {
-      await survives({ ...shared(), temporalAddress: temporal.address }, async () => {
+      await survives({ ...shared(), temporalAddress: temporal.address }, async (gw) => {
         await temporal.process.kill();
+        await expectNotReady(gw.url, 'temporal');
         await new Promise((res) => setTimeout(res, 1000));
         temporal = await start();
       });

@@ -8,9 +8,10 @@ import { planRoute } from '../../routing/engine';
 import { searchAttributes } from '../../workflows/shared';
 import type { batchWorkflow } from '../../workflows/batch';
 import {
-  batches, batchView, counts, dropBatchData, newBatchId, results, resultLine, seqId, storeInputs, type BatchDoc,
+  batches, batchView, counts, dropBatchData, MAX_CHUNK_BYTES, newBatchId, results, resultLine, seqId, storeInputs, type BatchDoc,
 } from '../../batches/store';
 import { OPERATION_OF } from '../../batches/lines';
+import { toJsonText } from '../../store/json-text';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
 import { defineRoute, type AnyRoute } from '../route';
@@ -96,14 +97,26 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
         const id = newBatchId(now.getTime());
         const hours = Number((body.completion_window ?? '24h').slice(0, -1));
         const expiresAt = new Date(now.getTime() + hours * 3_600_000);
-        const chunks = await storeInputs(store, id, body.requests.map((r, line) => ({ line, custom_id: r.custom_id, body: r.body })), settings.chunkSize);
+        const lines = body.requests.map((r, line) => {
+          const text = toJsonText(r.body);
+          if (text.length > MAX_CHUNK_BYTES) throw new PayloadTooLargeError(`requests[${line}].body: larger than ${MAX_CHUNK_BYTES / 1024 ** 2} MB (custom_id "${r.custom_id}")`);
+          return { line, custom_id: r.custom_id, body: text };
+        });
         const doc: BatchDoc = {
           _id: id, workspace_id: auth.workspaceId, key_id: auth.keyId, endpoint: body.endpoint, model: body.model, canonical_model: model.canonicalId,
           completion_window: body.completion_window ?? '24h', status: 'validating', created_at: now, in_progress_at: null, finalized_at: null,
-          expires_at: expiresAt, provider_only: body.provider?.only ?? null, total: body.requests.length, chunks, provider: null, usage: null,
-          error: null, metadata: body.metadata ?? null, meta: { session_id: meta.session_id, user: meta.user, app: meta.app },
+          expires_at: expiresAt, provider_only: body.provider?.only ?? null, total: body.requests.length, chunks: 0, provider: null, usage: null,
+          error: null, metadata: body.metadata ? toJsonText(body.metadata) : null, meta: { session_id: meta.session_id, user: meta.user, app: meta.app },
         };
-        await batches(store).insertOne(doc);
+        try {
+          doc.chunks = await storeInputs(store, id, lines, settings.chunkSize);
+          await batches(store).insertOne(doc);
+        } catch (err) {
+          // A batch that could not be stored leaves nothing behind.
+          await dropBatchData(store, id).catch(() => undefined);
+          throw err;
+        }
+        const { chunks } = doc;
         try {
           await temporal.workflow.start<typeof batchWorkflow>('batchWorkflow', {
             workflowId: id, taskQueue: config.temporal.taskQueue, workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,

@@ -1,0 +1,199 @@
+// Input a hostile or careless client sends, each case found by a probe that got a 500, a bare 431,
+// a hang or a crash: every one now gets a 4xx in the error envelope, or is stored as sent.
+import { expect } from 'chai';
+import http from 'node:http';
+import net from 'node:net';
+import zlib from 'node:zlib';
+import { call, capturingLogger, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
+import { fromJsonText } from '../store/json-text';
+
+/** A raw HTTP/1.1 exchange, for requests fetch refuses to send; resolves with what came back before the socket closed. */
+function rawExchange(port: number, request: string | Buffer, waitMs = 3000): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect(port, '127.0.0.1');
+    const chunks: Buffer[] = [];
+    const timer = setTimeout(() => { socket.destroy(); resolve(Buffer.concat(chunks).toString()); }, waitMs);
+    socket.on('data', (b) => chunks.push(b));
+    socket.on('end', () => { clearTimeout(timer); resolve(Buffer.concat(chunks).toString()); });
+    socket.on('error', reject);
+    socket.write(request);
+  });
+}
+
+function post(port: number, path: string, headers: Record<string, string>, body: Buffer, agent?: http.Agent): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: any }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port, path, method: 'POST', headers: { 'content-length': String(body.length), ...headers }, agent }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => {
+        const text = Buffer.concat(chunks).toString();
+        let parsed: any = text;
+        try { parsed = JSON.parse(text); } catch { /* not JSON */ }
+        resolve({ status: res.statusCode!, headers: res.headers, body: parsed });
+      });
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+describe('hostile input', () => {
+  let gw: TestGateway;
+  let t: Tenant;
+  let port: number;
+  const captured = capturingLogger('debug');
+  const presetPath = (slug: string) => `/api/v1/presets/${slug}/chat/completions`;
+
+  before(async () => {
+    gw = await startTestGateway({ logger: captured.logger, env: { BODY_LIMIT: '1mb', BODY_IDLE_TIMEOUT_MS: '500', BATCH_MAX_BYTES: '40mb' } });
+    t = await createTenant(gw.store, 5);
+    port = Number(new URL(gw.url).port);
+  });
+  after(async () => { await gw.stop(); });
+  afterEach(() => {
+    // Nothing a client sent may reach the log as an unhandled error.
+    const crashes = captured.lines.filter((l) => l.msg === 'unhandled error');
+    expect(crashes.map((l) => JSON.stringify(l).slice(0, 300))).to.deep.equal([]);
+  });
+
+  const auth = () => ({ authorization: `Bearer ${t.managementKey}`, 'content-type': 'application/json' });
+
+  it('400 for __proto__ anywhere in a body', async () => {
+    for (const text of ['{"model":"sandbox/chat-1","__proto__":{"x":1}}', '{"model":"sandbox/chat-1","messages":[{"role":"user","content":"x","__proto__":{}}]}']) {
+      const r = await call(`${gw.url}${presetPath('proto')}`, { key: t.managementKey, body: text });
+      expect(r.status, text).to.equal(400);
+      expect(r.body.error.message).to.match(/forbidden key/);
+    }
+  });
+
+  it('400 for an integer field given 1e309 (Infinity once parsed)', async () => {
+    const r = await call(`${gw.url}${presetPath('huge')}`, { key: t.managementKey, body: '{"model":"sandbox/chat-1","max_tokens":1e309}' });
+    expect(r.status).to.equal(400);
+    expect(r.body.error.message).to.match(/^max_tokens: /);
+  });
+
+  it('400 for JSON nested deeper than the limit, 10,000 levels included', async () => {
+    for (const depth of [65, 10_000]) {
+      const text = `{"model":"sandbox/chat-1","metadata":${'['.repeat(depth)}${']'.repeat(depth)}}`;
+      const r = await call(`${gw.url}${presetPath('deep')}`, { key: t.managementKey, body: text });
+      expect(r.status, `depth ${depth}`).to.equal(400);
+      expect(r.body.error.message).to.equal('Request body nests deeper than 64 levels');
+    }
+    // Brackets inside strings are not nesting.
+    const ok = await call(`${gw.url}${presetPath('deep-ok')}`, { key: t.managementKey, body: { model: 'sandbox/chat-1', messages: [{ role: 'user', content: '['.repeat(500) }] } });
+    expect(ok.status, JSON.stringify(ok.body)).to.be.oneOf([200, 201]);
+  });
+
+  it('400 for invalid UTF-8, and for a charset other than UTF-8', async () => {
+    const bad = Buffer.concat([Buffer.from('{"model":"sandbox/chat-1","description":"'), Buffer.from([0xc3, 0x28]), Buffer.from('"}')]);
+    const r = await post(port, presetPath('utf'), auth(), bad);
+    expect(r.status).to.equal(400);
+    expect(r.body.error.message).to.equal('Request body is not valid UTF-8');
+    const latin = await post(port, presetPath('utf'), { ...auth(), 'content-type': 'application/json; charset=latin1' }, Buffer.from('{}'));
+    expect(latin.status).to.equal(400);
+  });
+
+  it('gzip: accepted when real; 400 when the body is not gzip; 415-free 400 for an unknown encoding', async () => {
+    const body = Buffer.from(JSON.stringify({ model: 'sandbox/chat-1', messages: [{ role: 'user', content: 'zipped' }] }));
+    const ok = await post(port, presetPath('gz'), { ...auth(), 'content-encoding': 'gzip' }, zlib.gzipSync(body));
+    expect(ok.status, JSON.stringify(ok.body)).to.be.oneOf([200, 201]);
+    const fake = await post(port, presetPath('gz'), { ...auth(), 'content-encoding': 'gzip' }, body);
+    expect(fake.status).to.equal(400);
+    expect(fake.body.error.message).to.equal('Request body is not valid gzip data');
+    const odd = await post(port, presetPath('gz'), { ...auth(), 'content-encoding': 'zstd-ish' }, body);
+    expect(odd.status).to.equal(400);
+    expect(odd.body.error.message).to.match(/Content-Encoding/);
+  });
+
+  it('a gzip bomb stops at the size limit (413), memory stays flat, and the connection is closed so the next request is answered', async () => {
+    const bomb = zlib.gzipSync(Buffer.alloc(64 * 1024 * 1024, 0x20)); // 64 MB of spaces, ~64 KB compressed
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    const before = process.memoryUsage().rss;
+    const answers = await Promise.all(Array.from({ length: 10 }, () => post(port, presetPath('bomb'), { ...auth(), 'content-encoding': 'gzip' }, bomb)));
+    const grown = (process.memoryUsage().rss - before) / 1024 ** 2;
+    for (const a of answers) {
+      expect(a.status).to.equal(413);
+      expect(a.body.error.code).to.equal(413);
+    }
+    expect(grown, `RSS grew ${grown.toFixed(0)} MB`).to.be.lessThan(200);
+    // One kept-alive socket: a 413 for an unread body closes it, and the next request gets a new one and an answer.
+    const first = await post(port, presetPath('bomb'), { ...auth(), 'content-encoding': 'gzip' }, bomb, agent);
+    expect(first.status).to.equal(413);
+    expect(first.headers.connection).to.equal('close');
+    const started = Date.now();
+    const next = await post(port, presetPath('after-bomb'), auth(), Buffer.from(JSON.stringify({ model: 'sandbox/chat-1' })), agent);
+    expect(next.status).to.be.oneOf([200, 201]);
+    expect(Date.now() - started).to.be.lessThan(5000);
+    agent.destroy();
+  });
+
+  it('431 in the error envelope for a URL over 16 KB', async () => {
+    const answer = await rawExchange(port, `GET /api/v1/models?x=${'a'.repeat(20_000)} HTTP/1.1\r\nHost: x\r\n\r\n`);
+    expect(answer).to.match(/^HTTP\/1\.1 431 /);
+    const body = JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4));
+    expect(body.error.code).to.equal(431);
+  });
+
+  it('408, not a hang or a 500, for a body shorter than its Content-Length', async () => {
+    const answer = await rawExchange(port, `POST ${presetPath('short')} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${t.managementKey}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model":`, 5000);
+    expect(answer).to.match(/^HTTP\/1\.1 408 /);
+    expect(answer).to.match(/Request body stalled/);
+  });
+
+  it('a huge rejected value is not echoed whole, in the answer or the log', async () => {
+    const key = 'k'.repeat(200_000);
+    const r = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: `{"name":"x","${key}":1}` });
+    expect(r.status).to.equal(400);
+    expect(JSON.stringify(r.body).length).to.be.lessThan(2000);
+    const logged = captured.lines.filter((l) => JSON.stringify(l).includes('kkkkkkkkkk'));
+    for (const l of logged) expect(JSON.stringify(l).length).to.be.lessThan(2000);
+  });
+
+  it("stores trace keys with '.', '$' and NUL, bills the call, and the record reads back as sent", async () => {
+    const trace = { 'a.b': 1, $where: 'x', 'nul\u0000key': [[1, 2], [3]], nested: { $ref: '#/x' } };
+    const r = await call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body: { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } }, trace } });
+    expect(r.status, JSON.stringify(r.body)).to.equal(200);
+    const doc = await gw.store.usage.findOne({ _id: r.body.id });
+    expect(fromJsonText(doc!.trace)).to.deep.equal(trace);
+  });
+
+  it('stores a preset whose response_format schema has $ref/$defs and nested arrays, and returns it unchanged', async () => {
+    const schema = { $defs: { item: { type: 'object', properties: { 'a.b': { type: 'string' } } } }, type: 'array', items: { $ref: '#/$defs/item' } };
+    const body = { model: 'sandbox/chat-1', response_format: { type: 'json_schema', json_schema: { name: 'x', schema } }, stop: [['a']] };
+    const r = await call(`${gw.url}${presetPath('schema-refs')}`, { key: t.managementKey, body });
+    expect(r.status, JSON.stringify(r.body)).to.be.oneOf([200, 201]);
+    const got = await call(`${gw.url}/api/v1/presets/schema-refs`, { key: t.managementKey });
+    expect(got.body.data.designated_version.config.response_format).to.deep.equal(body.response_format);
+  });
+
+  it('accepts batch metadata with dotted keys, lines with $-keys and token arrays, and a batch over 16 MB', async () => {
+    const metadata = { 'team.name': 'risk', $owner: 'ops' };
+    const lines = [
+      { custom_id: 'a', body: { input: [[1, 2, 3], [4]] } },
+      { custom_id: 'b', body: { input: 'x', user: 'u', extra: { $odd: 1 } } },
+    ];
+    const r = await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: lines, metadata } });
+    expect(r.status, JSON.stringify(r.body)).to.equal(202);
+    expect(r.body.metadata).to.deep.equal(metadata);
+    const got = await call(`${gw.url}/api/v1/batches/${r.body.id}`, { key: t.inferenceKey });
+    expect(got.body.metadata).to.deep.equal(metadata);
+
+    // 180 lines of 100 KB: one chunk by count, but over MongoDB's 16 MB document limit.
+    const big = Array.from({ length: 180 }, (_, i) => ({ custom_id: `big-${i}`, body: { input: 'x'.repeat(100_000) } }));
+    const rb = await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: big } });
+    expect(rb.status, JSON.stringify(rb.body).slice(0, 300)).to.equal(202);
+    expect(await gw.store.db.collection(`${rb.body.id}_inputs`).countDocuments({})).to.be.at.least(3);
+    await call(`${gw.url}/api/v1/batches/${rb.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
+  });
+
+  it('a refused batch leaves no collections behind', async () => {
+    const before = new Set((await gw.store.db.listCollections({}, { nameOnly: true }).toArray()).map((c) => c.name));
+    const refusals = [
+      { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: [{ custom_id: 'a', body: { input: 'x' } }, { custom_id: 'a', body: { input: 'y' } }] },
+      { endpoint: '/v1/embeddings', model: 'no/such-model', requests: [{ custom_id: 'a', body: { input: 'x' } }] },
+    ];
+    for (const body of refusals) expect((await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body })).status).to.be.within(400, 499);
+    const after = (await gw.store.db.listCollections({}, { nameOnly: true }).toArray()).map((c) => c.name).filter((n) => !before.has(n));
+    expect(after).to.deep.equal([]);
+  });
+});
