@@ -1,8 +1,15 @@
-// Per-process, short-lived view of each workspace's balance and routing settings, so a billable
-// request costs no ledger scan (FerretDB scans every usage record for a non-`_id` filter). The
-// ledger stays the truth: a process re-reads it in the background once `ttlMs` has passed (or ten
-// times the last read's duration, on a large ledger), so the 402 gate can lag other processes'
-// spending by that long plus one read, as hosted gateways' balance checks do.
+// Per-process, short-lived view of each workspace's balance and routing settings, and the spend
+// this process holds against it. The ledger stays the truth: a process re-reads it in the
+// background once `ttlMs` has passed (or ten times the last read's duration, on a large ledger:
+// FerretDB scans every usage record to sum them), and meanwhile counts its own spending since.
+//
+// Bounding spend: a billable call first holds an estimate of its cost (`hold`), settled to the real
+// cost when it finishes. A call is admitted while what the workspace has left, less this process's
+// holds and its spending since the reading, is positive; so one process overspends by at most the
+// estimate of the last call it admitted. When fewer than LOW_WATER estimates are left, the reading
+// is refreshed before admitting (one read at a time per workspace, however stale the TTL allows),
+// so other processes' spending is seen within one read; what they hold in flight then, up to
+// LOW_WATER estimates each, is the rest of the bound.
 import { PaymentRequiredError } from '../errors';
 import type { Store, WorkspaceDoc } from '../store';
 import { getBalance } from './credits';
@@ -13,19 +20,39 @@ interface Entry {
   at: number;
   /** How long this reading is trusted: the TTL, or ten times what the read took if that is longer. */
   ttl: number;
+  /** `committed` of this workspace's Local when the reading began. */
+  committedAtRead: number;
 }
+
+/** This process's own spending on a workspace. */
+interface Local {
+  /** Real cost of every call settled here, ever. */
+  committed: number;
+  /** Estimates held by calls in flight. */
+  held: number;
+}
+
+export interface Hold {
+  /** The call finished and was billed `cost`. */
+  settle(cost: number): void;
+  /** The call was not billed. */
+  release(): void;
+}
+
+/** Below this many estimates left, a call waits for a fresh reading. */
+const LOW_WATER = 10;
 
 export class WorkspaceCache {
   private readonly entries = new Map<string, Entry>();
   private readonly loading = new Map<string, Promise<Entry>>();
+  private readonly local = new Map<string, Local>();
 
   constructor(private readonly store: Store, readonly ttlMs = 5_000, private readonly now: () => number = Date.now) {}
 
   /**
    * The workspace's entry. A fresh one is returned as is; an expired one is returned too while a
-   * single background read replaces it, so requests never queue behind the ledger sum (a scan on
-   * FerretDB that takes seconds on a large ledger). Only a workspace never read waits for the store,
-   * and every read does with `ttlMs` 0 (no caching).
+   * single background read replaces it, so requests never queue behind the database. Only a
+   * workspace never read waits for the store, and every read does with `ttlMs` 0 (no caching).
    */
   async get(workspaceId: string): Promise<Entry> {
     const e = this.entries.get(workspaceId);
@@ -38,17 +65,26 @@ export class WorkspaceCache {
     return pending;
   }
 
+  private localOf(workspaceId: string): Local {
+    let l = this.local.get(workspaceId);
+    if (!l) this.local.set(workspaceId, (l = { committed: 0, held: 0 }));
+    return l;
+  }
+
   private load(workspaceId: string): Promise<Entry> {
     let pending = this.loading.get(workspaceId);
     if (!pending) {
       // One read per workspace at a time, however many requests are waiting for it.
       pending = (async () => {
+        // Spending settled while the read is in flight may be counted twice (in the reading and
+        // as local spending since it): never less than the truth.
+        const committedAtRead = this.localOf(workspaceId).committed;
         const started = this.now();
         const [b, ws] = await Promise.all([getBalance(this.store, workspaceId), this.store.workspaces.findOne({ _id: workspaceId }, { projection: { settings: 1 } })]);
         const at = this.now();
         // The ledger sum scans every usage record on FerretDB (2 s at 30,000 records here): re-reading
         // it no more often than every ten read-times keeps it under a tenth of a core per workspace.
-        const entry = { balance: b.balance, settings: ws?.settings ?? {}, at, ttl: this.ttlMs && Math.max(this.ttlMs, 10 * (at - started)) };
+        const entry = { balance: b.balance, settings: ws?.settings ?? {}, at, ttl: this.ttlMs && Math.max(this.ttlMs, 10 * (at - started)), committedAtRead };
         this.entries.set(workspaceId, entry);
         return entry;
       })().finally(() => this.loading.delete(workspaceId));
@@ -57,14 +93,36 @@ export class WorkspaceCache {
     return pending;
   }
 
-  /** 402 unless the balance is positive. */
-  async assertCanSpend(workspaceId: string): Promise<void> {
-    const { balance } = await this.get(workspaceId);
-    if (balance <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance });
+  private available(workspaceId: string, e: Entry): number {
+    const l = this.localOf(workspaceId);
+    // Rounded as balances are, so float residue (1 - 0.9 - 0.1) is not money left.
+    return roundUsd(e.balance - (l.committed - e.committedAtRead) - l.held);
   }
 
-  /** Forget a workspace, e.g. after credits were added through this process. */
-  invalidate(workspaceId: string): void {
-    this.entries.delete(workspaceId);
+  /** 402 unless something is left: the cheap gate every billable route passes before its body is read. */
+  async assertCanSpend(workspaceId: string): Promise<void> {
+    const e = await this.get(workspaceId);
+    const left = this.available(workspaceId, e);
+    if (left <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: roundUsd(left) });
+  }
+
+  /** Holds `estimate` USD for a call about to be made, or 402 when nothing is left. */
+  async hold(workspaceId: string, estimate: number): Promise<Hold> {
+    let e = await this.get(workspaceId);
+    if (this.available(workspaceId, e) < LOW_WATER * estimate) e = await this.load(workspaceId);
+    const left = this.available(workspaceId, e);
+    if (left <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: roundUsd(left) });
+    const l = this.localOf(workspaceId);
+    l.held += estimate;
+    let done = false;
+    const end = (cost: number) => {
+      if (done) return;
+      done = true;
+      l.held -= estimate;
+      l.committed += cost;
+    };
+    return { settle: end, release: () => end(0) };
   }
 }
+
+const roundUsd = (n: number) => Math.round(n * 1e10) / 1e10;

@@ -8,7 +8,8 @@ import { GatewayError, RateLimitedError } from '../errors';
 import { invoke, type Upstreams } from '../routing/upstreams';
 import { applyPreset, presetReference } from '../presets/apply';
 import { getPreset } from '../presets/store';
-import { insertManyNew, type Store } from '../store';
+import type { Store } from '../store';
+import type { UsageLedger, UsageRecord } from '../accounts/usage-ledger';
 import {
   addToTally, batches, emptyTally, inputs, lineBody, lineGenerationId, pickTally, progress, results, saveProgress, seqId, sumProgress, writeResultsOnce,
   type BatchDoc, type BatchStatus, type ChunkTally, type ResultDoc,
@@ -19,6 +20,7 @@ export interface BatchDeps {
   store: Store;
   upstreams: Upstreams;
   batchSettings: Config['batches'];
+  usage: UsageLedger;
 }
 
 const RETRYABLE = new Set([429, 502, 503, 524, 529]);
@@ -26,6 +28,15 @@ const sleep = (ms: number, signal: AbortSignal) => new Promise<void>((resolve) =
   const t = setTimeout(resolve, ms);
   signal.addEventListener('abort', () => { clearTimeout(t); resolve(); }, { once: true });
 });
+
+/** The usage record of one billed line (its `_id` is the line's generation id). */
+function lineUsage(b: BatchDoc, r: ResultDoc): UsageRecord {
+  return {
+    _id: r.id, workspace_id: b.workspace_id, key_id: b.key_id, kind: 'batch_line', model: b.canonical_model, provider: r.provider,
+    input_tokens: r.usage!.input_tokens, output_tokens: r.usage!.output_tokens, cost: r.usage!.cost,
+    session_id: b.meta.session_id, user: b.meta.user, trace: null, app: b.meta.app, batch_id: b._id,
+  };
+}
 
 /** True when every endpoint tried could not even be connected to. */
 function unreachable(err: GatewayError | null): boolean {
@@ -37,7 +48,7 @@ function errorType(status: number): string {
   return status === 429 ? 'rate_limited' : status === 524 ? 'timeout' : status === 529 ? 'overloaded' : status === 404 ? 'not_found' : status < 500 ? 'invalid_request' : 'upstream_error';
 }
 
-export function createBatchActivities({ store, upstreams, batchSettings }: BatchDeps) {
+export function createBatchActivities({ store, upstreams, batchSettings, usage }: BatchDeps) {
   async function load(batchId: string): Promise<BatchDoc> {
     const b = await batches(store).findOne({ _id: batchId });
     if (!b) throw new Error(`batch ${batchId} not found`);
@@ -162,11 +173,8 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
         const group = pending.splice(0);
         try {
           const stored = await writeResultsOnce(store, batchId, group);
-          await insertManyNew(store.usage, stored.filter((r) => r.ok && r.usage).map((r) => ({
-            _id: r.id, workspace_id: b.workspace_id, key_id: b.key_id, kind: 'batch_line' as const, model: model.canonicalId, provider: r.provider,
-            input_tokens: r.usage!.input_tokens, output_tokens: r.usage!.output_tokens, cost: r.usage!.cost,
-            session_id: b.meta.session_id, user: b.meta.user, trace: null, app: b.meta.app, batch_id: batchId, created_at: new Date(),
-          })));
+          // Through the one ledger writer: a line already billed (a retried chunk) is not billed again.
+          await Promise.all(stored.filter((r) => r.ok && r.usage).map((r) => usage.record(lineUsage(b, r))));
           for (const r of stored) {
             addToTally(tally, r);
             done.add(r.line);
@@ -224,15 +232,11 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
      */
     async closeBatch(batchId: string, status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>, errorMessage: string | null = null): Promise<void> {
       const b = await load(batchId);
-      let t = emptyTally();
+      // Every chunk has stopped (the workflow waits for cancelled chunks to finish), so the chunks'
+      // progress documents hold every stored result: their tallies, and which lines are done.
+      const t = await sumProgress(store, batchId);
       if (status === 'expired' || status === 'cancelled') {
-        // Cancelled and expired batches are counted from the results themselves: a chunk that was
-        // still stopping may have written after its tally was last saved.
-        const have = new Set<number>();
-        for await (const r of results(store, batchId).find({}, { projection: { line: 1, ok: 1, usage: 1, provider: 1 } })) {
-          have.add(r.line);
-          addToTally(t, r);
-        }
+        const have = new Set((await progress(store, batchId).find({}, { projection: { done: 1 } }).toArray()).flatMap((d) => d.done ?? []));
         const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
         const message = status === 'expired' ? 'The batch expired before this request was processed' : 'The batch was cancelled before this request was processed';
         for (let i = 0; i < b.chunks; i++) {
@@ -241,13 +245,13 @@ export function createBatchActivities({ store, upstreams, batchSettings }: Batch
             _id: seqId(l.line), line: l.line, custom_id: l.custom_id, id: lineGenerationId(batchId, l.line),
             ok: false, provider: null, response: null, error: { type, message }, usage: null,
           }));
-          // A late write that won the race is what those lines' results are.
-          for (const r of await writeResultsOnce(store, batchId, missing)) addToTally(t, r);
+          // A result stored by a chunk that died before saving its progress is kept, counted and billed.
+          for (const r of await writeResultsOnce(store, batchId, missing)) {
+            addToTally(t, r);
+            if (r.ok && r.usage) await usage.record(lineUsage(b, r));
+          }
           Context.current().heartbeat(i);
         }
-      } else {
-        // Every chunk finished: their tallies (a few small documents) are complete.
-        t = await sumProgress(store, batchId);
       }
       const finalCounts = { completed: t.completed, failed: t.failed };
       const provider = Object.entries(t.providers).sort((x, y) => y[1] - x[1])[0]?.[0] ?? null;

@@ -22,9 +22,12 @@ function output(json: boolean): Out {
   return (value, human) => process.stdout.write(`${json ? JSON.stringify(value) : human}\n`);
 }
 
-function usd(raw: string): number {
-  const n = Number(raw);
-  if (!Number.isFinite(n) || n <= 0) throw new Error(`amount must be a positive number of USD, got ${JSON.stringify(raw)}`);
+/** A USD amount: positive for a top-up; zero allowed where nothing is granted (a new workspace). */
+function usd(raw: string, allowZero = false): number {
+  const n = raw.trim() === '' ? NaN : Number(raw);
+  if (!Number.isFinite(n) || n < 0 || (n === 0 && !allowZero)) {
+    throw new Error(`amount must be a ${allowZero ? 'non-negative' : 'positive'} number of USD, got ${JSON.stringify(raw)}`);
+  }
   return n;
 }
 
@@ -35,7 +38,8 @@ export function addAdminCommands(program: Command, config: () => Config): void {
     .option('--credits <usd>', 'initial credits in USD')
     .option('--json', 'print JSON')
     .action(async (o: { name: string; credits?: string; json?: boolean }) => withStore(config(), async (store) => {
-      const credits = o.credits === undefined ? 0 : usd(o.credits);
+      // A workspace without credits is normal: it answers 402 until some are added.
+      const credits = o.credits === undefined ? 0 : usd(o.credits, true);
       const ws = await createWorkspace(store, o.name);
       if (credits > 0) await grantCredits(store, ws._id, credits, 'initial credits');
       output(!!o.json)({ id: ws._id, name: ws.name, credits }, `created workspace ${ws.name} (${ws._id}) with $${credits}`);

@@ -149,6 +149,17 @@ describe('gateway CLI: workspaces, keys, credits', () => {
     expect(Date.now() - revokedAt).to.be.below(1_500);
   });
 
+  it('creates a workspace with --credits 0: it answers 402 until credits are added', async () => {
+    const name = uniqueName('zero');
+    const ws = cli('workspaces', 'create', '--name', name, '--credits', '0', '--json');
+    expect(ws.status, ws.err).to.equal(0);
+    expect(ws.json()).to.include({ name, credits: 0 });
+    const ik = cli('keys', 'create', '--workspace', name, '--json').json();
+    const r = await call(`${gw.url}/api/v1/systemone`, { key: ik.key, body: { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } } } });
+    expect(r.status).to.equal(402);
+    expect(cli('workspaces', 'create', '--name', uniqueName('neg'), '--credits', '-1').err).to.include('non-negative number');
+  });
+
   it('refuses bad input with a clear message', () => {
     expect(cli('credits', 'add', '--workspace', 'nope', '--amount', '-3').err).to.include('positive number');
     expect(cli('keys', 'create', '--workspace', 'no-such-workspace').err).to.include('Workspace "no-such-workspace" not found');

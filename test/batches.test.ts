@@ -25,12 +25,12 @@ function batchCatalog(): string {
     const provider = (slug: string, faults: string, extra = {}) => ({
       slug, name: slug, adapter: 'openai', base_url: `\${SANDBOX_URL}/~batchtest=1,${faults}/openai/v1`, collects_data: false, zdr: false, max_concurrency: 50, timeout_ms: 5000, ...extra,
     });
-    base.providers.push(provider('batch-broken', 'status=500'), provider('batch-slow', 'latency=250', { max_concurrency: 4 }), provider('batch-counted', 'counted=1'));
+    base.providers.push(provider('batch-broken', 'status=500'), provider('batch-slow', 'latency=250', { max_concurrency: 4 }), provider('batch-counted', 'counted=1'), provider('batch-cancel', 'cancelcheck=1,latency=100', { max_concurrency: 4 }));
     const model = (id: string, endpoints: [string, number][]) => ({
       id, name: id, kind: 'chat', family: id, version: '1', released: '20260101', context_length: 1000, distillable: true,
       endpoints: endpoints.map(([p, price]) => ({ provider: p, upstream_model: 'sandbox-chat', pricing: { prompt: price, completion: price }, quantization: 'bf16', supported_parameters: [] })),
     });
-    base.models.push(model('test/batch-fallback', [['batch-broken', 0.0001], ['sandbox-alpha', 5]]), model('test/batch-slow', [['batch-slow', 1]]), model('test/batch-counted', [['batch-counted', 1]]));
+    base.models.push(model('test/batch-fallback', [['batch-broken', 0.0001], ['sandbox-alpha', 5]]), model('test/batch-slow', [['batch-slow', 1]]), model('test/batch-counted', [['batch-counted', 1]]), model('test/batch-cancel', [['batch-cancel', 1]]));
   });
 }
 
@@ -231,16 +231,33 @@ describe('batches', () => {
       expect(again.status).to.equal(409);
     });
 
+    it('a cancelled batch closes only once its chunks have stopped: no provider call and no result after it is cancelled', async () => {
+      const calls = async () => Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
+        .filter(([k]) => k.includes('cancelcheck=1')).reduce((a, [, n]) => a + n, 0);
+      const r = await create({ endpoint: '/v1/chat/completions', model: 'test/batch-cancel', requests: Array.from({ length: 60 }, (_, i) => chatLine(i)) });
+      for (let i = 0; i < 100 && (await get(`/batches/${r.body.id}`)).body.request_counts.completed < 4; i++) await new Promise((res) => setTimeout(res, 50));
+      await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
+      const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['cancelled'], 30_000);
+      const [callsAtClose, resultsAtClose] = [await calls(), await gw.store.db.collection(`${r.body.id}_results`).countDocuments({})];
+      // Long enough for a chunk that had not seen the cancel to make a few more calls (100 ms each).
+      await new Promise((res) => setTimeout(res, 1500));
+      expect(await calls(), 'provider calls after the batch was cancelled').to.equal(callsAtClose);
+      expect(await gw.store.db.collection(`${r.body.id}_results`).countDocuments({})).to.equal(resultsAtClose);
+      expect(resultsAtClose).to.equal(60);
+      expect(done.request_counts.completed + done.request_counts.failed).to.equal(60);
+      expect(await gw.store.usage.countDocuments({ batch_id: r.body.id })).to.equal(done.request_counts.completed);
+    });
+
     it('expiry: when the completion window ends the batch is expired; finished lines keep their results', async () => {
       // The workflow under test, started directly with a two-second window (the API accepts whole hours).
       const id = newBatchId();
-      const lines = Array.from({ length: 30 }, (_, i) => ({ line: i, custom_id: chatLine(i).custom_id, body: JSON.stringify(chatLine(i).body) }));
+      const lines = Array.from({ length: 80 }, (_, i) => ({ line: i, custom_id: chatLine(i).custom_id, body: JSON.stringify(chatLine(i).body) }));
       const chunks = await storeInputs(gw.store, id, lines, 7);
       const now = new Date();
       const doc: BatchDoc = {
         _id: id, workspace_id: t.workspaceId, key_id: t.inferenceKeyId, endpoint: '/v1/chat/completions', model: 'test/batch-slow', canonical_model: 'test/batch-slow-20260101',
         completion_window: '1h', status: 'validating', created_at: now, in_progress_at: null, finalized_at: null, expires_at: new Date(now.getTime() + 2000),
-        provider_only: null, total: 30, chunks, provider: null, usage: null, error: null, metadata: null, meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
+        provider_only: null, total: 80, chunks, provider: null, usage: null, error: null, metadata: null, meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
       };
       await batches(gw.store).insertOne(doc);
       const connection = await Connection.connect({ address: stack.temporalAddress });
@@ -257,7 +274,7 @@ describe('batches', () => {
       const expired = done.results.filter((x: any) => x.error?.type === 'batch_expired');
       expect(ok.length).to.be.greaterThan(0);
       expect(expired.length).to.be.greaterThan(0);
-      expect(ok.length + expired.length).to.equal(30);
+      expect(ok.length + expired.length).to.equal(80);
       expect(expired[0].error.message).to.equal('The batch expired before this request was processed');
     });
   });

@@ -5,6 +5,8 @@ import { answerFromDistribution, answerFromNative, choiceConfidence, normalize, 
 import { labelsOf, logprobRequest, readLabelDistribution, renderPrompt } from '../decisions/prompt';
 import type { Question } from '../decisions/types';
 import { fromJsonText } from '../store/json-text';
+import { Catalog } from '../catalog';
+import { DEFAULT_CATALOG_PATH } from '../config';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
 
@@ -196,7 +198,7 @@ for (const mode of ['inline', 'workflow'] as const) describe(`POST /api/v1/syste
       const r = await decide({ model: 'jev-latest', state, questions });
       expect(r.status, JSON.stringify(r.body)).to.equal(200);
       expect(r.body.model).to.equal('typesafe/jev-1.13-20260917');
-      expect(r.body.provider).to.equal('sandbox-systemone');
+      expect(r.body.provider).to.be.oneOf(['sandbox-systemone', 'sandbox-systemone-eu']);
       expect(r.body.id).to.match(/^gen-dec-/);
       const direct = await fetch(`${stack.sandboxUrl}/systemone/v1/systemone`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ state, questions, model: 'jev-1.13' }) });
       const upstream = (await direct.json()) as any;
@@ -208,7 +210,9 @@ for (const mode of ['inline', 'workflow'] as const) describe(`POST /api/v1/syste
       expect(r.body.answers.topic.choice).to.equal(upstream.answers.topic.choice);
       expect(r.body.answers.severity.score).to.be.closeTo(upstream.answers.severity.score, 1e-12);
       expect(r.body.answers.severity.legend).to.deep.equal({ 0: 'none', 1: 'minor', 2: 'major', 3: 'critical' });
-      expect(r.body.usage).to.deep.equal({ ...upstream.usage, cost: (upstream.usage.input_tokens * 0.5 + upstream.usage.output_tokens * 2) / 1e6 });
+      // Priced by whichever of the model's two providers served it (the EU one costs 1.5 times as much).
+      const price = r.body.provider === 'sandbox-systemone' ? { prompt: 0.5, completion: 2 } : { prompt: 0.75, completion: 3 };
+      expect(r.body.usage).to.deep.equal({ ...upstream.usage, cost: Math.round(((upstream.usage.input_tokens * price.prompt + upstream.usage.output_tokens * price.completion) / 1e6) * 1e10) / 1e10 });
     });
 
     it("from a chat model's label log-probabilities, by the formulas", async () => {
@@ -338,7 +342,7 @@ for (const mode of ['inline', 'workflow'] as const) describe(`POST /api/v1/syste
       );
       expect(r.status).to.equal(200);
       const doc = await gw.store.usage.findOne({ _id: r.body.id });
-      expect(doc).to.include({ workspace_id: tenant.workspaceId, key_id: tenant.inferenceKeyId, kind: 'decision', model: 'typesafe/jev-1.13-20260917', provider: 'sandbox-systemone', session_id: 'sess-header', user: 'end-user-1' });
+      expect(doc).to.include({ workspace_id: tenant.workspaceId, key_id: tenant.inferenceKeyId, kind: 'decision', model: 'typesafe/jev-1.13-20260917', provider: r.body.provider, session_id: 'sess-header', user: 'end-user-1' });
       expect(doc!.input_tokens).to.equal(r.body.usage.input_tokens);
       expect(doc!.cost).to.equal(r.body.usage.cost);
       expect(fromJsonText(doc!.trace)).to.deep.equal({ trace_id: 'tr-1', team: 'risk' });
@@ -412,5 +416,33 @@ for (const mode of ['inline', 'workflow'] as const) describe(`POST /api/v1/syste
       expect(await attempt(broke.inferenceKey, good)).to.be.instanceOf(errors.PaymentRequiredResponseError);
       expect(await attempt(t.inferenceKey, { ...good, model: 'no-such-model' })).to.be.instanceOf(errors.NotFoundResponseError);
     });
+  });
+});
+
+describe('decision models in the default catalog', () => {
+  it('each has at least two providers, so a decision can fall back', () => {
+    const catalog = Catalog.fromFile(DEFAULT_CATALOG_PATH, { SANDBOX_URL: 'http://x' });
+    const decisionModels = catalog.models.filter((m) => m.kind === 'decision');
+    expect(decisionModels.length).to.be.greaterThan(0);
+    for (const m of decisionModels) expect(new Set(m.endpoints.map((e) => e.provider.slug)).size, m.id).to.be.at.least(2);
+  });
+
+  it('a native decision falls back to the second provider when the first fails', async () => {
+    // The default catalog, with its first System One provider answering 503.
+    const catalogPath = writeTestCatalog('decision-fallback', (base) => {
+      const first = base.providers.find((p) => p.slug === 'sandbox-systemone');
+      first.base_url = '${SANDBOX_URL}/~decfallback=1,status=503/systemone';
+    });
+    const gw = await startTestGateway({ withWorker: false, env: { CATALOG_PATH: catalogPath } });
+    try {
+      const t = await createTenant(gw.store, 1);
+      for (let i = 0; i < 5; i++) {
+        const r = await call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body: { model: 'jev-1.13', state: `x${i}`, questions: { q: { type: 'noul', instructions: 'ok?' } } } });
+        expect(r.status, JSON.stringify(r.body)).to.equal(200);
+        expect(r.body.provider).to.equal('sandbox-systemone-eu');
+      }
+    } finally {
+      await gw.stop();
+    }
   });
 });

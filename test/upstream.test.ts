@@ -261,7 +261,7 @@ describe('GET /api/v1/models and /models/{author}/{slug}/endpoints', () => {
         beta = res.body.data.endpoints.find((x: { tag: string }) => x.tag === 'sandbox-beta');
       }
       expect(beta.latency_seconds).to.deep.equal({ p50: 0.25, p75: 0.25, p90: 0.25, p99: 0.25 });
-      expect(beta).to.include({ quantization: 'bf16', data_collection: 'deny', zdr: true, uptime: 1, recent_outage: false });
+      expect(beta).to.include({ quantization: 'bf16', data_collection: 'deny', zdr: true, uptime: 1, recent_outage: false, max_concurrency_per_process: 100 });
       const res = await call(`${gw.url}/api/v1/models/sandbox/chat-1/endpoints`, { key: t.inferenceKey });
       expect(res.body.data.endpoints.map((x: Endpoint) => x.tag)).to.have.members(['sandbox-alpha', 'sandbox-alpha/turbo', 'sandbox-beta', 'sandbox-claude']);
       const missing = await call(`${gw.url}/api/v1/models/nobody/nothing/endpoints`, { key: t.inferenceKey });

@@ -21,5 +21,8 @@ export async function createWorker(opts: WorkerOptions): Promise<Worker> {
     workflowsPath: require.resolve('../workflows'),
     activities: opts.activities,
     sinks: opts.handoff.sinks(),
+    // Heartbeats carry cancellation back to a running chunk: let one reach the server every second,
+    // so a cancelled batch stops calling providers within about a second.
+    maxHeartbeatThrottleInterval: '1 second',
   });
 }

@@ -1,5 +1,5 @@
 import {
-  allHandlersFinished, CancellationScope, condition, continueAsNew, defineQuery, defineSignal, isCancellation,
+  ActivityCancellationType, allHandlersFinished, CancellationScope, condition, continueAsNew, defineQuery, defineSignal, isCancellation,
   proxyActivities, setHandler, sleep, upsertSearchAttributes, workflowInfo,
 } from '@temporalio/workflow';
 import type { Activities } from '../activities';
@@ -31,11 +31,13 @@ export const batchProgressQuery = defineQuery<BatchProgress>('progress');
 const CHUNKS_PER_RUN = 100;
 
 // Chunk work heartbeats every second; a heartbeat timeout of 10 s moves a crashed worker's chunk
-// to another worker within seconds while leaving room for a slow database write, and cancellation
-// reaches a running chunk within the heartbeat throttle (0.8 × the timeout).
+// to another worker within seconds while leaving room for a slow database write. Cancelling waits
+// until the chunk has really stopped (not only asked it to): a chunk that kept running after the
+// batch closed would call providers and write results nobody counts.
 const chunks = proxyActivities<Activities>({
   startToCloseTimeout: '2 hours',
   heartbeatTimeout: '10 seconds',
+  cancellationType: ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
   retry: { initialInterval: '1 second', maximumInterval: '30 seconds', backoffCoefficient: 2 },
 });
 const bookkeeping = proxyActivities<Activities>({
@@ -104,7 +106,7 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
     scope.cancel();
     await work.catch((err) => { if (!isCancellation(err)) throw err; });
     // `work` gives up at the first chunk that confirms; close only once every chunk has stopped
-    // writing, so no late write lands after the batch is counted.
+    // writing (each settles only when its activity has finished), so the close counts everything.
     await Promise.allSettled([...inFlight]);
     return close(outcome === 'cancel' ? 'cancelled' : 'expired');
   }

@@ -1,6 +1,7 @@
 // POST /systemone: typed decisions. The handler checks the request, then hands the work (route,
 // call the provider, compute the answers, record usage) to the configured execution mode
 // (api/decision-execution): in-process by default, or as a short Temporal workflow.
+import { estimateDecisionCost } from '../../decisions/estimate';
 import { randomBytes } from 'node:crypto';
 import type Koa from 'koa';
 import { BadRequestError, PayloadTooLargeError, UpstreamTimeoutError, type GatewayError } from '../../errors';
@@ -58,11 +59,16 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
         const { model } = upstreams.catalog.resolve(body.model);
         if (model.kind !== 'decision') throw new BadRequestError(`model: ${model.id} is a ${model.kind} model, not a decision model`);
         const { settings } = await workspaces.get(auth.workspaceId);
+        // Hold what the call may cost before making it, so concurrent calls cannot overspend.
+        const hold = await workspaces.hold(auth.workspaceId, estimateDecisionCost(model, body));
         const generationId = `gen-dec-${Date.now().toString(36)}${randomBytes(10).toString('hex')}`;
         const { signal, timedOut, done } = requestSignal(ctx, limits.timeoutMs);
         try {
-          ctx.body = await decisions.run({ generationId, workspaceId: auth.workspaceId, keyId: auth.keyId, request: body, meta, workspace: settings }, signal);
+          const result = await decisions.run({ generationId, workspaceId: auth.workspaceId, keyId: auth.keyId, request: body, meta, workspace: settings }, signal);
+          hold.settle(result.usage.cost);
+          ctx.body = result;
         } catch (err) {
+          hold.release();
           const mapped = timedOut() ? new UpstreamTimeoutError(`Decision did not finish within ${limits.timeoutMs} ms`) : (err as GatewayError);
           if (mapped.status >= 500) ctx.state.log.warn({ err, generation_id: generationId }, 'decision failed');
           throw mapped;

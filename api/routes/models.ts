@@ -36,6 +36,7 @@ function endpointView(e: Endpoint, s: EndpointStat | undefined, windowMs: number
     context_length: e.model.context_length, pricing: pricing(e), quantization: e.entry.quantization,
     max_completion_tokens: e.entry.max_completion_tokens ?? null, supported_parameters: e.entry.supported_parameters,
     data_collection: e.provider.collects_data ? 'allow' : 'deny', zdr: e.provider.zdr,
+    max_concurrency_per_process: e.provider.max_concurrency,
     stats_window_seconds: Math.round(windowMs / 1000),
     uptime: s && s.requests + s.failures > 0 ? s.requests / (s.requests + s.failures) : null,
     recent_outage: !!s?.lastFailureAt && now - s.lastFailureAt < OUTAGE_WINDOW_MS,

@@ -32,6 +32,9 @@ export const EndpointView = Type.Object({
   supported_parameters: Type.Array(Type.String()),
   data_collection: Type.String(),
   zdr: Type.Boolean(),
+  max_concurrency_per_process: Type.Integer({
+    description: "Calls one gateway process keeps in flight to this endpoint's provider; the limit is per process, so N processes allow up to N times this",
+  }),
   stats_window_seconds: Type.Integer(),
   uptime: Type.Union([Type.Number(), Type.Null()]),
   recent_outage: Type.Boolean(),
