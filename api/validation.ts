@@ -84,7 +84,11 @@ export interface Validator<T> {
 function build<S extends TSchema>(ajv: Ajv, schema: S, root: string): Validator<Static<S>> {
   const check: ValidateFunction = ajv.compile(schema);
   const validator = ((data: unknown) => {
-    if (check(data)) return data as Static<S>;
+    if (check(data)) {
+      // Ajv's coercion turns "1e309" into Infinity and lets it through its number checks.
+      if (ajv === params) for (const [k, v] of Object.entries(data as object)) if (typeof v === 'number' && !Number.isFinite(v)) throw new BadRequestError(`${root}.${k}: must be a finite number`);
+      return data as Static<S>;
+    }
     const errors = mergeTypeErrors(rank(check.errors ?? [])).map((e) => describe(e, root));
     const seen = new Set<string>();
     const unique = errors.filter((e) => !seen.has(`${e.field}${e.message}`) && seen.add(`${e.field}${e.message}`));

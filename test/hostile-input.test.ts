@@ -66,10 +66,14 @@ describe('hostile input', () => {
     }
   });
 
-  it('400 for an integer field given 1e309 (Infinity once parsed)', async () => {
+  it('400 for an integer field given 1e309 (Infinity once parsed), in a body or a query', async () => {
     const r = await call(`${gw.url}${presetPath('huge')}`, { key: t.managementKey, body: '{"model":"sandbox/chat-1","max_tokens":1e309}' });
     expect(r.status).to.equal(400);
     expect(r.body.error.message).to.match(/^max_tokens: /);
+    // The same number in a query string, which Ajv's coercion would pass as Infinity.
+    const q = await call(`${gw.url}/api/v1/batches?limit=1e309`, { key: t.inferenceKey });
+    expect(q.status).to.equal(400);
+    expect(q.body.error.message).to.equal('query.limit: must be a finite number');
   });
 
   it('400 for JSON nested deeper than the limit, 10,000 levels included', async () => {
