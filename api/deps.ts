@@ -21,4 +21,6 @@ export interface AppDeps {
   keys: KeyCache;
   workspaces: WorkspaceCache;
   upstreams: Upstreams;
+  /** Under `gateway start`: the state of each embedded process it supervises (for /readyz). */
+  embedded?: () => Record<string, 'ok' | 'restarting'>;
 }

@@ -6,6 +6,7 @@ import { Store } from '../store';
 import { connectTemporal, pingTemporal } from '../temporal/client';
 import { createWorker } from '../worker';
 import { startApiServer } from '../api/server';
+import type { AppDeps } from '../api/deps';
 import { listenSandbox } from '../sandbox/server';
 import { RateLimiter } from '../accounts/rate-limit';
 import { WorkspaceCache } from '../accounts/workspace-cache';
@@ -68,7 +69,7 @@ export async function runApiRole(
   config: Config,
   logger: Logger,
   addr: Addresses,
-  opts: { withWorker: boolean },
+  opts: { withWorker: boolean; embedded?: AppDeps['embedded'] },
 ): Promise<{ url: string; stop: Stop }> {
   const { store, upstreams, client, handoff, activities, stop } = await startCore(config, logger, addr, opts.withWorker);
   const decisions = config.decisions.execution === 'workflow'
@@ -80,6 +81,7 @@ export async function runApiRole(
       rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds), upstreams,
       workspaces: new WorkspaceCache(store, config.credits.balanceCacheMs),
       keys: new KeyCache(store, config.auth.keyCacheMs),
+      embedded: opts.embedded,
     },
     config.host,
     config.port,

@@ -1,53 +1,79 @@
 // `gateway start`: the whole gateway on loopback. Services named by MONGODB_URI or TEMPORAL_ADDRESS
-// are used as they are; the missing ones are started from the tools cache, with data in DATA_DIR.
+// are used as they are; the missing ones are started from the tools cache, with data in DATA_DIR,
+// and supervised: restarted when they exit, given up on (and everything stopped) when they keep
+// crashing. Each runs under a watchdog, so none outlives this process.
+import net from 'node:net';
 import path from 'node:path';
 import type { Config } from '../config';
 import type { Logger } from '../log';
 import { ensureTools } from '../tools/binaries';
 import { startFerretDB, startTemporalServer } from '../tools/services';
 import { startProcess } from '../tools/processes';
+import { Supervisor } from '../tools/supervisor';
 import { runApiRole, stopOnSignals, type Stop } from './roles';
 import { Store } from '../store';
 import { bootstrapIfEmpty } from '../accounts/bootstrap';
 
 const say = (line: string) => process.stdout.write(`gateway ▸ ${line}\n`);
 
+/** Fails with a clear message when a port we are about to use is already taken (a gateway left running?). */
+async function assertPortsFree(ports: [string, string, number][]): Promise<void> {
+  for (const [setting, host, port] of ports) {
+    await new Promise<void>((resolve, reject) => {
+      const probe = net.createServer();
+      probe.once('error', (err: NodeJS.ErrnoException) => reject(new Error(err.code === 'EADDRINUSE'
+        ? `port ${port} (${setting}) is already in use on ${host}: is another gateway still running? Stop it, or set ${setting} to a free port`
+        : `cannot use port ${port} (${setting}) on ${host}: ${err.message}`)));
+      probe.listen(port, host, () => probe.close(() => resolve()));
+    });
+  }
+}
+
 export async function startAll(config: Config, logger: Logger): Promise<void> {
   const stops: Stop[] = [];
   stopOnSignals(logger, stops);
-  const tools = await ensureTools(config.toolsDir, { temporal: !config.temporal.address, ferretdb: !config.mongo.uri }, say);
+  const embeddedMongo = !config.mongo.uri;
+  const embeddedTemporal = !config.temporal.address;
+  await assertPortsFree([
+    ...(embeddedMongo ? [['FERRETDB_PORT', '127.0.0.1', config.mongo.embeddedPort] as [string, string, number]] : []),
+    ...(embeddedTemporal ? [['TEMPORAL_PORT', '127.0.0.1', config.temporal.embeddedPort], ['TEMPORAL_UI_PORT', '127.0.0.1', config.temporal.uiPort]] as [string, string, number][] : []),
+    ['SANDBOX_PORT', '127.0.0.1', config.sandbox.port],
+    ['PORT', config.host, config.port],
+  ]);
+  const tools = await ensureTools(config.toolsDir, { temporal: embeddedTemporal, ferretdb: embeddedMongo }, say);
 
-  const [mongoUri, temporalAddress] = await Promise.all([
-    (async () => {
-      if (config.mongo.uri) return config.mongo.uri;
-      const ferret = await startFerretDB({ binary: tools.ferretdb, port: config.mongo.embeddedPort, dataDir: path.join(config.dataDir, 'ferretdb') });
-      stops.push(() => ferret.process.stop());
-      say(`FerretDB (MongoDB wire protocol) on ${ferret.address} — data in ${path.join(config.dataDir, 'ferretdb')}`);
-      return ferret.address;
-    })(),
-    (async () => {
-      if (config.temporal.address) return config.temporal.address;
-      const temporal = await startTemporalServer({
-        binary: tools.temporal,
-        port: config.temporal.embeddedPort,
-        uiPort: config.temporal.uiPort,
-        dbFile: path.join(config.dataDir, 'temporal.db'),
-        namespace: config.temporal.namespace,
-      });
-      stops.push(() => temporal.process.stop());
-      say(`Temporal dev server on ${temporal.address} — Web UI http://127.0.0.1:${config.temporal.uiPort}`);
-      return temporal.address;
-    })(),
+  const supervisor = new Supervisor(logger, (part, message) => {
+    logger.fatal({ part }, 'embedded process keeps crashing; stopping the gateway');
+    say(message);
+    void (async () => {
+      for (const stop of [...stops].reverse()) await stop().catch(() => undefined);
+      process.exit(1);
+    })();
+  });
+  stops.push(() => supervisor.stop());
+
+  const mongoUri = embeddedMongo ? `mongodb://127.0.0.1:${config.mongo.embeddedPort}/` : config.mongo.uri!;
+  const temporalAddress = embeddedTemporal ? `127.0.0.1:${config.temporal.embeddedPort}` : config.temporal.address!;
+  const ferretDir = path.join(config.dataDir, 'ferretdb');
+  await Promise.all([
+    embeddedMongo && supervisor.keep('ferretdb', async () => (await startFerretDB({ binary: tools.ferretdb, port: config.mongo.embeddedPort, dataDir: ferretDir })).process)
+      .then(() => say(`FerretDB (MongoDB wire protocol) on ${mongoUri} — data in ${ferretDir}`)),
+    embeddedTemporal && supervisor.keep('temporal', async () => (await startTemporalServer({
+      binary: tools.temporal, port: config.temporal.embeddedPort, uiPort: config.temporal.uiPort,
+      dbFile: path.join(config.dataDir, 'temporal.db'), namespace: config.temporal.namespace,
+    })).process).then(() => say(`Temporal dev server on ${temporalAddress} — Web UI http://127.0.0.1:${config.temporal.uiPort}`)),
   ]);
 
   // The sandbox provider runs in its own process, as a real upstream would.
-  const sandbox = startProcess('sandbox', process.execPath, [path.join(__dirname, 'index.js'), 'sandbox'], process.env);
-  stops.push(() => sandbox.stop());
   const sandboxUrl = `http://127.0.0.1:${config.sandbox.port}`;
-  await sandbox.waitUntil(async () => {
-    const res = await fetch(`${sandboxUrl}/healthz`);
-    if (!res.ok) throw new Error(`status ${res.status}`);
-  }, 15_000, `answering on ${sandboxUrl}`);
+  await supervisor.keep('sandbox', async () => {
+    const sandbox = startProcess('sandbox', process.execPath, [path.join(__dirname, 'index.js'), 'sandbox'], process.env);
+    await sandbox.waitUntil(async () => {
+      const res = await fetch(`${sandboxUrl}/healthz`);
+      if (!res.ok) throw new Error(`status ${res.status}`);
+    }, 15_000, `answering on ${sandboxUrl}`);
+    return sandbox;
+  });
   say(`sandbox provider on ${sandboxUrl}`);
 
   const store = await Store.connect(mongoUri, config.mongo.database);
@@ -57,7 +83,7 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
     say(`  ${first.key}`);
   }
 
-  const api = await runApiRole(config, logger, { mongoUri, temporalAddress }, { withWorker: true });
+  const api = await runApiRole(config, logger, { mongoUri, temporalAddress }, { withWorker: true, embedded: () => supervisor.status() });
   stops.push(api.stop);
   say(`worker polling task queue "${config.temporal.taskQueue}"`);
   say(`API on ${api.url}/api/v1 (health: ${api.url}/readyz) — decisions run ${config.decisions.execution === 'inline' ? 'inline, in the API process' : 'as Temporal workflows'} (DECISIONS_EXECUTION)`);

@@ -20,6 +20,38 @@ function alive(pid: number): boolean {
   }
 }
 
+/** Every process below `pid`, with its command line (read from /proc). */
+function descendants(pid: number): { pid: number; cmd: string }[] {
+  const all = fs.readdirSync('/proc').filter((d) => /^\d+$/.test(d)).flatMap((d) => {
+    try {
+      const stat = fs.readFileSync(`/proc/${d}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      return [{ pid: Number(d), ppid, cmd: fs.readFileSync(`/proc/${d}/cmdline`, 'utf8').replace(/\0/g, ' ') }];
+    } catch {
+      return []; // gone meanwhile
+    }
+  });
+  const out: { pid: number; cmd: string }[] = [];
+  const walk = (p: number) => { for (const c of all.filter((x) => x.ppid === p)) { out.push(c); walk(c.pid); } };
+  walk(pid);
+  return out;
+}
+
+/** The supervised command (not its watchdog) whose command line matches. */
+function commandPid(gateway: number, match: RegExp): number | undefined {
+  return descendants(gateway).find((p) => match.test(p.cmd) && !p.cmd.includes('watchdog.js'))?.pid;
+}
+
+async function until<T>(what: string, f: () => Promise<T | undefined> | T | undefined, timeoutMs = 30_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await f();
+    if (v !== undefined && v !== false) return v as T;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
 /** Runs `gateway start` and resolves once it prints its ready line, with every line it printed. */
 async function startUntilReady(env: NodeJS.ProcessEnv, timeoutMs: number): Promise<{ child: ReturnType<typeof spawn>; said: string[] }> {
   const child = spawn(process.execPath, [bin, 'start'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
@@ -97,8 +129,8 @@ describe('gateway CLI', () => {
         const check = spawnSync(process.execPath, [bin, 'check'], { encoding: 'utf8', env: { ...env, TEMPORAL_ADDRESS: `127.0.0.1:${env.TEMPORAL_PORT}` } });
         expect(check.status, check.stderr).to.equal(0);
         expect(JSON.parse(check.stdout)).to.include({ ok: true });
-        const children = spawnSync('pgrep', ['-P', String(child.pid)], { encoding: 'utf8' }).stdout.trim().split('\n').filter(Boolean).map(Number);
-        expect(children.length).to.be.at.least(3); // temporal, ferretdb, sandbox
+        const children = descendants(child.pid!).map((p) => p.pid);
+        expect(children.length).to.be.at.least(6); // temporal, ferretdb, sandbox, each under a watchdog
         if (round === 2) {
           // The workflow history of round 1 survived the restart in DATA_DIR.
           const list = spawnSync(stack.tools!.temporal, ['workflow', 'list', '--address', `127.0.0.1:${env.TEMPORAL_PORT}`, '--output', 'json'], { encoding: 'utf8' });
@@ -110,6 +142,67 @@ describe('gateway CLI', () => {
         for (const pid of children) expect(alive(pid), `child ${pid} still running`).to.equal(false);
       }
     } finally {
+      fs.rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
+  it('`gateway start` supervises what it starts: restarts a killed part (readyz names it meanwhile), refuses a held port, dies with its children, gives up on a crash loop', async function () {
+    this.timeout(180_000);
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-supervise-'));
+    const env: NodeJS.ProcessEnv = {
+      ...process.env,
+      PORT: String(await freePort()), TEMPORAL_PORT: String(await freePort()), TEMPORAL_UI_PORT: String(await freePort()),
+      FERRETDB_PORT: String(await freePort()), SANDBOX_PORT: String(await freePort()),
+      DATA_DIR: dataDir, LOG_LEVEL: 'warn', MONGODB_URI: '', TEMPORAL_ADDRESS: '',
+    };
+    const readyz = async () => {
+      const r = await fetch(`http://127.0.0.1:${env.PORT}/readyz`).catch(() => null);
+      return r ? { status: r.status, body: (await r.json()) as any } : null;
+    };
+    try {
+      let { child } = await startUntilReady(env, 90_000);
+      const gateway = child.pid!;
+      expect((await readyz())?.body.embedded).to.deep.equal({ ferretdb: 'ok', temporal: 'ok', sandbox: 'ok' });
+
+      // The sandbox dies: /readyz names it within a second and turns 200 again once it is back.
+      process.kill(commandPid(gateway, /index\.js sandbox/)!, 'SIGKILL');
+      const down = await until('readyz 503', async () => { const r = await readyz(); return r?.status === 503 ? r : undefined; }, 2_000);
+      expect(down.body.error.message).to.include('sandbox: restarting');
+      expect(down.body.error.metadata.embedded.sandbox).to.equal('restarting');
+      await until('sandbox back', async () => (await readyz())?.status === 200);
+
+      // FerretDB dies: restarted on the same port and data; the API reconnects by itself.
+      process.kill(commandPid(gateway, /ferretdb/)!, 'SIGKILL');
+      await until('FerretDB back', async () => (await readyz())?.status === 200 && (await readyz())?.body.embedded.ferretdb === 'ok');
+      expect((await fetch(`http://127.0.0.1:${env.PORT}/api/v1/models`)).status).to.equal(401); // answering, and asking for a key
+
+      // A second start while this one runs is refused, naming the port.
+      const second = spawnSync(process.execPath, [bin, 'start'], { env, encoding: 'utf8', timeout: 30_000 });
+      expect(second.status).to.equal(1);
+      expect(second.stderr).to.match(/port \d+ \((FERRETDB_PORT|TEMPORAL_PORT|TEMPORAL_UI_PORT|SANDBOX_PORT|PORT)\) is already in use/);
+
+      // kill -9 of the gateway: every process it started goes with it.
+      const family = descendants(gateway).map((p) => p.pid);
+      expect(family.length).to.be.at.least(6); // three watchdogs and their commands
+      process.kill(gateway, 'SIGKILL');
+      await until('children gone', () => family.every((p) => !alive(p)) || undefined, 10_000);
+
+      // Started again on the same data; then a sandbox that keeps crashing stops everything, non-zero.
+      ({ child } = await startUntilReady(env, 90_000));
+      const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
+      let output = '';
+      child.stdout!.on('data', (b) => { output += b; });
+      let kills = 0;
+      const killer = setInterval(() => {
+        const pid = commandPid(child.pid!, /index\.js sandbox/);
+        if (pid && alive(pid)) { process.kill(pid, 'SIGKILL'); kills++; }
+      }, 50);
+      const code = await exited.finally(() => clearInterval(killer));
+      expect(code).to.equal(1);
+      expect(kills).to.be.at.least(5);
+      expect(output).to.match(/sandbox exited 5 times within 60 s/);
+    } finally {
+      spawnSync('pkill', ['-9', '-f', dataDir]);
       fs.rmSync(dataDir, { recursive: true, force: true });
     }
   });

@@ -1,7 +1,9 @@
 // Child processes the gateway starts itself (Temporal dev server, FerretDB, sandbox, worker):
-// started, waited on until they answer, and stopped with SIGTERM then SIGKILL.
+// started under a watchdog (tools/watchdog) that kills them if we die, waited on until they
+// answer, and stopped with SIGTERM then SIGKILL.
 import { spawn, type ChildProcess } from 'node:child_process';
 import net from 'node:net';
+import path from 'node:path';
 
 export class ProcessStartError extends Error {}
 
@@ -9,6 +11,8 @@ export class ManagedProcess {
   private readonly output: string[] = [];
   private exited: { code: number | null; signal: NodeJS.Signals | null } | null = null;
   private readonly exitPromise: Promise<void>;
+  /** The command's own pid (the watchdog's child), once it is running. */
+  private commandPid: number | undefined;
 
   constructor(readonly name: string, readonly child: ChildProcess) {
     const keep = (b: Buffer) => {
@@ -18,6 +22,7 @@ export class ManagedProcess {
         if (this.output.length > 40) this.output.shift();
       }
     };
+    child.on('message', (m: { pid?: number }) => { if (typeof m?.pid === 'number') this.commandPid = m.pid; });
     child.stdout?.on('data', keep);
     child.stderr?.on('data', keep);
     this.exitPromise = new Promise((resolve) => {
@@ -30,8 +35,14 @@ export class ManagedProcess {
     void this.exitPromise.then(() => live.delete(this));
   }
 
+  /** The command's pid (not its watchdog's), for measuring and signalling it. */
   get pid(): number | undefined {
-    return this.child.pid;
+    return this.commandPid ?? this.child.pid;
+  }
+
+  /** How it exited, once it has: an exit code or the signal that ended it. */
+  get exitStatus(): { code: number | null; signal: NodeJS.Signals | null } | null {
+    return this.exited;
   }
 
   get hasExited(): boolean {
@@ -74,10 +85,11 @@ export class ManagedProcess {
     clearTimeout(timer);
   }
 
-  /** Sudden death, as a crash would be: used by durability tests. */
+  /** Sudden death of the command, as a crash would be (its watchdog reports it): used by fault tests. */
   async kill(): Promise<void> {
     if (this.exited) return;
-    this.child.kill('SIGKILL');
+    if (this.commandPid) process.kill(this.commandPid, 'SIGKILL');
+    else this.child.kill('SIGKILL');
     await this.exitPromise;
   }
 }
@@ -89,8 +101,12 @@ process.once('exit', () => {
   for (const p of live) p.child.kill('SIGKILL');
 });
 
+const WATCHDOG = path.join(__dirname, 'watchdog.js');
+
 export function startProcess(name: string, command: string, args: string[], env: NodeJS.ProcessEnv = process.env): ManagedProcess {
-  const child = spawn(command, args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  // The IPC channel is what the watchdog watches: it closes when this process dies, however it dies.
+  const child = spawn(process.execPath, [WATCHDOG, command, ...args], { env, stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
+  child.channel?.unref(); // the channel alone must not keep us running
   const managed = new ManagedProcess(name, child);
   child.once('error', () => { /* reported through exit and waitUntil */ });
   return managed;

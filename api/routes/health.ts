@@ -21,14 +21,18 @@ export function healthRoutes(deps: AppDeps): Router {
       within(deps.store.ping(READY_WITHIN_MS)).then(() => null, (e: Error) => `mongodb: ${e.message}`),
       within(deps.pingTemporal(READY_WITHIN_MS)).then(() => null, (e: Error) => `temporal: ${e.message}`),
     ]);
-    const failing = checks.filter((c): c is string => c !== null);
+    // Embedded processes being restarted (the sandbox provider, say) are named too.
+    const embedded = deps.embedded?.() ?? {};
+    const restarting = Object.entries(embedded).filter(([, s]) => s !== 'ok').map(([name]) => `${name}: restarting`);
+    const failing = [...checks.filter((c): c is string => c !== null), ...restarting];
     if (failing.length) {
       throw new ServiceUnavailableError(`Not ready: ${failing.join('; ')}`, {
         mongodb: checks[0] === null ? 'ok' : 'unavailable',
         temporal: checks[1] === null ? 'ok' : 'unavailable',
+        ...(Object.keys(embedded).length ? { embedded } : {}),
       });
     }
-    ctx.body = { status: 'ok', checks: { mongodb: 'ok', temporal: 'ok' }, decisions_execution: deps.decisions.mode };
+    ctx.body = { status: 'ok', checks: { mongodb: 'ok', temporal: 'ok' }, ...(Object.keys(embedded).length ? { embedded } : {}), decisions_execution: deps.decisions.mode };
   });
 
   return router;

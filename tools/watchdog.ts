@@ -1,0 +1,27 @@
+// Runs one command and ties its life to the process that started us: when that parent goes away
+// (its IPC channel closes, as it does when the parent is killed with SIGKILL), the command is
+// killed too, so no FerretDB, Temporal or sandbox outlives the gateway that owns it. SIGTERM and
+// SIGINT are passed on, SIGUSR2 means "SIGKILL the command" (fault tests), and the command's exit
+// (code or signal) is reported as our own.
+import { spawn } from 'node:child_process';
+
+const [command, ...args] = process.argv.slice(2);
+const child = spawn(command, args, { stdio: ['ignore', 'inherit', 'inherit'] });
+child.once('error', (err) => {
+  process.stderr.write(`cannot run ${command}: ${err.message}\n`);
+  process.exit(127);
+});
+child.once('spawn', () => process.send?.({ pid: child.pid }));
+process.once('disconnect', () => child.kill('SIGKILL'));
+const forward = (signal: NodeJS.Signals) => () => child.kill(signal);
+process.on('SIGTERM', forward('SIGTERM'));
+process.on('SIGINT', forward('SIGINT'));
+process.on('SIGUSR2', forward('SIGKILL'));
+child.once('exit', (code, signal) => {
+  if (signal) {
+    process.removeAllListeners(signal);
+    process.kill(process.pid, signal);
+  } else {
+    process.exit(code ?? 1);
+  }
+});
