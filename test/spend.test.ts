@@ -40,6 +40,24 @@ describe('holds against a workspace balance', () => {
     await cache.hold(t.workspaceId, 0.1).then(() => expect.fail('admitted with nothing left'), (err) => expect(err.status).to.equal(402));
   });
 
+  it('a balance is read from the cache plus this process\'s own spending: one ledger sum, not one per request', async () => {
+    const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
+    try {
+      const sums: string[] = [];
+      watched.client.on('commandStarted', (e) => { if (e.commandName === 'aggregate') sums.push(String(e.command.aggregate)); });
+      const t = await createTenant(watched, 2);
+      const cache = new WorkspaceCache(watched, 60_000);
+      expect(await cache.balance(t.workspaceId)).to.deep.equal({ total_credits: 2, total_usage: 0, balance: 2 });
+      const h = await cache.hold(t.workspaceId, 0.1); // plenty left: no re-read
+      await new UsageLedger(watched).record(usageRecord(`gen-own-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.25));
+      h.settle(0.25);
+      for (let i = 0; i < 50; i++) expect(await cache.balance(t.workspaceId)).to.deep.equal({ total_credits: 2, total_usage: 0.25, balance: 1.75 });
+      expect(sums.filter((c) => c === 'usage')).to.have.length(1);
+    } finally {
+      await watched.close();
+    }
+  });
+
   it("near exhaustion a hold re-reads the ledger, so another process's spending is seen at once", async () => {
     const t = await createTenant(store, 1);
     const cache = new WorkspaceCache(store, 60_000);

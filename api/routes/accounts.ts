@@ -2,14 +2,13 @@
 // scoped to the authenticated workspace: another workspace's objects are simply not found.
 import { Type } from '@sinclair/typebox';
 import { createKey, listKeys, publicKey, revokeKey } from '../../accounts/keys';
-import { getBalance } from '../../accounts/credits';
 import { NotFoundError } from '../../errors';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
 import { CreateKeyBody, Credits, CurrentKey, Generation, GenerationQuery, KeyIdParams, PublicKey } from '../schemas/accounts';
 import type { AppDeps } from '../deps';
 
-export function accountRoutes({ store, rateLimiter, keys }: AppDeps): AnyRoute[] {
+export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps): AnyRoute[] {
   return [
     defineRoute({
       method: 'get', path: '/key', tag: 'Keys', auth: 'any',
@@ -17,7 +16,7 @@ export function accountRoutes({ store, rateLimiter, keys }: AppDeps): AnyRoute[]
       responses: { 200: { description: 'Current key', schema: CurrentKey } },
       handler: async (ctx) => {
         const auth = authOf(ctx);
-        const [doc, balance] = await Promise.all([store.apiKeys.findOne({ id: auth.keyId }), getBalance(store, auth.workspaceId)]);
+        const [doc, balance] = await Promise.all([store.apiKeys.findOne({ id: auth.keyId }), workspaces.balance(auth.workspaceId)]);
         ctx.body = {
           data: {
             id: auth.keyId, label: doc!.label, name: doc!.name, kind: auth.kind, workspace_id: auth.workspaceId,
@@ -29,10 +28,10 @@ export function accountRoutes({ store, rateLimiter, keys }: AppDeps): AnyRoute[]
     }),
     defineRoute({
       method: 'get', path: '/credits', tag: 'Credits', auth: 'any',
-      summary: "The workspace's credits, usage and balance (USD)",
+      summary: "The workspace's credits, usage and balance (USD); other gateway processes' spending shows within BALANCE_CACHE_MS",
       responses: { 200: { description: 'Credits', schema: Credits } },
       handler: async (ctx) => {
-        ctx.body = { data: await getBalance(store, authOf(ctx).workspaceId) };
+        ctx.body = { data: await workspaces.balance(authOf(ctx).workspaceId) };
       },
     }),
     defineRoute({
