@@ -20,6 +20,16 @@ function alive(pid: number): boolean {
   }
 }
 
+/** Environment for a `gateway start` of its own: the embedded stack on free ports, data in `dataDir`. */
+async function embeddedStackEnv(dataDir: string): Promise<NodeJS.ProcessEnv> {
+  return {
+    ...process.env,
+    PORT: String(await freePort()), TEMPORAL_PORT: String(await freePort()), TEMPORAL_UI_PORT: String(await freePort()),
+    FERRETDB_PORT: String(await freePort()), SANDBOX_PORT: String(await freePort()),
+    DATA_DIR: dataDir, LOG_LEVEL: 'warn', MONGODB_URI: '', TEMPORAL_ADDRESS: '',
+  };
+}
+
 /** Every process below `pid`, with its command line (read from /proc). */
 function descendants(pid: number): { pid: number; cmd: string }[] {
   const all = fs.readdirSync('/proc').filter((d) => /^\d+$/.test(d)).flatMap((d) => {
@@ -99,12 +109,7 @@ describe('gateway CLI', () => {
   it('`gateway start` brings up the embedded stack, reuses its data, and SIGTERM stops every child', async function () {
     this.timeout(120_000);
     const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-start-'));
-    const env: NodeJS.ProcessEnv = {
-      ...process.env,
-      PORT: String(await freePort()), TEMPORAL_PORT: String(await freePort()), TEMPORAL_UI_PORT: String(await freePort()),
-      FERRETDB_PORT: String(await freePort()), SANDBOX_PORT: String(await freePort()),
-      DATA_DIR: dataDir, LOG_LEVEL: 'warn', MONGODB_URI: '', TEMPORAL_ADDRESS: '',
-    };
+    const env = await embeddedStackEnv(dataDir);
     let firstKey = '';
     try {
       for (const round of [1, 2]) {
@@ -149,12 +154,7 @@ describe('gateway CLI', () => {
   it('`gateway start` supervises what it starts: restarts a killed part (readyz names it meanwhile), refuses a held port, dies with its children, gives up on a crash loop', async function () {
     this.timeout(180_000);
     const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-supervise-'));
-    const env: NodeJS.ProcessEnv = {
-      ...process.env,
-      PORT: String(await freePort()), TEMPORAL_PORT: String(await freePort()), TEMPORAL_UI_PORT: String(await freePort()),
-      FERRETDB_PORT: String(await freePort()), SANDBOX_PORT: String(await freePort()),
-      DATA_DIR: dataDir, LOG_LEVEL: 'warn', MONGODB_URI: '', TEMPORAL_ADDRESS: '',
-    };
+    const env = await embeddedStackEnv(dataDir);
     const readyz = async () => {
       const r = await fetch(`http://127.0.0.1:${env.PORT}/readyz`).catch(() => null);
       return r ? { status: r.status, body: (await r.json()) as any } : null;
