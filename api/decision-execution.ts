@@ -11,7 +11,7 @@ import type { DecisionHandoff } from '../temporal/decision-handoff';
 import { Semaphore } from '../concurrency/semaphore';
 import { ServiceUnavailableError } from '../errors';
 import { fromWorkflowFailure } from '../temporal/failures';
-import type { decisionWorkflow } from '../workflows';
+import { decisionWorkflow } from '../workflows/decision';
 
 export type DecisionExecutionMode = 'inline' | 'workflow';
 
@@ -42,7 +42,7 @@ export function workflowExecution(temporal: Client, handoff: DecisionHandoff, ta
       // and a client that goes away does not cancel a run that is being recorded.
       const release = await slots.acquire({ signal, onAbort: () => new ServiceUnavailableError('Decision was cancelled before it started') });
       try {
-        return await handoff.execute(job.generationId, () => temporal.workflow.start<typeof decisionWorkflow>('decisionWorkflow', {
+        return await handoff.execute(job.generationId, () => temporal.workflow.start(decisionWorkflow, {
           workflowId: job.generationId,
           taskQueue,
           requestEagerStart: true,

@@ -1,5 +1,6 @@
 #!/usr/bin/env node
 // The `gateway` command: one entry point for every role and admin task.
+import { selfCheckWorkflow } from '../workflows/self-check';
 import { Command } from 'commander';
 import { Client } from '@temporalio/client';
 import { ConfigError, loadConfig, type Config } from '../config';
@@ -95,7 +96,7 @@ export function buildProgram(): Command {
 
 export async function runSelfCheck(client: Client, taskQueue: string): Promise<{ id: string; note: string }> {
   const id = `self-check-${Date.now().toString(36)}`;
-  return client.workflow.execute('selfCheckWorkflow', { taskQueue, workflowId: id, args: [`checked at ${new Date().toISOString()}`], workflowExecutionTimeout: '30 seconds' });
+  return client.workflow.execute(selfCheckWorkflow, { taskQueue, workflowId: id, args: [`checked at ${new Date().toISOString()}`], workflowExecutionTimeout: '30 seconds' });
 }
 
 if (require.main === module) {

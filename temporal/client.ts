@@ -1,5 +1,7 @@
 // Connections to the Temporal server. The API process shares one NativeConnection between its
 // client and its in-process worker, which eager workflow start requires.
+import { GATEWAY_ERROR_TYPE } from '../workflows/shared';
+import { decisionWorkflow } from '../workflows/decision';
 import { NativeConnection, Runtime, makeTelemetryFilterString } from '@temporalio/worker';
 import type { Logger } from '../log';
 import { Client } from '@temporalio/client';
@@ -19,7 +21,7 @@ function installRuntime(logger: Logger): void {
   const log = logger.child({ component: 'temporal-sdk' }, { level: logger.levelVal < 30 || logger.levelVal > 40 ? logger.level : 'warn' });
   // A decision that fails with a gateway error (an upstream 502, a 404 …) is an answer, not an incident.
   const expected = (meta: Record<string, unknown> | undefined) =>
-    (meta?.error as { type?: string } | undefined)?.type === 'GatewayError' || meta?.workflowType === 'decisionWorkflow';
+    (meta?.error as { type?: string } | undefined)?.type === GATEWAY_ERROR_TYPE || meta?.workflowType === decisionWorkflow.name;
   const at = (level: string) => (level === 'TRACE' ? 'trace' : level === 'DEBUG' ? 'debug' : level === 'WARN' ? 'warn' : level === 'ERROR' ? 'error' : 'info');
   Runtime.install({
     logger: {

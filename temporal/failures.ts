@@ -3,7 +3,9 @@
 import { ApplicationFailure } from '@temporalio/common';
 import { errorFromStatus, GatewayError, InternalError, RateLimitedError, ServiceUnavailableError } from '../errors';
 
-export const GATEWAY_ERROR_TYPE = 'GatewayError';
+import { GATEWAY_ERROR_TYPE } from '../workflows/shared';
+
+export { GATEWAY_ERROR_TYPE };
 
 interface Details {
   status: number;

@@ -4,6 +4,7 @@ import { expect } from 'chai';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { batches, newBatchId, storeInputs, type BatchDoc } from '../batches/store';
+import { batchProgressQuery, batchWorkflow } from '../workflows/batch';
 import { searchAttributes } from '../workflows/shared';
 import { startProcess } from '../tools/processes';
 import { stack } from './fixture';
@@ -262,7 +263,7 @@ describe('batches', () => {
       await batches(gw.store).insertOne(doc);
       const connection = await Connection.connect({ address: stack.temporalAddress });
       try {
-        await new Client({ connection }).workflow.start('batchWorkflow', {
+        await new Client({ connection }).workflow.start(batchWorkflow, {
           workflowId: id, taskQueue: gw.config.temporal.taskQueue,
           args: [{ batchId: id, chunks, window: 2, expiresAt: doc.expires_at.getTime(), phase: 'validate', nextChunk: 0, cancelRequested: false }],
         });
@@ -353,11 +354,11 @@ describe('batches', () => {
     try {
       const handle = new Client({ connection }).workflow.getHandle(r.body.id);
       await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['in_progress']);
-      const progress = await handle.query<{ status: string; chunks: number }>('progress');
+      const progress = await handle.query(batchProgressQuery);
       expect(progress).to.include({ status: 'in_progress', chunks: 4 });
       await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed'], 30_000);
       const d = await handle.describe();
-      expect(d.type).to.equal('batchWorkflow');
+      expect(d.type).to.equal(batchWorkflow.name);
       expect(d.typedSearchAttributes.get(searchAttributes.batchStatus)).to.equal('completed');
       expect(d.typedSearchAttributes.get(searchAttributes.workspace)).to.equal(t.workspaceId);
       expect(d.typedSearchAttributes.get(searchAttributes.model)).to.equal('test/batch-slow');

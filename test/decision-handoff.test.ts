@@ -14,6 +14,7 @@ import { createUpstreams } from '../routing/upstreams';
 import { loadConfig } from '../config';
 import { createLogger } from '../log';
 import type { DecisionJob } from '../activities';
+import { decisionWorkflow } from '../workflows/decision';
 import { stack } from './fixture';
 import { uniqueName } from './helpers';
 
@@ -54,7 +55,7 @@ describe('decision hand-off from the in-process worker', () => {
     const generationId = `gen-dec-${uniqueName('t')}`;
     const asked = { server: 0 };
     const start = async () => {
-      const handle = await client.workflow.start('decisionWorkflow', {
+      const handle = await client.workflow.start(decisionWorkflow, {
         workflowId: generationId, taskQueue, requestEagerStart: true,
         args: [{ generationId, workspaceId: 'ws-handoff', keyId: 'key-handoff', request: { ...request, ...over }, meta: { session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] } }, workspace: {} } as DecisionJob],
       });

@@ -6,6 +6,7 @@ import { labelsOf, logprobRequest, readLabelDistribution, renderPrompt } from '.
 import type { Question } from '../decisions/types';
 import { fromJsonText } from '../store/json-text';
 import { Catalog } from '../catalog';
+import { decisionWorkflow } from '../workflows/decision';
 import { DEFAULT_CATALOG_PATH } from '../config';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
@@ -374,7 +375,7 @@ for (const mode of ['inline', 'workflow'] as const) describe(`POST /api/v1/syste
           return;
         }
         const d = await described;
-        expect(d.type).to.equal('decisionWorkflow');
+        expect(d.type).to.equal(decisionWorkflow.name);
         expect(d.status.name).to.equal('COMPLETED');
       } finally {
         await connection.close();

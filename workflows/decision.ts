@@ -1,11 +1,12 @@
 import { proxyLocalActivities, proxySinks, type Sinks } from '@temporalio/workflow';
 import type { Activities, DecisionJob, DecisionResult } from '../activities';
+import { GATEWAY_ERROR_TYPE } from './shared';
 
 // A local activity: it runs in the worker that took the workflow task, with no extra round trip
 // through the server, which is what keeps a synchronous decision fast.
 const { evaluateDecision } = proxyLocalActivities<Activities>({
   startToCloseTimeout: '2 minutes',
-  retry: { maximumAttempts: 3, initialInterval: '200 ms', nonRetryableErrorTypes: ['GatewayError'] },
+  retry: { maximumAttempts: 3, initialInterval: '200 ms', nonRetryableErrorTypes: [GATEWAY_ERROR_TYPE] },
 });
 
 /** How a decision tells the HTTP handler in its own process that it is done (temporal/decision-handoff). */

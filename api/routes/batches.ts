@@ -6,7 +6,7 @@ import { WorkflowIdReusePolicy } from '@temporalio/client';
 import { BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError, ServiceUnavailableError, UnprocessableError } from '../../errors';
 import { planRoute } from '../../routing/engine';
 import { searchAttributes } from '../../workflows/shared';
-import type { batchWorkflow } from '../../workflows/batch';
+import { batchWorkflow, cancelBatchSignal } from '../../workflows/batch';
 import {
   batches, batchView, counts, dropBatchData, MAX_CHUNK_BYTES, newBatchId, results, resultLine, seqId, storeInputs, type BatchDoc,
 } from '../../batches/store';
@@ -118,7 +118,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
         }
         const { chunks } = doc;
         try {
-          await temporal.workflow.start<typeof batchWorkflow>('batchWorkflow', {
+          await temporal.workflow.start(batchWorkflow, {
             workflowId: id, taskQueue: config.temporal.taskQueue, workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
             args: [{ batchId: id, chunks, window: settings.window, expiresAt: expiresAt.getTime(), phase: 'validate', nextChunk: 0, cancelRequested: false }],
             typedSearchAttributes: [
@@ -180,7 +180,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
       handler: async (ctx, { params }) => {
         const b = await owned(params.id, authOf(ctx).workspaceId);
         if (isTerminal(b.status)) throw new ConflictError(`Batch ${b._id} is already ${b.status}`);
-        await temporal.workflow.getHandle(b._id).signal('cancelBatch');
+        await temporal.workflow.getHandle(b._id).signal(cancelBatchSignal);
         ctx.body = { ...batchView(b, await counts(store, b)), status: 'cancelling' };
       },
     }),
