@@ -47,6 +47,10 @@ export function createApp(deps: AppDeps): Koa {
   const app = new Koa();
   app.proxy = false;
   app.silent = true; // errorMiddleware logs; Koa's default stderr printing would duplicate it
+  // What errorMiddleware cannot see: a failure while a streamed body (batch results) is being sent.
+  app.on('error', (err: Error, ctx?: Koa.Context) => {
+    (ctx?.state.log ?? deps.logger).error({ err, path: ctx?.path }, 'error after the response began');
+  });
   app.use(requestContext(deps.logger));
   app.use(errorMiddleware());
   app.use(async (ctx, next) => {

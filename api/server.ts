@@ -39,8 +39,13 @@ export async function startApiServer(deps: AppDeps, host: string, port: number):
   return {
     url: `http://${host}:${addr.port}`,
     server,
+    // Stops accepting, lets requests in flight finish for SHUTDOWN_GRACE_MS, then cuts what is left.
     close: () => new Promise<void>((resolve) => {
-      server.close(() => resolve());
+      const cut = setTimeout(() => {
+        deps.logger.warn({ grace_ms: deps.config.http.shutdownGraceMs }, 'requests still in flight at the end of the shutdown grace; closing them');
+        server.closeAllConnections();
+      }, deps.config.http.shutdownGraceMs);
+      server.close(() => { clearTimeout(cut); resolve(); });
       server.closeIdleConnections();
     }),
   };

@@ -1,5 +1,6 @@
 import { expect } from 'chai';
 import fs from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import { startFerretDB } from '../tools/services';
 import { freePort } from '../tools/processes';
@@ -84,5 +85,24 @@ describe('GET /readyz when MongoDB goes away', () => {
       await gw.stop().catch(() => undefined);
       fs.rmSync(dataDir, { recursive: true, force: true });
     }
+  });
+});
+
+describe('shutdown', () => {
+  it('lets requests in flight finish for SHUTDOWN_GRACE_MS, then closes them rather than waiting on a stalled client', async () => {
+    const { logger, lines } = capturingLogger('warn');
+    const gw = await startTestGateway({ withWorker: false, logger, env: { SHUTDOWN_GRACE_MS: '300' } });
+    // A request whose body never completes holds its connection open.
+    const socket = net.connect(Number(new URL(gw.url).port), '127.0.0.1');
+    await new Promise((r) => socket.once('connect', r));
+    socket.on('error', () => undefined);
+    socket.write('POST /api/v1/keys HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"na');
+    await new Promise((r) => setTimeout(r, 100));
+    const started = Date.now();
+    await gw.stop();
+    const took = Date.now() - started;
+    expect(took, `stop took ${took} ms`).to.be.at.least(250).and.below(5000);
+    expect(lines.some((l) => l.msg === 'requests still in flight at the end of the shutdown grace; closing them')).to.equal(true);
+    socket.destroy();
   });
 });
