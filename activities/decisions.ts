@@ -3,7 +3,7 @@ import type { UsageLedger } from '../accounts/usage-ledger';
 import { evaluate } from '../decisions/evaluate';
 import { PROMPT_FORMAT } from '../decisions/prompt';
 import type { DecisionsRequest, Answer } from '../decisions/types';
-import type { RequestMeta } from '../api/request-meta';
+import type { RequestMeta } from '../accounts/attribution';
 import type { Upstreams } from '../routing/upstreams';
 import { toActivityFailure } from '../temporal/failures';
 

@@ -1,7 +1,7 @@
 // The OpenAPI 3.1 document, generated from the same route declarations that drive validation.
 import type { TSchema } from '@sinclair/typebox';
 import type { AnyRoute } from './route';
-import { ErrorEnvelope } from './schemas/common';
+import { ErrorEnvelope } from '../schemas/common';
 
 /** TypeBox schemas are JSON Schema; strip the `$id`s so components can be inlined. */
 function plain(schema: TSchema): unknown {

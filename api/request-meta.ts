@@ -2,15 +2,10 @@
 // header), end user, trace metadata and app attribution headers.
 import type Koa from 'koa';
 import { BadRequestError } from '../errors';
+import type { RequestMeta } from '../accounts/attribution';
 
 export const MAX_SESSION_ID = 256;
 
-export interface RequestMeta {
-  session_id: string | null;
-  user: string | null;
-  trace: Record<string, unknown> | null;
-  app: { referer: string | null; title: string | null; categories: string[] };
-}
 
 export function requestMeta(
   ctx: Koa.Context | Koa.ParameterizedContext,

@@ -1,7 +1,7 @@
 // What each batch target endpoint accepts in a line's body, checked by the workflow before any line
 // is sent upstream (a bad line fails the whole batch, naming it).
 import { Type, type TSchema } from '@sinclair/typebox';
-import { compileBody } from '../api/validation';
+import { compileBody } from '../schemas/validation';
 import { BadRequestError } from '../errors';
 import type { Operation } from '../catalog';
 import type { BatchEndpoint } from './store';

@@ -7,7 +7,7 @@ import { randomBytes } from 'node:crypto';
 import type { Collection, Document } from 'mongodb';
 import { insertManyNew, type Store } from '../store';
 import { fromJsonText } from '../store/json-text';
-import type { BATCH_ENDPOINTS, BATCH_STATUSES } from '../api/schemas/batches';
+import type { BATCH_ENDPOINTS, BATCH_STATUSES } from '../schemas/batches';
 
 export type BatchStatus = (typeof BATCH_STATUSES)[number];
 export type BatchEndpoint = (typeof BATCH_ENDPOINTS)[number];

@@ -2,7 +2,7 @@
 // from a JSON file, validated at start-up with messages naming the bad entry.
 import fs from 'node:fs';
 import path from 'node:path';
-import { compileBody } from '../api/validation';
+import { compileBody } from '../schemas/validation';
 import { BadRequestError, NotFoundError } from '../errors';
 import { ADAPTER_OPERATIONS, CatalogFile, type EndpointEntry, type ModelEntry, type Operation, type ProviderEntry } from './schema';
 

@@ -1,6 +1,6 @@
 // The catalog file's schema: providers and models, each model with its endpoints and prices.
 import { Type, type Static } from '@sinclair/typebox';
-import { StringEnum } from '../api/schemas/common';
+import { StringEnum } from '../schemas/common';
 
 export const QUANTIZATIONS = ['int4', 'int8', 'fp4', 'mxfp4', 'nvfp4', 'fp6', 'fp8', 'mxfp8', 'fp16', 'bf16', 'fp32', 'unknown'] as const;
 export const Quantization = StringEnum([...QUANTIZATIONS]);

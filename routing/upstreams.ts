@@ -3,7 +3,7 @@
 // decisions and batch lines reach a provider: route ▶ execute with fallbacks ▶ price.
 import type { Config } from '../config';
 import { Catalog, type CatalogModel, type Endpoint, type ModelVariant, type Operation } from '../catalog';
-import type { ProviderPreferences } from '../api/schemas/provider';
+import type { ProviderPreferences } from '../schemas/provider';
 import { callEndpoint, costOf, type Usage } from '../providers/adapters';
 import { ProviderHttp } from '../providers/http';
 import { ProviderLimiter } from '../providers/limiter';

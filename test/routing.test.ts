@@ -5,8 +5,8 @@ import { Catalog, CatalogError } from '../catalog';
 import { optionsFor, planRoute, typicalPrice, type EndpointStat, type RouteInput } from '../routing/engine';
 import { failureToError } from '../routing/execute';
 import { UpstreamFailure } from '../providers/failure';
-import { ProviderPreferences } from '../api/schemas/provider';
-import { compileBody } from '../api/validation';
+import { ProviderPreferences } from '../schemas/provider';
+import { compileBody } from '../schemas/validation';
 import { NotFoundError } from '../errors';
 
 const provider = (slug: string, extra: Record<string, unknown> = {}) => ({

@@ -5,7 +5,7 @@ import { createKey, listKeys, publicKey, revokeKey } from '../../accounts/keys';
 import { NotFoundError } from '../../errors';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
-import { CreateKeyBody, Credits, CurrentKey, Generation, GenerationQuery, KeyIdParams, PublicKey } from '../schemas/accounts';
+import { CreateKeyBody, Credits, CurrentKey, Generation, GenerationQuery, KeyIdParams, PublicKey } from '../../schemas/accounts';
 import type { AppDeps } from '../deps';
 
 export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps): AnyRoute[] {

@@ -15,7 +15,7 @@ import { toJsonText } from '../../store/json-text';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
 import { defineRoute, type AnyRoute } from '../route';
-import { BatchIdParams, BatchObject, CreateBatchBody, ListBatchesQuery, ResultsQuery, TERMINAL_STATUSES } from '../schemas/batches';
+import { BatchIdParams, BatchObject, CreateBatchBody, ListBatchesQuery, ResultsQuery, TERMINAL_STATUSES } from '../../schemas/batches';
 import type { AppDeps } from '../deps';
 
 const isTerminal = (s: string) => (TERMINAL_STATUSES as readonly string[]).includes(s);

@@ -11,7 +11,7 @@ import type { DecisionsRequest } from '../../decisions/types';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
 import { defineRoute, type AnyRoute } from '../route';
-import { DecisionsResponse, decisionsRequestSchema } from '../schemas/decisions';
+import { DecisionsResponse, decisionsRequestSchema } from '../../schemas/decisions';
 import type { AppDeps } from '../deps';
 
 /** A preset named by the request lends its model and provider preferences; the request's own win. */

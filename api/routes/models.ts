@@ -4,7 +4,7 @@ import { Type } from '@sinclair/typebox';
 import type { CatalogModel, Endpoint } from '../../catalog';
 import { OUTAGE_WINDOW_MS, type EndpointStat } from '../../routing/engine';
 import { defineRoute, type AnyRoute } from '../route';
-import { EndpointView, ModelEndpointsParams, ModelView } from '../schemas/models';
+import { EndpointView, ModelEndpointsParams, ModelView } from '../../schemas/models';
 import type { AppDeps } from '../deps';
 
 /** Per-million prices as OpenRouter writes them: USD per token, as a decimal string. */

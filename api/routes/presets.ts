@@ -6,7 +6,7 @@ import { configOf, systemPromptOf, type PresetFormat } from '../../presets/overl
 import { BadRequestError } from '../../errors';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
-import { ChatBody, MessagesBody, PageQuery, PresetVersion, PresetWithVersion, ResponsesBody, SlugParams, VersionParams } from '../schemas/presets';
+import { ChatBody, MessagesBody, PageQuery, PresetVersion, PresetWithVersion, ResponsesBody, SlugParams, VersionParams } from '../../schemas/presets';
 import type { AppDeps } from '../deps';
 
 const Created = Type.Object({ data: PresetWithVersion });

@@ -1,6 +1,6 @@
 // Provider routing preferences (interface §2.5): one definition for validation, types and OpenAPI.
 import { Type, type Static } from '@sinclair/typebox';
-import { QUANTIZATIONS } from '../../catalog/schema';
+import { QUANTIZATIONS } from '../catalog/schema';
 import { StringEnum } from './common';
 
 const Nullable = <T extends import('@sinclair/typebox').TSchema>(t: T) => Type.Union([t, Type.Null()]);
