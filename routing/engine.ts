@@ -1,7 +1,7 @@
 // The routing engine: a pure function from (models, preferences, workspace settings, live stats)
 // to the ordered list of endpoints to try. No I/O; randomness and time are inputs.
 import type { CatalogModel, Endpoint, ModelVariant, Operation } from '../catalog';
-import type { ProviderPreferences } from '../api/schemas/provider';
+import type { ProviderPreferences } from '../schemas/provider';
 import { NotFoundError } from '../errors';
 
 export type Percentile = 'p50' | 'p75' | 'p90' | 'p99';
