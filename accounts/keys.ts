@@ -79,3 +79,8 @@ export async function revokeKey(store: Store, id: string, workspaceId?: string):
   }
   return publicKey(doc);
 }
+
+/** One key of a workspace, or null (another workspace's key is not found either). */
+export async function keyOfWorkspace(store: Store, workspaceId: string, id: string): Promise<ApiKeyDoc | null> {
+  return store.apiKeys.findOne({ id, workspace_id: workspaceId });
+}

@@ -54,3 +54,9 @@ export class UsageLedger {
     this.writing = false;
   }
 }
+
+/** One generation's usage record, if it belongs to the workspace. */
+export async function generationOf(store: Store, workspaceId: string, id: string): Promise<UsageDoc | null> {
+  const doc = await store.usage.findOne({ _id: id });
+  return doc && doc.workspace_id === workspaceId ? doc : null;
+}

@@ -234,3 +234,50 @@ export function batchView(b: BatchDoc, c: { completed: number; failed: number })
 export function resultLine(r: ResultDoc) {
   return { id: r.id, custom_id: r.custom_id, response: r.response, error: r.error };
 }
+
+/** A batch of the workspace, or null (another workspace's batch is not found either). */
+export async function findBatch(store: Store, workspaceId: string, id: string): Promise<BatchDoc | null> {
+  const b = await batches(store).findOne({ _id: id });
+  return b && b.workspace_id === workspaceId ? b : null;
+}
+
+/** Stores a new batch: its input chunks, then its document. A batch that cannot be stored leaves nothing behind. */
+export async function createBatch(store: Store, doc: BatchDoc, lines: InputLine[], chunkSize: number): Promise<BatchDoc> {
+  try {
+    const chunks = await storeInputs(store, doc._id, lines, chunkSize);
+    const stored = { ...doc, chunks };
+    await batches(store).insertOne(stored);
+    return stored;
+  } catch (err) {
+    await dropBatchData(store, doc._id).catch(() => undefined);
+    throw err;
+  }
+}
+
+export async function markNotStarted(store: Store, id: string): Promise<void> {
+  await batches(store).updateOne({ _id: id }, { $set: { status: 'failed', finalized_at: new Date(), error: { message: 'The batch could not be started; nothing was sent upstream' } } });
+}
+
+/** A page of the workspace's batches, newest first, one more than `limit` to tell whether more follow. */
+export async function listBatches(
+  store: Store, workspaceId: string,
+  q: { before?: string; statuses?: BatchStatus[]; created?: Record<string, Date>; limit: number },
+): Promise<BatchDoc[]> {
+  const filter: Record<string, unknown> = { workspace_id: workspaceId };
+  if (q.before) filter._id = { $lt: q.before };
+  if (q.statuses?.length) filter.status = { $in: q.statuses };
+  if (q.created && Object.keys(q.created).length) filter.created_at = q.created;
+  return batches(store).find(filter).sort({ _id: -1 }).limit(q.limit + 1).toArray();
+}
+
+/** A batch's results in line order, from after line `after` and at most `limit` of them when given. */
+export function resultsInOrder(store: Store, batchId: string, opts: { after?: number; limit?: number } = {}) {
+  const filter = opts.after !== undefined && opts.after >= 0 ? { _id: { $gt: seqId(opts.after) } } : {};
+  const cursor = results(store, batchId).find(filter).sort({ _id: 1 });
+  return opts.limit ? cursor.limit(opts.limit) : cursor;
+}
+
+export async function deleteBatch(store: Store, id: string): Promise<void> {
+  await dropBatchData(store, id);
+  await batches(store).deleteOne({ _id: id });
+}

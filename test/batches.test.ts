@@ -8,18 +8,7 @@ import { batchProgressQuery, batchWorkflow } from '../workflows/batch';
 import { searchAttributes } from '../workflows/shared';
 import { startProcess } from '../tools/processes';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
-
-export async function waitForStatus(url: string, key: string, id: string, statuses: string[], timeoutMs = 60_000): Promise<any> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const r = await call(`${url}/api/v1/batches/${id}`, { key });
-    if (r.status !== 200) throw new Error(`GET batch ${id}: ${r.status} ${JSON.stringify(r.body).slice(0, 300)}`);
-    if (statuses.includes(r.body.status)) return r.body;
-    if (Date.now() > deadline) throw new Error(`batch ${id} still ${r.body.status} (${JSON.stringify(r.body.request_counts)})`);
-    await new Promise((res) => setTimeout(res, 150));
-  }
-}
+import { call, createTenant, startTestGateway, waitForStatus, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
 
 function batchCatalog(): string {
   return writeTestCatalog('batches', (base) => {

@@ -113,3 +113,15 @@ export function writeTestCatalog(name: string, extend: (catalog: { providers: an
   fs.writeFileSync(file, JSON.stringify(catalog));
   return file;
 }
+
+/** Polls a batch until its status is one of `statuses`; fails naming where it got stuck. */
+export async function waitForStatus(url: string, key: string, id: string, statuses: string[], timeoutMs = 60_000): Promise<any> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const r = await call(`${url}/api/v1/batches/${id}`, { key });
+    if (r.status !== 200) throw new Error(`GET batch ${id}: ${r.status} ${JSON.stringify(r.body).slice(0, 300)}`);
+    if (statuses.includes(r.body.status)) return r.body;
+    if (Date.now() > deadline) throw new Error(`batch ${id} still ${r.body.status} (${JSON.stringify(r.body.request_counts)})`);
+    await new Promise((res) => setTimeout(res, 150));
+  }
+}

@@ -1,7 +1,8 @@
 // The caller's own key, its workspace's keys and credits, and generation lookups. Every query is
 // scoped to the authenticated workspace: another workspace's objects are simply not found.
 import { Type } from '@sinclair/typebox';
-import { createKey, listKeys, publicKey, revokeKey } from '../../accounts/keys';
+import { createKey, keyOfWorkspace, listKeys, publicKey, revokeKey } from '../../accounts/keys';
+import { generationOf } from '../../accounts/usage-ledger';
 import { NotFoundError } from '../../errors';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
@@ -16,7 +17,7 @@ export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps)
       responses: { 200: { description: 'Current key', schema: CurrentKey } },
       handler: async (ctx) => {
         const auth = authOf(ctx);
-        const [doc, balance] = await Promise.all([store.apiKeys.findOne({ id: auth.keyId }), workspaces.balance(auth.workspaceId)]);
+        const [doc, balance] = await Promise.all([keyOfWorkspace(store, auth.workspaceId, auth.keyId), workspaces.balance(auth.workspaceId)]);
         ctx.body = {
           data: {
             id: auth.keyId, label: doc!.label, name: doc!.name, kind: auth.kind, workspace_id: auth.workspaceId,
@@ -57,7 +58,7 @@ export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps)
       summary: 'One API key of this workspace',
       responses: { 200: { description: 'Key', schema: Type.Object({ data: PublicKey }) } },
       handler: async (ctx, { params }) => {
-        const doc = await store.apiKeys.findOne({ id: params.id, workspace_id: authOf(ctx).workspaceId });
+        const doc = await keyOfWorkspace(store, authOf(ctx).workspaceId, params.id);
         if (!doc) throw new NotFoundError(`API key ${params.id} not found`);
         ctx.body = { data: publicKey(doc) };
       },
@@ -77,8 +78,8 @@ export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps)
       summary: 'Usage and cost of one generation (a decision, or a batch line)',
       responses: { 200: { description: 'Generation', schema: Generation } },
       handler: async (ctx, { query }) => {
-        const doc = await store.usage.findOne({ _id: query.id });
-        if (!doc || doc.workspace_id !== authOf(ctx).workspaceId) throw new NotFoundError(`Generation ${query.id} not found`);
+        const doc = await generationOf(store, authOf(ctx).workspaceId, query.id);
+        if (!doc) throw new NotFoundError(`Generation ${query.id} not found`);
         ctx.body = {
           data: {
             id: doc._id, model: doc.model, provider_name: doc.provider, tokens_prompt: doc.input_tokens,

@@ -8,7 +8,7 @@ import { planRoute } from '../../routing/engine';
 import { searchAttributes } from '../../workflows/shared';
 import { batchWorkflow, cancelBatchSignal } from '../../workflows/batch';
 import {
-  batches, batchView, counts, dropBatchData, MAX_CHUNK_BYTES, newBatchId, results, resultLine, seqId, storeInputs, type BatchDoc,
+  batchView, counts, createBatch, deleteBatch, findBatch, listBatches, markNotStarted, MAX_CHUNK_BYTES, newBatchId, resultLine, resultsInOrder, type BatchDoc,
 } from '../../batches/store';
 import { OPERATION_OF } from '../../batches/lines';
 import { toJsonText } from '../../store/json-text';
@@ -37,8 +37,8 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
   const settings = config.batches;
 
   async function owned(id: string, workspaceId: string): Promise<BatchDoc> {
-    const b = await batches(store).findOne({ _id: id });
-    if (!b || b.workspace_id !== workspaceId) throw new NotFoundError(`Batch ${id} not found`);
+    const b = await findBatch(store, workspaceId, id);
+    if (!b) throw new NotFoundError(`Batch ${id} not found`);
     return b;
   }
 
@@ -51,7 +51,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
     }
     const marker = `results-of-${b._id}`;
     const [head, tail] = JSON.stringify({ ...view, results: marker }).split(`"${marker}"`);
-    const cursor = results(store, b._id).find({}).sort({ _id: 1 });
+    const cursor = resultsInOrder(store, b._id);
     ctx.type = 'application/json';
     ctx.body = Readable.from((async function* () {
       yield `${head}[`;
@@ -108,15 +108,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
           expires_at: expiresAt, provider_only: body.provider?.only ?? null, total: body.requests.length, chunks: 0, provider: null, usage: null,
           error: null, metadata: body.metadata ? toJsonText(body.metadata) : null, meta: { session_id: meta.session_id, user: meta.user, app: meta.app },
         };
-        try {
-          doc.chunks = await storeInputs(store, id, lines, settings.chunkSize);
-          await batches(store).insertOne(doc);
-        } catch (err) {
-          // A batch that could not be stored leaves nothing behind.
-          await dropBatchData(store, id).catch(() => undefined);
-          throw err;
-        }
-        const { chunks } = doc;
+        const { chunks } = await createBatch(store, doc, lines, settings.chunkSize);
         try {
           await temporal.workflow.start(batchWorkflow, {
             workflowId: id, taskQueue: config.temporal.taskQueue, workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
@@ -129,7 +121,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
           });
         } catch (err) {
           ctx.state.log.error({ err, batch_id: id }, 'could not start batch workflow');
-          await batches(store).updateOne({ _id: id }, { $set: { status: 'failed', finalized_at: new Date(), error: { message: 'The batch could not be started; nothing was sent upstream' } } });
+          await markNotStarted(store, id);
           throw new ServiceUnavailableError('The batch could not be started; try again', { batch_id: id });
         }
         ctx.status = 202;
@@ -142,11 +134,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
       responses: { 200: { description: 'A page of batches', schema: Type.Object({ object: Type.Literal('list'), data: Type.Array(BatchObject), first_id: Type.Union([Type.String(), Type.Null()]), last_id: Type.Union([Type.String(), Type.Null()]), has_more: Type.Boolean() }) } },
       handler: async (ctx, { query }) => {
         const created = { ...timeBound('created_after', query.created_after), ...timeBound('created_before', query.created_before) };
-        const filter: Record<string, unknown> = { workspace_id: authOf(ctx).workspaceId };
-        if (query.after) filter._id = { $lt: query.after };
-        if (query.status?.length) filter.status = { $in: query.status };
-        if (Object.keys(created).length) filter.created_at = created;
-        const page = await batches(store).find(filter).sort({ _id: -1 }).limit(query.limit + 1).toArray();
+        const page = await listBatches(store, authOf(ctx).workspaceId, { before: query.after, statuses: query.status, created, limit: query.limit });
         const items = page.slice(0, query.limit);
         const data = await Promise.all(items.map(async (b) => batchView(b, await counts(store, b))));
         ctx.body = { object: 'list', data, first_id: data[0]?.id ?? null, last_id: data[data.length - 1]?.id ?? null, has_more: page.length > query.limit };
@@ -164,9 +152,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
       responses: { 200: { description: 'One result per line', contentType: 'application/jsonl' } },
       handler: async (ctx, { params, query }) => {
         await owned(params.id, authOf(ctx).workspaceId);
-        const filter = query.after !== undefined && query.after >= 0 ? { _id: { $gt: seqId(query.after) } } : {};
-        let cursor = results(store, params.id).find(filter).sort({ _id: 1 });
-        if (query.limit) cursor = cursor.limit(query.limit);
+        const cursor = resultsInOrder(store, params.id, { after: query.after, limit: query.limit });
         ctx.type = 'application/jsonl';
         ctx.body = Readable.from((async function* () {
           for await (const r of cursor) yield `${JSON.stringify({ line: r.line, ...resultLine(r) })}\n`;
@@ -191,8 +177,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
       handler: async (ctx, { params }) => {
         const b = await owned(params.id, authOf(ctx).workspaceId);
         if (!isTerminal(b.status)) throw new ConflictError(`Batch ${b._id} is ${b.status}; only completed, failed, expired or cancelled batches can be deleted`);
-        await dropBatchData(store, b._id);
-        await batches(store).deleteOne({ _id: b._id });
+        await deleteBatch(store, b._id);
         ctx.body = { id: b._id, object: 'batch.deleted', deleted: true };
       },
     }),
