@@ -3,7 +3,7 @@
 import { expect } from 'chai';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
-import { batches, newBatchId, storeInputs, type BatchDoc } from '../batches/store';
+import { batches, createBatch, newBatchId, storeInputs, type BatchDoc } from '../batches/store';
 import { batchProgressQuery, batchWorkflow } from '../workflows/batch';
 import { searchAttributes } from '../workflows/shared';
 import { startProcess } from '../tools/processes';
@@ -203,8 +203,8 @@ describe('batches', () => {
 
     it('cancel: cancelling, then cancelled; finished lines keep results, the rest get batch_cancelled', async () => {
       const r = await create({ endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 40 }, (_, i) => chatLine(i)) });
-      await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['in_progress']);
-      await new Promise((res) => setTimeout(res, 800));
+      // Cancel once some lines are done (and most are not).
+      for (let i = 0; i < 200 && (await get(`/batches/${r.body.id}`)).body.request_counts.completed < 2; i++) await new Promise((res) => setTimeout(res, 25));
       const c = await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
       expect(c.status).to.equal(200);
       expect(c.body.status).to.equal('cancelling');
@@ -274,11 +274,17 @@ describe('batches', () => {
     const ids: string[] = [];
     before(async () => {
       tenant = await createTenant(gw.store, 5);
+      // Three finished batches created a few seconds apart, stored directly (no waiting for the clock).
+      const now = Date.now();
       for (let i = 0; i < 3; i++) {
-        const r = await create({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests: [chatLine(i)] }, tenant.inferenceKey);
-        ids.push(r.body.id);
-        await waitForStatus(gw.url, tenant.inferenceKey, r.body.id, ['completed']);
-        await new Promise((res) => setTimeout(res, 1100)); // distinct created_at seconds
+        const at = new Date(now - (3 - i) * 5_000);
+        const doc: BatchDoc = {
+          _id: newBatchId(at.getTime()), workspace_id: tenant.workspaceId, key_id: tenant.inferenceKeyId, endpoint: '/v1/chat/completions', model: 'sandbox/chat-1',
+          canonical_model: 'sandbox/chat-1-20261015', completion_window: '24h', status: 'completed', created_at: at, in_progress_at: at, finalized_at: at,
+          expires_at: new Date(at.getTime() + 86_400_000), provider_only: null, total: 1, chunks: 0, provider: 'sandbox-alpha', usage: null, error: null,
+          metadata: null, meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } }, final_counts: { completed: 1, failed: 0 },
+        };
+        ids.push((await createBatch(gw.store, doc, [{ line: 0, custom_id: `req-${i}`, body: JSON.stringify(chatLine(i).body) }], 10))._id);
       }
     });
 
@@ -325,14 +331,16 @@ describe('batches', () => {
       const conflict = await call(`${gw.url}/api/v1/batches/${running.body.id}`, { method: 'DELETE', key: tenant.inferenceKey });
       expect(conflict.status).to.equal(409);
       expect(conflict.body.error.code).to.equal(409);
-      const usageBefore = await gw.store.usage.countDocuments({ batch_id: ids[0] });
+      const finished = (await create({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests: [chatLine(0)] }, tenant.inferenceKey)).body.id;
+      await waitForStatus(gw.url, tenant.inferenceKey, finished, ['completed']);
+      const usageBefore = await gw.store.usage.countDocuments({ batch_id: finished });
       expect(usageBefore).to.equal(1);
-      const del = await call(`${gw.url}/api/v1/batches/${ids[0]}`, { method: 'DELETE', key: tenant.inferenceKey });
-      expect(del.body).to.deep.equal({ id: ids[0], object: 'batch.deleted', deleted: true });
-      expect((await get(`/batches/${ids[0]}`, tenant.inferenceKey)).status).to.equal(404);
-      expect(await gw.store.usage.countDocuments({ batch_id: ids[0] })).to.equal(usageBefore);
+      const del = await call(`${gw.url}/api/v1/batches/${finished}`, { method: 'DELETE', key: tenant.inferenceKey });
+      expect(del.body).to.deep.equal({ id: finished, object: 'batch.deleted', deleted: true });
+      expect((await get(`/batches/${finished}`, tenant.inferenceKey)).status).to.equal(404);
+      expect(await gw.store.usage.countDocuments({ batch_id: finished })).to.equal(usageBefore);
       const names = (await gw.store.db.listCollections().toArray()).map((c) => c.name);
-      expect(names).to.not.include(`${ids[0]}_results`).and.not.include(`${ids[0]}_inputs`);
+      expect(names).to.not.include(`${finished}_results`).and.not.include(`${finished}_inputs`);
       await call(`${gw.url}/api/v1/batches/${running.body.id}/cancel`, { method: 'POST', key: tenant.inferenceKey });
     });
   });
