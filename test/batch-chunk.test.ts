@@ -9,10 +9,12 @@ import { createUpstreams } from '../routing/upstreams';
 import { UsageLedger } from '../accounts/usage-ledger';
 import { createActivities } from '../activities';
 import {
-  batches, newBatchId, progress, results, saveProgress, seqId, storeInputs, emptyTally, type BatchDoc,
+  batches, newBatchId, progress, results, saveProgress, seqId, storeInputs, emptyTally, type BatchDoc, type ResultDoc,
 } from '../batches/store';
 import { stack } from './fixture';
 import { addPresetVersion } from '../presets/store';
+import { ChunkWriter } from '../batches/chunk-writer';
+import { LineRunner } from '../batches/line-runner';
 import { createTenant, uniqueName, writeTestCatalog, type Tenant } from './helpers';
 
 const countedCalls = async (tag: string) => Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
@@ -108,4 +110,42 @@ describe('batch chunk activity', () => {
     expect(byLine.get(0)!.ok).to.equal(true);
     expect(byLine.get(3)!.ok).to.equal(true);
   });
+
+  it('the chunk writer keeps results through a failed write and stores them, billed once, when the database answers again', async () => {
+    const id = await storeBatch([chat(0)]);
+    const batch = (await batches(store).findOne({ _id: id }))!;
+    const broken = await Store.connect(stack.mongoUri, store.db.databaseName);
+    await broken.close();
+    const opts = { store: broken, usage: new UsageLedger(broken), batch, chunkIndex: 0, outageMs: 60_000 };
+    const writer = new ChunkWriter(opts, null);
+    const result: ResultDoc = {
+      _id: seqId(0), line: 0, custom_id: 'c0', id: `gen-batch-${id.slice(6)}-0`, ok: true, provider: 'chunk-counted',
+      response: { status_code: 200, request_id: 'x', body: {} }, error: null, usage: { input_tokens: 1, output_tokens: 1, cost: 0.5 },
+    };
+    writer.add(result);
+    await writer.flush();
+    expect(writer.failing).to.equal(true);
+    expect(writer.backlog).to.equal(1);
+    expect(writer.gaveUp).to.equal(false);
+    // The database is back.
+    Object.assign(opts, { store, usage: new UsageLedger(store) });
+    await writer.flush();
+    expect(writer.backlog).to.equal(0);
+    expect(writer.failing).to.equal(false);
+    expect([...writer.done]).to.deep.equal([0]);
+    expect(await results(store, id).countDocuments({})).to.equal(1);
+    expect(await store.usage.countDocuments({ batch_id: id })).to.equal(1);
+    expect(await progress(store, id).findOne({ _id: seqId(0) })).to.include({ completed: 1, n: 1 });
+  });
+
+  it('the line runner turns a line no endpoint may serve into a failed result (404), not a thrown error', async () => {
+    const id = await storeBatch([chat(0)]);
+    const batch = (await batches(store).findOne({ _id: id }))!;
+    const runner = new LineRunner({ store, upstreams, batch: { ...batch, provider_only: ['chunk-counted'] }, workspace: { ignore: ['chunk-counted'] }, lineAttempts: 1, outageMs: 1, signal: new AbortController().signal });
+    const r = await runner.run({ line: 0, custom_id: 'c0', body: JSON.stringify(chat(0)) }).catch((err) => err);
+    expect(r).to.not.be.instanceOf(Error);
+    expect(r.ok).to.equal(false);
+    expect(r.error).to.include({ code: 404, type: 'not_found' });
+  });
 });
+

@@ -1,0 +1,122 @@
+// One batch line, start to result: its preset applied, then the upstream call with this line's
+// retry policy. Routing already falls back across endpoints within one attempt; this layer only
+// decides whether a whole failed attempt is worth repeating (and waits out a provider that is
+// down), and never throws for an upstream failure: a failed line is a result, not a failed chunk.
+import { CancelledFailure } from '@temporalio/common';
+import { GatewayError, RateLimitedError } from '../errors';
+import { invoke, type Upstreams } from '../routing/upstreams';
+import { applyPreset, presetReference } from '../presets/apply';
+import { getPreset } from '../presets/store';
+import type { Store } from '../store';
+import { OPERATION_OF } from './lines';
+import { lineBody, lineGenerationId, seqId, type BatchDoc, type InputLine, type ResultDoc } from './store';
+
+const RETRYABLE = new Set([429, 502, 503, 524, 529]);
+
+/** Resolves after `ms`, or at once when `signal` aborts. */
+export const sleep = (ms: number, signal?: AbortSignal) => new Promise<void>((resolve) => {
+  const t = setTimeout(resolve, ms);
+  signal?.addEventListener('abort', () => { clearTimeout(t); resolve(); }, { once: true });
+});
+
+/** True when every endpoint tried could not even be connected to. */
+function unreachable(err: GatewayError | null): boolean {
+  const attempts = err?.metadata?.attempts as { kind: string }[] | undefined;
+  return !!attempts?.length && attempts.every((a) => a.kind === 'connection');
+}
+
+function errorType(status: number): string {
+  return status === 429 ? 'rate_limited' : status === 524 ? 'timeout' : status === 529 ? 'overloaded' : status === 404 ? 'not_found' : status < 500 ? 'invalid_request' : 'upstream_error';
+}
+
+export interface LineRunnerOptions {
+  store: Store;
+  upstreams: Upstreams;
+  batch: BatchDoc;
+  /** The workspace's routing settings. */
+  workspace: { only?: string[]; ignore?: string[] } | undefined;
+  lineAttempts: number;
+  /** How long a provider refusing connections is waited out. */
+  outageMs: number;
+  signal: AbortSignal;
+}
+
+export class LineRunner {
+  private readonly presets = new Map<string, ReturnType<typeof getPreset>>();
+  private readonly operation;
+  private readonly target;
+
+  constructor(private readonly o: LineRunnerOptions) {
+    this.operation = OPERATION_OF[o.batch.endpoint];
+    this.target = o.upstreams.catalog.resolve(o.batch.model);
+  }
+
+  private failure(line: InputLine, status: number, message: string, provider: string | null = null): ResultDoc {
+    return {
+      _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id: lineGenerationId(this.o.batch._id, line.line), ok: false, provider, response: null,
+      error: { type: errorType(status), message, code: status }, usage: null,
+    };
+  }
+
+  /** The body to send, with its preset applied; a GatewayError (a missing preset) when it cannot be. */
+  private async body(line: InputLine): Promise<Record<string, unknown>> {
+    const body = lineBody(line);
+    const ref = presetReference(body);
+    if (!ref) return body;
+    if (!this.presets.has(ref.slug)) this.presets.set(ref.slug, getPreset(this.o.store, this.o.batch.workspace_id, ref.slug));
+    try {
+      return applyPreset(body, (await this.presets.get(ref.slug)!).designated_version, this.operation);
+    } catch (err) {
+      if (!(err instanceof GatewayError) || err.status >= 500) this.presets.delete(ref.slug); // a database error: the next line asks again
+      throw err;
+    }
+  }
+
+  async run(line: InputLine): Promise<ResultDoc> {
+    let body: Record<string, unknown>;
+    try {
+      body = await this.body(line);
+    } catch (err) {
+      // A preset that is missing (or another workspace's) fails this line alone, never the chunk.
+      if (err instanceof GatewayError && err.status < 500) return this.failure(line, err.status, err.message);
+      throw err;
+    }
+    const { model: _model, preset: _preset, ...upstreamBody } = body;
+    const { batch, signal } = this.o;
+    const id = lineGenerationId(batch._id, line.line);
+    let unreachableSince: number | null = null;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const r = await invoke(this.o.upstreams, {
+          models: [this.target.model], variant: this.target.variant, operation: this.operation,
+          preferences: batch.provider_only ? { only: batch.provider_only } : undefined, workspace: this.o.workspace, body: upstreamBody, signal,
+        });
+        return {
+          _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id, ok: true, provider: r.endpoint.provider.slug,
+          response: { status_code: 200, request_id: typeof r.body?.id === 'string' ? r.body.id : id, body: r.body }, error: null,
+          usage: { ...r.usage, cost: r.cost },
+        };
+      } catch (err) {
+        if (signal.aborted) throw new CancelledFailure('batch line cancelled');
+        const g = err instanceof GatewayError ? err : null;
+        const status = g?.status ?? 500;
+        // A provider that refuses connections is down, not failing this line: wait it out
+        // (within the outage allowance) without spending the line's attempts.
+        if (unreachable(g)) {
+          unreachableSince ??= Date.now();
+          if (Date.now() - unreachableSince < this.o.outageMs) {
+            attempt--;
+            await sleep(1000, signal);
+            continue;
+          }
+        }
+        if (g && RETRYABLE.has(status) && attempt < this.o.lineAttempts) {
+          const wait = err instanceof RateLimitedError ? err.retryAfterSeconds * 1000 : 500 * 2 ** (attempt - 1);
+          await sleep(Math.min(wait, 30_000), signal);
+          continue;
+        }
+        return this.failure(line, status, g?.message ?? 'Internal error processing this line', (g?.metadata?.provider_name as string | undefined) ?? null);
+      }
+    }
+  }
+}
