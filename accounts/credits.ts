@@ -3,6 +3,7 @@
 // atomic on any MongoDB (FerretDB included, which has no transactions) and never applied twice.
 import { randomUUID } from 'node:crypto';
 import type { CreditGrantDoc, Store } from '../store';
+import { roundUsd } from '../catalog/usd';
 
 export interface Balance {
   total_credits: number;
@@ -26,7 +27,5 @@ async function sum(coll: Store['creditGrants'] | Store['usage'], workspaceId: st
 
 export async function getBalance(store: Store, workspaceId: string): Promise<Balance> {
   const [credits, usage] = await Promise.all([sum(store.creditGrants, workspaceId, 'amount'), sum(store.usage, workspaceId, 'cost')]);
-  // Rounded to 1e-10 USD: float sums read as money, and a single cheap call still shows.
-  const round = (n: number) => Math.round(n * 1e10) / 1e10;
-  return { total_credits: round(credits), total_usage: round(usage), balance: round(credits - usage) };
+  return { total_credits: roundUsd(credits), total_usage: roundUsd(usage), balance: roundUsd(credits - usage) };
 }

@@ -13,6 +13,7 @@
 import { PaymentRequiredError } from '../errors';
 import type { Store, WorkspaceDoc } from '../store';
 import { getBalance, type Balance } from './credits';
+import { roundUsd } from '../catalog/usd';
 
 interface Entry {
   credits: number;
@@ -138,4 +139,3 @@ export class WorkspaceCache {
   }
 }
 
-const roundUsd = (n: number) => Math.round(n * 1e10) / 1e10;

@@ -13,8 +13,10 @@ import {
   type BatchDoc, type BatchStatus, type InputLine, type ResultDoc,
 } from '../batches/store';
 import { lineProblem } from '../batches/lines';
-import { LineRunner, sleep } from '../batches/line-runner';
+import { LineRunner } from '../batches/line-runner';
+import { sleep } from '../concurrency/sleep';
 import { ChunkWriter, lineUsage } from '../batches/chunk-writer';
+import { roundUsd } from '../catalog/usd';
 
 export interface BatchDeps {
   store: Store;
@@ -149,7 +151,7 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage }
           status, finalized_at: new Date(), provider, error: errorMessage ? { message: errorMessage } : null, final_counts: finalCounts,
           usage: status === 'failed' ? null : {
             prompt_tokens: t.input_tokens, completion_tokens: t.output_tokens, total_tokens: t.input_tokens + t.output_tokens,
-            cost: Math.round(t.cost * 1e10) / 1e10,
+            cost: roundUsd(t.cost),
           },
         },
       });

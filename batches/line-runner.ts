@@ -10,14 +10,10 @@ import { getPreset } from '../presets/store';
 import type { Store } from '../store';
 import { OPERATION_OF } from './lines';
 import { lineBody, lineGenerationId, seqId, type BatchDoc, type InputLine, type ResultDoc } from './store';
+import { sleep } from '../concurrency/sleep';
 
 const RETRYABLE = new Set([429, 502, 503, 524, 529]);
 
-/** Resolves after `ms`, or at once when `signal` aborts. */
-export const sleep = (ms: number, signal?: AbortSignal) => new Promise<void>((resolve) => {
-  const t = setTimeout(resolve, ms);
-  signal?.addEventListener('abort', () => { clearTimeout(t); resolve(); }, { once: true });
-});
 
 /** True when every endpoint tried could not even be connected to. */
 function unreachable(err: GatewayError | null): boolean {

@@ -7,6 +7,7 @@ import { servesOperation } from '../routing/engine';
 import { answerFromDistribution, answerFromNative } from './answers';
 import { logprobRequest, readLabelDistribution } from './prompt';
 import type { Answer, DecisionsRequest } from './types';
+import { roundUsd } from '../catalog/usd';
 
 export interface Evaluation {
   model: string;
@@ -50,7 +51,7 @@ export async function evaluate(
       input_tokens: results.reduce((s, x) => s + x.r.usage.input_tokens, 0),
       output_tokens: results.reduce((s, x) => s + x.r.usage.output_tokens, 0),
     },
-    cost: Math.round(results.reduce((s, x) => s + x.r.cost, 0) * 1e10) / 1e10,
+    cost: roundUsd(results.reduce((s, x) => s + x.r.cost, 0)),
     labelMass: Object.fromEntries(results.map((x) => [x.name, x.labelMass])),
   };
 }

@@ -3,6 +3,7 @@
 import type { Endpoint, Operation } from '../catalog';
 import { UpstreamFailure } from './failure';
 import type { ProviderHttp } from './http';
+import { roundUsd } from '../catalog/usd';
 
 export interface Usage {
   input_tokens: number;
@@ -58,5 +59,5 @@ export async function callEndpoint(
 export function costOf(e: Endpoint, usage: Usage): number {
   const p = e.entry.pricing;
   const usd = (usage.input_tokens * p.prompt + usage.output_tokens * p.completion) / 1e6 + (p.request ?? 0);
-  return Math.round(usd * 1e10) / 1e10;
+  return roundUsd(usd);
 }

@@ -10,6 +10,7 @@ import { UpstreamFailure } from '../providers/failure';
 import type { ProviderLimiter } from '../providers/limiter';
 import type { RoutePlan } from './engine';
 import type { LiveStats } from './stats';
+import { sleep } from '../concurrency/sleep';
 
 export interface Attempt {
   provider: string;
@@ -35,10 +36,6 @@ export interface ExecuteOptions {
   maxRetryAfterMs?: number;
 }
 
-const sleep = (ms: number, signal?: AbortSignal) => new Promise<void>((resolve) => {
-  const t = setTimeout(resolve, ms);
-  signal?.addEventListener('abort', () => { clearTimeout(t); resolve(); }, { once: true });
-});
 
 /** The final failure as the interface's status, naming the provider and what it said. */
 export function failureToError(last: UpstreamFailure, attempts: Attempt[]): GatewayError {

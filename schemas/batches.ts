@@ -1,6 +1,6 @@
 // Batches (interface §2.7, §3, §4.3; design.md §3).
 import { Type } from '@sinclair/typebox';
-import { StringEnum } from './common';
+import { Nullable, StringEnum } from './common';
 
 export const BATCH_ENDPOINTS = ['/v1/chat/completions', '/v1/responses', '/v1/messages', '/v1/embeddings'] as const;
 export const BATCH_STATUSES = ['validating', 'in_progress', 'finalizing', 'completed', 'failed', 'expired', 'cancelling', 'cancelled'] as const;
@@ -18,7 +18,6 @@ export const CreateBatchBody = Type.Object({
   metadata: Type.Optional(Type.Record(Type.String({ maxLength: 64 }), Type.String({ maxLength: 512 }), { maxProperties: 16 })),
 }, { additionalProperties: false });
 
-const Nullable = <T extends import('@sinclair/typebox').TSchema>(t: T) => Type.Union([t, Type.Null()]);
 
 export const ResultLine = Type.Object({
   id: Type.String(),

@@ -1,11 +1,14 @@
 // Schemas shared by several areas. Each is at once the Ajv schema, the TypeScript type (Static) and
 // an OpenAPI component.
-import { Type, type Static, type TUnsafe } from '@sinclair/typebox';
+import { Type, type Static, type TSchema, type TUnsafe } from '@sinclair/typebox';
 
 /** A string enum as plain JSON Schema `enum`, so a bad value reads "must be one of …". */
 export function StringEnum<T extends string[]>(values: [...T], options: Record<string, unknown> = {}): TUnsafe<T[number]> {
   return Type.Unsafe<T[number]>({ type: 'string', enum: values, ...options });
 }
+
+/** A schema that also accepts null. */
+export const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
 
 export const ErrorEnvelope = Type.Object({
   error: Type.Object({

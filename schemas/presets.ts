@@ -2,10 +2,9 @@
 // objects returned. Known fields are validated; unknown top-level fields are ignored, because the
 // overlap rule stores only configuration fields anyway.
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
-import { EndUser, SessionId, StringEnum, Timestamp, TraceConfig } from './common';
+import { EndUser, Nullable, SessionId, StringEnum, Timestamp, TraceConfig } from './common';
 import { ProviderPreferences } from './provider';
 
-const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
 const Strict = { additionalProperties: false } as const;
 
 /** A union chosen by one property (`type` or `id`), as `oneOf` + `discriminator`. */

@@ -1,9 +1,8 @@
 // Provider routing preferences (interface §2.5): one definition for validation, types and OpenAPI.
 import { Type, type Static } from '@sinclair/typebox';
 import { QUANTIZATIONS } from '../catalog/schema';
-import { StringEnum } from './common';
+import { Nullable, StringEnum } from './common';
 
-const Nullable = <T extends import('@sinclair/typebox').TSchema>(t: T) => Type.Union([t, Type.Null()]);
 const Slugs = Nullable(Type.Array(Type.String({ minLength: 1, maxLength: 128 }), { maxItems: 64 }));
 
 export const SORT_BY = ['price', 'throughput', 'latency', 'exacto'] as const;
