@@ -7,7 +7,7 @@ import type { ApiKeyDoc, KeyKind, Store } from '../store';
 const KEY_PREFIX = 'sk-gw-v1-';
 const KEY_SHAPE = /^sk-gw-v1-[0-9a-f]{64}$/;
 
-export function hashKey(key: string): string {
+function hashKey(key: string): string {
   return createHash('sha256').update(key).digest('hex');
 }
 

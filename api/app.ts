@@ -16,11 +16,11 @@ import { defineRoute, mountRoutes, type AnyRoute } from './route';
 import { buildOpenApi } from './openapi';
 import type { AppDeps } from './deps';
 
-export const API_PREFIX = '/api/v1';
+const API_PREFIX = '/api/v1';
 const API_VERSION = '1.0.0';
 
 /** Every /api/v1 route, in the order the OpenAPI document lists them. */
-export function apiRoutes(deps: AppDeps): AnyRoute[] {
+function apiRoutes(deps: AppDeps): AnyRoute[] {
   const routes: AnyRoute[] = [...decisionRoutes(deps), ...presetRoutes(deps), ...batchRoutes(deps), ...accountRoutes(deps), ...modelRoutes(deps)];
   let document: Record<string, unknown> | null = null;
   routes.push(defineRoute({

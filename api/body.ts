@@ -27,7 +27,7 @@ const DECODERS: Record<string, (() => zlib.Gunzip | zlib.Inflate | zlib.BrotliDe
 };
 
 /** Depth of the deepest object or array in JSON text (strings skipped), stopping once past `max`. */
-export function jsonDepthOver(text: string, max: number): boolean {
+function jsonDepthOver(text: string, max: number): boolean {
   let depth = 0;
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
@@ -98,7 +98,7 @@ function readAll(req: Koa.Request['req'], limits: BodyLimits): Promise<Buffer> {
 const utf8 = new TextDecoder('utf-8', { fatal: true });
 
 /** Parses JSON text as a request body: an object or array, safe keys, bounded depth. */
-export function parseJsonBody(text: string, maxDepth: number): unknown {
+function parseJsonBody(text: string, maxDepth: number): unknown {
   if (!/^[\x20\x09\x0a\x0d]*[[{]/.test(text)) throw new BadRequestError('Request body is not valid JSON (expected an object)');
   if (jsonDepthOver(text, maxDepth)) throw new BadRequestError(`Request body nests deeper than ${maxDepth} levels`);
   try {

@@ -13,7 +13,7 @@ import { ServiceUnavailableError } from '../errors';
 import { fromWorkflowFailure } from '../temporal/failures';
 import { decisionWorkflow } from '../workflows/decision';
 
-export type DecisionExecutionMode = 'inline' | 'workflow';
+type DecisionExecutionMode = 'inline' | 'workflow';
 
 export interface DecisionExecution {
   readonly mode: DecisionExecutionMode;

@@ -17,7 +17,7 @@ function normalize(err: unknown): GatewayError {
 }
 
 /** Messages can carry what a client sent: bounded in logs and answers. */
-export function short(text: string, max = 300): string {
+function short(text: string, max = 300): string {
   return text.length > max ? `${text.slice(0, max)}… (${text.length} characters)` : text;
 }
 

@@ -4,7 +4,7 @@ import type Koa from 'koa';
 import { BadRequestError } from '../errors';
 import type { RequestMeta } from '../accounts/attribution';
 
-export const MAX_SESSION_ID = 256;
+const MAX_SESSION_ID = 256;
 
 
 export function requestMeta(

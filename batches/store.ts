@@ -213,7 +213,7 @@ export async function counts(store: Store, b: BatchDoc): Promise<{ completed: nu
   return { completed: t.completed, failed: t.failed };
 }
 
-export async function dropBatchData(store: Store, batchId: string): Promise<void> {
+async function dropBatchData(store: Store, batchId: string): Promise<void> {
   for (const coll of [inputs(store, batchId), results(store, batchId), progress(store, batchId)]) {
     await coll.drop().catch(() => undefined); // already gone, or never created
   }

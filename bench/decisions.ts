@@ -24,7 +24,7 @@ const TOTALS: Record<'direct' | 'inline' | 'workflow', Record<number, number>> =
   workflow: { 1: 200, 10: 400, 50: 600, 200: 800 },
 };
 
-export const BARS = {
+const BARS = {
   inline: { added_p50_ms_at_c1: 2, min_rps_at_c50: 400, max_p99_ms_at_c50: 100, max_p99_ms_at_c200: 500, max_ferretdb_cpu_ms_at_c50: 3 },
   workflow: { max_p99_ms_at_c50: 1500, rps_at_c50_at_least_rps_at_c10: true },
 };

@@ -9,7 +9,7 @@ import { ADAPTER_OPERATIONS, CatalogFile, type EndpointEntry, type ModelEntry, t
 export * from './schema';
 
 /** Bare model ids (no `author/`) are read in this namespace: `jev-1.13` → `typesafe/jev-1.13`. */
-export const DEFAULT_NAMESPACE = 'typesafe';
+const DEFAULT_NAMESPACE = 'typesafe';
 
 export class CatalogError extends Error {}
 

@@ -3,7 +3,7 @@ import { Type, type Static } from '@sinclair/typebox';
 import { StringEnum } from '../schemas/common';
 
 export const QUANTIZATIONS = ['int4', 'int8', 'fp4', 'mxfp4', 'nvfp4', 'fp6', 'fp8', 'mxfp8', 'fp16', 'bf16', 'fp32', 'unknown'] as const;
-export const Quantization = StringEnum([...QUANTIZATIONS]);
+const Quantization = StringEnum([...QUANTIZATIONS]);
 
 /** How the gateway talks to a provider; each adapter serves a fixed set of operations. */
 export const ADAPTER_OPERATIONS = {
@@ -11,7 +11,7 @@ export const ADAPTER_OPERATIONS = {
   anthropic: ['messages'],
   systemone: ['systemone'],
 } as const;
-export type AdapterName = keyof typeof ADAPTER_OPERATIONS;
+type AdapterName = keyof typeof ADAPTER_OPERATIONS;
 export type Operation = (typeof ADAPTER_OPERATIONS)[AdapterName][number];
 
 const Slug = Type.String({ pattern: '^[a-z0-9][a-z0-9._-]*$', maxLength: 64 });
@@ -32,7 +32,7 @@ export const ProviderEntry = Type.Object({
   accepted_options: Type.Optional(Type.Array(Type.String())),
 }, { additionalProperties: false });
 
-export const Pricing = Type.Object({
+const Pricing = Type.Object({
   prompt: Type.Number({ minimum: 0, description: 'USD per million prompt tokens' }),
   completion: Type.Number({ minimum: 0, description: 'USD per million completion tokens' }),
   request: Type.Optional(Type.Number({ minimum: 0, description: 'USD per request' })),

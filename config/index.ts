@@ -87,7 +87,7 @@ function bytes(env: Env, name: string, fallback: number): number {
 }
 
 /** Hides a password in a connection string before it reaches a message or a log. */
-export function redactUrl(raw: string): string {
+function redactUrl(raw: string): string {
   return raw.replace(/\/\/([^:/@]+):([^@]*)@/, '//$1:***@');
 }
 

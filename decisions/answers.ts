@@ -11,7 +11,7 @@ export function normalize(p: number[]): number[] {
 }
 
 /** Index of the largest value, the first one on ties. */
-export function argmax(p: number[]): number {
+function argmax(p: number[]): number {
   let best = 0;
   for (let i = 1; i < p.length; i++) if (p[i] > p[best]) best = i;
   return best;
@@ -35,7 +35,7 @@ export function scoreConfidence(p: number[]): number {
 }
 
 /** The option names of a question in the order their probabilities are given. */
-export function optionsOf(q: Question): string[] {
+function optionsOf(q: Question): string[] {
   if (q.type === 'noul') return ['false', 'true'];
   if (q.type === 'choice') return Object.keys(q.criteria);
   return q.criteria.map((_, i) => String(i));

@@ -8,7 +8,7 @@ import { ConflictError, NotFoundError } from '../errors';
 import { isDuplicateKey, type PresetDoc, type PresetVersionDoc, type Store } from '../store';
 
 /** An RFC 4122 version-5-style UUID from a name (SHA-1, as uuidv5 does). */
-export function nameUuid(name: string): string {
+function nameUuid(name: string): string {
   const h = createHash('sha1').update(`inference-gateway:${name}`).digest();
   h[6] = (h[6] & 0x0f) | 0x50;
   h[8] = (h[8] & 0x3f) | 0x80;
@@ -31,12 +31,12 @@ export interface VersionView {
   creator_id: string; created_at: string; updated_at: string;
 }
 
-export function versionView(v: PresetVersionDoc): VersionView {
+function versionView(v: PresetVersionDoc): VersionView {
   const at = v.created_at.toISOString();
   return { id: v._id, preset_id: v.preset_id, version: v.version, config: fromJsonText(v.config), system_prompt: v.system_prompt, creator_id: v.creator_id, created_at: at, updated_at: at };
 }
 
-export function presetView(p: PresetDoc, designated: PresetVersionDoc): PresetView & { designated_version: VersionView } {
+function presetView(p: PresetDoc, designated: PresetVersionDoc): PresetView & { designated_version: VersionView } {
   return {
     id: p._id, name: p.name, slug: p.slug, description: p.description, status: 'active', status_updated_at: null,
     created_at: p.created_at.toISOString(), updated_at: designated.created_at.toISOString(), creator_user_id: p.creator_user_id,

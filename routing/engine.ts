@@ -43,7 +43,7 @@ export interface RoutePlan {
 export const OUTAGE_WINDOW_MS = 30_000;
 
 /** A base slug (`sandbox-alpha`) matches all of that provider's endpoints; a full tag only its own. */
-export function matchesSlug(slug: string, e: Endpoint): boolean {
+function matchesSlug(slug: string, e: Endpoint): boolean {
   return slug === e.tag || slug === e.provider.slug;
 }
 

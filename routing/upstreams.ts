@@ -20,7 +20,7 @@ export interface Upstreams {
   env: Record<string, string | undefined>;
 }
 
-export function catalogEnv(config: Config): Record<string, string | undefined> {
+function catalogEnv(config: Config): Record<string, string | undefined> {
   return { ...process.env, SANDBOX_URL: config.sandbox.url };
 }
 

@@ -186,7 +186,7 @@ function send(res: http.ServerResponse, status: number, body: unknown, headers: 
   res.end(text);
 }
 
-export function createSandboxServer(): http.Server {
+function createSandboxServer(): http.Server {
   const calls = new Map<string, number>(); // per fault spec and path: drives fail_first, read by /_calls
   const aborted = new Map<string, number>(); // calls whose client hung up before the answer, read by /_aborted
   const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));

@@ -1,7 +1,7 @@
 import { Type } from '@sinclair/typebox';
 import { StringEnum, Timestamp } from './common';
 
-export const KeyKind = StringEnum(['inference', 'management']);
+const KeyKind = StringEnum(['inference', 'management']);
 
 export const PublicKey = Type.Object({
   id: Type.String(),

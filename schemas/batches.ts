@@ -19,7 +19,7 @@ export const CreateBatchBody = Type.Object({
 }, { additionalProperties: false });
 
 
-export const ResultLine = Type.Object({
+const ResultLine = Type.Object({
   id: Type.String(),
   custom_id: Type.String(),
   response: Nullable(Type.Object({ status_code: Type.Integer(), request_id: Type.String(), body: Type.Unknown() })),

@@ -12,10 +12,10 @@ export interface DecisionLimits {
   maxStateBytes: number;
 }
 
-export const DEFAULT_DECISION_LIMITS: DecisionLimits = { maxQuestions: 256, maxChoices: 255, maxScoreLevels: 255, maxStateBytes: 512 * 1024 };
+const DEFAULT_DECISION_LIMITS: DecisionLimits = { maxQuestions: 256, maxChoices: 255, maxScoreLevels: 255, maxStateBytes: 512 * 1024 };
 
 /** Instructions, criteria and state: a string, a JSON object or a JSON array. */
-export const Guidance = Type.Union([Type.String(), Type.Record(Type.String(), Type.Unknown()), Type.Array(Type.Unknown())], { description: 'A string, a JSON object or a JSON array' });
+const Guidance = Type.Union([Type.String(), Type.Record(Type.String(), Type.Unknown()), Type.Array(Type.Unknown())], { description: 'A string, a JSON object or a JSON array' });
 
 /** A union discriminated by `type`, as JSON Schema `oneOf` + `discriminator` (Ajv and OpenAPI both read it). */
 function discriminated<T extends TSchema[]>(branches: [...T], description: string) {

@@ -12,11 +12,11 @@ function tagged<T extends TSchema[]>(propertyName: string, branches: [...T]) {
   return Type.Unsafe<Static<T[number]>>({ type: 'object', required: [propertyName], oneOf: branches, discriminator: { propertyName } });
 }
 
-export const CacheControl = Type.Object({ type: Type.Literal('ephemeral'), ttl: Type.Optional(StringEnum(['5m', '1h'])) }, Strict);
+const CacheControl = Type.Object({ type: Type.Literal('ephemeral'), ttl: Type.Optional(StringEnum(['5m', '1h'])) }, Strict);
 
-export const Fallbacks = Nullable(Type.Array(Type.Object({ model: Type.String({ minLength: 1 }) }, Strict), { maxItems: 3, description: 'Fallback models, tried in order; only `model` per entry' }));
+const Fallbacks = Nullable(Type.Array(Type.Object({ model: Type.String({ minLength: 1 }) }, Strict), { maxItems: 3, description: 'Fallback models, tried in order; only `model` per entry' }));
 
-export const OutputConfig = Type.Object({
+const OutputConfig = Type.Object({
   effort: Type.Optional(Nullable(StringEnum(['low', 'medium', 'high', 'xhigh', 'max']))),
   format: Type.Optional(Type.Object({ type: Type.Literal('json_schema'), schema: Type.Record(Type.String(), Type.Unknown()) }, Strict)),
   task_budget: Type.Optional(Type.Object({ type: Type.Literal('tokens'), total: Type.Integer({ minimum: 20000 }), remaining: Type.Optional(Type.Integer({ minimum: 0 })) }, Strict)),
@@ -33,7 +33,7 @@ const enabled = { enabled: Type.Optional(Type.Boolean()) };
 const Domains = Type.Optional(Type.Array(Type.String()));
 
 /** The eleven plugin variants, by `id`. */
-export const Plugin = tagged('id', [
+const Plugin = tagged('id', [
   Type.Object({ id: Type.Literal('auto-router'), ...routerFields, pin_model: Type.Optional(Type.Boolean()) }, Strict),
   Type.Object({ id: Type.Literal('auto-beta-router'), ...routerFields }, Strict),
   Type.Object({ id: Type.Literal('context-compression'), engine: Type.Optional(Type.Literal('middle-out')), ...enabled }, Strict),
@@ -58,7 +58,7 @@ export const Plugin = tagged('id', [
 ]);
 
 /** Conditions that stop the server-tool agent loop (any one fires: OR), by `type`. */
-export const StopCondition = tagged('type', [
+const StopCondition = tagged('type', [
   Type.Object({ type: Type.Literal('step_count_is'), step_count: Type.Integer({ minimum: 1 }) }, Strict),
   Type.Object({ type: Type.Literal('has_tool_call'), tool_name: Type.String({ minLength: 1 }) }, Strict),
   Type.Object({ type: Type.Literal('max_tokens_used'), max_tokens: Type.Integer({ minimum: 1 }) }, Strict),
@@ -66,13 +66,13 @@ export const StopCondition = tagged('type', [
   Type.Object({ type: Type.Literal('finish_reason_is'), reason: Type.String({ minLength: 1 }) }, Strict),
 ]);
 
-export const Thinking = tagged('type', [
+const Thinking = tagged('type', [
   Type.Object({ type: Type.Literal('enabled'), budget_tokens: Type.Integer({ minimum: 1 }), display: Type.Optional(Type.String()), block_binding: Type.Optional(Type.Unknown()) }, Strict),
   Type.Object({ type: Type.Literal('disabled') }, Strict),
   Type.Object({ type: Type.Literal('adaptive'), display: Type.Optional(Type.String()), block_binding: Type.Optional(Type.Unknown()) }, Strict),
 ]);
 
-export const ToolChoice = tagged('type', [
+const ToolChoice = tagged('type', [
   Type.Object({ type: Type.Literal('auto'), disable_parallel_tool_use: Type.Optional(Type.Boolean()) }, Strict),
   Type.Object({ type: Type.Literal('any'), disable_parallel_tool_use: Type.Optional(Type.Boolean()) }, Strict),
   Type.Object({ type: Type.Literal('none') }, Strict),
@@ -80,7 +80,7 @@ export const ToolChoice = tagged('type', [
 ]);
 
 /** Anthropic-native, OpenRouter server and custom tools: identified by `name` or `type`. */
-export const Tool = Type.Object({
+const Tool = Type.Object({
   type: Type.Optional(Type.String({ minLength: 1 })),
   name: Type.Optional(Type.String({ minLength: 1 })),
   input_schema: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
@@ -165,7 +165,7 @@ export const PresetVersion = Type.Object({
   created_at: Timestamp, updated_at: Timestamp,
 });
 
-export const Preset = Type.Object({
+const Preset = Type.Object({
   id: Type.String({ format: 'uuid' }), name: Type.String(), slug: Type.String(), description: Nullable(Type.String()),
   status: Type.Literal('active'), status_updated_at: Nullable(Timestamp), created_at: Timestamp, updated_at: Timestamp,
   creator_user_id: Type.String(), workspace_id: Type.String({ format: 'uuid' }), designated_version_id: Type.String({ format: 'uuid' }),

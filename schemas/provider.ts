@@ -5,7 +5,7 @@ import { Nullable, StringEnum } from './common';
 
 const Slugs = Nullable(Type.Array(Type.String({ minLength: 1, maxLength: 128 }), { maxItems: 64 }));
 
-export const SORT_BY = ['price', 'throughput', 'latency', 'exacto'] as const;
+const SORT_BY = ['price', 'throughput', 'latency', 'exacto'] as const;
 const Percentiles = (description: string) => Type.Object({
   p50: Type.Optional(Nullable(Type.Number({ minimum: 0 }))),
   p75: Type.Optional(Nullable(Type.Number({ minimum: 0 }))),

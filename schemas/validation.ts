@@ -17,7 +17,7 @@ const bodies = makeAjv(false);
 const params = makeAjv(true);
 
 /** `/questions/q1/criteria` → `questions.q1.criteria`; `/requests/3/body` → `requests[3].body`. */
-export function fieldPath(instancePath: string, extra?: string): string {
+function fieldPath(instancePath: string, extra?: string): string {
   const parts = instancePath.split('/').slice(1).map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'));
   if (extra !== undefined) parts.push(extra);
   let out = '';

@@ -161,7 +161,7 @@ export class Store {
   }
 }
 
-export async function withTimeout<T>(p: Promise<T>, ms: number, message: string): Promise<T> {
+async function withTimeout<T>(p: Promise<T>, ms: number, message: string): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   try {
     return await Promise.race([

@@ -5,7 +5,7 @@ import { errorFromStatus, GatewayError, InternalError, RateLimitedError, Service
 
 import { GATEWAY_ERROR_TYPE } from '../workflows/shared';
 
-export { GATEWAY_ERROR_TYPE };
+
 
 interface Details {
   status: number;

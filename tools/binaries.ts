@@ -7,8 +7,8 @@ import os from 'node:os';
 import path from 'node:path';
 import readline from 'node:readline';
 
-export const TEMPORAL_CLI_VERSION = 'v1.5.1';
-export const FERRETDB_VERSION = 'v1.24.2';
+const TEMPORAL_CLI_VERSION = 'v1.5.1';
+const FERRETDB_VERSION = 'v1.24.2';
 
 export class ToolBuildError extends Error {}
 
@@ -19,7 +19,7 @@ export interface ToolPaths {
 
 type Progress = (line: string) => void;
 
-export function toolPaths(toolsDir: string): ToolPaths {
+function toolPaths(toolsDir: string): ToolPaths {
   return {
     temporal: path.join(toolsDir, `temporal-${TEMPORAL_CLI_VERSION}`),
     ferretdb: path.join(toolsDir, `ferretdb-${FERRETDB_VERSION}`),

@@ -5,7 +5,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import net from 'node:net';
 import path from 'node:path';
 
-export class ProcessStartError extends Error {}
+class ProcessStartError extends Error {}
 
 export class ManagedProcess {
   private readonly output: string[] = [];
