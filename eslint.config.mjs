@@ -3,7 +3,27 @@
 import tseslint from 'typescript-eslint';
 import importX from 'eslint-plugin-import-x';
 
-const domain = ['accounts', 'activities', 'batches', 'catalog', 'concurrency', 'config', 'decisions', 'errors', 'log', 'presets', 'providers', 'routing', 'sandbox', 'schemas', 'store', 'temporal', 'tools', 'worker', 'workflows'];
+const domain = [
+  'accounts',
+  'activities',
+  'batches',
+  'catalog',
+  'concurrency',
+  'config',
+  'decisions',
+  'errors',
+  'log',
+  'presets',
+  'providers',
+  'routing',
+  'sandbox',
+  'schemas',
+  'store',
+  'temporal',
+  'tools',
+  'worker',
+  'workflows',
+];
 
 export default [
   { ignores: ['dist/**', 'node_modules/**', '**/*.js', '**/*.cjs', '**/*.mjs'] },
@@ -17,9 +37,16 @@ export default [
       'import-x/parsers': { '@typescript-eslint/parser': ['.ts'] },
     },
     rules: {
-      'import-x/no-restricted-paths': ['error', {
-        zones: domain.map((dir) => ({ target: `./${dir}`, from: './api', message: 'Domain code must not depend on the HTTP layer (api/): move what it needs below it.' })),
-      }],
+      'import-x/no-restricted-paths': [
+        'error',
+        {
+          zones: domain.map((dir) => ({
+            target: `./${dir}`,
+            from: './api',
+            message: 'Domain code must not depend on the HTTP layer (api/): move what it needs below it.',
+          })),
+        },
+      ],
       'import-x/no-cycle': ['error', { ignoreExternal: true }],
     },
   },

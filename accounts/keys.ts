@@ -23,8 +23,13 @@ export interface PublicKey {
 
 export function publicKey(doc: ApiKeyDoc): PublicKey {
   return {
-    id: doc.id, workspace_id: doc.workspace_id, kind: doc.kind, name: doc.name, label: doc.label,
-    created_at: doc.created_at.toISOString(), revoked_at: doc.revoked_at?.toISOString() ?? null,
+    id: doc.id,
+    workspace_id: doc.workspace_id,
+    kind: doc.kind,
+    name: doc.name,
+    label: doc.label,
+    created_at: doc.created_at.toISOString(),
+    revoked_at: doc.revoked_at?.toISOString() ?? null,
   };
 }
 
@@ -61,7 +66,10 @@ export async function liveKeyByHash(store: Store, hash: string): Promise<ApiKeyD
 }
 
 export async function listKeys(store: Store, workspaceId?: string): Promise<PublicKey[]> {
-  const docs = await store.apiKeys.find(workspaceId ? { workspace_id: workspaceId } : {}).sort({ created_at: 1 }).toArray();
+  const docs = await store.apiKeys
+    .find(workspaceId ? { workspace_id: workspaceId } : {})
+    .sort({ created_at: 1 })
+    .toArray();
   return docs.map(publicKey);
 }
 

@@ -81,7 +81,13 @@ export class RateLimiter {
         return { allowed: true, limit: this.limit, remaining: this.limit - n, resetAt, retryAfterSeconds: 0 };
       }
       if (s.exhausted) {
-        return { allowed: false, limit: this.limit, remaining: 0, resetAt, retryAfterSeconds: Math.max(1, Math.ceil(resetAt - nowMs / 1000)) };
+        return {
+          allowed: false,
+          limit: this.limit,
+          remaining: 0,
+          resetAt,
+          retryAfterSeconds: Math.max(1, Math.ceil(resetAt - nowMs / 1000)),
+        };
       }
       if (s.claiming && !waited && s.claimed.length) s.perClaim = Math.min(this.maxPerClaim, s.perClaim * 2);
       waited = true;
@@ -92,7 +98,9 @@ export class RateLimiter {
   /** The claim in flight for this key, or a new one. Its failure reaches whoever awaits it. */
   private claimSoon(keyId: string, s: KeyWindow): Promise<void> {
     if (!s.claiming && !s.exhausted) {
-      s.claiming = this.claim(keyId, s).finally(() => { s.claiming = null; });
+      s.claiming = this.claim(keyId, s).finally(() => {
+        s.claiming = null;
+      });
       s.claiming.catch(() => undefined); // a claim ahead of need has nobody waiting on it
     }
     return s.claiming ?? Promise.resolve();
@@ -122,7 +130,11 @@ export class RateLimiter {
     while (s.block < this.blocks) {
       const first = s.block;
       const count = Math.min(s.perClaim, this.blocks - first);
-      const docs = Array.from({ length: count }, (_, i) => ({ _id: `${keyId}:${s.window}:b${first + i}`, key_id: keyId, window: s.window }));
+      const docs = Array.from({ length: count }, (_, i) => ({
+        _id: `${keyId}:${s.window}:b${first + i}`,
+        key_id: keyId,
+        window: s.window,
+      }));
       s.block += count;
       this.claimWrites++;
       let outcomes;
@@ -154,7 +166,9 @@ export class RateLimiter {
   }
   /** Deletes finished windows' blocks by `_id` (no scan), in the background: they only take space. */
   private retire(windows: KeyWindow[]): void {
-    const ops: AnyBulkWriteOperation<RateTicketDoc>[] = windows.flatMap((w) => w.claimed.map((_id) => ({ deleteOne: { filter: { _id } } })));
+    const ops: AnyBulkWriteOperation<RateTicketDoc>[] = windows.flatMap((w) =>
+      w.claimed.map((_id) => ({ deleteOne: { filter: { _id } } })),
+    );
     if (ops.length) this.store.rateTickets.bulkWrite(ops, { ordered: false }).catch(() => undefined);
   }
 }

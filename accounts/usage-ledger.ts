@@ -21,13 +21,20 @@ export class UsageLedger {
   /** Round trips made so far, for tests and the benchmark: records ÷ writes is the grouping. */
   writes = 0;
 
-  constructor(private readonly store: Store, private readonly maxBatch = 1_000) {}
+  constructor(
+    private readonly store: Store,
+    private readonly maxBatch = 1_000,
+  ) {}
 
   /** Resolves true once written, false when that generation was already recorded. */
   record(usage: UsageRecord): Promise<boolean> {
     return new Promise((resolve, reject) => {
       // Trace metadata is the caller's own object: stored as its JSON text.
-      this.queue.push({ doc: { ...usage, trace: usage.trace && toJsonText(usage.trace), created_at: usage.created_at ?? new Date() } as UsageDoc, resolve, reject });
+      this.queue.push({
+        doc: { ...usage, trace: usage.trace && toJsonText(usage.trace), created_at: usage.created_at ?? new Date() } as UsageDoc,
+        resolve,
+        reject,
+      });
       if (!this.writing) {
         this.writing = true;
         // Let records finished in the same turn of the event loop join the first write.
@@ -41,7 +48,10 @@ export class UsageLedger {
       const group = this.queue.splice(0, this.maxBatch);
       this.writes++;
       try {
-        const outcomes = await insertManyEach(this.store.usage, group.map((p) => p.doc));
+        const outcomes = await insertManyEach(
+          this.store.usage,
+          group.map((p) => p.doc),
+        );
         group.forEach((p, i) => {
           const o = outcomes[i];
           if (o instanceof Error) p.reject(o);

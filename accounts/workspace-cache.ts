@@ -50,7 +50,11 @@ export class WorkspaceCache {
   private readonly loading = new Map<string, Promise<Entry>>();
   private readonly local = new Map<string, Local>();
 
-  constructor(private readonly store: Store, readonly ttlMs = 5_000, private readonly now: () => number = Date.now) {}
+  constructor(
+    private readonly store: Store,
+    readonly ttlMs = 5_000,
+    private readonly now: () => number = Date.now,
+  ) {}
 
   /**
    * The workspace's entry. A fresh one is returned as is; an expired one is returned too while a
@@ -83,11 +87,22 @@ export class WorkspaceCache {
         // as local spending since it): never less than the truth.
         const committedAtRead = this.localOf(workspaceId).committed;
         const started = this.now();
-        const [b, ws] = await Promise.all([getBalance(this.store, workspaceId), this.store.workspaces.findOne({ _id: workspaceId }, { projection: { settings: 1 } })]);
+        const [b, ws] = await Promise.all([
+          getBalance(this.store, workspaceId),
+          this.store.workspaces.findOne({ _id: workspaceId }, { projection: { settings: 1 } }),
+        ]);
         const at = this.now();
         // The ledger sum scans every usage record on FerretDB (2 s at 30,000 records here): re-reading
         // it no more often than every ten read-times keeps it under a tenth of a core per workspace.
-        const entry = { credits: b.total_credits, usage: b.total_usage, balance: b.balance, settings: ws?.settings ?? {}, at, ttl: this.ttlMs && Math.max(this.ttlMs, 10 * (at - started)), committedAtRead };
+        const entry = {
+          credits: b.total_credits,
+          usage: b.total_usage,
+          balance: b.balance,
+          settings: ws?.settings ?? {},
+          at,
+          ttl: this.ttlMs && Math.max(this.ttlMs, 10 * (at - started)),
+          committedAtRead,
+        };
         this.entries.set(workspaceId, entry);
         return entry;
       })().finally(() => this.loading.delete(workspaceId));
@@ -117,7 +132,8 @@ export class WorkspaceCache {
   async assertCanSpend(workspaceId: string): Promise<void> {
     const e = await this.get(workspaceId);
     const left = this.available(workspaceId, e);
-    if (left <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: roundUsd(left) });
+    if (left <= 0)
+      throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: roundUsd(left) });
   }
 
   /** Holds `estimate` USD for a call about to be made, or 402 when nothing is left. */
@@ -125,7 +141,8 @@ export class WorkspaceCache {
     let e = await this.get(workspaceId);
     if (this.available(workspaceId, e) < LOW_WATER * estimate) e = await this.load(workspaceId);
     const left = this.available(workspaceId, e);
-    if (left <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: roundUsd(left) });
+    if (left <= 0)
+      throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: roundUsd(left) });
     const l = this.localOf(workspaceId);
     l.held += estimate;
     let done = false;
@@ -138,4 +155,3 @@ export class WorkspaceCache {
     return { settle: end, release: () => end(0) };
   }
 }
-

@@ -9,8 +9,19 @@ import type { Upstreams } from '../routing/upstreams';
 import type { Store } from '../store';
 import type { UsageLedger } from '../accounts/usage-ledger';
 import {
-  addToTally, batches, inputs, lineBody, lineGenerationId, progress, seqId, sumProgress, writeResultsOnce,
-  type BatchDoc, type BatchStatus, type InputLine, type ResultDoc,
+  addToTally,
+  batches,
+  inputs,
+  lineBody,
+  lineGenerationId,
+  progress,
+  seqId,
+  sumProgress,
+  writeResultsOnce,
+  type BatchDoc,
+  type BatchStatus,
+  type InputLine,
+  type ResultDoc,
 } from '../batches/store';
 import { lineProblem } from '../batches/lines';
 import { LineRunner } from '../batches/line-runner';
@@ -31,7 +42,13 @@ export interface BatchDeps {
  * look like a dead worker), and keeping what finished whether it completes, is cancelled or fails.
  */
 async function runChunk(
-  ctx: Context, lines: InputLine[], runner: LineRunner, writer: ChunkWriter, signal: AbortSignal, concurrency: number, chunkIndex: number,
+  ctx: Context,
+  lines: InputLine[],
+  runner: LineRunner,
+  writer: ChunkWriter,
+  signal: AbortSignal,
+  concurrency: number,
+  chunkIndex: number,
 ): Promise<{ completed: number; failed: number }> {
   const ticker = setInterval(() => void writer.flush(), 250);
   const beat = () => ctx.heartbeat({ done: writer.done.size });
@@ -58,7 +75,10 @@ async function runChunk(
     clearInterval(beater);
     beat();
   }
-  if (writer.backlog) throw new Error(`batch chunk ${chunkIndex}: results could not be stored: ${writer.error instanceof Error ? writer.error.message : String(writer.error)}`);
+  if (writer.backlog)
+    throw new Error(
+      `batch chunk ${chunkIndex}: results could not be stored: ${writer.error instanceof Error ? writer.error.message : String(writer.error)}`,
+    );
   if (signal.aborted) throw new CancelledFailure('batch chunk cancelled');
   return { completed: writer.tally.completed, failed: writer.tally.failed };
 }
@@ -111,9 +131,23 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage }
       ctx.cancelled.catch(() => abort.abort());
       const ws = await store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } });
       const runner = new LineRunner({
-        store, upstreams, batch: b, workspace: ws?.settings, lineAttempts: batchSettings.lineAttempts, outageMs: batchSettings.outageMs, signal: abort.signal,
+        store,
+        upstreams,
+        batch: b,
+        workspace: ws?.settings,
+        lineAttempts: batchSettings.lineAttempts,
+        outageMs: batchSettings.outageMs,
+        signal: abort.signal,
       });
-      return runChunk(ctx, chunk.lines.filter((l) => !writer.done.has(l.line)), runner, writer, abort.signal, batchSettings.lineConcurrency, chunkIndex);
+      return runChunk(
+        ctx,
+        chunk.lines.filter((l) => !writer.done.has(l.line)),
+        runner,
+        writer,
+        abort.signal,
+        batchSettings.lineConcurrency,
+        chunkIndex,
+      );
     },
 
     /**
@@ -121,21 +155,43 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage }
      * ones keep theirs), usage totals and the serving provider are summed from the chunk tallies, and the
      * terminal status is set.
      */
-    async closeBatch(batchId: string, status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>, errorMessage: string | null = null): Promise<void> {
+    async closeBatch(
+      batchId: string,
+      status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>,
+      errorMessage: string | null = null,
+    ): Promise<void> {
       const b = await load(batchId);
       // Every chunk has stopped (the workflow waits for cancelled chunks to finish), so the chunks'
       // progress documents hold every stored result: their tallies, and which lines are done.
       const t = await sumProgress(store, batchId);
       if (status === 'expired' || status === 'cancelled') {
-        const have = new Set((await progress(store, batchId).find({}, { projection: { done: 1 } }).toArray()).flatMap((d) => d.done ?? []));
+        const have = new Set(
+          (
+            await progress(store, batchId)
+              .find({}, { projection: { done: 1 } })
+              .toArray()
+          ).flatMap((d) => d.done ?? []),
+        );
         const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
-        const message = status === 'expired' ? 'The batch expired before this request was processed' : 'The batch was cancelled before this request was processed';
+        const message =
+          status === 'expired'
+            ? 'The batch expired before this request was processed'
+            : 'The batch was cancelled before this request was processed';
         for (let i = 0; i < b.chunks; i++) {
           const chunk = await inputs(store, batchId).findOne({ _id: seqId(i) });
-          const missing: ResultDoc[] = (chunk?.lines ?? []).filter((l) => !have.has(l.line)).map((l) => ({
-            _id: seqId(l.line), line: l.line, custom_id: l.custom_id, id: lineGenerationId(batchId, l.line),
-            ok: false, provider: null, response: null, error: { type, message }, usage: null,
-          }));
+          const missing: ResultDoc[] = (chunk?.lines ?? [])
+            .filter((l) => !have.has(l.line))
+            .map((l) => ({
+              _id: seqId(l.line),
+              line: l.line,
+              custom_id: l.custom_id,
+              id: lineGenerationId(batchId, l.line),
+              ok: false,
+              provider: null,
+              response: null,
+              error: { type, message },
+              usage: null,
+            }));
           // A result stored by a chunk that died before saving its progress is kept, counted and billed.
           for (const r of await writeResultsOnce(store, batchId, missing)) {
             addToTally(t, r);
@@ -146,15 +202,27 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage }
       }
       const finalCounts = { completed: t.completed, failed: t.failed };
       const provider = Object.entries(t.providers).sort((x, y) => y[1] - x[1])[0]?.[0] ?? null;
-      await batches(store).updateOne({ _id: batchId }, {
-        $set: {
-          status, finalized_at: new Date(), provider, error: errorMessage ? { message: errorMessage } : null, final_counts: finalCounts,
-          usage: status === 'failed' ? null : {
-            prompt_tokens: t.input_tokens, completion_tokens: t.output_tokens, total_tokens: t.input_tokens + t.output_tokens,
-            cost: roundUsd(t.cost),
+      await batches(store).updateOne(
+        { _id: batchId },
+        {
+          $set: {
+            status,
+            finalized_at: new Date(),
+            provider,
+            error: errorMessage ? { message: errorMessage } : null,
+            final_counts: finalCounts,
+            usage:
+              status === 'failed'
+                ? null
+                : {
+                    prompt_tokens: t.input_tokens,
+                    completion_tokens: t.output_tokens,
+                    total_tokens: t.input_tokens + t.output_tokens,
+                    cost: roundUsd(t.cost),
+                  },
           },
         },
-      });
+      );
     },
   };
 }

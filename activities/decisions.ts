@@ -36,9 +36,20 @@ export function createDecisionActivities({ upstreams, usage }: { upstreams: Upst
       try {
         const e = await evaluate(upstreams, job.request, { workspace: job.workspace, signal });
         await usage.record({
-          _id: job.generationId, workspace_id: job.workspaceId, key_id: job.keyId, kind: 'decision',
-          model: e.model, provider: e.provider, input_tokens: e.usage.input_tokens, output_tokens: e.usage.output_tokens, cost: e.cost,
-          session_id: job.meta.session_id, user: job.meta.user, trace: job.meta.trace, app: job.meta.app, batch_id: null,
+          _id: job.generationId,
+          workspace_id: job.workspaceId,
+          key_id: job.keyId,
+          kind: 'decision',
+          model: e.model,
+          provider: e.provider,
+          input_tokens: e.usage.input_tokens,
+          output_tokens: e.usage.output_tokens,
+          cost: e.cost,
+          session_id: job.meta.session_id,
+          user: job.meta.user,
+          trace: job.meta.trace,
+          app: job.meta.app,
+          batch_id: null,
           ...(e.labelMass ? { details: { label_mass: e.labelMass, prompt_format: PROMPT_FORMAT } } : {}),
         });
         return { id: job.generationId, model: e.model, provider: e.provider, answers: e.answers, usage: { ...e.usage, cost: e.cost } };

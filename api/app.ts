@@ -21,17 +21,28 @@ const API_VERSION = '1.0.0';
 
 /** Every /api/v1 route, in the order the OpenAPI document lists them. */
 function apiRoutes(deps: AppDeps): AnyRoute[] {
-  const routes: AnyRoute[] = [...decisionRoutes(deps), ...presetRoutes(deps), ...batchRoutes(deps), ...accountRoutes(deps), ...modelRoutes(deps)];
+  const routes: AnyRoute[] = [
+    ...decisionRoutes(deps),
+    ...presetRoutes(deps),
+    ...batchRoutes(deps),
+    ...accountRoutes(deps),
+    ...modelRoutes(deps),
+  ];
   let document: Record<string, unknown> | null = null;
-  routes.push(defineRoute({
-    method: 'get', path: '/openapi.json', tag: 'Meta', auth: 'none',
-    summary: 'This OpenAPI 3.1 document',
-    responses: { 200: { description: 'OpenAPI document', schema: Type.Object({}, { additionalProperties: true }) } },
-    handler: (ctx) => {
-      document ??= buildOpenApi(routes, API_VERSION);
-      ctx.body = document;
-    },
-  }));
+  routes.push(
+    defineRoute({
+      method: 'get',
+      path: '/openapi.json',
+      tag: 'Meta',
+      auth: 'none',
+      summary: 'This OpenAPI 3.1 document',
+      responses: { 200: { description: 'OpenAPI document', schema: Type.Object({}, { additionalProperties: true }) } },
+      handler: (ctx) => {
+        document ??= buildOpenApi(routes, API_VERSION);
+        ctx.body = document;
+      },
+    }),
+  );
   return routes;
 }
 

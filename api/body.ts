@@ -48,9 +48,13 @@ function jsonDepthOver(text: string, max: number): boolean {
 
 function readAll(req: Koa.Request['req'], limits: BodyLimits): Promise<Buffer> {
   const encoding = (req.headers['content-encoding'] ?? 'identity').trim().toLowerCase();
-  if (!(encoding in DECODERS)) throw new BadRequestError(`Content-Encoding ${JSON.stringify(encoding.slice(0, 40))} is not supported (use identity, gzip, deflate or br)`);
+  if (!(encoding in DECODERS))
+    throw new BadRequestError(
+      `Content-Encoding ${JSON.stringify(encoding.slice(0, 40))} is not supported (use identity, gzip, deflate or br)`,
+    );
   const declared = Number(req.headers['content-length']);
-  if (encoding === 'identity' && declared > limits.limitBytes) throw new PayloadTooLargeError('Request body is larger than the configured limit');
+  if (encoding === 'identity' && declared > limits.limitBytes)
+    throw new PayloadTooLargeError('Request body is larger than the configured limit');
   const decoder = DECODERS[encoding]?.() ?? null;
   // pipeline, not pipe: a request that ends early or errors must end the decoder too.
   const source: Readable = decoder ? pipeline(req, decoder, () => undefined) : req;
@@ -74,7 +78,10 @@ function readAll(req: Koa.Request['req'], limits: BodyLimits): Promise<Buffer> {
     };
     const arm = () => {
       if (idle) clearTimeout(idle);
-      idle = setTimeout(() => finish(new RequestTimeoutError(`Request body stalled: nothing received for ${limits.idleMs} ms`)), limits.idleMs);
+      idle = setTimeout(
+        () => finish(new RequestTimeoutError(`Request body stalled: nothing received for ${limits.idleMs} ms`)),
+        limits.idleMs,
+      );
     };
     const onData = (chunk: Buffer) => {
       arm();
@@ -84,7 +91,9 @@ function readAll(req: Koa.Request['req'], limits: BodyLimits): Promise<Buffer> {
     };
     const onEnd = () => finish(null);
     const onError = (err: NodeJS.ErrnoException) => {
-      const corrupt = decoder && (err.code?.startsWith('Z_') || err.code === 'ERR_BROTLI_DECOMPRESSION_FAILED' || err.code === 'ERR__ERROR_FORMAT_PADDING_1');
+      const corrupt =
+        decoder &&
+        (err.code?.startsWith('Z_') || err.code === 'ERR_BROTLI_DECOMPRESSION_FAILED' || err.code === 'ERR__ERROR_FORMAT_PADDING_1');
       finish(new BadRequestError(corrupt ? `Request body is not valid ${encoding} data` : 'Request body was not received in full'));
     };
     // The client went away mid-body (or sent less than its Content-Length and closed).
@@ -115,10 +124,13 @@ export function jsonBody(limits: BodyLimits): Koa.Middleware {
     try {
       if (!hasBody) throw new BadRequestError('Request body is required (a JSON document)');
       if (!ctx.is('application/json')) {
-        throw new BadRequestError(`Content-Type must be application/json, not ${JSON.stringify((ctx.get('content-type') || 'none').slice(0, 100))}`);
+        throw new BadRequestError(
+          `Content-Type must be application/json, not ${JSON.stringify((ctx.get('content-type') || 'none').slice(0, 100))}`,
+        );
       }
       const charset = /charset\s*=\s*"?([^";\s]+)/i.exec(ctx.get('content-type'))?.[1]?.toLowerCase();
-      if (charset && charset !== 'utf-8' && charset !== 'utf8') throw new BadRequestError(`Request body must be UTF-8, not ${JSON.stringify(charset.slice(0, 40))}`);
+      if (charset && charset !== 'utf-8' && charset !== 'utf8')
+        throw new BadRequestError(`Request body must be UTF-8, not ${JSON.stringify(charset.slice(0, 40))}`);
       const raw = await readAll(ctx.req, limits);
       let text: string;
       try {

@@ -23,7 +23,10 @@ export interface DecisionExecution {
 export function inlineExecution(activities: Pick<Activities, 'evaluateDecision'>): DecisionExecution {
   return {
     mode: 'inline',
-    run: (job, signal) => activities.evaluateDecision(job, signal).catch((err: unknown) => { throw fromWorkflowFailure(err); }),
+    run: (job, signal) =>
+      activities.evaluateDecision(job, signal).catch((err: unknown) => {
+        throw fromWorkflowFailure(err);
+      }),
   };
 }
 
@@ -40,15 +43,20 @@ export function workflowExecution(temporal: Client, handoff: DecisionHandoff, ta
     run: async (job, signal) => {
       // Leaving the line is the client's to do; once started, the workflow's own timeout bounds it
       // and a client that goes away does not cancel a run that is being recorded.
-      const release = await slots.acquire({ signal, onAbort: () => new ServiceUnavailableError('Decision was cancelled before it started') });
+      const release = await slots.acquire({
+        signal,
+        onAbort: () => new ServiceUnavailableError('Decision was cancelled before it started'),
+      });
       try {
-        return await handoff.execute(job.generationId, () => temporal.workflow.start(decisionWorkflow, {
-          workflowId: job.generationId,
-          taskQueue,
-          requestEagerStart: true,
-          workflowExecutionTimeout: '3 minutes',
-          args: [job],
-        }));
+        return await handoff.execute(job.generationId, () =>
+          temporal.workflow.start(decisionWorkflow, {
+            workflowId: job.generationId,
+            taskQueue,
+            requestEagerStart: true,
+            workflowExecutionTimeout: '3 minutes',
+            args: [job],
+          }),
+        );
       } catch (err) {
         throw fromWorkflowFailure(err);
       } finally {

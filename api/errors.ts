@@ -12,7 +12,8 @@ export interface ErrorEnvelope {
 function normalize(err: unknown): GatewayError {
   if (err instanceof GatewayError) return err;
   const e = err as { status?: number; expose?: boolean; message?: string };
-  if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && e.expose) return errorFromStatus(e.status, short(e.message ?? 'Bad request'));
+  if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && e.expose)
+    return errorFromStatus(e.status, short(e.message ?? 'Bad request'));
   return new InternalError('Internal server error');
 }
 

@@ -9,9 +9,20 @@ function plain(schema: TSchema): unknown {
 }
 
 const errorStatuses: Record<string, string> = {
-  400: 'Invalid request', 401: 'Missing or invalid API key', 402: 'Insufficient credits', 403: 'Not permitted for this key',
-  404: 'Not found', 409: 'Conflict', 413: 'Payload too large', 422: 'Unprocessable', 429: 'Rate limited', 500: 'Internal error',
-  502: 'Upstream provider error', 503: 'Service unavailable', 524: 'Upstream timeout', 529: 'Upstream overloaded',
+  400: 'Invalid request',
+  401: 'Missing or invalid API key',
+  402: 'Insufficient credits',
+  403: 'Not permitted for this key',
+  404: 'Not found',
+  409: 'Conflict',
+  413: 'Payload too large',
+  422: 'Unprocessable',
+  429: 'Rate limited',
+  500: 'Internal error',
+  502: 'Upstream provider error',
+  503: 'Service unavailable',
+  524: 'Upstream timeout',
+  529: 'Upstream overloaded',
 };
 
 export function buildOpenApi(routes: AnyRoute[], version: string): Record<string, unknown> {
@@ -19,7 +30,10 @@ export function buildOpenApi(routes: AnyRoute[], version: string): Record<string
   for (const r of routes) {
     const path = r.path.replace(/:([A-Za-z_]+)/g, '{$1}');
     const parameters: unknown[] = [];
-    for (const [where, schema] of [['path', r.params], ['query', r.query]] as const) {
+    for (const [where, schema] of [
+      ['path', r.params],
+      ['query', r.query],
+    ] as const) {
       const props = (schema as { properties?: Record<string, TSchema>; required?: string[] } | undefined)?.properties ?? {};
       const required = (schema as { required?: string[] } | undefined)?.required ?? [];
       for (const [name, s] of Object.entries(props)) {
@@ -32,14 +46,29 @@ export function buildOpenApi(routes: AnyRoute[], version: string): Record<string
         ? { description: res.description, content: { [res.contentType ?? 'application/json']: { schema: plain(res.schema) } } }
         : { description: res.description };
     }
-    const errors = ['400', '401', '429', '500', ...(r.auth === 'management' ? ['403'] : []), ...(r.params ? ['404'] : []), ...(r.body ? ['413'] : [])];
+    const errors = [
+      '400',
+      '401',
+      '429',
+      '500',
+      ...(r.auth === 'management' ? ['403'] : []),
+      ...(r.params ? ['404'] : []),
+      ...(r.body ? ['413'] : []),
+    ];
     for (const status of errors) {
-      responses[status] ??= { description: errorStatuses[status], content: { 'application/json': { schema: { $ref: '#/components/schemas/ErrorEnvelope' } } } };
+      responses[status] ??= {
+        description: errorStatuses[status],
+        content: { 'application/json': { schema: { $ref: '#/components/schemas/ErrorEnvelope' } } },
+      };
     }
     (paths[path] ??= {})[r.method] = {
       summary: r.summary,
       tags: [r.tag],
-      operationId: `${r.method}${path.replace(/[{}]/g, '').split('/').map((p) => p.charAt(0).toUpperCase() + p.slice(1).replace(/[^A-Za-z0-9]/g, '')).join('')}`,
+      operationId: `${r.method}${path
+        .replace(/[{}]/g, '')
+        .split('/')
+        .map((p) => p.charAt(0).toUpperCase() + p.slice(1).replace(/[^A-Za-z0-9]/g, ''))
+        .join('')}`,
       ...(r.auth === 'none' ? { security: [] } : {}),
       ...(parameters.length ? { parameters } : {}),
       ...(r.body ? { requestBody: { required: true, content: { 'application/json': { schema: plain(r.body) } } } } : {}),

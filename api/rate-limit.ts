@@ -12,9 +12,15 @@ export function rateLimit(deps: AppDeps): Koa.Middleware {
     ctx.set('X-RateLimit-Remaining', String(d.remaining));
     ctx.set('X-RateLimit-Reset', String(d.resetAt));
     if (!d.allowed) {
-      throw new RateLimitedError(`Rate limit exceeded: ${d.limit} requests per ${deps.rateLimiter.windowSeconds}s for this key`, d.retryAfterSeconds, {
-        limit: d.limit, window_seconds: deps.rateLimiter.windowSeconds, reset_at: d.resetAt,
-      });
+      throw new RateLimitedError(
+        `Rate limit exceeded: ${d.limit} requests per ${deps.rateLimiter.windowSeconds}s for this key`,
+        d.retryAfterSeconds,
+        {
+          limit: d.limit,
+          window_seconds: deps.rateLimiter.windowSeconds,
+          reset_at: d.resetAt,
+        },
+      );
     }
     await next();
   };

@@ -6,7 +6,6 @@ import type { RequestMeta } from '../accounts/attribution';
 
 const MAX_SESSION_ID = 256;
 
-
 export function requestMeta(
   ctx: Koa.Context | Koa.ParameterizedContext,
   body: { session_id?: string | null; user?: string | null; trace?: Record<string, unknown> | null } = {},
@@ -24,7 +23,12 @@ export function requestMeta(
     app: {
       referer: ctx.get('http-referer') || ctx.get('referer') || null,
       title: title || null,
-      categories: categories ? categories.split(',').map((c) => c.trim()).filter(Boolean) : [],
+      categories: categories
+        ? categories
+            .split(',')
+            .map((c) => c.trim())
+            .filter(Boolean)
+        : [],
     },
   };
 }

@@ -31,9 +31,11 @@ export interface RouteSpec<B, Q, P> {
 
 export type AnyRoute = RouteSpec<TSchema | undefined, TSchema | undefined, TSchema | undefined>;
 
-export function defineRoute<B extends TSchema | undefined = undefined, Q extends TSchema | undefined = undefined, P extends TSchema | undefined = undefined>(
-  spec: RouteSpec<B, Q, P>,
-): AnyRoute {
+export function defineRoute<
+  B extends TSchema | undefined = undefined,
+  Q extends TSchema | undefined = undefined,
+  P extends TSchema | undefined = undefined,
+>(spec: RouteSpec<B, Q, P>): AnyRoute {
   return spec as unknown as AnyRoute;
 }
 
@@ -66,4 +68,3 @@ export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): 
     router[spec.method](spec.path, ...(chain as Parameters<Router['get']>[1][]));
   }
 }
-

@@ -23,13 +23,16 @@ export async function startApiServer(deps: AppDeps, host: string, port: number):
       socket.destroy();
       return;
     }
-    const [status, reason, message] = err.code === 'HPE_HEADER_OVERFLOW'
-      ? [431, 'Request Header Fields Too Large', 'Request line and headers are larger than 16 KB (a long URL or header)']
-      : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
-        ? [408, 'Request Timeout', 'Request was not received in time']
-        : [400, 'Bad Request', 'Malformed HTTP request'];
+    const [status, reason, message] =
+      err.code === 'HPE_HEADER_OVERFLOW'
+        ? [431, 'Request Header Fields Too Large', 'Request line and headers are larger than 16 KB (a long URL or header)']
+        : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+          ? [408, 'Request Timeout', 'Request was not received in time']
+          : [400, 'Bad Request', 'Malformed HTTP request'];
     const body = JSON.stringify(envelope(errorFromStatus(status, message)));
-    socket.end(`HTTP/1.1 ${status} ${reason}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+    socket.end(
+      `HTTP/1.1 ${status} ${reason}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+    );
   });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
@@ -40,13 +43,20 @@ export async function startApiServer(deps: AppDeps, host: string, port: number):
     url: `http://${host}:${addr.port}`,
     server,
     // Stops accepting, lets requests in flight finish for SHUTDOWN_GRACE_MS, then cuts what is left.
-    close: () => new Promise<void>((resolve) => {
-      const cut = setTimeout(() => {
-        deps.logger.warn({ grace_ms: deps.config.http.shutdownGraceMs }, 'requests still in flight at the end of the shutdown grace; closing them');
-        server.closeAllConnections();
-      }, deps.config.http.shutdownGraceMs);
-      server.close(() => { clearTimeout(cut); resolve(); });
-      server.closeIdleConnections();
-    }),
+    close: () =>
+      new Promise<void>((resolve) => {
+        const cut = setTimeout(() => {
+          deps.logger.warn(
+            { grace_ms: deps.config.http.shutdownGraceMs },
+            'requests still in flight at the end of the shutdown grace; closing them',
+          );
+          server.closeAllConnections();
+        }, deps.config.http.shutdownGraceMs);
+        server.close(() => {
+          clearTimeout(cut);
+          resolve();
+        });
+        server.closeIdleConnections();
+      }),
   };
 }

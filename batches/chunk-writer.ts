@@ -7,15 +7,34 @@
 import type { UsageLedger, UsageRecord } from '../accounts/usage-ledger';
 import type { Store } from '../store';
 import {
-  addToTally, emptyTally, pickTally, saveProgress, writeResultsOnce, type BatchDoc, type ChunkTally, type ProgressDoc, type ResultDoc,
+  addToTally,
+  emptyTally,
+  pickTally,
+  saveProgress,
+  writeResultsOnce,
+  type BatchDoc,
+  type ChunkTally,
+  type ProgressDoc,
+  type ResultDoc,
 } from './store';
 
 /** The usage record of one billed line (its `_id` is the line's generation id). */
 export function lineUsage(b: BatchDoc, r: ResultDoc): UsageRecord {
   return {
-    _id: r.id, workspace_id: b.workspace_id, key_id: b.key_id, kind: 'batch_line', model: b.canonical_model, provider: r.provider,
-    input_tokens: r.usage!.input_tokens, output_tokens: r.usage!.output_tokens, cost: r.usage!.cost,
-    session_id: b.meta.session_id, user: b.meta.user, trace: null, app: b.meta.app, batch_id: b._id,
+    _id: r.id,
+    workspace_id: b.workspace_id,
+    key_id: b.key_id,
+    kind: 'batch_line',
+    model: b.canonical_model,
+    provider: r.provider,
+    input_tokens: r.usage!.input_tokens,
+    output_tokens: r.usage!.output_tokens,
+    cost: r.usage!.cost,
+    session_id: b.meta.session_id,
+    user: b.meta.user,
+    trace: null,
+    app: b.meta.app,
+    batch_id: b._id,
   };
 }
 

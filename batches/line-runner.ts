@@ -14,7 +14,6 @@ import { sleep } from '../concurrency/sleep';
 
 const RETRYABLE = new Set([429, 502, 503, 524, 529]);
 
-
 /** True when every endpoint tried could not even be connected to. */
 function unreachable(err: GatewayError | null): boolean {
   const attempts = err?.metadata?.attempts as { kind: string }[] | undefined;
@@ -22,7 +21,17 @@ function unreachable(err: GatewayError | null): boolean {
 }
 
 function errorType(status: number): string {
-  return status === 429 ? 'rate_limited' : status === 524 ? 'timeout' : status === 529 ? 'overloaded' : status === 404 ? 'not_found' : status < 500 ? 'invalid_request' : 'upstream_error';
+  return status === 429
+    ? 'rate_limited'
+    : status === 524
+      ? 'timeout'
+      : status === 529
+        ? 'overloaded'
+        : status === 404
+          ? 'not_found'
+          : status < 500
+            ? 'invalid_request'
+            : 'upstream_error';
 }
 
 export interface LineRunnerOptions {
@@ -49,8 +58,15 @@ export class LineRunner {
 
   private failure(line: InputLine, status: number, message: string, provider: string | null = null): ResultDoc {
     return {
-      _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id: lineGenerationId(this.o.batch._id, line.line), ok: false, provider, response: null,
-      error: { type: errorType(status), message, code: status }, usage: null,
+      _id: seqId(line.line),
+      line: line.line,
+      custom_id: line.custom_id,
+      id: lineGenerationId(this.o.batch._id, line.line),
+      ok: false,
+      provider,
+      response: null,
+      error: { type: errorType(status), message, code: status },
+      usage: null,
     };
   }
 
@@ -84,12 +100,23 @@ export class LineRunner {
     for (let attempt = 1; ; attempt++) {
       try {
         const r = await invoke(this.o.upstreams, {
-          models: [this.target.model], variant: this.target.variant, operation: this.operation,
-          preferences: batch.provider_only ? { only: batch.provider_only } : undefined, workspace: this.o.workspace, body: upstreamBody, signal,
+          models: [this.target.model],
+          variant: this.target.variant,
+          operation: this.operation,
+          preferences: batch.provider_only ? { only: batch.provider_only } : undefined,
+          workspace: this.o.workspace,
+          body: upstreamBody,
+          signal,
         });
         return {
-          _id: seqId(line.line), line: line.line, custom_id: line.custom_id, id, ok: true, provider: r.endpoint.provider.slug,
-          response: { status_code: 200, request_id: typeof r.body?.id === 'string' ? r.body.id : id, body: r.body }, error: null,
+          _id: seqId(line.line),
+          line: line.line,
+          custom_id: line.custom_id,
+          id,
+          ok: true,
+          provider: r.endpoint.provider.slug,
+          response: { status_code: 200, request_id: typeof r.body?.id === 'string' ? r.body.id : id, body: r.body },
+          error: null,
           usage: { ...r.usage, cost: r.cost },
         };
       } catch (err) {
@@ -111,7 +138,12 @@ export class LineRunner {
           await sleep(Math.min(wait, 30_000), signal);
           continue;
         }
-        return this.failure(line, status, g?.message ?? 'Internal error processing this line', (g?.metadata?.provider_name as string | undefined) ?? null);
+        return this.failure(
+          line,
+          status,
+          g?.message ?? 'Internal error processing this line',
+          (g?.metadata?.provider_name as string | undefined) ?? null,
+        );
       }
     }
   }

@@ -10,31 +10,56 @@ const NoStream = Type.Optional(Type.Literal(false, { description: 'batches do no
 const Message = Type.Object({ role: Type.String({ minLength: 1 }), content: Type.Unknown() }, { additionalProperties: true });
 
 const SCHEMAS: Record<BatchEndpoint, TSchema> = {
-  '/v1/chat/completions': Type.Object({
-    messages: Type.Array(Message, { minItems: 1 }), stream: NoStream,
-    max_tokens: Type.Optional(Type.Integer({ minimum: 1 })), max_completion_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
-    n: Type.Optional(Type.Literal(1)),
-  }, { additionalProperties: true }),
-  '/v1/responses': Type.Object({
-    input: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.Unknown(), { minItems: 1 })]), stream: NoStream,
-    max_output_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
-  }, { additionalProperties: true }),
-  '/v1/messages': Type.Object({
-    messages: Type.Array(Message, { minItems: 1 }), max_tokens: Type.Integer({ minimum: 1 }), stream: NoStream,
-  }, { additionalProperties: true }),
-  '/v1/embeddings': Type.Object({
-    input: Type.Union([
-      Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1, maxItems: 2048 }), Type.Array(Type.Integer(), { minItems: 1 }),
-      Type.Array(Type.Array(Type.Integer(), { minItems: 1 }), { minItems: 1, maxItems: 2048 }), // several inputs as token arrays
-    ]),
-    dimensions: Type.Optional(Type.Integer({ minimum: 1 })),
-  }, { additionalProperties: true }),
+  '/v1/chat/completions': Type.Object(
+    {
+      messages: Type.Array(Message, { minItems: 1 }),
+      stream: NoStream,
+      max_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
+      max_completion_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
+      n: Type.Optional(Type.Literal(1)),
+    },
+    { additionalProperties: true },
+  ),
+  '/v1/responses': Type.Object(
+    {
+      input: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.Unknown(), { minItems: 1 })]),
+      stream: NoStream,
+      max_output_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
+    },
+    { additionalProperties: true },
+  ),
+  '/v1/messages': Type.Object(
+    {
+      messages: Type.Array(Message, { minItems: 1 }),
+      max_tokens: Type.Integer({ minimum: 1 }),
+      stream: NoStream,
+    },
+    { additionalProperties: true },
+  ),
+  '/v1/embeddings': Type.Object(
+    {
+      input: Type.Union([
+        Type.String({ minLength: 1 }),
+        Type.Array(Type.String(), { minItems: 1, maxItems: 2048 }),
+        Type.Array(Type.Integer(), { minItems: 1 }),
+        Type.Array(Type.Array(Type.Integer(), { minItems: 1 }), { minItems: 1, maxItems: 2048 }), // several inputs as token arrays
+      ]),
+      dimensions: Type.Optional(Type.Integer({ minimum: 1 })),
+    },
+    { additionalProperties: true },
+  ),
 };
 
-const validators = Object.fromEntries(Object.entries(SCHEMAS).map(([k, s]) => [k, compileBody(s)])) as unknown as Record<BatchEndpoint, (b: unknown) => unknown>;
+const validators = Object.fromEntries(Object.entries(SCHEMAS).map(([k, s]) => [k, compileBody(s)])) as unknown as Record<
+  BatchEndpoint,
+  (b: unknown) => unknown
+>;
 
 export const OPERATION_OF: Record<BatchEndpoint, Exclude<Operation, 'systemone'>> = {
-  '/v1/chat/completions': 'chat', '/v1/responses': 'responses', '/v1/messages': 'messages', '/v1/embeddings': 'embeddings',
+  '/v1/chat/completions': 'chat',
+  '/v1/responses': 'responses',
+  '/v1/messages': 'messages',
+  '/v1/embeddings': 'embeddings',
 };
 
 /** Null when the body suits the endpoint, else why not (naming the field). */

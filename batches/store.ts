@@ -103,7 +103,13 @@ export function results(store: Store, batchId: string): Collection<ResultDoc> {
 export async function writeResultsOnce(store: Store, batchId: string, docs: ResultDoc[]): Promise<ResultDoc[]> {
   const dup = await insertManyNew(results(store, batchId), docs);
   if (!dup.size) return docs;
-  const earlier = new Map((await results(store, batchId).find({ _id: { $in: [...dup] } }).toArray()).map((d) => [d._id, d]));
+  const earlier = new Map(
+    (
+      await results(store, batchId)
+        .find({ _id: { $in: [...dup] } })
+        .toArray()
+    ).map((d) => [d._id, d]),
+  );
   return docs.map((r) => earlier.get(r._id) ?? r);
 }
 
@@ -143,7 +149,14 @@ export interface ProgressDoc extends Document, ChunkTally {
 }
 
 export function pickTally(d: ChunkTally): ChunkTally {
-  return { completed: d.completed, failed: d.failed, input_tokens: d.input_tokens ?? 0, output_tokens: d.output_tokens ?? 0, cost: d.cost ?? 0, providers: d.providers ?? {} };
+  return {
+    completed: d.completed,
+    failed: d.failed,
+    input_tokens: d.input_tokens ?? 0,
+    output_tokens: d.output_tokens ?? 0,
+    cost: d.cost ?? 0,
+    providers: d.providers ?? {},
+  };
 }
 
 /**
@@ -154,7 +167,9 @@ export async function saveProgress(store: Store, batchId: string, chunkIndex: nu
   const n = tally.completed + tally.failed;
   const doc: ProgressDoc = { _id: seqId(chunkIndex), ...pickTally(tally), done, n };
   try {
-    await progress(store, batchId).replaceOne({ _id: doc._id, $or: [{ n: { $lte: n } }, { n: { $exists: false } }] }, doc, { upsert: true });
+    await progress(store, batchId).replaceOne({ _id: doc._id, $or: [{ n: { $lte: n } }, { n: { $exists: false } }] }, doc, {
+      upsert: true,
+    });
   } catch (err) {
     // The filter missed because a larger tally is stored, and the upsert hit its _id: keep that one.
     if ((err as { code?: number }).code !== 11000) throw err;
@@ -223,11 +238,27 @@ const unix = (d: Date | null) => (d ? Math.floor(d.getTime() / 1000) : null);
 
 export function batchView(b: BatchDoc, c: { completed: number; failed: number }) {
   return {
-    id: b._id, object: 'batch' as const, endpoint: b.endpoint, model: b.model, completion_window: b.completion_window, status: b.status,
-    created_at: unix(b.created_at)!, in_progress_at: unix(b.in_progress_at), finalized_at: unix(b.finalized_at), expires_at: unix(b.expires_at),
+    id: b._id,
+    object: 'batch' as const,
+    endpoint: b.endpoint,
+    model: b.model,
+    completion_window: b.completion_window,
+    status: b.status,
+    created_at: unix(b.created_at)!,
+    in_progress_at: unix(b.in_progress_at),
+    finalized_at: unix(b.finalized_at),
+    expires_at: unix(b.expires_at),
     // A batch refused as a whole (invalid lines) counts every line as failed.
-    provider: b.provider, request_counts: { total: b.total, completed: c.completed, failed: b.status === 'failed' && c.completed + c.failed === 0 ? b.total : c.failed },
-    usage: b.usage, results: null as unknown[] | null, error: b.error, metadata: b.metadata && fromJsonText(b.metadata),
+    provider: b.provider,
+    request_counts: {
+      total: b.total,
+      completed: c.completed,
+      failed: b.status === 'failed' && c.completed + c.failed === 0 ? b.total : c.failed,
+    },
+    usage: b.usage,
+    results: null as unknown[] | null,
+    error: b.error,
+    metadata: b.metadata && fromJsonText(b.metadata),
   };
 }
 
@@ -255,19 +286,29 @@ export async function createBatch(store: Store, doc: BatchDoc, lines: InputLine[
 }
 
 export async function markNotStarted(store: Store, id: string): Promise<void> {
-  await batches(store).updateOne({ _id: id }, { $set: { status: 'failed', finalized_at: new Date(), error: { message: 'The batch could not be started; nothing was sent upstream' } } });
+  await batches(store).updateOne(
+    { _id: id },
+    {
+      $set: { status: 'failed', finalized_at: new Date(), error: { message: 'The batch could not be started; nothing was sent upstream' } },
+    },
+  );
 }
 
 /** A page of the workspace's batches, newest first, one more than `limit` to tell whether more follow. */
 export async function listBatches(
-  store: Store, workspaceId: string,
+  store: Store,
+  workspaceId: string,
   q: { before?: string; statuses?: BatchStatus[]; created?: Record<string, Date>; limit: number },
 ): Promise<BatchDoc[]> {
   const filter: Record<string, unknown> = { workspace_id: workspaceId };
   if (q.before) filter._id = { $lt: q.before };
   if (q.statuses?.length) filter.status = { $in: q.statuses };
   if (q.created && Object.keys(q.created).length) filter.created_at = q.created;
-  return batches(store).find(filter).sort({ _id: -1 }).limit(q.limit + 1).toArray();
+  return batches(store)
+    .find(filter)
+    .sort({ _id: -1 })
+    .limit(q.limit + 1)
+    .toArray();
 }
 
 /** A batch's results in line order, from after line `after` and at most `limit` of them when given. */

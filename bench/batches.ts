@@ -11,14 +11,38 @@ const CONCURRENCY = 100;
 function benchCatalog(dir: string): string {
   const base = JSON.parse(fs.readFileSync(DEFAULT_CATALOG_PATH, 'utf8'));
   const provider = (slug: string, faults: string) => ({
-    slug, name: slug, adapter: 'openai', base_url: `\${SANDBOX_URL}${faults ? `/~${faults}` : ''}/openai/v1`,
-    collects_data: false, zdr: false, max_concurrency: CONCURRENCY, timeout_ms: 30000,
+    slug,
+    name: slug,
+    adapter: 'openai',
+    base_url: `\${SANDBOX_URL}${faults ? `/~${faults}` : ''}/openai/v1`,
+    collects_data: false,
+    zdr: false,
+    max_concurrency: CONCURRENCY,
+    timeout_ms: 30000,
   });
   base.providers.push(provider('bench-0ms', ''), provider('bench-200ms', 'latency=200'));
-  for (const [id, p] of [['bench/0ms', 'bench-0ms'], ['bench/200ms', 'bench-200ms']]) {
+  for (const [id, p] of [
+    ['bench/0ms', 'bench-0ms'],
+    ['bench/200ms', 'bench-200ms'],
+  ]) {
     base.models.push({
-      id, name: id, kind: 'chat', family: id, version: '1', released: '20260101', context_length: 1000, distillable: true,
-      endpoints: [{ provider: p, upstream_model: 'sandbox-chat', pricing: { prompt: 0.1, completion: 0.1 }, quantization: 'bf16', supported_parameters: [] }],
+      id,
+      name: id,
+      kind: 'chat',
+      family: id,
+      version: '1',
+      released: '20260101',
+      context_length: 1000,
+      distillable: true,
+      endpoints: [
+        {
+          provider: p,
+          upstream_model: 'sandbox-chat',
+          pricing: { prompt: 0.1, completion: 0.1 },
+          quantization: 'bf16',
+          supported_parameters: [],
+        },
+      ],
     });
   }
   const file = path.join(dir, 'bench-catalog.json');
@@ -32,19 +56,34 @@ function peakRssMb(pid: number | undefined): number {
 }
 
 async function runBatch(url: string, key: string, model: string, lines: number) {
-  const requests = Array.from({ length: lines }, (_, i) => ({ custom_id: `line-${i}`, body: { messages: [{ role: 'user', content: `Summarise item ${i} in five words.` }], max_tokens: 8 } }));
+  const requests = Array.from({ length: lines }, (_, i) => ({
+    custom_id: `line-${i}`,
+    body: { messages: [{ role: 'user', content: `Summarise item ${i} in five words.` }], max_tokens: 8 },
+  }));
   const started = performance.now();
-  const res = await fetch(`${url}/api/v1/batches`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` }, body: JSON.stringify({ endpoint: '/v1/chat/completions', model, requests }) });
+  const res = await fetch(`${url}/api/v1/batches`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
+    body: JSON.stringify({ endpoint: '/v1/chat/completions', model, requests }),
+  });
   const created = (await res.json()) as { id: string };
   if (res.status !== 202) throw new Error(`create failed: ${res.status} ${JSON.stringify(created)}`);
   const accepted = (performance.now() - started) / 1000;
   for (;;) {
     await new Promise((r) => setTimeout(r, 500));
     // /results would stream every line; the batch list item carries the counts without results.
-    const list = (await (await fetch(`${url}/api/v1/batches?limit=1`, { headers: { authorization: `Bearer ${key}` } })).json()) as { data: { id: string; status: string; request_counts: { completed: number; failed: number } }[] };
+    const list = (await (await fetch(`${url}/api/v1/batches?limit=1`, { headers: { authorization: `Bearer ${key}` } })).json()) as {
+      data: { id: string; status: string; request_counts: { completed: number; failed: number } }[];
+    };
     const b = list.data.find((x) => x.id === created.id)!;
     if (['completed', 'failed', 'expired', 'cancelled'].includes(b.status)) {
-      return { id: created.id, status: b.status, seconds: (performance.now() - started) / 1000, accepted_seconds: accepted, counts: b.request_counts };
+      return {
+        id: created.id,
+        status: b.status,
+        seconds: (performance.now() - started) / 1000,
+        accepted_seconds: accepted,
+        counts: b.request_counts,
+      };
     }
   }
 }
@@ -53,24 +92,45 @@ export async function benchBatches(opts: { lines?: number; big?: number; env?: R
   const lines = opts.lines ?? 10_000;
   const big = opts.big ?? 50_000;
   const tmp = fs.mkdtempSync(path.join(process.env.TMPDIR ?? '/tmp', 'bench-batches-'));
-  const stack = await startStack({ CATALOG_PATH: benchCatalog(tmp), BATCH_MAX_REQUESTS: String(Math.max(big, 50_000)), BODY_LIMIT: '50mb', ...opts.env });
+  const stack = await startStack({
+    CATALOG_PATH: benchCatalog(tmp),
+    BATCH_MAX_REQUESTS: String(Math.max(big, 50_000)),
+    BODY_LIMIT: '50mb',
+    ...opts.env,
+  });
   try {
     const key = await benchKey(stack);
     const runs = [];
     const latencies = opts.latencies ?? [0, 200];
-    for (const [model, latencyMs, n] of [['bench/0ms', 0, lines], ['bench/200ms', 200, lines], ['bench/0ms', 0, big]] as const) {
+    for (const [model, latencyMs, n] of [
+      ['bench/0ms', 0, lines],
+      ['bench/200ms', 200, lines],
+      ['bench/0ms', 0, big],
+    ] as const) {
       if (n <= 0 || (n === lines && !latencies.includes(latencyMs))) continue;
       const r = await runBatch(stack.gatewayUrl, key, model, n);
       const ideal = (n * latencyMs) / 1000 / CONCURRENCY;
       runs.push({
-        lines: n, upstream_latency_ms: latencyMs, provider_concurrency: CONCURRENCY, status: r.status, counts: r.counts,
-        wall_seconds: Math.round(r.seconds * 100) / 100, create_seconds: Math.round(r.accepted_seconds * 100) / 100,
-        lines_per_second: Math.round((n / r.seconds) * 10) / 10, ideal_seconds: ideal, ratio_to_ideal: ideal > 0 ? Math.round((r.seconds / ideal) * 100) / 100 : null,
+        lines: n,
+        upstream_latency_ms: latencyMs,
+        provider_concurrency: CONCURRENCY,
+        status: r.status,
+        counts: r.counts,
+        wall_seconds: Math.round(r.seconds * 100) / 100,
+        create_seconds: Math.round(r.accepted_seconds * 100) / 100,
+        lines_per_second: Math.round((n / r.seconds) * 10) / 10,
+        ideal_seconds: ideal,
+        ratio_to_ideal: ideal > 0 ? Math.round((r.seconds / ideal) * 100) / 100 : null,
         worker_peak_rss_mb: peakRssMb(stack.processes.gateway.pid),
       });
       console.log(JSON.stringify(runs[runs.length - 1]));
     }
-    const result = { benchmark: 'batches', at: new Date().toISOString(), bar: { ratio_to_ideal_at_200ms: 1.25, big_batch_completes: big }, runs };
+    const result = {
+      benchmark: 'batches',
+      at: new Date().toISOString(),
+      bar: { ratio_to_ideal_at_200ms: 1.25, big_batch_completes: big },
+      runs,
+    };
     console.log(`results: ${writeResult('batches', result)}`);
     return result;
   } finally {

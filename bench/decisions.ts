@@ -34,13 +34,21 @@ type Row = LoadResult & { cpu_ms_per_request: Record<string, number> };
 async function measured(stack: Stack, url: string, headers: Record<string, string>, concurrency: number, total: number): Promise<Row> {
   const before = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, cpuSeconds(p.pid)]));
   const run = await closedLoop(url, body, headers, concurrency, total, (_s, text) => text.includes('"answers"'));
-  const cpu = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, Math.round(((cpuSeconds(p.pid) - before[n]) / run.requests) * 1e5) / 100]));
+  const cpu = Object.fromEntries(
+    Object.entries(stack.processes).map(([n, p]) => [n, Math.round(((cpuSeconds(p.pid) - before[n]) / run.requests) * 1e5) / 100]),
+  );
   return { ...run, cpu_ms_per_request: cpu };
 }
 
 export async function benchDecisions(opts: { levels?: number[]; temporalInMemory?: boolean } = {}) {
   const levels = opts.levels ?? [1, 10, 50, 200];
-  const stack = await startStack({}, { temporalInMemory: opts.temporalInMemory, gateways: { inline: { DECISIONS_EXECUTION: 'inline' }, workflow: { DECISIONS_EXECUTION: 'workflow' } } });
+  const stack = await startStack(
+    {},
+    {
+      temporalInMemory: opts.temporalInMemory,
+      gateways: { inline: { DECISIONS_EXECUTION: 'inline' }, workflow: { DECISIONS_EXECUTION: 'workflow' } },
+    },
+  );
   try {
     const key = await benchKey(stack);
     const auth = { authorization: `Bearer ${key}` };
@@ -79,23 +87,39 @@ export async function benchDecisions(opts: { levels?: number[]; temporalInMemory
       inline_p99_at_c50: c50 && c50.inline.p99_ms <= BARS.inline.max_p99_ms_at_c50,
       inline_c200_no_errors_p99: c200 && c200.inline.errors === 0 && c200.inline.p99_ms <= BARS.inline.max_p99_ms_at_c200,
       inline_ferretdb_cpu_at_c50: c50 && c50.inline.cpu_ms_per_request.ferretdb <= BARS.inline.max_ferretdb_cpu_ms_at_c50,
-      workflow_no_collapse: c10 && c50 && c50.workflow.rps >= c10.workflow.rps && c50.workflow.p99_ms <= BARS.workflow.max_p99_ms_at_c50 && c50.workflow.errors === 0,
+      workflow_no_collapse:
+        c10 &&
+        c50 &&
+        c50.workflow.rps >= c10.workflow.rps &&
+        c50.workflow.p99_ms <= BARS.workflow.max_p99_ms_at_c50 &&
+        c50.workflow.errors === 0,
     };
     const result = {
-      benchmark: 'decisions', at: new Date().toISOString(), machine: { cpus: os.cpus().length, node: process.version },
-      bars: BARS, verdicts, rows, temporal_floor: temporalFloor,
+      benchmark: 'decisions',
+      at: new Date().toISOString(),
+      machine: { cpus: os.cpus().length, node: process.version },
+      bars: BARS,
+      verdicts,
+      rows,
+      temporal_floor: temporalFloor,
     };
     const file = writeResult('decisions', result);
     const cpu = (r: Row) => ['inline', 'workflow', 'temporal', 'ferretdb', 'sandbox'].map((n) => r.cpu_ms_per_request[n]).join(' / ');
-    console.log('\n   c | mode     | req/s   | p50 / p99 ms    | added p50 | errors | CPU ms/req: inline / workflow / temporal / ferretdb / sandbox');
+    console.log(
+      '\n   c | mode     | req/s   | p50 / p99 ms    | added p50 | errors | CPU ms/req: inline / workflow / temporal / ferretdb / sandbox',
+    );
     for (const r of rows) {
       for (const name of ['direct', 'inline', 'workflow']) {
         const x = r[name] as Row;
         const added = name === 'direct' ? '' : String(r[`${name}_added_p50_ms`]);
-        console.log(`${String(r.concurrency).padStart(4)} | ${name.padEnd(8)} | ${String(x.rps).padEnd(7)} | ${`${x.p50_ms} / ${x.p99_ms}`.padEnd(15)} | ${added.padEnd(9)} | ${String(x.errors).padEnd(6)} | ${cpu(x)}`);
+        console.log(
+          `${String(r.concurrency).padStart(4)} | ${name.padEnd(8)} | ${String(x.rps).padEnd(7)} | ${`${x.p50_ms} / ${x.p99_ms}`.padEnd(15)} | ${added.padEnd(9)} | ${String(x.errors).padEnd(6)} | ${cpu(x)}`,
+        );
       }
     }
-    console.log(`Temporal floor (eager start + one no-op local activity, in-process result), c=1: p50 ${temporalFloor.p50_ms} ms, p99 ${temporalFloor.p99_ms} ms`);
+    console.log(
+      `Temporal floor (eager start + one no-op local activity, in-process result), c=1: p50 ${temporalFloor.p50_ms} ms, p99 ${temporalFloor.p99_ms} ms`,
+    );
     console.log(`verdicts: ${JSON.stringify(verdicts)}`);
     console.log(`results: ${file}`);
     return result;

@@ -40,12 +40,28 @@ export async function startStack(
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-bench-'));
   const [ferret, temporal] = await Promise.all([
     startFerretDB({ binary: tools.ferretdb, port: await freePort(), dataDir: path.join(dataDir, 'ferretdb') }),
-    startTemporalServer({ binary: tools.temporal, port: await freePort(), uiPort: null, dbFile: opts.temporalInMemory ? null : path.join(dataDir, 'temporal.db'), namespace: 'default' }),
+    startTemporalServer({
+      binary: tools.temporal,
+      port: await freePort(),
+      uiPort: null,
+      dbFile: opts.temporalInMemory ? null : path.join(dataDir, 'temporal.db'),
+      namespace: 'default',
+    }),
   ]);
   const sandboxPort = await freePort();
-  const sandbox = startProcess('sandbox', process.execPath, [cli, 'sandbox'], { ...process.env, SANDBOX_PORT: String(sandboxPort), LOG_LEVEL: 'warn' });
+  const sandbox = startProcess('sandbox', process.execPath, [cli, 'sandbox'], {
+    ...process.env,
+    SANDBOX_PORT: String(sandboxPort),
+    LOG_LEVEL: 'warn',
+  });
   const sandboxUrl = `http://127.0.0.1:${sandboxPort}`;
-  await sandbox.waitUntil(async () => { if (!(await fetch(`${sandboxUrl}/healthz`)).ok) throw new Error('not yet'); }, 15_000, 'answering');
+  await sandbox.waitUntil(
+    async () => {
+      if (!(await fetch(`${sandboxUrl}/healthz`)).ok) throw new Error('not yet');
+    },
+    15_000,
+    'answering',
+  );
   const profileDir = process.env.BENCH_CPU_PROF;
   const gateways: Record<string, ManagedProcess> = {};
   const gatewayUrls: Record<string, string> = {};
@@ -54,18 +70,38 @@ export async function startStack(
     // One folder per gateway: the main thread's profile is the largest file in it (workflow threads write their own).
     const nodeArgs = profileDir ? ['--cpu-prof', `--cpu-prof-dir=${path.resolve(profileDir, name)}`] : [];
     const gateway = startProcess(name, process.execPath, [...nodeArgs, cli, 'api', '--with-worker'], {
-      ...process.env, PORT: String(port), MONGODB_URI: ferret.address, TEMPORAL_ADDRESS: temporal.address, SANDBOX_URL: sandboxUrl,
+      ...process.env,
+      PORT: String(port),
+      MONGODB_URI: ferret.address,
+      TEMPORAL_ADDRESS: temporal.address,
+      SANDBOX_URL: sandboxUrl,
       // Each gateway its own task queue: eager starts stay on the process that asked.
-      LOG_LEVEL: 'warn', RATE_LIMIT_REQUESTS: '100000000', TEMPORAL_TASK_QUEUE: `bench-${name}`, ...env, ...extra,
+      LOG_LEVEL: 'warn',
+      RATE_LIMIT_REQUESTS: '100000000',
+      TEMPORAL_TASK_QUEUE: `bench-${name}`,
+      ...env,
+      ...extra,
     });
     const url = `http://127.0.0.1:${port}`;
-    await gateway.waitUntil(async () => { if (!(await fetch(`${url}/readyz`)).ok) throw new Error('not yet'); }, 60_000, 'ready');
+    await gateway.waitUntil(
+      async () => {
+        if (!(await fetch(`${url}/readyz`)).ok) throw new Error('not yet');
+      },
+      60_000,
+      'ready',
+    );
     gateways[name] = gateway;
     gatewayUrls[name] = url;
   }
   const processes = { ...gateways, sandbox, temporal: temporal.process, ferretdb: ferret.process };
   return {
-    dataDir, mongoUri: ferret.address, temporalAddress: temporal.address, sandboxUrl, gatewayUrl: Object.values(gatewayUrls)[0], gatewayUrls, processes,
+    dataDir,
+    mongoUri: ferret.address,
+    temporalAddress: temporal.address,
+    sandboxUrl,
+    gatewayUrl: Object.values(gatewayUrls)[0],
+    gatewayUrls,
+    processes,
     stop: async () => {
       await Promise.all(Object.values(processes).map((p) => p.stop()));
       fs.rmSync(dataDir, { recursive: true, force: true });
@@ -109,7 +145,14 @@ function percentile(sorted: number[], q: number): number {
 }
 
 /** `concurrency` workers each sending requests back to back until `total` are done. */
-export async function closedLoop(url: string, body: unknown, headers: Record<string, string>, concurrency: number, total: number, check?: (status: number, text: string) => boolean): Promise<LoadResult> {
+export async function closedLoop(
+  url: string,
+  body: unknown,
+  headers: Record<string, string>,
+  concurrency: number,
+  total: number,
+  check?: (status: number, text: string) => boolean,
+): Promise<LoadResult> {
   const u = new URL(url);
   const pool = new Pool(u.origin, { connections: concurrency, pipelining: 1 });
   const payload = JSON.stringify(body);
@@ -117,23 +160,36 @@ export async function closedLoop(url: string, body: unknown, headers: Record<str
   let errors = 0;
   let issued = 0;
   const started = performance.now();
-  await Promise.all(Array.from({ length: concurrency }, async () => {
-    while (issued < total) {
-      issued++;
-      const t0 = performance.now();
-      const res = await pool.request({ path: u.pathname, method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: payload });
-      const text = await res.body.text();
-      latencies.push(performance.now() - t0);
-      if (res.statusCode !== 200 || (check && !check(res.statusCode, text))) errors++;
-    }
-  }));
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (issued < total) {
+        issued++;
+        const t0 = performance.now();
+        const res = await pool.request({
+          path: u.pathname,
+          method: 'POST',
+          headers: { 'content-type': 'application/json', ...headers },
+          body: payload,
+        });
+        const text = await res.body.text();
+        latencies.push(performance.now() - t0);
+        if (res.statusCode !== 200 || (check && !check(res.statusCode, text))) errors++;
+      }
+    }),
+  );
   const seconds = (performance.now() - started) / 1000;
   await pool.close();
   latencies.sort((a, b) => a - b);
   const r = (x: number) => Math.round(x * 100) / 100;
   return {
-    concurrency, requests: latencies.length, errors, seconds: r(seconds), rps: r(latencies.length / seconds),
-    p50_ms: r(percentile(latencies, 0.5)), p90_ms: r(percentile(latencies, 0.9)), p99_ms: r(percentile(latencies, 0.99)),
+    concurrency,
+    requests: latencies.length,
+    errors,
+    seconds: r(seconds),
+    rps: r(latencies.length / seconds),
+    p50_ms: r(percentile(latencies, 0.5)),
+    p90_ms: r(percentile(latencies, 0.9)),
+    p99_ms: r(percentile(latencies, 0.99)),
   };
 }
 

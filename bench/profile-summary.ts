@@ -21,13 +21,20 @@ export function topSelfTime(file: string, top = 15): { name: string; where: stri
     const { functionName, url, lineNumber } = n.callFrame;
     if (functionName === '(idle)') continue;
     total += hits;
-    const where = url ? `${url.replace(/^file:\/\//, '').replace(/^.*node_modules\//, '').replace(`${process.cwd()}/`, '')}:${lineNumber + 1}` : '';
+    const where = url
+      ? `${url
+          .replace(/^file:\/\//, '')
+          .replace(/^.*node_modules\//, '')
+          .replace(`${process.cwd()}/`, '')}:${lineNumber + 1}`
+      : '';
     const key = `${functionName}|${where}`;
     const e = byFunction.get(key) ?? { name: functionName || '(anonymous)', where, hits: 0 };
     e.hits += hits;
     byFunction.set(key, e);
   }
-  return [...byFunction.values()].sort((a, b) => b.hits - a.hits).slice(0, top)
+  return [...byFunction.values()]
+    .sort((a, b) => b.hits - a.hits)
+    .slice(0, top)
     .map((e) => ({ name: e.name, where: e.where, percent: Math.round((e.hits / total) * 1000) / 10 }));
 }
 

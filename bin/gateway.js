@@ -7,7 +7,10 @@ if (!fs.existsSync(entry)) {
   process.stderr.write('gateway: not built yet; run `npm run build` (npm start and npm test build it too)\n');
   process.exit(1);
 }
-require(entry).buildProgram().parseAsync(process.argv).catch((err) => {
-  process.stderr.write(`gateway: ${err instanceof Error ? err.message : String(err)}\n`);
-  process.exit(1);
-});
+require(entry)
+  .buildProgram()
+  .parseAsync(process.argv)
+  .catch((err) => {
+    process.stderr.write(`gateway: ${err instanceof Error ? err.message : String(err)}\n`);
+    process.exit(1);
+  });

@@ -54,7 +54,10 @@ export class Catalog {
     };
     for (const [i, p] of file.providers.entries()) {
       if (this.providers.has(p.slug)) fail(`providers[${i}] (${p.slug})`, 'duplicate provider slug');
-      const baseUrl = p.base_url.replace(/\$\{([A-Z_][A-Z0-9_]*)\}/g, (_, name: string) => env[name] ?? fail(`providers[${i}] (${p.slug}).base_url`, `environment variable ${name} is not set`));
+      const baseUrl = p.base_url.replace(
+        /\$\{([A-Z_][A-Z0-9_]*)\}/g,
+        (_, name: string) => env[name] ?? fail(`providers[${i}] (${p.slug}).base_url`, `environment variable ${name} is not set`),
+      );
       try {
         new URL(baseUrl);
       } catch {
@@ -73,7 +76,8 @@ export class Catalog {
         if (tags.has(tag)) fail(`${where}.endpoints[${j}]`, `duplicate endpoint ${tag}`);
         tags.add(tag);
         const operations = ADAPTER_OPERATIONS[provider.adapter];
-        if (m.kind === 'embedding' && !operations.includes('embeddings' as never)) fail(`${where}.endpoints[${j}]`, `embedding models need an openai adapter, ${e.provider} is ${provider.adapter}`);
+        if (m.kind === 'embedding' && !operations.includes('embeddings' as never))
+          fail(`${where}.endpoints[${j}]`, `embedding models need an openai adapter, ${e.provider} is ${provider.adapter}`);
         model.endpoints.push({ key: `${m.id}@${tag}`, tag, model, provider, entry: e, operations });
       }
       this.models.push(model);
@@ -92,7 +96,9 @@ export class Catalog {
     } catch (err) {
       if (err instanceof BadRequestError) {
         const first = (err.metadata?.errors as { field: string; message: string }[] | undefined)?.[0];
-        throw new CatalogError(`Invalid catalog ${source}: ${first ? `${first.field.replace(/^body$/, '(root)')}: ${first.message}` : err.message}`);
+        throw new CatalogError(
+          `Invalid catalog ${source}: ${first ? `${first.field.replace(/^body$/, '(root)')}: ${first.message}` : err.message}`,
+        );
       }
       throw err;
     }

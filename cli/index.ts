@@ -31,14 +31,18 @@ function fail(err: unknown): never {
 export function buildProgram(): Command {
   const program = new Command('gateway').description('Inference gateway: typed decisions, presets, routing and durable batches');
 
-  program.command('start')
-    .description('run everything on loopback: embedded Temporal and FerretDB (unless TEMPORAL_ADDRESS / MONGODB_URI are set), sandbox provider, worker and API')
+  program
+    .command('start')
+    .description(
+      'run everything on loopback: embedded Temporal and FerretDB (unless TEMPORAL_ADDRESS / MONGODB_URI are set), sandbox provider, worker and API',
+    )
     .action(async () => {
       const config = configOrExit();
       await startAll(config, createLogger(config.logLevel)).catch(fail);
     });
 
-  program.command('api')
+  program
+    .command('api')
     .description('run the HTTP API only (with --with-worker, also a worker in the same process)')
     .option('--with-worker', 'run a worker in the same process', false)
     .action(async (opts: { withWorker: boolean }) => {
@@ -48,7 +52,8 @@ export function buildProgram(): Command {
       stopOnSignals(logger, [api.stop]);
     });
 
-  program.command('worker')
+  program
+    .command('worker')
     .description('run a Temporal worker only')
     .action(async () => {
       const config = configOrExit();
@@ -57,7 +62,8 @@ export function buildProgram(): Command {
       stopOnSignals(logger, [stop]);
     });
 
-  program.command('sandbox')
+  program
+    .command('sandbox')
     .description('run the sandbox model provider (SANDBOX_PORT)')
     .action(async () => {
       const config = configOrExit();
@@ -66,7 +72,8 @@ export function buildProgram(): Command {
       stopOnSignals(logger, [sandbox.stop]);
     });
 
-  program.command('tools')
+  program
+    .command('tools')
     .description('build the Temporal CLI and FerretDB from Go modules into the tools cache (TOOLS_DIR)')
     .action(async () => {
       const config = configOrExit();
@@ -74,12 +81,15 @@ export function buildProgram(): Command {
       process.stdout.write(`${JSON.stringify(paths, null, 2)}\n`);
     });
 
-  program.command('check')
+  program
+    .command('check')
     .description('end-to-end self check: a workflow whose activities write to and read from MongoDB')
     .action(async () => {
       const config = configOrExit();
       const { temporalAddress } = configuredAddresses(config);
-      const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, createLogger(config.logLevel)).catch(fail);
+      const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, createLogger(config.logLevel)).catch(
+        fail,
+      );
       try {
         const result = await runSelfCheck(client, config.temporal.taskQueue);
         process.stdout.write(`${JSON.stringify({ ok: true, ...result })}\n`);
@@ -96,7 +106,12 @@ export function buildProgram(): Command {
 
 export async function runSelfCheck(client: Client, taskQueue: string): Promise<{ id: string; note: string }> {
   const id = `self-check-${Date.now().toString(36)}`;
-  return client.workflow.execute(selfCheckWorkflow, { taskQueue, workflowId: id, args: [`checked at ${new Date().toISOString()}`], workflowExecutionTimeout: '30 seconds' });
+  return client.workflow.execute(selfCheckWorkflow, {
+    taskQueue,
+    workflowId: id,
+    args: [`checked at ${new Date().toISOString()}`],
+    workflowExecutionTimeout: '30 seconds',
+  });
 }
 
 if (require.main === module) {

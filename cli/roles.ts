@@ -43,7 +43,13 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   const activities = createActivities({ store, upstreams, batchSettings: config.batches, usage: new UsageLedger(store) });
   let stopWorker: Stop = async () => undefined;
   if (withWorker) {
-    const worker = await createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, activities, handoff });
+    const worker = await createWorker({
+      connection,
+      namespace: config.temporal.namespace,
+      taskQueue: config.temporal.taskQueue,
+      activities,
+      handoff,
+    });
     const running = worker.run();
     running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
     logger.info({ task_queue: config.temporal.taskQueue }, 'worker polling');
@@ -72,13 +78,20 @@ export async function runApiRole(
   opts: { withWorker: boolean; embedded?: AppDeps['embedded'] },
 ): Promise<{ url: string; stop: Stop }> {
   const { store, upstreams, client, handoff, activities, stop } = await startCore(config, logger, addr, opts.withWorker);
-  const decisions = config.decisions.execution === 'workflow'
-    ? workflowExecution(client, handoff, config.temporal.taskQueue, config.decisions.workflowConcurrency)
-    : inlineExecution(activities);
+  const decisions =
+    config.decisions.execution === 'workflow'
+      ? workflowExecution(client, handoff, config.temporal.taskQueue, config.decisions.workflowConcurrency)
+      : inlineExecution(activities);
   const api = await startApiServer(
     {
-      config, logger, store, temporal: client, decisions, pingTemporal: (timeoutMs) => pingTemporal(client, timeoutMs),
-      rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds), upstreams,
+      config,
+      logger,
+      store,
+      temporal: client,
+      decisions,
+      pingTemporal: (timeoutMs) => pingTemporal(client, timeoutMs),
+      rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds),
+      upstreams,
       workspaces: new WorkspaceCache(store, config.credits.balanceCacheMs),
       keys: new KeyCache(store, config.auth.keyCacheMs),
       embedded: opts.embedded,

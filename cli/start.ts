@@ -21,9 +21,15 @@ async function assertPortsFree(ports: [string, string, number][]): Promise<void>
   for (const [setting, host, port] of ports) {
     await new Promise<void>((resolve, reject) => {
       const probe = net.createServer();
-      probe.once('error', (err: NodeJS.ErrnoException) => reject(new Error(err.code === 'EADDRINUSE'
-        ? `port ${port} (${setting}) is already in use on ${host}: is another gateway still running? Stop it, or set ${setting} to a free port`
-        : `cannot use port ${port} (${setting}) on ${host}: ${err.message}`)));
+      probe.once('error', (err: NodeJS.ErrnoException) =>
+        reject(
+          new Error(
+            err.code === 'EADDRINUSE'
+              ? `port ${port} (${setting}) is already in use on ${host}: is another gateway still running? Stop it, or set ${setting} to a free port`
+              : `cannot use port ${port} (${setting}) on ${host}: ${err.message}`,
+          ),
+        ),
+      );
       probe.listen(port, host, () => probe.close(() => resolve()));
     });
   }
@@ -36,7 +42,12 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   const embeddedTemporal = !config.temporal.address;
   await assertPortsFree([
     ...(embeddedMongo ? [['FERRETDB_PORT', '127.0.0.1', config.mongo.embeddedPort] as [string, string, number]] : []),
-    ...(embeddedTemporal ? [['TEMPORAL_PORT', '127.0.0.1', config.temporal.embeddedPort], ['TEMPORAL_UI_PORT', '127.0.0.1', config.temporal.uiPort]] as [string, string, number][] : []),
+    ...(embeddedTemporal
+      ? ([
+          ['TEMPORAL_PORT', '127.0.0.1', config.temporal.embeddedPort],
+          ['TEMPORAL_UI_PORT', '127.0.0.1', config.temporal.uiPort],
+        ] as [string, string, number][])
+      : []),
     ['SANDBOX_PORT', '127.0.0.1', config.sandbox.port],
     ['PORT', config.host, config.port],
   ]);
@@ -56,22 +67,43 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   const temporalAddress = embeddedTemporal ? `127.0.0.1:${config.temporal.embeddedPort}` : config.temporal.address!;
   const ferretDir = path.join(config.dataDir, 'ferretdb');
   await Promise.all([
-    embeddedMongo && supervisor.keep('ferretdb', async () => (await startFerretDB({ binary: tools.ferretdb, port: config.mongo.embeddedPort, dataDir: ferretDir })).process)
-      .then(() => say(`FerretDB (MongoDB wire protocol) on ${mongoUri} — data in ${ferretDir}`)),
-    embeddedTemporal && supervisor.keep('temporal', async () => (await startTemporalServer({
-      binary: tools.temporal, port: config.temporal.embeddedPort, uiPort: config.temporal.uiPort,
-      dbFile: path.join(config.dataDir, 'temporal.db'), namespace: config.temporal.namespace,
-    })).process).then(() => say(`Temporal dev server on ${temporalAddress} — Web UI http://127.0.0.1:${config.temporal.uiPort}`)),
+    embeddedMongo &&
+      supervisor
+        .keep(
+          'ferretdb',
+          async () => (await startFerretDB({ binary: tools.ferretdb, port: config.mongo.embeddedPort, dataDir: ferretDir })).process,
+        )
+        .then(() => say(`FerretDB (MongoDB wire protocol) on ${mongoUri} — data in ${ferretDir}`)),
+    embeddedTemporal &&
+      supervisor
+        .keep(
+          'temporal',
+          async () =>
+            (
+              await startTemporalServer({
+                binary: tools.temporal,
+                port: config.temporal.embeddedPort,
+                uiPort: config.temporal.uiPort,
+                dbFile: path.join(config.dataDir, 'temporal.db'),
+                namespace: config.temporal.namespace,
+              })
+            ).process,
+        )
+        .then(() => say(`Temporal dev server on ${temporalAddress} — Web UI http://127.0.0.1:${config.temporal.uiPort}`)),
   ]);
 
   // The sandbox provider runs in its own process, as a real upstream would.
   const sandboxUrl = `http://127.0.0.1:${config.sandbox.port}`;
   await supervisor.keep('sandbox', async () => {
     const sandbox = startProcess('sandbox', process.execPath, [path.join(__dirname, 'index.js'), 'sandbox'], process.env);
-    await sandbox.waitUntil(async () => {
-      const res = await fetch(`${sandboxUrl}/healthz`);
-      if (!res.ok) throw new Error(`status ${res.status}`);
-    }, 15_000, `answering on ${sandboxUrl}`);
+    await sandbox.waitUntil(
+      async () => {
+        const res = await fetch(`${sandboxUrl}/healthz`);
+        if (!res.ok) throw new Error(`status ${res.status}`);
+      },
+      15_000,
+      `answering on ${sandboxUrl}`,
+    );
     return sandbox;
   });
   say(`sandbox provider on ${sandboxUrl}`);
@@ -79,13 +111,17 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   const store = await Store.connect(mongoUri, config.mongo.database);
   const first = await bootstrapIfEmpty(store, config.credits.welcomeUsd).finally(() => store.close());
   if (first) {
-    say(`created workspace "default" with $${config.credits.welcomeUsd} of credits and its first management key (shown once, store it now):`);
+    say(
+      `created workspace "default" with $${config.credits.welcomeUsd} of credits and its first management key (shown once, store it now):`,
+    );
     say(`  ${first.key}`);
   }
 
   const api = await runApiRole(config, logger, { mongoUri, temporalAddress }, { withWorker: true, embedded: () => supervisor.status() });
   stops.push(api.stop);
   say(`worker polling task queue "${config.temporal.taskQueue}"`);
-  say(`API on ${api.url}/api/v1 (health: ${api.url}/readyz) — decisions run ${config.decisions.execution === 'inline' ? 'inline, in the API process' : 'as Temporal workflows'} (DECISIONS_EXECUTION)`);
+  say(
+    `API on ${api.url}/api/v1 (health: ${api.url}/readyz) — decisions run ${config.decisions.execution === 'inline' ? 'inline, in the API process' : 'as Temporal workflows'} (DECISIONS_EXECUTION)`,
+  );
   say(`ready — Ctrl-C stops everything`);
 }

@@ -20,8 +20,14 @@ export class Semaphore {
     return new Promise((resolve, reject) => {
       let timer: NodeJS.Timeout | undefined;
       const entry = {
-        wake: () => { cleanup(); resolve(this.releaser()); },
-        fail: (err: Error) => { cleanup(); reject(err); },
+        wake: () => {
+          cleanup();
+          resolve(this.releaser());
+        },
+        fail: (err: Error) => {
+          cleanup();
+          reject(err);
+        },
       };
       const onAbort = () => entry.fail(opts.onAbort?.() ?? new Error('aborted'));
       const cleanup = () => {

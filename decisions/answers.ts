@@ -48,7 +48,9 @@ export function answerFromDistribution(q: Question, raw: number[]): Answer {
   if (q.type === 'choice') {
     const labels = Object.keys(q.criteria);
     return {
-      type: 'choice', choice: labels[argmax(p)], confidence: choiceConfidence(p),
+      type: 'choice',
+      choice: labels[argmax(p)],
+      confidence: choiceConfidence(p),
       probabilities: Object.fromEntries(labels.map((l, i) => [l, p[i]])),
     };
   }
@@ -67,7 +69,11 @@ export function answerFromDistribution(q: Question, raw: number[]): Answer {
  * field agrees with the formulas above.
  */
 export function answerFromNative(q: Question, raw: any, name: string, provider: string): Answer {
-  const bad = (why: string) => new UpstreamError(`Provider ${provider} returned an invalid answer for question "${name}": ${why}`, { provider_name: provider, question: name });
+  const bad = (why: string) =>
+    new UpstreamError(`Provider ${provider} returned an invalid answer for question "${name}": ${why}`, {
+      provider_name: provider,
+      question: name,
+    });
   if (!raw || typeof raw !== 'object') throw bad('missing');
   if (raw.type !== q.type) throw bad(`type ${JSON.stringify(raw.type)} instead of ${JSON.stringify(q.type)}`);
   const num = (v: unknown, lo: number, hi: number) => typeof v === 'number' && Number.isFinite(v) && v >= lo - 1e-9 && v <= hi + 1e-9;

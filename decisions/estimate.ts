@@ -12,13 +12,20 @@ const PROMPT_OVERHEAD_TOKENS = 256;
 const OUTPUT_TOKENS_PER_QUESTION = 16;
 
 export function estimateDecisionCost(model: CatalogModel, request: Pick<DecisionsRequest, 'state' | 'questions'>): number {
-  const tokens = (value: unknown) => Math.ceil(Buffer.byteLength(typeof value === 'string' ? value : JSON.stringify(value) ?? '') / 3);
+  const tokens = (value: unknown) => Math.ceil(Buffer.byteLength(typeof value === 'string' ? value : (JSON.stringify(value) ?? '')) / 3);
   const questions = Object.values(request.questions);
   const state = tokens(request.state);
-  const usageOn = (native: boolean) => (native
-    // Native endpoints answer every question in one call; chat endpoints take one call per question.
-    ? { input_tokens: state + tokens(request.questions) + PROMPT_OVERHEAD_TOKENS, output_tokens: OUTPUT_TOKENS_PER_QUESTION * questions.length }
-    : { input_tokens: questions.reduce((n, q) => n + state + tokens(q) + PROMPT_OVERHEAD_TOKENS, 0), output_tokens: OUTPUT_TOKENS_PER_QUESTION * questions.length });
+  const usageOn = (native: boolean) =>
+    native
+      ? // Native endpoints answer every question in one call; chat endpoints take one call per question.
+        {
+          input_tokens: state + tokens(request.questions) + PROMPT_OVERHEAD_TOKENS,
+          output_tokens: OUTPUT_TOKENS_PER_QUESTION * questions.length,
+        }
+      : {
+          input_tokens: questions.reduce((n, q) => n + state + tokens(q) + PROMPT_OVERHEAD_TOKENS, 0),
+          output_tokens: OUTPUT_TOKENS_PER_QUESTION * questions.length,
+        };
   let most = 0;
   for (const e of model.endpoints) {
     const native = servesOperation(e, 'systemone');

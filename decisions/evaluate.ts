@@ -31,18 +31,21 @@ export async function evaluate(
   if (native) {
     const r = await invoke(up, { ...common, operation: 'systemone', body: { state: request.state, questions: request.questions } });
     const answers: Record<string, Answer> = {};
-    for (const [name, q] of Object.entries(request.questions)) answers[name] = answerFromNative(q, r.body?.answers?.[name], name, r.endpoint.provider.slug);
+    for (const [name, q] of Object.entries(request.questions))
+      answers[name] = answerFromNative(q, r.body?.answers?.[name], name, r.endpoint.provider.slug);
     return { model: model.canonicalId, provider: r.endpoint.provider.slug, answers, usage: r.usage, cost: r.cost, labelMass: null };
   }
 
   const names = Object.keys(request.questions);
-  const results = await Promise.all(names.map(async (name) => {
-    const q = request.questions[name];
-    const { body, labels } = logprobRequest(request.state, q);
-    const r = await invoke(up, { ...common, operation: 'chat', body, parameters: ['logprobs', 'top_logprobs'] });
-    const { probabilities, labelMass } = readLabelDistribution(r.body, labels, r.endpoint.provider.slug);
-    return { name, answer: answerFromDistribution(q, probabilities), labelMass, r };
-  }));
+  const results = await Promise.all(
+    names.map(async (name) => {
+      const q = request.questions[name];
+      const { body, labels } = logprobRequest(request.state, q);
+      const r = await invoke(up, { ...common, operation: 'chat', body, parameters: ['logprobs', 'top_logprobs'] });
+      const { probabilities, labelMass } = readLabelDistribution(r.body, labels, r.endpoint.provider.slug);
+      return { name, answer: answerFromDistribution(q, probabilities), labelMass, r };
+    }),
+  );
   return {
     model: model.canonicalId,
     provider: results[0].r.endpoint.provider.slug,

@@ -5,42 +5,93 @@ export type ErrorMetadata = Record<string, unknown>;
 
 export abstract class GatewayError extends Error {
   abstract readonly status: number;
-  constructor(message: string, readonly metadata: ErrorMetadata | null = null) {
+  constructor(
+    message: string,
+    readonly metadata: ErrorMetadata | null = null,
+  ) {
     super(message);
     this.name = new.target.name;
   }
 }
 
-export class BadRequestError extends GatewayError { readonly status = 400; }
-export class UnauthorizedError extends GatewayError { readonly status = 401; }
-export class PaymentRequiredError extends GatewayError { readonly status = 402; }
-export class ForbiddenError extends GatewayError { readonly status = 403; }
-export class NotFoundError extends GatewayError { readonly status = 404; }
-export class MethodNotAllowedError extends GatewayError { readonly status = 405; }
-export class RequestTimeoutError extends GatewayError { readonly status = 408; }
-export class ConflictError extends GatewayError { readonly status = 409; }
-export class PayloadTooLargeError extends GatewayError { readonly status = 413; }
-class HeadersTooLargeError extends GatewayError { readonly status = 431; }
-export class UnprocessableError extends GatewayError { readonly status = 422; }
-export class InternalError extends GatewayError { readonly status = 500; }
-export class UpstreamError extends GatewayError { readonly status = 502; }
-export class ServiceUnavailableError extends GatewayError { readonly status = 503; }
-export class UpstreamTimeoutError extends GatewayError { readonly status = 524; }
-export class UpstreamOverloadedError extends GatewayError { readonly status = 529; }
+export class BadRequestError extends GatewayError {
+  readonly status = 400;
+}
+export class UnauthorizedError extends GatewayError {
+  readonly status = 401;
+}
+export class PaymentRequiredError extends GatewayError {
+  readonly status = 402;
+}
+export class ForbiddenError extends GatewayError {
+  readonly status = 403;
+}
+export class NotFoundError extends GatewayError {
+  readonly status = 404;
+}
+export class MethodNotAllowedError extends GatewayError {
+  readonly status = 405;
+}
+export class RequestTimeoutError extends GatewayError {
+  readonly status = 408;
+}
+export class ConflictError extends GatewayError {
+  readonly status = 409;
+}
+export class PayloadTooLargeError extends GatewayError {
+  readonly status = 413;
+}
+class HeadersTooLargeError extends GatewayError {
+  readonly status = 431;
+}
+export class UnprocessableError extends GatewayError {
+  readonly status = 422;
+}
+export class InternalError extends GatewayError {
+  readonly status = 500;
+}
+export class UpstreamError extends GatewayError {
+  readonly status = 502;
+}
+export class ServiceUnavailableError extends GatewayError {
+  readonly status = 503;
+}
+export class UpstreamTimeoutError extends GatewayError {
+  readonly status = 524;
+}
+export class UpstreamOverloadedError extends GatewayError {
+  readonly status = 529;
+}
 
 export class RateLimitedError extends GatewayError {
   readonly status = 429;
-  constructor(message: string, readonly retryAfterSeconds: number, metadata: ErrorMetadata | null = null) {
+  constructor(
+    message: string,
+    readonly retryAfterSeconds: number,
+    metadata: ErrorMetadata | null = null,
+  ) {
     super(message, metadata);
   }
 }
 
 /** The constructors by status, so an error that crossed a process boundary (a Temporal failure) can be rebuilt. */
 const byStatus: Record<number, new (message: string, metadata?: ErrorMetadata | null) => GatewayError> = {
-  400: BadRequestError, 401: UnauthorizedError, 402: PaymentRequiredError, 403: ForbiddenError,
-  404: NotFoundError, 405: MethodNotAllowedError, 408: RequestTimeoutError, 409: ConflictError, 413: PayloadTooLargeError,
-  422: UnprocessableError, 431: HeadersTooLargeError, 500: InternalError, 502: UpstreamError, 503: ServiceUnavailableError,
-  524: UpstreamTimeoutError, 529: UpstreamOverloadedError,
+  400: BadRequestError,
+  401: UnauthorizedError,
+  402: PaymentRequiredError,
+  403: ForbiddenError,
+  404: NotFoundError,
+  405: MethodNotAllowedError,
+  408: RequestTimeoutError,
+  409: ConflictError,
+  413: PayloadTooLargeError,
+  422: UnprocessableError,
+  431: HeadersTooLargeError,
+  500: InternalError,
+  502: UpstreamError,
+  503: ServiceUnavailableError,
+  524: UpstreamTimeoutError,
+  529: UpstreamOverloadedError,
 };
 
 export function errorFromStatus(status: number, message: string, metadata: ErrorMetadata | null = null): GatewayError {

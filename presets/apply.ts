@@ -43,9 +43,11 @@ export function applyPreset(body: Body, version: VersionView, format: ApplyForma
   if (tools) out.tools = tools;
   const system = version.system_prompt;
   if (system) {
-    if (format === 'chat') out.messages = [{ role: 'system', content: system }, ...(Array.isArray(request.messages) ? request.messages : [])];
+    if (format === 'chat')
+      out.messages = [{ role: 'system', content: system }, ...(Array.isArray(request.messages) ? request.messages : [])];
     if (format === 'messages') {
-      const own = typeof request.system === 'string' ? [{ type: 'text', text: request.system }] : Array.isArray(request.system) ? request.system : [];
+      const own =
+        typeof request.system === 'string' ? [{ type: 'text', text: request.system }] : Array.isArray(request.system) ? request.system : [];
       out.system = own.length ? [{ type: 'text', text: system }, ...own] : system;
     }
     if (format === 'responses') out.instructions = request.instructions ? `${system}\n\n${request.instructions}` : system;

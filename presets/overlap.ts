@@ -7,17 +7,73 @@ export type PresetFormat = 'messages' | 'chat' | 'responses';
 /** The configuration keys each format stores (documented in the README). */
 export const CONFIG_KEYS: Record<PresetFormat, readonly string[]> = {
   messages: [
-    'model', 'models', 'fallbacks', 'provider', 'max_tokens', 'temperature', 'top_p', 'top_k', 'stop_sequences', 'tools', 'tool_choice',
-    'thinking', 'output_config', 'plugins', 'cache_control', 'context_management', 'service_tier', 'speed', 'stop_server_tools_when', 'safeguards',
+    'model',
+    'models',
+    'fallbacks',
+    'provider',
+    'max_tokens',
+    'temperature',
+    'top_p',
+    'top_k',
+    'stop_sequences',
+    'tools',
+    'tool_choice',
+    'thinking',
+    'output_config',
+    'plugins',
+    'cache_control',
+    'context_management',
+    'service_tier',
+    'speed',
+    'stop_server_tools_when',
+    'safeguards',
   ],
   chat: [
-    'model', 'models', 'provider', 'max_tokens', 'max_completion_tokens', 'temperature', 'top_p', 'top_k', 'min_p', 'top_a', 'frequency_penalty',
-    'presence_penalty', 'repetition_penalty', 'seed', 'stop', 'logit_bias', 'logprobs', 'top_logprobs', 'response_format', 'tools', 'tool_choice',
-    'parallel_tool_calls', 'reasoning', 'reasoning_effort', 'plugins', 'modalities', 'service_tier', 'verbosity',
+    'model',
+    'models',
+    'provider',
+    'max_tokens',
+    'max_completion_tokens',
+    'temperature',
+    'top_p',
+    'top_k',
+    'min_p',
+    'top_a',
+    'frequency_penalty',
+    'presence_penalty',
+    'repetition_penalty',
+    'seed',
+    'stop',
+    'logit_bias',
+    'logprobs',
+    'top_logprobs',
+    'response_format',
+    'tools',
+    'tool_choice',
+    'parallel_tool_calls',
+    'reasoning',
+    'reasoning_effort',
+    'plugins',
+    'modalities',
+    'service_tier',
+    'verbosity',
   ],
   responses: [
-    'model', 'models', 'provider', 'max_output_tokens', 'temperature', 'top_p', 'tools', 'tool_choice', 'parallel_tool_calls', 'reasoning',
-    'text', 'plugins', 'max_tool_calls', 'truncation', 'service_tier',
+    'model',
+    'models',
+    'provider',
+    'max_output_tokens',
+    'temperature',
+    'top_p',
+    'tools',
+    'tool_choice',
+    'parallel_tool_calls',
+    'reasoning',
+    'text',
+    'plugins',
+    'max_tool_calls',
+    'truncation',
+    'service_tier',
   ],
 };
 
@@ -25,7 +81,11 @@ type Body = Record<string, unknown>;
 
 function textOf(content: unknown): string {
   if (typeof content === 'string') return content;
-  if (Array.isArray(content)) return content.map((b) => (b && typeof b === 'object' && typeof (b as Body).text === 'string' ? (b as Body).text as string : '')).filter(Boolean).join('\n');
+  if (Array.isArray(content))
+    return content
+      .map((b) => (b && typeof b === 'object' && typeof (b as Body).text === 'string' ? ((b as Body).text as string) : ''))
+      .filter(Boolean)
+      .join('\n');
   return '';
 }
 

@@ -22,25 +22,58 @@ const presetIdOf = (workspaceId: string, slug: string) => nameUuid(`${workspaceI
 const versionIdOf = (presetId: string, version: number) => nameUuid(`${presetId}#${version}`);
 
 export interface PresetView {
-  id: string; name: string; slug: string; description: string | null; status: 'active'; status_updated_at: null;
-  created_at: string; updated_at: string; creator_user_id: string; workspace_id: string; designated_version_id: string;
+  id: string;
+  name: string;
+  slug: string;
+  description: string | null;
+  status: 'active';
+  status_updated_at: null;
+  created_at: string;
+  updated_at: string;
+  creator_user_id: string;
+  workspace_id: string;
+  designated_version_id: string;
 }
 
 export interface VersionView {
-  id: string; preset_id: string; version: number; config: Record<string, unknown>; system_prompt: string | null;
-  creator_id: string; created_at: string; updated_at: string;
+  id: string;
+  preset_id: string;
+  version: number;
+  config: Record<string, unknown>;
+  system_prompt: string | null;
+  creator_id: string;
+  created_at: string;
+  updated_at: string;
 }
 
 function versionView(v: PresetVersionDoc): VersionView {
   const at = v.created_at.toISOString();
-  return { id: v._id, preset_id: v.preset_id, version: v.version, config: fromJsonText(v.config), system_prompt: v.system_prompt, creator_id: v.creator_id, created_at: at, updated_at: at };
+  return {
+    id: v._id,
+    preset_id: v.preset_id,
+    version: v.version,
+    config: fromJsonText(v.config),
+    system_prompt: v.system_prompt,
+    creator_id: v.creator_id,
+    created_at: at,
+    updated_at: at,
+  };
 }
 
 function presetView(p: PresetDoc, designated: PresetVersionDoc): PresetView & { designated_version: VersionView } {
   return {
-    id: p._id, name: p.name, slug: p.slug, description: p.description, status: 'active', status_updated_at: null,
-    created_at: p.created_at.toISOString(), updated_at: designated.created_at.toISOString(), creator_user_id: p.creator_user_id,
-    workspace_id: p.workspace_id, designated_version_id: designated._id, designated_version: versionView(designated),
+    id: p._id,
+    name: p.name,
+    slug: p.slug,
+    description: p.description,
+    status: 'active',
+    status_updated_at: null,
+    created_at: p.created_at.toISOString(),
+    updated_at: designated.created_at.toISOString(),
+    creator_user_id: p.creator_user_id,
+    workspace_id: p.workspace_id,
+    designated_version_id: designated._id,
+    designated_version: versionView(designated),
   };
 }
 
@@ -57,7 +90,15 @@ export async function addPresetVersion(
   const presetId = presetIdOf(input.workspaceId, input.slug);
   let preset = await store.presets.findOne({ _id: presetId });
   if (!preset) {
-    const doc: PresetDoc = { _id: presetId, workspace_id: input.workspaceId, slug: input.slug, name: input.slug, description: null, creator_user_id: input.creator, created_at: now };
+    const doc: PresetDoc = {
+      _id: presetId,
+      workspace_id: input.workspaceId,
+      slug: input.slug,
+      name: input.slug,
+      description: null,
+      creator_user_id: input.creator,
+      created_at: now,
+    };
     try {
       await store.presets.insertOne(doc);
       preset = doc;
@@ -68,21 +109,34 @@ export async function addPresetVersion(
   }
   const next = ((await latestVersion(store, presetId))?.version ?? 0) + 1;
   const version: PresetVersionDoc = {
-    _id: versionIdOf(presetId, next), preset_id: presetId, workspace_id: input.workspaceId, version: next,
-    config: toJsonText(input.config), system_prompt: input.systemPrompt, creator_id: input.creator, created_at: now,
+    _id: versionIdOf(presetId, next),
+    preset_id: presetId,
+    workspace_id: input.workspaceId,
+    version: next,
+    config: toJsonText(input.config),
+    system_prompt: input.systemPrompt,
+    creator_id: input.creator,
+    created_at: now,
   };
   try {
     await store.presetVersions.insertOne(version);
   } catch (err) {
     if (isDuplicateKey(err)) {
-      throw new ConflictError('Resource conflict: another write created this preset version at the same moment. Please try again.', { slug: input.slug, version: next });
+      throw new ConflictError('Resource conflict: another write created this preset version at the same moment. Please try again.', {
+        slug: input.slug,
+        version: next,
+      });
     }
     throw err;
   }
   return presetView(preset!, version);
 }
 
-export async function getPreset(store: Store, workspaceId: string, slug: string): Promise<PresetView & { designated_version: VersionView }> {
+export async function getPreset(
+  store: Store,
+  workspaceId: string,
+  slug: string,
+): Promise<PresetView & { designated_version: VersionView }> {
   const presetId = presetIdOf(workspaceId, slug);
   const [preset, latest] = await Promise.all([store.presets.findOne({ _id: presetId }), latestVersion(store, presetId)]);
   if (!preset || !latest) throw new NotFoundError(`Preset "${slug}" not found`);

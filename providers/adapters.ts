@@ -46,12 +46,23 @@ export async function callEndpoint(
   opts: { signal?: AbortSignal; env?: Record<string, string | undefined> } = {},
 ): Promise<ProviderResponse> {
   if (!e.operations.includes(operation)) {
-    throw new UpstreamFailure('invalid_response', e.provider.slug, `${e.provider.slug} (${e.provider.adapter}) does not serve ${operation}`);
+    throw new UpstreamFailure(
+      'invalid_response',
+      e.provider.slug,
+      `${e.provider.slug} (${e.provider.adapter}) does not serve ${operation}`,
+    );
   }
   const started = performance.now();
-  const res = await http.postJson(`${e.provider.base_url}${PATHS[operation]}`, { ...body, model: e.entry.upstream_model }, {
-    provider: e.provider.slug, headers: headersFor(e, opts.env ?? process.env), timeoutMs: e.provider.timeout_ms, signal: opts.signal,
-  });
+  const res = await http.postJson(
+    `${e.provider.base_url}${PATHS[operation]}`,
+    { ...body, model: e.entry.upstream_model },
+    {
+      provider: e.provider.slug,
+      headers: headersFor(e, opts.env ?? process.env),
+      timeoutMs: e.provider.timeout_ms,
+      signal: opts.signal,
+    },
+  );
   return { body: res.body, usage: usageOf(operation, res.body), latencyMs: performance.now() - started };
 }
 

@@ -18,13 +18,19 @@ function upstreamMessage(body: any, status: number): { message: string; type: st
 export class ProviderHttp {
   private readonly agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 600_000, connections: 512 });
 
-  async postJson(url: string, body: unknown, opts: { provider: string; headers: Record<string, string>; timeoutMs: number; signal?: AbortSignal }): Promise<JsonResponse> {
+  async postJson(
+    url: string,
+    body: unknown,
+    opts: { provider: string; headers: Record<string, string>; timeoutMs: number; signal?: AbortSignal },
+  ): Promise<JsonResponse> {
     const timeout = AbortSignal.timeout(opts.timeoutMs);
     const signal = opts.signal ? AbortSignal.any([opts.signal, timeout]) : timeout;
     let res;
     try {
       res = await request(url, {
-        method: 'POST', dispatcher: this.agent, signal,
+        method: 'POST',
+        dispatcher: this.agent,
+        signal,
         headers: { 'content-type': 'application/json', accept: 'application/json', ...opts.headers },
         body: JSON.stringify(body),
       });
@@ -44,13 +50,23 @@ export class ProviderHttp {
       parsed = null;
     }
     if (res.statusCode >= 200 && res.statusCode < 300) {
-      if (parsed === null || typeof parsed !== 'object') throw new UpstreamFailure('invalid_response', opts.provider, 'Provider returned a response that is not a JSON object', res.statusCode);
+      if (parsed === null || typeof parsed !== 'object')
+        throw new UpstreamFailure(
+          'invalid_response',
+          opts.provider,
+          'Provider returned a response that is not a JSON object',
+          res.statusCode,
+        );
       return { status: res.statusCode, body: parsed, headers: res.headers };
     }
     const { message, type } = upstreamMessage(parsed, res.statusCode);
     const retryAfter = parseRetryAfter(res.headers['retry-after']);
-    const kind = res.statusCode === 529 || type === 'overloaded_error' || type === 'overloaded' ? 'overloaded'
-      : res.statusCode === 429 ? 'rate_limited' : 'http';
+    const kind =
+      res.statusCode === 529 || type === 'overloaded_error' || type === 'overloaded'
+        ? 'overloaded'
+        : res.statusCode === 429
+          ? 'rate_limited'
+          : 'http';
     throw new UpstreamFailure(kind, opts.provider, message, res.statusCode, retryAfter);
   }
 

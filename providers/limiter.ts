@@ -10,8 +10,14 @@ export class ProviderLimiter {
     let s = this.semaphores.get(provider.slug);
     if (!s) this.semaphores.set(provider.slug, (s = new Semaphore(provider.max_concurrency)));
     return s.acquire({
-      waitMs, signal,
-      onTimeout: () => new UpstreamFailure('capacity', provider.slug, `Provider ${provider.slug} is at its concurrency limit (${provider.max_concurrency})`),
+      waitMs,
+      signal,
+      onTimeout: () =>
+        new UpstreamFailure(
+          'capacity',
+          provider.slug,
+          `Provider ${provider.slug} is at its concurrency limit (${provider.max_concurrency})`,
+        ),
       onAbort: () => new UpstreamFailure('aborted', provider.slug, 'Request was cancelled'),
     });
   }

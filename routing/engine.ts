@@ -55,7 +55,11 @@ export function typicalPrice(e: Endpoint): number {
 
 /** Which kinds of model an operation applies to: logprob decisions run on chat completions. */
 const OPERATION_KINDS: Record<Operation, readonly string[]> = {
-  chat: ['chat', 'decision'], responses: ['chat'], messages: ['chat'], embeddings: ['embedding'], systemone: ['decision'],
+  chat: ['chat', 'decision'],
+  responses: ['chat'],
+  messages: ['chat'],
+  embeddings: ['embedding'],
+  systemone: ['decision'],
 };
 
 export function servesOperation(e: Endpoint, operation: Operation): boolean {
@@ -79,12 +83,21 @@ function filters(input: RouteInput): Filter[] {
   if (prefs.enforce_distillable_text === true) out.push(['enforce_distillable_text', (e) => e.model.distillable]);
   const caps = prefs.max_price;
   if (caps && Object.keys(caps).length) {
-    out.push(['max_price', (e) => {
-      const p = e.entry.pricing;
-      const over = (cap: string | undefined, price: number | undefined) => cap !== undefined && price !== undefined && price > Number(cap);
-      return !over(caps.prompt, p.prompt) && !over(caps.completion, p.completion) && !over(caps.request, p.request ?? 0)
-        && !over(caps.image, p.image) && !over(caps.audio, p.audio);
-    }]);
+    out.push([
+      'max_price',
+      (e) => {
+        const p = e.entry.pricing;
+        const over = (cap: string | undefined, price: number | undefined) =>
+          cap !== undefined && price !== undefined && price > Number(cap);
+        return (
+          !over(caps.prompt, p.prompt) &&
+          !over(caps.completion, p.completion) &&
+          !over(caps.request, p.request ?? 0) &&
+          !over(caps.image, p.image) &&
+          !over(caps.audio, p.audio)
+        );
+      },
+    ]);
   }
   if (prefs.require_parameters === true && input.parameters?.length) {
     out.push(['require_parameters', (e) => input.parameters!.every((p) => e.entry.supported_parameters.includes(p))]);
@@ -94,7 +107,7 @@ function filters(input: RouteInput): Filter[] {
 
 function sortSetting(input: RouteInput): { by: string | null; partition: 'model' | 'none' } {
   const sort = input.preferences?.sort;
-  let by: string | null = typeof sort === 'string' ? sort : sort?.by ?? null;
+  let by: string | null = typeof sort === 'string' ? sort : (sort?.by ?? null);
   const partition = (typeof sort === 'object' && sort?.partition) || 'model';
   // `:nitro` and `:floor` are shortcuts for throughput and price sorting; an explicit sort wins.
   if (!by && input.variant === 'nitro') by = 'throughput';
@@ -141,7 +154,10 @@ function loadBalance(group: Endpoint[], input: RouteInput): Endpoint[] {
     let pick = stable.length - 1;
     for (let i = 0; i < weights.length; i++) {
       r -= weights[i];
-      if (r < 0) { pick = i; break; }
+      if (r < 0) {
+        pick = i;
+        break;
+      }
     }
     stable.unshift(...stable.splice(pick, 1));
   }
@@ -151,13 +167,21 @@ function loadBalance(group: Endpoint[], input: RouteInput): Endpoint[] {
 function meetsCutoffs(e: Endpoint, input: RouteInput): boolean {
   const prefs = input.preferences ?? {};
   const s = input.stats?.get(e.key);
-  const check = (pref: number | Percentiles | null | undefined, measured: Percentiles | null | undefined, ok: (m: number, c: number) => boolean) => {
+  const check = (
+    pref: number | Percentiles | null | undefined,
+    measured: Percentiles | null | undefined,
+    ok: (m: number, c: number) => boolean,
+  ) => {
     if (pref === null || pref === undefined) return true;
     const cutoffs: Percentiles = typeof pref === 'number' ? { p50: pref } : pref;
-    return (Object.entries(cutoffs) as [Percentile, number | null][]).every(([p, c]) => c === null || measured?.[p] === undefined || ok(measured[p]!, c));
+    return (Object.entries(cutoffs) as [Percentile, number | null][]).every(
+      ([p, c]) => c === null || measured?.[p] === undefined || ok(measured[p]!, c),
+    );
   };
-  return check(prefs.preferred_max_latency as Percentiles | number | null | undefined, s?.latency, (m, c) => m <= c)
-    && check(prefs.preferred_min_throughput as Percentiles | number | null | undefined, s?.throughput, (m, c) => m >= c);
+  return (
+    check(prefs.preferred_max_latency as Percentiles | number | null | undefined, s?.latency, (m, c) => m <= c) &&
+    check(prefs.preferred_min_throughput as Percentiles | number | null | undefined, s?.throughput, (m, c) => m >= c)
+  );
 }
 
 function groupByModel(endpoints: Endpoint[], models: CatalogModel[]): Endpoint[][] {
@@ -195,7 +219,8 @@ export function planRoute(input: RouteInput): RoutePlan {
     const ordered: Endpoint[] = [];
     for (const slug of prefs.order) for (const e of candidates) if (matchesSlug(slug, e) && !ordered.includes(e)) ordered.push(e);
     if (!allowFallbacks) {
-      if (!ordered.length) throw new NotFoundError(`No endpoint of ${names} is in provider.order`, { model: names, preference: 'provider.order' });
+      if (!ordered.length)
+        throw new NotFoundError(`No endpoint of ${names} is in provider.order`, { model: names, preference: 'provider.order' });
       endpoints = ordered;
     } else {
       endpoints = [...ordered, ...orderAll(candidates.filter((e) => !ordered.includes(e)))];

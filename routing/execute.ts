@@ -3,7 +3,12 @@
 // attempt in the live stats, and turns the final failure into the interface's status.
 import type { Endpoint } from '../catalog';
 import {
-  GatewayError, RateLimitedError, ServiceUnavailableError, UpstreamError, UpstreamOverloadedError, UpstreamTimeoutError,
+  GatewayError,
+  RateLimitedError,
+  ServiceUnavailableError,
+  UpstreamError,
+  UpstreamOverloadedError,
+  UpstreamTimeoutError,
 } from '../errors';
 import type { ProviderResponse } from '../providers/adapters';
 import { UpstreamFailure } from '../providers/failure';
@@ -36,14 +41,17 @@ export interface ExecuteOptions {
   maxRetryAfterMs?: number;
 }
 
-
 /** The final failure as the interface's status, naming the provider and what it said. */
 export function failureToError(last: UpstreamFailure, attempts: Attempt[]): GatewayError {
   const metadata = { provider_name: last.provider, upstream_status: last.status, upstream_message: last.message, attempts };
   const text = `${last.provider}: ${last.message}`;
   switch (last.kind) {
     case 'rate_limited':
-      return new RateLimitedError(`Provider rate limited the request (${text})`, Math.max(1, Math.ceil((last.retryAfterMs ?? 1000) / 1000)), metadata);
+      return new RateLimitedError(
+        `Provider rate limited the request (${text})`,
+        Math.max(1, Math.ceil((last.retryAfterMs ?? 1000) / 1000)),
+        metadata,
+      );
     case 'overloaded':
       return new UpstreamOverloadedError(`Provider is overloaded (${text})`, metadata);
     case 'timeout':
@@ -74,14 +82,21 @@ export async function executePlan(
         opts.stats?.record(e.key, { ok: true, latencyMs: response.latencyMs, outputTokens: response.usage.output_tokens });
         return { endpoint: e, response, attempts };
       } catch (err) {
-        const f = err instanceof UpstreamFailure ? err : new UpstreamFailure('invalid_response', e.provider.slug, (err as Error).message ?? String(err));
+        const f =
+          err instanceof UpstreamFailure
+            ? err
+            : new UpstreamFailure('invalid_response', e.provider.slug, (err as Error).message ?? String(err));
         last = f;
         attempts.push({ provider: e.provider.slug, endpoint: e.tag, kind: f.kind, status: f.status, message: f.message });
         if (f.kind !== 'capacity' && f.kind !== 'aborted') opts.stats?.record(e.key, { ok: false, latencyMs: 0, outputTokens: 0 });
         if (!f.retryable || opts.signal?.aborted) throw failureToError(f, attempts);
         // Nowhere else to go: a short Retry-After on the last endpoint is worth one wait.
-        const waitable = isLast && retry === 0 && f.retryAfterMs !== null && f.retryAfterMs <= maxRetryAfter
-          && (f.kind === 'rate_limited' || f.kind === 'overloaded' || f.status === 503);
+        const waitable =
+          isLast &&
+          retry === 0 &&
+          f.retryAfterMs !== null &&
+          f.retryAfterMs <= maxRetryAfter &&
+          (f.kind === 'rate_limited' || f.kind === 'overloaded' || f.status === 503);
         if (!waitable) break;
         await sleep(f.retryAfterMs!, opts.signal);
       } finally {

@@ -15,7 +15,12 @@ export interface Sample {
 
 type Summary = EndpointSamplesDoc['endpoints'][number];
 
-const PERCENTILES: [Percentile, number][] = [['p50', 0.5], ['p75', 0.75], ['p90', 0.9], ['p99', 0.99]];
+const PERCENTILES: [Percentile, number][] = [
+  ['p50', 0.5],
+  ['p75', 0.75],
+  ['p90', 0.9],
+  ['p99', 0.99],
+];
 /** Latency and throughput values one summary keeps per endpoint. */
 const SAMPLES_PER_FLUSH = 64;
 /** Routing asks for the snapshot on every call; it is rebuilt at most this often. */

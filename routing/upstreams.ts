@@ -24,11 +24,19 @@ function catalogEnv(config: Config): Record<string, string | undefined> {
   return { ...process.env, SANDBOX_URL: config.sandbox.url };
 }
 
-export function createUpstreams(config: Config, store: Store, catalog = Catalog.fromFile(config.catalogPath, catalogEnv(config))): Upstreams & { close(): Promise<void> } {
+export function createUpstreams(
+  config: Config,
+  store: Store,
+  catalog = Catalog.fromFile(config.catalogPath, catalogEnv(config)),
+): Upstreams & { close(): Promise<void> } {
   const stats = new LiveStats(store);
   const http = new ProviderHttp();
   return {
-    catalog, http, stats, limiter: new ProviderLimiter(), env: process.env,
+    catalog,
+    http,
+    stats,
+    limiter: new ProviderLimiter(),
+    env: process.env,
     close: async () => {
       await stats.stop();
       await http.close();
@@ -61,8 +69,15 @@ export interface Invocation {
 
 export async function invoke(up: Upstreams, req: InvokeRequest): Promise<Invocation> {
   const plan = planRoute({
-    models: req.models, variant: req.variant, operation: req.operation, preferences: req.preferences,
-    workspace: req.workspace, parameters: req.parameters, stats: up.stats.snapshot(), now: Date.now(), random: Math.random,
+    models: req.models,
+    variant: req.variant,
+    operation: req.operation,
+    preferences: req.preferences,
+    workspace: req.workspace,
+    parameters: req.parameters,
+    stats: up.stats.snapshot(),
+    now: Date.now(),
+    random: Math.random,
   });
   const { endpoint, response, attempts } = await executePlan(
     plan,
@@ -72,5 +87,12 @@ export async function invoke(up: Upstreams, req: InvokeRequest): Promise<Invocat
     },
     { limiter: up.limiter, stats: up.stats, signal: req.signal, queueWaitMs: req.queueWaitMs },
   );
-  return { endpoint, body: response.body, usage: response.usage, cost: costOf(endpoint, response.usage), latencyMs: response.latencyMs, attempts };
+  return {
+    endpoint,
+    body: response.body,
+    usage: response.usage,
+    cost: costOf(endpoint, response.usage),
+    latencyMs: response.latencyMs,
+    attempts,
+  };
 }

@@ -18,7 +18,10 @@ export function seeded(seed: string): () => number {
 function canonical(value: unknown): string {
   if (Array.isArray(value)) return `[${value.map(canonical).join(',')}]`;
   if (value && typeof value === 'object') {
-    return `{${Object.keys(value).sort().map((k) => `${JSON.stringify(k)}:${canonical((value as Record<string, unknown>)[k])}`).join(',')}}`;
+    return `{${Object.keys(value)
+      .sort()
+      .map((k) => `${JSON.stringify(k)}:${canonical((value as Record<string, unknown>)[k])}`)
+      .join(',')}}`;
   }
   return JSON.stringify(value) ?? 'null';
 }
@@ -44,7 +47,24 @@ export function textOf(value: unknown): string {
   return value == null ? '' : String(value);
 }
 
-const WORDS = ['the', 'gateway', 'answers', 'with', 'a', 'steady', 'deterministic', 'reply', 'for', 'every', 'request', 'it', 'sees', 'sandbox', 'model', 'output'];
+const WORDS = [
+  'the',
+  'gateway',
+  'answers',
+  'with',
+  'a',
+  'steady',
+  'deterministic',
+  'reply',
+  'for',
+  'every',
+  'request',
+  'it',
+  'sees',
+  'sandbox',
+  'model',
+  'output',
+];
 
 /** `n` words of filler text chosen by the seed. */
 export function sentence(rand: () => number, n: number): string {
@@ -62,9 +82,7 @@ export function optionLogprobs(rand: () => number, options: string[], optionMass
   const max = Math.max(...logits);
   const exps = logits.map((l) => Math.exp(l - max));
   const total = exps.reduce((a, b) => a + b, 0);
-  return options
-    .map((token, i) => ({ token, logprob: Math.log((exps[i] / total) * optionMass) }))
-    .sort((a, b) => b.logprob - a.logprob);
+  return options.map((token, i) => ({ token, logprob: Math.log((exps[i] / total) * optionMass) })).sort((a, b) => b.logprob - a.logprob);
 }
 
 /** A probability vector over n options, summing to 1. */

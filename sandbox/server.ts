@@ -17,7 +17,11 @@ type Json = Record<string, any>;
 type Flavor = 'openai' | 'anthropic' | 'systemone';
 
 class HttpFailure extends Error {
-  constructor(readonly status: number, message: string, readonly type = 'invalid_request_error') {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly type = 'invalid_request_error',
+  ) {
     super(message);
   }
 }
@@ -49,7 +53,10 @@ function parseFaults(segment: string, headers: http.IncomingHttpHeaders): Faults
     hang: kv.has('timeout'),
     retryAfter: num('retry_after'),
     failFirst: num('fail_first'),
-    spec: [...kv.entries()].map(([k, v]) => `${k}=${v}`).sort().join(','),
+    spec: [...kv.entries()]
+      .map(([k, v]) => `${k}=${v}`)
+      .sort()
+      .join(','),
   };
 }
 
@@ -65,7 +72,12 @@ function chatCompletion(body: Json): Json {
   const rand = seeded(hash);
   const promptText = body.messages.map((m: Json) => textOf(m.content)).join('\n');
   const lastUser = [...body.messages].reverse().find((m: Json) => m.role === 'user');
-  const labels = /one of: ([^\n]+)$/im.exec(textOf(lastUser?.content ?? ''))?.[1].split(',').map((s) => s.trim()).filter(Boolean) ?? [];
+  const labels =
+    /one of: ([^\n]+)$/im
+      .exec(textOf(lastUser?.content ?? ''))?.[1]
+      .split(',')
+      .map((s) => s.trim())
+      .filter(Boolean) ?? [];
   const maxTokens = Number(body.max_completion_tokens ?? body.max_tokens ?? 16);
   const topK = Math.min(Number(body.top_logprobs ?? 0), 20);
   let content: string;
@@ -74,23 +86,40 @@ function chatCompletion(body: Json): Json {
   if (labels.length > 0) {
     // A constrained question: answer with one label, log-probabilities over the labels plus a
     // little mass on unrelated tokens, as a real model spreads it.
-    const ranked = [...optionLogprobs(rand, labels), { token: ' The', logprob: Math.log(0.02) }, { token: ' I', logprob: Math.log(0.01) }]
-      .sort((a, b) => b.logprob - a.logprob);
+    const ranked = [
+      ...optionLogprobs(rand, labels),
+      { token: ' The', logprob: Math.log(0.02) },
+      { token: ' I', logprob: Math.log(0.01) },
+    ].sort((a, b) => b.logprob - a.logprob);
     content = ranked[0].token;
     completionTokens = 1;
     if (body.logprobs) {
-      logprobs = { content: [{ token: content, logprob: ranked[0].logprob, bytes: null, top_logprobs: ranked.slice(0, topK).map((t) => ({ ...t, bytes: null })) }] };
+      logprobs = {
+        content: [
+          {
+            token: content,
+            logprob: ranked[0].logprob,
+            bytes: null,
+            top_logprobs: ranked.slice(0, topK).map((t) => ({ ...t, bytes: null })),
+          },
+        ],
+      };
     }
   } else {
     content = sentence(rand, Math.max(1, Math.min(maxTokens, 12)));
     completionTokens = Math.min(maxTokens, content.split(' ').length);
     if (body.logprobs) {
-      logprobs = { content: content.split(' ').map((w) => ({ token: w, logprob: Math.log(0.5 + rand() / 2), bytes: null, top_logprobs: [] })) };
+      logprobs = {
+        content: content.split(' ').map((w) => ({ token: w, logprob: Math.log(0.5 + rand() / 2), bytes: null, top_logprobs: [] })),
+      };
     }
   }
   const promptTokens = countTokens(promptText);
   return {
-    id: `chatcmpl-${hash.slice(0, 24)}`, object: 'chat.completion', created: CREATED, model: body.model,
+    id: `chatcmpl-${hash.slice(0, 24)}`,
+    object: 'chat.completion',
+    created: CREATED,
+    model: body.model,
     choices: [{ index: 0, message: { role: 'assistant', content }, logprobs, finish_reason: 'stop' }],
     usage: { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens },
   };
@@ -103,8 +132,20 @@ function response(body: Json): Json {
   const input = countTokens(textOf(body.instructions ?? '') + textOf(body.input));
   const output = text.split(' ').length;
   return {
-    id: `resp_${hash.slice(0, 24)}`, object: 'response', created_at: CREATED, status: 'completed', model: body.model,
-    output: [{ type: 'message', id: `msg_${hash.slice(24, 48)}`, status: 'completed', role: 'assistant', content: [{ type: 'output_text', text, annotations: [] }] }],
+    id: `resp_${hash.slice(0, 24)}`,
+    object: 'response',
+    created_at: CREATED,
+    status: 'completed',
+    model: body.model,
+    output: [
+      {
+        type: 'message',
+        id: `msg_${hash.slice(24, 48)}`,
+        status: 'completed',
+        role: 'assistant',
+        content: [{ type: 'output_text', text, annotations: [] }],
+      },
+    ],
     usage: { input_tokens: input, output_tokens: output, total_tokens: input + output },
   };
 }
@@ -130,15 +171,24 @@ function message(body: Json): Json {
   const hash = hashOf(body);
   const text = sentence(seeded(hash), Math.max(1, Math.min(body.max_tokens, 12)));
   return {
-    id: `msg_${hash.slice(0, 24)}`, type: 'message', role: 'assistant', model: body.model,
-    content: [{ type: 'text', text }], stop_reason: 'end_turn', stop_sequence: null,
-    usage: { input_tokens: countTokens(textOf(body.system ?? '') + body.messages.map((m: Json) => textOf(m.content)).join('\n')), output_tokens: text.split(' ').length },
+    id: `msg_${hash.slice(0, 24)}`,
+    type: 'message',
+    role: 'assistant',
+    model: body.model,
+    content: [{ type: 'text', text }],
+    stop_reason: 'end_turn',
+    stop_sequence: null,
+    usage: {
+      input_tokens: countTokens(textOf(body.system ?? '') + body.messages.map((m: Json) => textOf(m.content)).join('\n')),
+      output_tokens: text.split(' ').length,
+    },
   };
 }
 
 /** Native System One: answers every question with a full distribution, as the hosted model does. */
 function systemOne(body: Json): Json {
-  if (body.state === undefined || !body.questions || typeof body.questions !== 'object') throw new HttpFailure(400, 'state and questions are required');
+  if (body.state === undefined || !body.questions || typeof body.questions !== 'object')
+    throw new HttpFailure(400, 'state and questions are required');
   const rand = seeded(hashOf(body));
   const answers: Json = {};
   for (const [name, q] of Object.entries<Json>(body.questions)) {
@@ -150,7 +200,9 @@ function systemOne(body: Json): Json {
       const best = p.indexOf(Math.max(...p));
       const n = labels.length;
       answers[name] = {
-        type: 'choice', choice: labels[best], confidence: n === 1 ? 1 : (n * p[best] - 1) / (n - 1),
+        type: 'choice',
+        choice: labels[best],
+        confidence: n === 1 ? 1 : (n * p[best] - 1) / (n - 1),
         probabilities: Object.fromEntries(labels.map((l, i) => [l, p[i]])),
       };
     } else if (q.type === 'score') {
@@ -160,7 +212,9 @@ function systemOne(body: Json): Json {
       const d = p.reduce((s, pi, i) => s + pi * Math.abs(i - m), 0);
       const u = Math.floor((n * n) / 4) / n;
       answers[name] = {
-        type: 'score', score: p.reduce((s, pi, i) => s + i * pi, 0), confidence: n === 1 ? 1 : Math.max(0, 1 - d / u),
+        type: 'score',
+        score: p.reduce((s, pi, i) => s + i * pi, 0),
+        confidence: n === 1 ? 1 : Math.max(0, 1 - d / u),
         probabilities: Object.fromEntries(p.map((pi, i) => [String(i), pi])),
         legend: Object.fromEntries((q.criteria as unknown[]).map((c, i) => [String(i), c])),
       };
@@ -201,23 +255,36 @@ function createSandboxServer(): http.Server {
     if (url.pathname === '/_aborted') return send(res, 200, Object.fromEntries(aborted));
     const m = /^(?:\/~([^/]*))?(\/.*)$/.exec(url.pathname)!;
     const route = ROUTES[m[2]];
-    if (!route || req.method !== 'POST') return send(res, 404, errorBody('openai', 404, 'not_found', `sandbox: no route for ${req.method} ${url.pathname}`));
+    if (!route || req.method !== 'POST')
+      return send(res, 404, errorBody('openai', 404, 'not_found', `sandbox: no route for ${req.method} ${url.pathname}`));
     const faults = parseFaults(decodeURIComponent(m[1] ?? ''), req.headers);
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
     const callKey = `${faults.spec}|${m[2]}`;
     const n = (calls.get(callKey) ?? 0) + 1;
     calls.set(callKey, n);
-    res.once('close', () => { if (!res.writableFinished) aborted.set(callKey, (aborted.get(callKey) ?? 0) + 1); });
+    res.once('close', () => {
+      if (!res.writableFinished) aborted.set(callKey, (aborted.get(callKey) ?? 0) + 1);
+    });
 
     if (faults.hang) return; // the client's timeout is what ends this
     if (faults.latencyMs > 0) await sleep(faults.latencyMs);
     const failing = faults.failFirst === null || n <= faults.failFirst;
     if (failing && (faults.overloaded || faults.status)) {
       const status = faults.overloaded ? 529 : faults.status!;
-      const type = faults.overloaded ? 'overloaded_error' : status === 429 ? 'rate_limit_error' : status >= 500 ? 'api_error' : 'invalid_request_error';
-      return send(res, status, errorBody(route.flavor, status, type, `sandbox: injected ${faults.overloaded ? 'overload' : `status ${status}`}`),
-        faults.retryAfter !== null ? { 'retry-after': String(faults.retryAfter) } : {});
+      const type = faults.overloaded
+        ? 'overloaded_error'
+        : status === 429
+          ? 'rate_limit_error'
+          : status >= 500
+            ? 'api_error'
+            : 'invalid_request_error';
+      return send(
+        res,
+        status,
+        errorBody(route.flavor, status, type, `sandbox: injected ${faults.overloaded ? 'overload' : `status ${status}`}`),
+        faults.retryAfter !== null ? { 'retry-after': String(faults.retryAfter) } : {},
+      );
     }
     let body: Json;
     try {
@@ -244,6 +311,10 @@ export async function listenSandbox(host: string, port: number): Promise<{ url: 
   const { port: bound } = server.address() as AddressInfo;
   return {
     url: `http://${host}:${bound}`,
-    close: () => new Promise((resolve) => { server.close(() => resolve()); server.closeAllConnections(); }),
+    close: () =>
+      new Promise((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
   };
 }

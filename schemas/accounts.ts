@@ -13,10 +13,13 @@ export const PublicKey = Type.Object({
   revoked_at: Type.Union([Timestamp, Type.Null()]),
 });
 
-export const CreateKeyBody = Type.Object({
-  name: Type.Optional(Type.String({ minLength: 1, maxLength: 100 })),
-  kind: Type.Optional(KeyKind),
-}, { additionalProperties: false });
+export const CreateKeyBody = Type.Object(
+  {
+    name: Type.Optional(Type.String({ minLength: 1, maxLength: 100 })),
+    kind: Type.Optional(KeyKind),
+  },
+  { additionalProperties: false },
+);
 
 export const KeyIdParams = Type.Object({ id: Type.String({ pattern: '^key_[0-9a-f]{24}$' }) });
 

@@ -3,21 +3,48 @@ import { Type } from '@sinclair/typebox';
 import { Nullable, StringEnum } from './common';
 
 export const BATCH_ENDPOINTS = ['/v1/chat/completions', '/v1/responses', '/v1/messages', '/v1/embeddings'] as const;
-export const BATCH_STATUSES = ['validating', 'in_progress', 'finalizing', 'completed', 'failed', 'expired', 'cancelling', 'cancelled'] as const;
+export const BATCH_STATUSES = [
+  'validating',
+  'in_progress',
+  'finalizing',
+  'completed',
+  'failed',
+  'expired',
+  'cancelling',
+  'cancelled',
+] as const;
 export const TERMINAL_STATUSES = ['completed', 'failed', 'expired', 'cancelled'] as const;
 
-export const CreateBatchBody = Type.Object({
-  endpoint: StringEnum([...BATCH_ENDPOINTS]),
-  model: Type.String({ minLength: 1, maxLength: 256 }),
-  requests: Type.Array(Type.Object({
-    custom_id: Type.String({ minLength: 1, maxLength: 256 }),
-    body: Type.Record(Type.String(), Type.Unknown(), { description: 'A request body for the endpoint' }),
-  }, { additionalProperties: false }), { minItems: 1 }),
-  completion_window: Type.Optional(Type.String({ pattern: '^([1-9]|[1-9][0-9]|1[0-5][0-9]|16[0-8])h$', description: '1h to 168h; default 24h' })),
-  provider: Type.Optional(Type.Union([Type.Object({ only: Type.Optional(Type.Union([Type.Array(Type.String({ minLength: 1 }), { maxItems: 64 }), Type.Null()])) }, { additionalProperties: false }), Type.Null()])),
-  metadata: Type.Optional(Type.Record(Type.String({ maxLength: 64 }), Type.String({ maxLength: 512 }), { maxProperties: 16 })),
-}, { additionalProperties: false });
-
+export const CreateBatchBody = Type.Object(
+  {
+    endpoint: StringEnum([...BATCH_ENDPOINTS]),
+    model: Type.String({ minLength: 1, maxLength: 256 }),
+    requests: Type.Array(
+      Type.Object(
+        {
+          custom_id: Type.String({ minLength: 1, maxLength: 256 }),
+          body: Type.Record(Type.String(), Type.Unknown(), { description: 'A request body for the endpoint' }),
+        },
+        { additionalProperties: false },
+      ),
+      { minItems: 1 },
+    ),
+    completion_window: Type.Optional(
+      Type.String({ pattern: '^([1-9]|[1-9][0-9]|1[0-5][0-9]|16[0-8])h$', description: '1h to 168h; default 24h' }),
+    ),
+    provider: Type.Optional(
+      Type.Union([
+        Type.Object(
+          { only: Type.Optional(Type.Union([Type.Array(Type.String({ minLength: 1 }), { maxItems: 64 }), Type.Null()])) },
+          { additionalProperties: false },
+        ),
+        Type.Null(),
+      ]),
+    ),
+    metadata: Type.Optional(Type.Record(Type.String({ maxLength: 64 }), Type.String({ maxLength: 512 }), { maxProperties: 16 })),
+  },
+  { additionalProperties: false },
+);
 
 const ResultLine = Type.Object({
   id: Type.String(),
@@ -39,7 +66,9 @@ export const BatchObject = Type.Object({
   expires_at: Nullable(Type.Integer()),
   provider: Nullable(Type.String()),
   request_counts: Type.Object({ total: Type.Integer(), completed: Type.Integer(), failed: Type.Integer() }),
-  usage: Nullable(Type.Object({ prompt_tokens: Type.Integer(), completion_tokens: Type.Integer(), total_tokens: Type.Integer(), cost: Type.Number() })),
+  usage: Nullable(
+    Type.Object({ prompt_tokens: Type.Integer(), completion_tokens: Type.Integer(), total_tokens: Type.Integer(), cost: Type.Number() }),
+  ),
   results: Nullable(Type.Array(ResultLine)),
   error: Nullable(Type.Object({ message: Type.String() })),
   metadata: Nullable(Type.Record(Type.String(), Type.String())),
@@ -47,15 +76,21 @@ export const BatchObject = Type.Object({
 
 export const BatchIdParams = Type.Object({ id: Type.String({ pattern: '^batch_[0-9a-z]{6,40}$' }) });
 
-export const ListBatchesQuery = Type.Object({
-  limit: Type.Integer({ minimum: 1, maximum: 100, default: 20 }),
-  after: Type.Optional(Type.String({ pattern: '^batch_[0-9a-z]{6,40}$' })),
-  status: Type.Optional(Type.Array(StringEnum([...BATCH_STATUSES]))),
-  created_after: Type.Optional(Type.String({ minLength: 1 })),
-  created_before: Type.Optional(Type.String({ minLength: 1 })),
-}, { additionalProperties: false });
+export const ListBatchesQuery = Type.Object(
+  {
+    limit: Type.Integer({ minimum: 1, maximum: 100, default: 20 }),
+    after: Type.Optional(Type.String({ pattern: '^batch_[0-9a-z]{6,40}$' })),
+    status: Type.Optional(Type.Array(StringEnum([...BATCH_STATUSES]))),
+    created_after: Type.Optional(Type.String({ minLength: 1 })),
+    created_before: Type.Optional(Type.String({ minLength: 1 })),
+  },
+  { additionalProperties: false },
+);
 
-export const ResultsQuery = Type.Object({
-  after: Type.Optional(Type.Integer({ minimum: -1, description: 'Line number; results after it' })),
-  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100000 })),
-}, { additionalProperties: false });
+export const ResultsQuery = Type.Object(
+  {
+    after: Type.Optional(Type.Integer({ minimum: -1, description: 'Line number; results after it' })),
+    limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100000 })),
+  },
+  { additionalProperties: false },
+);

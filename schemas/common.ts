@@ -10,25 +10,31 @@ export function StringEnum<T extends string[]>(values: [...T], options: Record<s
 /** A schema that also accepts null. */
 export const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
 
-export const ErrorEnvelope = Type.Object({
-  error: Type.Object({
-    code: Type.Integer({ description: 'Equals the HTTP status' }),
-    message: Type.String(),
-    metadata: Type.Union([Type.Record(Type.String(), Type.Unknown()), Type.Null()]),
-  }),
-  user_id: Type.Union([Type.String(), Type.Null()]),
-}, { $id: 'ErrorEnvelope' });
+export const ErrorEnvelope = Type.Object(
+  {
+    error: Type.Object({
+      code: Type.Integer({ description: 'Equals the HTTP status' }),
+      message: Type.String(),
+      metadata: Type.Union([Type.Record(Type.String(), Type.Unknown()), Type.Null()]),
+    }),
+    user_id: Type.Union([Type.String(), Type.Null()]),
+  },
+  { $id: 'ErrorEnvelope' },
+);
 
 export const SessionId = Type.String({ maxLength: 256, description: 'Groups related requests; never sent to the provider' });
 export const EndUser = Type.String({ maxLength: 256 });
 
-export const TraceConfig = Type.Object({
-  trace_id: Type.Optional(Type.String()),
-  trace_name: Type.Optional(Type.String()),
-  span_name: Type.Optional(Type.String()),
-  generation_name: Type.Optional(Type.String()),
-  parent_span_id: Type.Optional(Type.String()),
-}, { additionalProperties: true, description: 'Observability metadata; extra keys pass through as custom metadata' });
+export const TraceConfig = Type.Object(
+  {
+    trace_id: Type.Optional(Type.String()),
+    trace_name: Type.Optional(Type.String()),
+    span_name: Type.Optional(Type.String()),
+    generation_name: Type.Optional(Type.String()),
+    parent_span_id: Type.Optional(Type.String()),
+  },
+  { additionalProperties: true, description: 'Observability metadata; extra keys pass through as custom metadata' },
+);
 export type TraceConfig = Static<typeof TraceConfig>;
 
 export const Timestamp = Type.String({ format: 'date-time' });

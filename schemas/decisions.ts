@@ -15,47 +15,74 @@ export interface DecisionLimits {
 const DEFAULT_DECISION_LIMITS: DecisionLimits = { maxQuestions: 256, maxChoices: 255, maxScoreLevels: 255, maxStateBytes: 512 * 1024 };
 
 /** Instructions, criteria and state: a string, a JSON object or a JSON array. */
-const Guidance = Type.Union([Type.String(), Type.Record(Type.String(), Type.Unknown()), Type.Array(Type.Unknown())], { description: 'A string, a JSON object or a JSON array' });
+const Guidance = Type.Union([Type.String(), Type.Record(Type.String(), Type.Unknown()), Type.Array(Type.Unknown())], {
+  description: 'A string, a JSON object or a JSON array',
+});
 
 /** A union discriminated by `type`, as JSON Schema `oneOf` + `discriminator` (Ajv and OpenAPI both read it). */
 function discriminated<T extends TSchema[]>(branches: [...T], description: string) {
-  return Type.Unsafe<Static<T[number]>>({ type: 'object', required: ['type'], oneOf: branches, discriminator: { propertyName: 'type' }, description });
+  return Type.Unsafe<Static<T[number]>>({
+    type: 'object',
+    required: ['type'],
+    oneOf: branches,
+    discriminator: { propertyName: 'type' },
+    description,
+  });
 }
 
 function questionSchemas(limits: DecisionLimits) {
-  const noul = Type.Object({
-    type: Type.Literal('noul'),
-    instructions: Guidance,
-    criteria: Type.Optional(Type.Object({ true: Guidance, false: Guidance }, { additionalProperties: false })),
-  }, { additionalProperties: false });
-  const choice = Type.Object({
-    type: Type.Literal('choice'),
-    instructions: Guidance,
-    criteria: Type.Record(Type.String({ minLength: 1, maxLength: 256 }), Type.Union([Guidance, Type.Null()]), {
-      minProperties: 1, maxProperties: limits.maxChoices, description: 'Choice label → guidance (or null); the keys are the choices',
-    }),
-  }, { additionalProperties: false });
-  const score = Type.Object({
-    type: Type.Literal('score'),
-    instructions: Guidance,
-    criteria: Type.Array(Guidance, { minItems: 1, maxItems: limits.maxScoreLevels, description: 'Ordered levels, lowest first' }),
-  }, { additionalProperties: false });
+  const noul = Type.Object(
+    {
+      type: Type.Literal('noul'),
+      instructions: Guidance,
+      criteria: Type.Optional(Type.Object({ true: Guidance, false: Guidance }, { additionalProperties: false })),
+    },
+    { additionalProperties: false },
+  );
+  const choice = Type.Object(
+    {
+      type: Type.Literal('choice'),
+      instructions: Guidance,
+      criteria: Type.Record(Type.String({ minLength: 1, maxLength: 256 }), Type.Union([Guidance, Type.Null()]), {
+        minProperties: 1,
+        maxProperties: limits.maxChoices,
+        description: 'Choice label → guidance (or null); the keys are the choices',
+      }),
+    },
+    { additionalProperties: false },
+  );
+  const score = Type.Object(
+    {
+      type: Type.Literal('score'),
+      instructions: Guidance,
+      criteria: Type.Array(Guidance, { minItems: 1, maxItems: limits.maxScoreLevels, description: 'Ordered levels, lowest first' }),
+    },
+    { additionalProperties: false },
+  );
   return { noul, choice, score };
 }
 
 export function decisionsRequestSchema(limits: DecisionLimits) {
   const q = questionSchemas(limits);
   const question = discriminated([q.noul, q.choice, q.score], 'A question, by type');
-  return Type.Object({
-    model: Type.String({ minLength: 1, maxLength: 256, description: 'A model id, or `@preset/<slug>` / `<model>@preset/<slug>`' }),
-    preset: Type.Optional(Type.String({ minLength: 1, maxLength: 136, description: 'A preset whose model and provider preferences apply' })),
-    state: Guidance,
-    questions: Type.Record(Type.String({ minLength: 1, maxLength: 256 }), question, { minProperties: 1, maxProperties: limits.maxQuestions }),
-    provider: Type.Optional(ProviderPreferences),
-    session_id: Type.Optional(SessionId),
-    trace: Type.Optional(TraceConfig),
-    user: Type.Optional(EndUser),
-  }, { additionalProperties: false });
+  return Type.Object(
+    {
+      model: Type.String({ minLength: 1, maxLength: 256, description: 'A model id, or `@preset/<slug>` / `<model>@preset/<slug>`' }),
+      preset: Type.Optional(
+        Type.String({ minLength: 1, maxLength: 136, description: 'A preset whose model and provider preferences apply' }),
+      ),
+      state: Guidance,
+      questions: Type.Record(Type.String({ minLength: 1, maxLength: 256 }), question, {
+        minProperties: 1,
+        maxProperties: limits.maxQuestions,
+      }),
+      provider: Type.Optional(ProviderPreferences),
+      session_id: Type.Optional(SessionId),
+      trace: Type.Optional(TraceConfig),
+      user: Type.Optional(EndUser),
+    },
+    { additionalProperties: false },
+  );
 }
 
 export const DecisionsRequestShape = decisionsRequestSchema(DEFAULT_DECISION_LIMITS);
@@ -63,14 +90,25 @@ const defaults = questionSchemas(DEFAULT_DECISION_LIMITS);
 export const DecisionQuestion = discriminated([defaults.noul, defaults.choice, defaults.score], 'A question, by type');
 
 const Probabilities = Type.Record(Type.String(), Type.Number());
-export const DecisionAnswer = discriminated([
-  Type.Object({ type: Type.Literal('noul'), noul: Type.Number({ description: 'P(true)' }) }),
-  Type.Object({ type: Type.Literal('choice'), choice: Type.String(), confidence: Type.Optional(Type.Number()), probabilities: Type.Optional(Probabilities) }),
-  Type.Object({
-    type: Type.Literal('score'), score: Type.Number({ description: 'Expected level, 0 to n−1' }), confidence: Type.Optional(Type.Number()),
-    probabilities: Type.Optional(Probabilities), legend: Type.Optional(Type.Record(Type.String(), Guidance)),
-  }),
-], 'An answer, by type');
+export const DecisionAnswer = discriminated(
+  [
+    Type.Object({ type: Type.Literal('noul'), noul: Type.Number({ description: 'P(true)' }) }),
+    Type.Object({
+      type: Type.Literal('choice'),
+      choice: Type.String(),
+      confidence: Type.Optional(Type.Number()),
+      probabilities: Type.Optional(Probabilities),
+    }),
+    Type.Object({
+      type: Type.Literal('score'),
+      score: Type.Number({ description: 'Expected level, 0 to n−1' }),
+      confidence: Type.Optional(Type.Number()),
+      probabilities: Type.Optional(Probabilities),
+      legend: Type.Optional(Type.Record(Type.String(), Guidance)),
+    }),
+  ],
+  'An answer, by type',
+);
 
 export const DecisionsResponse = Type.Object({
   id: Type.String(),

@@ -1,6 +1,9 @@
 import { Type } from '@sinclair/typebox';
 
-const Percentiles = Type.Union([Type.Object({ p50: Type.Number(), p75: Type.Number(), p90: Type.Number(), p99: Type.Number() }), Type.Null()]);
+const Percentiles = Type.Union([
+  Type.Object({ p50: Type.Number(), p75: Type.Number(), p90: Type.Number(), p99: Type.Number() }),
+  Type.Null(),
+]);
 const Pricing = Type.Object({
   prompt: Type.String({ description: 'USD per prompt token' }),
   completion: Type.String({ description: 'USD per completion token' }),
@@ -33,7 +36,8 @@ export const EndpointView = Type.Object({
   data_collection: Type.String(),
   zdr: Type.Boolean(),
   max_concurrency_per_process: Type.Integer({
-    description: "Calls one gateway process keeps in flight to this endpoint's provider; the limit is per process, so N processes allow up to N times this",
+    description:
+      "Calls one gateway process keeps in flight to this endpoint's provider; the limit is per process, so N processes allow up to N times this",
   }),
   stats_window_seconds: Type.Integer(),
   uptime: Type.Union([Type.Number(), Type.Null()]),

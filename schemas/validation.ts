@@ -7,7 +7,15 @@ import { BadRequestError } from '../errors';
 
 function makeAjv(coerce: boolean): Ajv {
   // strictNumbers: `strict: false` would otherwise let Infinity (JSON's 1e309) pass as an integer.
-  const ajv = new Ajv({ allErrors: true, strict: false, strictNumbers: true, discriminator: true, verbose: true, coerceTypes: coerce ? 'array' : false, useDefaults: coerce });
+  const ajv = new Ajv({
+    allErrors: true,
+    strict: false,
+    strictNumbers: true,
+    discriminator: true,
+    verbose: true,
+    coerceTypes: coerce ? 'array' : false,
+    useDefaults: coerce,
+  });
   addFormats(ajv);
   return ajv;
 }
@@ -18,7 +26,10 @@ const params = makeAjv(true);
 
 /** `/questions/q1/criteria` → `questions.q1.criteria`; `/requests/3/body` → `requests[3].body`. */
 function fieldPath(instancePath: string, extra?: string): string {
-  const parts = instancePath.split('/').slice(1).map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'));
+  const parts = instancePath
+    .split('/')
+    .slice(1)
+    .map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'));
   if (extra !== undefined) parts.push(extra);
   let out = '';
   for (const p of parts) out += /^\d+$/.test(p) ? `[${p}]` : out ? `.${p}` : p;
@@ -29,19 +40,34 @@ function fieldPath(instancePath: string, extra?: string): string {
 function describe(e: ErrorObject, root: string): { field: string; message: string } {
   switch (e.keyword) {
     case 'required':
-      return { field: fieldPath(e.instancePath, (e.params as { missingProperty: string }).missingProperty) || root, message: 'is required' };
+      return {
+        field: fieldPath(e.instancePath, (e.params as { missingProperty: string }).missingProperty) || root,
+        message: 'is required',
+      };
     case 'additionalProperties':
-      return { field: fieldPath(e.instancePath, (e.params as { additionalProperty: string }).additionalProperty) || root, message: 'is not an allowed field' };
+      return {
+        field: fieldPath(e.instancePath, (e.params as { additionalProperty: string }).additionalProperty) || root,
+        message: 'is not an allowed field',
+      };
     case 'discriminator': {
       // Name the allowed tags, read from the union's branches.
       const { tag, tagValue } = e.params as { tag: string; tagValue?: unknown };
-      const branches = ((e.parentSchema as { oneOf?: { properties?: Record<string, { const?: string }> }[] })?.oneOf ?? []);
-      const tags = branches.map((b) => b.properties?.[tag]?.const).filter(Boolean).map((t) => JSON.stringify(t));
+      const branches = (e.parentSchema as { oneOf?: { properties?: Record<string, { const?: string }> }[] })?.oneOf ?? [];
+      const tags = branches
+        .map((b) => b.properties?.[tag]?.const)
+        .filter(Boolean)
+        .map((t) => JSON.stringify(t));
       if (tagValue === undefined) return { field: fieldPath(e.instancePath, tag) || root, message: 'is required' };
-      return { field: fieldPath(e.instancePath, tag) || root, message: tags.length ? `must be one of ${tags.join(', ')}` : 'is not a known type' };
+      return {
+        field: fieldPath(e.instancePath, tag) || root,
+        message: tags.length ? `must be one of ${tags.join(', ')}` : 'is not a known type',
+      };
     }
     case 'enum':
-      return { field: fieldPath(e.instancePath) || root, message: `must be one of ${(e.params as { allowedValues: unknown[] }).allowedValues.map((v) => JSON.stringify(v)).join(', ')}` };
+      return {
+        field: fieldPath(e.instancePath) || root,
+        message: `must be one of ${(e.params as { allowedValues: unknown[] }).allowedValues.map((v) => JSON.stringify(v)).join(', ')}`,
+      };
     default:
       return { field: fieldPath(e.instancePath) || root, message: e.message ?? 'is invalid' };
   }
@@ -54,9 +80,11 @@ function rank(errors: ErrorObject[]): ErrorObject[] {
   // Deepest field first; at equal depth a union branch's bare type mismatch ("must be null") says
   // less than the branch that matched the type and then failed on something specific.
   // (A missing or unexpected property names a field one level below its instancePath.)
-  const depth = (e: ErrorObject) => e.instancePath.split('/').length + (e.keyword === 'required' || e.keyword === 'additionalProperties' ? 1 : 0);
+  const depth = (e: ErrorObject) =>
+    e.instancePath.split('/').length + (e.keyword === 'required' || e.keyword === 'additionalProperties' ? 1 : 0);
   // At equal depth: a specific complaint (enum, const, range …) over a missing field over a type mismatch.
-  const weight = (e: ErrorObject) => depth(e) * 4 + (e.keyword === 'type' ? 0 : e.keyword === 'required' || e.keyword === 'additionalProperties' ? 1 : 2);
+  const weight = (e: ErrorObject) =>
+    depth(e) * 4 + (e.keyword === 'type' ? 0 : e.keyword === 'required' || e.keyword === 'additionalProperties' ? 1 : 2);
   return [...pool].sort((a, b) => weight(b) - weight(a));
 }
 
@@ -86,7 +114,9 @@ function build<S extends TSchema>(ajv: Ajv, schema: S, root: string): Validator<
   const validator = ((data: unknown) => {
     if (check(data)) {
       // Ajv's coercion turns "1e309" into Infinity and lets it through its number checks.
-      if (ajv === params) for (const [k, v] of Object.entries(data as object)) if (typeof v === 'number' && !Number.isFinite(v)) throw new BadRequestError(`${root}.${k}: must be a finite number`);
+      if (ajv === params)
+        for (const [k, v] of Object.entries(data as object))
+          if (typeof v === 'number' && !Number.isFinite(v)) throw new BadRequestError(`${root}.${k}: must be a finite number`);
       return data as Static<S>;
     }
     const errors = mergeTypeErrors(rank(check.errors ?? [])).map((e) => describe(e, root));

@@ -91,7 +91,10 @@ export interface RateTicketDoc extends Document {
 }
 
 export class Store {
-  private constructor(readonly client: MongoClient, readonly db: Db) {}
+  private constructor(
+    readonly client: MongoClient,
+    readonly db: Db,
+  ) {}
 
   static async connect(uri: string, database: string, options: MongoClientOptions = {}): Promise<Store> {
     const client = new MongoClient(uri, {
@@ -166,7 +169,9 @@ async function withTimeout<T>(p: Promise<T>, ms: number, message: string): Promi
   try {
     return await Promise.race([
       p,
-      new Promise<never>((_, reject) => { timer = setTimeout(() => reject(new Error(message)), ms); }),
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(message)), ms);
+      }),
     ]);
   } finally {
     clearTimeout(timer);

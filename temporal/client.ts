@@ -22,7 +22,8 @@ function installRuntime(logger: Logger): void {
   // A decision that fails with a gateway error (an upstream 502, a 404 …) is an answer, not an incident.
   const expected = (meta: Record<string, unknown> | undefined) =>
     (meta?.error as { type?: string } | undefined)?.type === GATEWAY_ERROR_TYPE || meta?.workflowType === decisionWorkflow.name;
-  const at = (level: string) => (level === 'TRACE' ? 'trace' : level === 'DEBUG' ? 'debug' : level === 'WARN' ? 'warn' : level === 'ERROR' ? 'error' : 'info');
+  const at = (level: string) =>
+    level === 'TRACE' ? 'trace' : level === 'DEBUG' ? 'debug' : level === 'WARN' ? 'warn' : level === 'ERROR' ? 'error' : 'info';
   Runtime.install({
     logger: {
       log: (level, message, meta) => log[level === 'WARN' && expected(meta) ? 'debug' : at(level)](meta ?? {}, message),

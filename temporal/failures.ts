@@ -5,8 +5,6 @@ import { errorFromStatus, GatewayError, InternalError, RateLimitedError, Service
 
 import { GATEWAY_ERROR_TYPE } from '../workflows/shared';
 
-
-
 interface Details {
   status: number;
   metadata: Record<string, unknown> | null;
@@ -16,7 +14,11 @@ interface Details {
 /** For activities: gateway errors become final failures; anything else stays retryable. */
 export function toActivityFailure(err: unknown): unknown {
   if (!(err instanceof GatewayError)) return err;
-  const details: Details = { status: err.status, metadata: err.metadata, ...(err instanceof RateLimitedError ? { retryAfterSeconds: err.retryAfterSeconds } : {}) };
+  const details: Details = {
+    status: err.status,
+    metadata: err.metadata,
+    ...(err instanceof RateLimitedError ? { retryAfterSeconds: err.retryAfterSeconds } : {}),
+  };
   return ApplicationFailure.create({ type: GATEWAY_ERROR_TYPE, message: err.message, nonRetryable: true, details: [details] });
 }
 

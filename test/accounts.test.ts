@@ -21,9 +21,20 @@ import { call, createTenant, startTestGateway, uniqueName, type Tenant, type Tes
 
 function usage(t: Tenant, id: string, cost: number): Omit<UsageDoc, 'created_at'> {
   return {
-    _id: id, workspace_id: t.workspaceId, key_id: t.inferenceKeyId, kind: 'decision', model: 'typesafe/jev-1.13', provider: 'sandbox',
-    input_tokens: 120, output_tokens: 3, cost, session_id: 's-1', user: 'u-1', trace: { trace_id: 't-1' },
-    app: { referer: 'https://app.example', title: 'My App', categories: ['cli'] }, batch_id: null,
+    _id: id,
+    workspace_id: t.workspaceId,
+    key_id: t.inferenceKeyId,
+    kind: 'decision',
+    model: 'typesafe/jev-1.13',
+    provider: 'sandbox',
+    input_tokens: 120,
+    output_tokens: 3,
+    cost,
+    session_id: 's-1',
+    user: 'u-1',
+    trace: { trace_id: 't-1' },
+    app: { referer: 'https://app.example', title: 'My App', categories: ['cli'] },
+    batch_id: null,
   };
 }
 
@@ -36,7 +47,9 @@ describe('workspaces, keys and credits', () => {
     gw = await startTestGateway({ withWorker: false });
     [a, b] = await Promise.all([createTenant(gw.store, 5), createTenant(gw.store, 5)]);
   });
-  after(async () => { await gw.stop(); });
+  after(async () => {
+    await gw.stop();
+  });
 
   it('stores only a hash of each key', async () => {
     const doc = await gw.store.apiKeys.findOne({ id: a.inferenceKeyId });
@@ -59,7 +72,9 @@ describe('workspaces, keys and credits', () => {
 
   it("never shows one workspace another's keys or generations: 404, not 403", async () => {
     const listed = await call(`${gw.url}/api/v1/keys`, { key: a.managementKey });
-    expect(listed.body.data.map((k: { workspace_id: string }) => k.workspace_id)).to.satisfy((ids: string[]) => ids.every((id) => id === a.workspaceId));
+    expect(listed.body.data.map((k: { workspace_id: string }) => k.workspace_id)).to.satisfy((ids: string[]) =>
+      ids.every((id) => id === a.workspaceId),
+    );
     expect(listed.body.data.map((k: { id: string }) => k.id)).to.not.include(b.inferenceKeyId);
 
     const read = await call(`${gw.url}/api/v1/keys/${b.inferenceKeyId}`, { key: a.managementKey });
@@ -73,9 +88,24 @@ describe('workspaces, keys and credits', () => {
     expect((await call(`${gw.url}/api/v1/generation?id=${genId}`, { key: a.inferenceKey })).status).to.equal(404);
     const own = await call(`${gw.url}/api/v1/generation?id=${genId}`, { key: b.inferenceKey });
     expect(own.status).to.equal(200);
-    expect(own.body.data).to.include({ id: genId, model: 'typesafe/jev-1.13', provider_name: 'sandbox', tokens_prompt: 120, tokens_completion: 3, total_cost: 0.5, session_id: 's-1', user: 'u-1', app_title: 'My App', app_referer: 'https://app.example' });
+    expect(own.body.data).to.include({
+      id: genId,
+      model: 'typesafe/jev-1.13',
+      provider_name: 'sandbox',
+      tokens_prompt: 120,
+      tokens_completion: 3,
+      total_cost: 0.5,
+      session_id: 's-1',
+      user: 'u-1',
+      app_title: 'My App',
+      app_referer: 'https://app.example',
+    });
     // Credits of one workspace are untouched by the other's usage.
-    expect((await call(`${gw.url}/api/v1/credits`, { key: a.inferenceKey })).body.data).to.deep.equal({ total_credits: 5, total_usage: 0, balance: 5 });
+    expect((await call(`${gw.url}/api/v1/credits`, { key: a.inferenceKey })).body.data).to.deep.equal({
+      total_credits: 5,
+      total_usage: 0,
+      balance: 5,
+    });
   });
 
   it('debits a retried call exactly once, even when the retries race', async () => {
@@ -83,7 +113,9 @@ describe('workspaces, keys and credits', () => {
     const id = `gen-${uniqueName('retry')}`;
     // Retries in one writer's group and in other writers (processes) at once.
     const ledger = new UsageLedger(gw.store);
-    const results = await Promise.all(Array.from({ length: 8 }, (_, i) => (i % 2 ? ledger : new UsageLedger(gw.store)).record(usage(t, id, 0.25))));
+    const results = await Promise.all(
+      Array.from({ length: 8 }, (_, i) => (i % 2 ? ledger : new UsageLedger(gw.store)).record(usage(t, id, 0.25))),
+    );
     expect(results.filter(Boolean)).to.have.length(1);
     expect(await ledger.record(usage(t, id, 0.25))).to.equal(false);
     expect(await gw.store.usage.countDocuments({ _id: id })).to.equal(1);
@@ -108,7 +140,9 @@ describe('gateway CLI: workspaces, keys, credits', () => {
     gw = await startTestGateway({ withWorker: false, env: { KEY_CACHE_MS: '400' } });
     env = { ...process.env, MONGODB_URI: stack.mongoUri, MONGODB_DATABASE: gw.config.mongo.database, LOG_LEVEL: 'silent' };
   });
-  after(async () => { await gw.stop(); });
+  after(async () => {
+    await gw.stop();
+  });
 
   it('creates a workspace with credits and keys that work against the API, then revokes one', async () => {
     const name = uniqueName('acme');
@@ -155,7 +189,10 @@ describe('gateway CLI: workspaces, keys, credits', () => {
     expect(ws.status, ws.err).to.equal(0);
     expect(ws.json()).to.include({ name, credits: 0 });
     const ik = cli('keys', 'create', '--workspace', name, '--json').json();
-    const r = await call(`${gw.url}/api/v1/systemone`, { key: ik.key, body: { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } } } });
+    const r = await call(`${gw.url}/api/v1/systemone`, {
+      key: ik.key,
+      body: { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } } },
+    });
     expect(r.status).to.equal(402);
     expect(cli('workspaces', 'create', '--name', uniqueName('neg'), '--credits', '-1').err).to.include('non-negative number');
   });
@@ -177,16 +214,22 @@ describe('session and attribution context', () => {
     app.use(requestContext(createLogger('silent')));
     app.use(errorMiddleware());
     app.use(jsonBody({ limitBytes: 1024 * 1024, maxDepth: 64, idleMs: 5000 }));
-    app.use((ctx) => { ctx.body = requestMeta(ctx, ctx.request.body as object); });
+    app.use((ctx) => {
+      ctx.body = requestMeta(ctx, ctx.request.body as object);
+    });
     server = http.createServer(app.callback()).listen(0, '127.0.0.1');
     await new Promise((r) => server.once('listening', r));
     url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
   });
-  after(() => { server.close(); });
+  after(() => {
+    server.close();
+  });
 
   it('uses x-session-id when the body has none, and the body when both are given', async () => {
     expect((await call(url, { body: {}, headers: { 'x-session-id': 'from-header' } })).body.session_id).to.equal('from-header');
-    expect((await call(url, { body: { session_id: 'from-body' }, headers: { 'x-session-id': 'from-header' } })).body.session_id).to.equal('from-body');
+    expect((await call(url, { body: { session_id: 'from-body' }, headers: { 'x-session-id': 'from-header' } })).body.session_id).to.equal(
+      'from-body',
+    );
     expect((await call(url, { body: {} })).body.session_id).to.equal(null);
   });
 
@@ -198,8 +241,16 @@ describe('session and attribution context', () => {
   });
 
   it('reads app attribution from HTTP-Referer, X-OpenRouter-Title (or X-Title) and X-OpenRouter-Categories', async () => {
-    const r = await call(url, { body: { user: 'u-9', trace: { trace_id: 'x', custom: 1 } }, headers: { 'http-referer': 'https://a.example', 'x-title': 'Alias Title', 'x-openrouter-categories': 'cli, agents' } });
-    expect(r.body).to.deep.equal({ session_id: null, user: 'u-9', trace: { trace_id: 'x', custom: 1 }, app: { referer: 'https://a.example', title: 'Alias Title', categories: ['cli', 'agents'] } });
+    const r = await call(url, {
+      body: { user: 'u-9', trace: { trace_id: 'x', custom: 1 } },
+      headers: { 'http-referer': 'https://a.example', 'x-title': 'Alias Title', 'x-openrouter-categories': 'cli, agents' },
+    });
+    expect(r.body).to.deep.equal({
+      session_id: null,
+      user: 'u-9',
+      trace: { trace_id: 'x', custom: 1 },
+      app: { referer: 'https://a.example', title: 'Alias Title', categories: ['cli', 'agents'] },
+    });
     const both = await call(url, { body: {}, headers: { 'x-openrouter-title': 'Main', 'x-title': 'Alias' } });
     expect(both.body.app.title).to.equal('Main');
   });
@@ -207,8 +258,12 @@ describe('session and attribution context', () => {
 
 describe('GET /api/v1/openapi.json', () => {
   let gw: TestGateway;
-  before(async () => { gw = await startTestGateway({ withWorker: false }); });
-  after(async () => { await gw.stop(); });
+  before(async () => {
+    gw = await startTestGateway({ withWorker: false });
+  });
+  after(async () => {
+    await gw.stop();
+  });
 
   it('is served without auth and validates as OpenAPI 3.1', async () => {
     const r = await call(`${gw.url}/api/v1/openapi.json`);
@@ -217,7 +272,12 @@ describe('GET /api/v1/openapi.json', () => {
     const result = await new Validator().validate(r.body);
     expect(result.valid, JSON.stringify(result.errors)).to.equal(true);
     expect(r.body.paths).to.include.keys('/keys', '/keys/{id}', '/credits', '/key', '/generation');
-    expect(r.body.paths['/keys'].post.requestBody.content['application/json'].schema.properties.kind.enum).to.deep.equal(['inference', 'management']);
-    expect(r.body.paths['/keys'].get.responses['403'].content['application/json'].schema.$ref).to.equal('#/components/schemas/ErrorEnvelope');
+    expect(r.body.paths['/keys'].post.requestBody.content['application/json'].schema.properties.kind.enum).to.deep.equal([
+      'inference',
+      'management',
+    ]);
+    expect(r.body.paths['/keys'].get.responses['403'].content['application/json'].schema.$ref).to.equal(
+      '#/components/schemas/ErrorEnvelope',
+    );
   });
 });

@@ -15,8 +15,10 @@ import { KeyCache } from '../accounts/key-cache';
 import { UsageLedger } from '../accounts/usage-ledger';
 import { usageRecord, call, capturingLogger, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
 
-const envelope = (code: number, message: string, metadata: unknown = null, userId: string | null = null) =>
-  ({ error: { code, message, metadata }, user_id: userId });
+const envelope = (code: number, message: string, metadata: unknown = null, userId: string | null = null) => ({
+  error: { code, message, metadata },
+  user_id: userId,
+});
 
 describe('authentication and the error envelope', () => {
   let gw: TestGateway;
@@ -27,7 +29,9 @@ describe('authentication and the error envelope', () => {
     gw = await startTestGateway({ withWorker: false, logger, env: { BODY_LIMIT: '1kb' } });
     t = await createTenant(gw.store);
   });
-  after(async () => { await gw.stop(); });
+  after(async () => {
+    await gw.stop();
+  });
 
   it('401 with no Authorization header says the authentication header is missing', async () => {
     const r = await call(`${gw.url}/api/v1/credits`);
@@ -36,8 +40,9 @@ describe('authentication and the error envelope', () => {
   });
 
   it('401 for a malformed header, an unknown key and a revoked key alike', async () => {
-    expect((await call(`${gw.url}/api/v1/credits`, { headers: { authorization: `Basic ${t.inferenceKey}` } })).body)
-      .to.deep.equal(envelope(401, "Malformed Authorization header: expected 'Bearer <API key>'"));
+    expect((await call(`${gw.url}/api/v1/credits`, { headers: { authorization: `Basic ${t.inferenceKey}` } })).body).to.deep.equal(
+      envelope(401, "Malformed Authorization header: expected 'Bearer <API key>'"),
+    );
     const unknown = await call(`${gw.url}/api/v1/credits`, { key: `sk-gw-v1-${'0'.repeat(64)}` });
     expect(unknown.body).to.deep.equal(envelope(401, 'Invalid or revoked API key'));
     const garbage = await call(`${gw.url}/api/v1/credits`, { key: 'x'.repeat(5000) });
@@ -49,11 +54,18 @@ describe('authentication and the error envelope', () => {
     const revoked = await call(`${gw.url}/api/v1/keys/${extra.body.data.id}`, { method: 'DELETE', key: t.managementKey });
     expect(revoked.status).to.equal(200);
     expect(revoked.body.data.revoked_at).to.be.a('string');
-    expect((await call(`${gw.url}/api/v1/credits`, { key: extra.body.key })).body).to.deep.equal(envelope(401, 'Invalid or revoked API key'));
+    expect((await call(`${gw.url}/api/v1/credits`, { key: extra.body.key })).body).to.deep.equal(
+      envelope(401, 'Invalid or revoked API key'),
+    );
   });
 
   it('403 when an inference key calls a management-only operation', async () => {
-    for (const [method, path] of [['GET', '/keys'], ['POST', '/keys'], ['GET', `/keys/${t.inferenceKeyId}`], ['DELETE', `/keys/${t.inferenceKeyId}`]]) {
+    for (const [method, path] of [
+      ['GET', '/keys'],
+      ['POST', '/keys'],
+      ['GET', `/keys/${t.inferenceKeyId}`],
+      ['DELETE', `/keys/${t.inferenceKeyId}`],
+    ]) {
       const r = await call(`${gw.url}/api/v1${path}`, { method, key: t.inferenceKey, body: method === 'POST' ? {} : undefined });
       expect(r.status, `${method} ${path}`).to.equal(403);
       expect(r.body).to.deep.equal(envelope(403, 'Only management keys can perform this operation', null, t.inferenceKeyId));
@@ -125,8 +137,12 @@ describe('authentication and the error envelope', () => {
 
 describe('authenticated-key cache', () => {
   let gw: TestGateway;
-  before(async () => { gw = await startTestGateway({ withWorker: false }); });
-  after(async () => { await gw.stop(); });
+  before(async () => {
+    gw = await startTestGateway({ withWorker: false });
+  });
+  after(async () => {
+    await gw.stop();
+  });
 
   it('remembers live keys for its TTL, refuses a key revoked elsewhere after it, and forgets on request', async () => {
     const t = await createTenant(gw.store);
@@ -174,12 +190,48 @@ describe('402, 500 and the billable guard', () => {
     app.use(requestContext(logger));
     app.use(errorMiddleware());
     const router = new Router();
-    const deps = { config: gw.config, logger, store: gw.store, temporal: null as never, decisions: null as never, pingTemporal: async () => undefined, rateLimiter: new RateLimiter(gw.store, 1000, 60), upstreams: null as never,
-      workspaces: new WorkspaceCache(gw.store, 0), keys: new KeyCache(gw.store, 0) }; // no caching: every call reads the ledger
-    mountRoutes(router, [
-      defineRoute({ method: 'post', path: '/spend', summary: 'billable', tag: 't', auth: 'any', billable: true, body: Type.Object({}), responses: {}, handler: (ctx) => { ctx.body = { ok: true }; } }),
-      defineRoute({ method: 'get', path: '/boom', summary: 'fails', tag: 't', auth: 'none', responses: {}, handler: () => { throw new TypeError('secret detail: mongodb://admin:pw@db'); } }),
-    ], deps);
+    const deps = {
+      config: gw.config,
+      logger,
+      store: gw.store,
+      temporal: null as never,
+      decisions: null as never,
+      pingTemporal: async () => undefined,
+      rateLimiter: new RateLimiter(gw.store, 1000, 60),
+      upstreams: null as never,
+      workspaces: new WorkspaceCache(gw.store, 0),
+      keys: new KeyCache(gw.store, 0),
+    }; // no caching: every call reads the ledger
+    mountRoutes(
+      router,
+      [
+        defineRoute({
+          method: 'post',
+          path: '/spend',
+          summary: 'billable',
+          tag: 't',
+          auth: 'any',
+          billable: true,
+          body: Type.Object({}),
+          responses: {},
+          handler: (ctx) => {
+            ctx.body = { ok: true };
+          },
+        }),
+        defineRoute({
+          method: 'get',
+          path: '/boom',
+          summary: 'fails',
+          tag: 't',
+          auth: 'none',
+          responses: {},
+          handler: () => {
+            throw new TypeError('secret detail: mongodb://admin:pw@db');
+          },
+        }),
+      ],
+      deps,
+    );
     app.use(router.routes() as Koa.Middleware);
     server = http.createServer(app.callback()).listen(0, '127.0.0.1');
     await new Promise((r) => server.once('listening', r));
@@ -194,7 +246,9 @@ describe('402, 500 and the billable guard', () => {
     const broke = await createTenant(gw.store, 0);
     const r = await call(`${url}/spend`, { key: broke.inferenceKey, body: {} });
     expect(r.status).to.equal(402);
-    expect(r.body).to.deep.equal(envelope(402, 'Insufficient credits: add credits to this workspace to continue', { balance: 0 }, broke.inferenceKeyId));
+    expect(r.body).to.deep.equal(
+      envelope(402, 'Insufficient credits: add credits to this workspace to continue', { balance: 0 }, broke.inferenceKeyId),
+    );
 
     const rich = await createTenant(gw.store, 1);
     expect((await call(`${url}/spend`, { key: rich.inferenceKey, body: {} })).status).to.equal(200);
@@ -218,7 +272,12 @@ describe('402, 500 and the billable guard', () => {
     // ...and once it is in, the spending shows.
     let status = 0;
     for (let i = 0; i < 100 && status !== 402; i++) {
-      await cache.assertCanSpend(t.workspaceId).then(() => new Promise((r) => setTimeout(r, 10)), (err: { status: number }) => { status = err.status; });
+      await cache.assertCanSpend(t.workspaceId).then(
+        () => new Promise((r) => setTimeout(r, 10)),
+        (err: { status: number }) => {
+          status = err.status;
+        },
+      );
     }
     expect(status).to.equal(402);
   });
@@ -227,7 +286,11 @@ describe('402, 500 and the billable guard', () => {
     let now = 0;
     let reading = false;
     // A clock on which the ledger read (between its two clock readings) takes 2 s.
-    const cache = new WorkspaceCache(gw.store, 5_000, () => { if (reading) now += 2_000; reading = !reading; return now; });
+    const cache = new WorkspaceCache(gw.store, 5_000, () => {
+      if (reading) now += 2_000;
+      reading = !reading;
+      return now;
+    });
     const t = await createTenant(gw.store, 1);
     await cache.assertCanSpend(t.workspaceId);
     expect(now).to.equal(2_000);
@@ -258,7 +321,9 @@ describe('rate limits', () => {
     gw = await startTestGateway({ withWorker: false, env: { RATE_LIMIT_REQUESTS: '3', RATE_LIMIT_WINDOW_SECONDS: '3600' } });
     t = await createTenant(gw.store);
   });
-  after(async () => { await gw.stop(); });
+  after(async () => {
+    await gw.stop();
+  });
 
   it('reports the limit on every response and answers 429 with Retry-After past it', async () => {
     const remaining: string[] = [];
@@ -281,8 +346,14 @@ describe('rate limits', () => {
   });
 
   it('is shared between API processes: two gateways admit the limit in total, exactly', async () => {
-    const other = await startTestGateway({ withWorker: false, env: { RATE_LIMIT_REQUESTS: '5', RATE_LIMIT_WINDOW_SECONDS: '3600', MONGODB_DATABASE: gw.config.mongo.database } });
-    const first = await startTestGateway({ withWorker: false, env: { RATE_LIMIT_REQUESTS: '5', RATE_LIMIT_WINDOW_SECONDS: '3600', MONGODB_DATABASE: gw.config.mongo.database } });
+    const other = await startTestGateway({
+      withWorker: false,
+      env: { RATE_LIMIT_REQUESTS: '5', RATE_LIMIT_WINDOW_SECONDS: '3600', MONGODB_DATABASE: gw.config.mongo.database },
+    });
+    const first = await startTestGateway({
+      withWorker: false,
+      env: { RATE_LIMIT_REQUESTS: '5', RATE_LIMIT_WINDOW_SECONDS: '3600', MONGODB_DATABASE: gw.config.mongo.database },
+    });
     try {
       const tenant = await createTenant(gw.store);
       const calls = [];
@@ -310,4 +381,3 @@ describe('rate limits', () => {
     expect(await limiter.take(key)).to.include({ allowed: true, remaining: 1 });
   });
 });
-

@@ -9,7 +9,16 @@ import { createUpstreams } from '../routing/upstreams';
 import { UsageLedger } from '../accounts/usage-ledger';
 import { createActivities } from '../activities';
 import {
-  batches, newBatchId, progress, results, saveProgress, seqId, storeInputs, emptyTally, type BatchDoc, type ResultDoc,
+  batches,
+  newBatchId,
+  progress,
+  results,
+  saveProgress,
+  seqId,
+  storeInputs,
+  emptyTally,
+  type BatchDoc,
+  type ResultDoc,
 } from '../batches/store';
 import { stack } from './fixture';
 import { addPresetVersion } from '../presets/store';
@@ -17,8 +26,10 @@ import { ChunkWriter } from '../batches/chunk-writer';
 import { LineRunner } from '../batches/line-runner';
 import { createTenant, uniqueName, writeTestCatalog, type Tenant } from './helpers';
 
-const countedCalls = async (tag: string) => Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
-  .filter(([k]) => k.includes(`chunktest=${tag}`)).reduce((a, [, n]) => a + n, 0);
+const countedCalls = async (tag: string) =>
+  Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
+    .filter(([k]) => k.includes(`chunktest=${tag}`))
+    .reduce((a, [, n]) => a + n, 0);
 
 describe('batch chunk activity', () => {
   let store: Store;
@@ -30,15 +41,41 @@ describe('batch chunk activity', () => {
   before(async () => {
     const catalogPath = writeTestCatalog('chunk', (base) => {
       base.providers.push({
-        slug: 'chunk-counted', name: 'chunk-counted', adapter: 'openai', base_url: `\${SANDBOX_URL}/~chunktest=${tag}/openai/v1`,
-        collects_data: false, zdr: false, max_concurrency: 10, timeout_ms: 5000,
+        slug: 'chunk-counted',
+        name: 'chunk-counted',
+        adapter: 'openai',
+        base_url: `\${SANDBOX_URL}/~chunktest=${tag}/openai/v1`,
+        collects_data: false,
+        zdr: false,
+        max_concurrency: 10,
+        timeout_ms: 5000,
       });
       base.models.push({
-        id: 'test/chunk-counted', name: 'chunk', kind: 'chat', family: 'test/chunk', version: '1', released: '20260101', context_length: 1000, distillable: true,
-        endpoints: [{ provider: 'chunk-counted', upstream_model: 'sandbox-chat', pricing: { prompt: 1, completion: 1 }, quantization: 'bf16', supported_parameters: [] }],
+        id: 'test/chunk-counted',
+        name: 'chunk',
+        kind: 'chat',
+        family: 'test/chunk',
+        version: '1',
+        released: '20260101',
+        context_length: 1000,
+        distillable: true,
+        endpoints: [
+          {
+            provider: 'chunk-counted',
+            upstream_model: 'sandbox-chat',
+            pricing: { prompt: 1, completion: 1 },
+            quantization: 'bf16',
+            supported_parameters: [],
+          },
+        ],
       });
     });
-    const config = loadConfig({ MONGODB_URI: stack.mongoUri, MONGODB_DATABASE: uniqueName('db').replace(/-/g, '_'), SANDBOX_URL: stack.sandboxUrl, CATALOG_PATH: catalogPath });
+    const config = loadConfig({
+      MONGODB_URI: stack.mongoUri,
+      MONGODB_DATABASE: uniqueName('db').replace(/-/g, '_'),
+      SANDBOX_URL: stack.sandboxUrl,
+      CATALOG_PATH: catalogPath,
+    });
     store = await Store.connect(stack.mongoUri, config.mongo.database);
     upstreams = createUpstreams(config, store);
     activities = createActivities({ store, upstreams, batchSettings: config.batches, usage: new UsageLedger(store) });
@@ -55,9 +92,26 @@ describe('batch chunk activity', () => {
     const chunks = await storeInputs(store, id, lines, 100);
     const now = new Date();
     const doc: BatchDoc = {
-      _id: id, workspace_id: t.workspaceId, key_id: t.inferenceKeyId, endpoint: '/v1/chat/completions', model: 'test/chunk-counted', canonical_model: 'test/chunk-counted-20260101',
-      completion_window: '24h', status: 'in_progress', created_at: now, in_progress_at: now, finalized_at: null, expires_at: new Date(now.getTime() + 3600_000),
-      provider_only: null, total: lines.length, chunks, provider: null, usage: null, error: null, metadata: null, meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
+      _id: id,
+      workspace_id: t.workspaceId,
+      key_id: t.inferenceKeyId,
+      endpoint: '/v1/chat/completions',
+      model: 'test/chunk-counted',
+      canonical_model: 'test/chunk-counted-20260101',
+      completion_window: '24h',
+      status: 'in_progress',
+      created_at: now,
+      in_progress_at: now,
+      finalized_at: null,
+      expires_at: new Date(now.getTime() + 3600_000),
+      provider_only: null,
+      total: lines.length,
+      chunks,
+      provider: null,
+      usage: null,
+      error: null,
+      metadata: null,
+      meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
     };
     await batches(store).insertOne(doc);
     return id;
@@ -70,20 +124,26 @@ describe('batch chunk activity', () => {
     const first = new MockActivityEnvironment();
     const before = await countedCalls(tag);
     await first.run(activities.processBatchChunk, id, 0);
-    expect(await countedCalls(tag) - before).to.equal(10);
+    expect((await countedCalls(tag)) - before).to.equal(10);
     const stored = await progress(store, id).findOne({ _id: seqId(0) });
     expect(stored).to.include({ completed: 10, failed: 0, n: 10 });
 
     // Rewind to an attempt that died having stored six lines, while the last heartbeat Temporal
     // kept says two (as after a server restart).
     await results(store, id).deleteMany({ _id: { $in: [6, 7, 8, 9].map(seqId) } });
-    const six = { ...emptyTally(), completed: 6, input_tokens: stored!.input_tokens, output_tokens: stored!.output_tokens, cost: stored!.cost };
+    const six = {
+      ...emptyTally(),
+      completed: 6,
+      input_tokens: stored!.input_tokens,
+      output_tokens: stored!.output_tokens,
+      cost: stored!.cost,
+    };
     await progress(store, id).replaceOne({ _id: seqId(0) }, { _id: seqId(0), ...six, done: [0, 1, 2, 3, 4, 5], n: 6 });
 
     const retry = new MockActivityEnvironment({ heartbeatDetails: { done: [0, 1], completed: 2, failed: 0 } });
     const mid = await countedCalls(tag);
     const out = await retry.run(activities.processBatchChunk, id, 0);
-    expect(await countedCalls(tag) - mid, 'only the four unstored lines are called again').to.equal(4);
+    expect((await countedCalls(tag)) - mid, 'only the four unstored lines are called again').to.equal(4);
     expect(out).to.deep.equal({ completed: 10, failed: 0 });
     expect(await results(store, id).countDocuments({})).to.equal(10);
   });
@@ -99,7 +159,13 @@ describe('batch chunk activity', () => {
 
   it("a line naming a missing preset (or another workspace's) fails alone with a clear error", async () => {
     const other = await createTenant(store, 1);
-    await addPresetVersion(store, { workspaceId: other.workspaceId, slug: 'theirs', creator: 'u', config: { model: 'test/chunk-counted' }, systemPrompt: 'secret' });
+    await addPresetVersion(store, {
+      workspaceId: other.workspaceId,
+      slug: 'theirs',
+      creator: 'u',
+      config: { model: 'test/chunk-counted' },
+      systemPrompt: 'secret',
+    });
     const id = await storeBatch([chat(0), chat(1, { preset: 'no-such-preset' }), { ...chat(2), model: '@preset/theirs' }, chat(3)]);
     const env = new MockActivityEnvironment();
     const out = await env.run(activities.processBatchChunk, id, 0);
@@ -119,8 +185,15 @@ describe('batch chunk activity', () => {
     const opts = { store: broken, usage: new UsageLedger(broken), batch, chunkIndex: 0, outageMs: 60_000 };
     const writer = new ChunkWriter(opts, null);
     const result: ResultDoc = {
-      _id: seqId(0), line: 0, custom_id: 'c0', id: `gen-batch-${id.slice(6)}-0`, ok: true, provider: 'chunk-counted',
-      response: { status_code: 200, request_id: 'x', body: {} }, error: null, usage: { input_tokens: 1, output_tokens: 1, cost: 0.5 },
+      _id: seqId(0),
+      line: 0,
+      custom_id: 'c0',
+      id: `gen-batch-${id.slice(6)}-0`,
+      ok: true,
+      provider: 'chunk-counted',
+      response: { status_code: 200, request_id: 'x', body: {} },
+      error: null,
+      usage: { input_tokens: 1, output_tokens: 1, cost: 0.5 },
     };
     writer.add(result);
     await writer.flush();
@@ -141,11 +214,18 @@ describe('batch chunk activity', () => {
   it('the line runner turns a line no endpoint may serve into a failed result (404), not a thrown error', async () => {
     const id = await storeBatch([chat(0)]);
     const batch = (await batches(store).findOne({ _id: id }))!;
-    const runner = new LineRunner({ store, upstreams, batch: { ...batch, provider_only: ['chunk-counted'] }, workspace: { ignore: ['chunk-counted'] }, lineAttempts: 1, outageMs: 1, signal: new AbortController().signal });
+    const runner = new LineRunner({
+      store,
+      upstreams,
+      batch: { ...batch, provider_only: ['chunk-counted'] },
+      workspace: { ignore: ['chunk-counted'] },
+      lineAttempts: 1,
+      outageMs: 1,
+      signal: new AbortController().signal,
+    });
     const r = await runner.run({ line: 0, custom_id: 'c0', body: JSON.stringify(chat(0)) }).catch((err) => err);
     expect(r).to.not.be.instanceOf(Error);
     expect(r.ok).to.equal(false);
     expect(r.error).to.include({ code: 404, type: 'not_found' });
   });
 });
-

@@ -13,21 +13,60 @@ import { call, createTenant, startTestGateway, waitForStatus, writeTestCatalog, 
 function batchCatalog(): string {
   return writeTestCatalog('batches', (base) => {
     const provider = (slug: string, faults: string, extra = {}) => ({
-      slug, name: slug, adapter: 'openai', base_url: `\${SANDBOX_URL}/~batchtest=1,${faults}/openai/v1`, collects_data: false, zdr: false, max_concurrency: 50, timeout_ms: 5000, ...extra,
+      slug,
+      name: slug,
+      adapter: 'openai',
+      base_url: `\${SANDBOX_URL}/~batchtest=1,${faults}/openai/v1`,
+      collects_data: false,
+      zdr: false,
+      max_concurrency: 50,
+      timeout_ms: 5000,
+      ...extra,
     });
-    base.providers.push(provider('batch-broken', 'status=500'), provider('batch-slow', 'latency=250', { max_concurrency: 4 }), provider('batch-counted', 'counted=1'), provider('batch-cancel', 'cancelcheck=1,latency=100', { max_concurrency: 4 }));
+    base.providers.push(
+      provider('batch-broken', 'status=500'),
+      provider('batch-slow', 'latency=250', { max_concurrency: 4 }),
+      provider('batch-counted', 'counted=1'),
+      provider('batch-cancel', 'cancelcheck=1,latency=100', { max_concurrency: 4 }),
+    );
     const model = (id: string, endpoints: [string, number][]) => ({
-      id, name: id, kind: 'chat', family: id, version: '1', released: '20260101', context_length: 1000, distillable: true,
-      endpoints: endpoints.map(([p, price]) => ({ provider: p, upstream_model: 'sandbox-chat', pricing: { prompt: price, completion: price }, quantization: 'bf16', supported_parameters: [] })),
+      id,
+      name: id,
+      kind: 'chat',
+      family: id,
+      version: '1',
+      released: '20260101',
+      context_length: 1000,
+      distillable: true,
+      endpoints: endpoints.map(([p, price]) => ({
+        provider: p,
+        upstream_model: 'sandbox-chat',
+        pricing: { prompt: price, completion: price },
+        quantization: 'bf16',
+        supported_parameters: [],
+      })),
     });
-    base.models.push(model('test/batch-fallback', [['batch-broken', 0.0001], ['sandbox-alpha', 5]]), model('test/batch-slow', [['batch-slow', 1]]), model('test/batch-counted', [['batch-counted', 1]]), model('test/batch-cancel', [['batch-cancel', 1]]));
+    base.models.push(
+      model('test/batch-fallback', [
+        ['batch-broken', 0.0001],
+        ['sandbox-alpha', 5],
+      ]),
+      model('test/batch-slow', [['batch-slow', 1]]),
+      model('test/batch-counted', [['batch-counted', 1]]),
+      model('test/batch-cancel', [['batch-cancel', 1]]),
+    );
   });
 }
 
-const chatLine = (i: number, extra: Record<string, unknown> = {}) => ({ custom_id: `req-${i}`, body: { messages: [{ role: 'user', content: `Question ${i}` }], max_tokens: 5, ...extra } });
+const chatLine = (i: number, extra: Record<string, unknown> = {}) => ({
+  custom_id: `req-${i}`,
+  body: { messages: [{ role: 'user', content: `Question ${i}` }], max_tokens: 5, ...extra },
+});
 /** Calls the sandbox has had through the `batch-counted` provider, used by one test only. */
-const countedCalls = async () => Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
-  .filter(([k]) => k.includes('counted=1')).reduce((a, [, n]) => a + n, 0);
+const countedCalls = async () =>
+  Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
+    .filter(([k]) => k.includes('counted=1'))
+    .reduce((a, [, n]) => a + n, 0);
 
 describe('batches', () => {
   let gw: TestGateway;
@@ -42,14 +81,25 @@ describe('batches', () => {
     gw = await startTestGateway({ env: env() });
     t = await createTenant(gw.store, 10);
   });
-  after(async () => { await gw.stop(); });
+  after(async () => {
+    await gw.stop();
+  });
 
   describe('lifecycle', () => {
     it('runs a chat completions batch to completion with one result per line', async () => {
       const requests = Array.from({ length: 20 }, (_, i) => chatLine(i));
       const r = await create({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests, metadata: { team: 'risk' } });
       expect(r.status, JSON.stringify(r.body)).to.equal(202);
-      expect(r.body).to.include({ object: 'batch', status: 'validating', endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', completion_window: '24h', results: null, error: null, usage: null });
+      expect(r.body).to.include({
+        object: 'batch',
+        status: 'validating',
+        endpoint: '/v1/chat/completions',
+        model: 'sandbox/chat-1',
+        completion_window: '24h',
+        results: null,
+        error: null,
+        usage: null,
+      });
       expect(r.body.id).to.match(/^batch_/);
       expect(r.body.metadata).to.deep.equal({ team: 'risk' });
       expect(r.body.expires_at - r.body.created_at).to.equal(24 * 3600);
@@ -72,13 +122,33 @@ describe('batches', () => {
       const cost = records.reduce((s, u) => s + u.cost, 0);
       expect(done.usage.cost).to.be.closeTo(cost, 1e-9);
       expect(done.usage.prompt_tokens).to.equal(records.reduce((s, u) => s + u.input_tokens, 0));
-      expect(records[0]).to.include({ kind: 'batch_line', workspace_id: t.workspaceId, key_id: t.inferenceKeyId, model: 'sandbox/chat-1-20261015' });
+      expect(records[0]).to.include({
+        kind: 'batch_line',
+        workspace_id: t.workspaceId,
+        key_id: t.inferenceKeyId,
+        model: 'sandbox/chat-1-20261015',
+      });
     });
 
     const endpoints: [string, string, (i: number) => Record<string, unknown>, (body: any) => void][] = [
-      ['/v1/responses', 'sandbox/chat-1', (i) => ({ input: `Hello ${i}`, max_output_tokens: 4 }), (b) => expect(b.object).to.equal('response')],
-      ['/v1/messages', 'sandbox/chat-1', (i) => ({ messages: [{ role: 'user', content: `Hi ${i}` }], max_tokens: 4 }), (b) => expect(b.type).to.equal('message')],
-      ['/v1/embeddings', 'sandbox/embed-1', (i) => ({ input: [`text ${i}`, 'more'], dimensions: 4 }), (b) => expect(b.data[1].embedding).to.have.length(4)],
+      [
+        '/v1/responses',
+        'sandbox/chat-1',
+        (i) => ({ input: `Hello ${i}`, max_output_tokens: 4 }),
+        (b) => expect(b.object).to.equal('response'),
+      ],
+      [
+        '/v1/messages',
+        'sandbox/chat-1',
+        (i) => ({ messages: [{ role: 'user', content: `Hi ${i}` }], max_tokens: 4 }),
+        (b) => expect(b.type).to.equal('message'),
+      ],
+      [
+        '/v1/embeddings',
+        'sandbox/embed-1',
+        (i) => ({ input: [`text ${i}`, 'more'], dimensions: 4 }),
+        (b) => expect(b.data[1].embedding).to.have.length(4),
+      ],
     ];
     for (const [endpoint, model, body, check] of endpoints) {
       it(`runs a ${endpoint} batch to completion`, async () => {
@@ -100,8 +170,18 @@ describe('batches', () => {
     });
 
     it('applies a preset named in a line', async () => {
-      await call(`${gw.url}/api/v1/presets/batch-sys/chat/completions`, { key: t.managementKey, body: { model: 'sandbox/chat-1', messages: [{ role: 'system', content: 'A long system prompt that adds quite a few prompt tokens to every request.' }] } });
-      const r = await create({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests: [chatLine(1), { ...chatLine(2), body: { ...chatLine(1).body, preset: 'batch-sys' } }] });
+      await call(`${gw.url}/api/v1/presets/batch-sys/chat/completions`, {
+        key: t.managementKey,
+        body: {
+          model: 'sandbox/chat-1',
+          messages: [{ role: 'system', content: 'A long system prompt that adds quite a few prompt tokens to every request.' }],
+        },
+      });
+      const r = await create({
+        endpoint: '/v1/chat/completions',
+        model: 'sandbox/chat-1',
+        requests: [chatLine(1), { ...chatLine(2), body: { ...chatLine(1).body, preset: 'batch-sys' } }],
+      });
       const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed']);
       const [plain, withPreset] = [...done.results].sort((a: any, b: any) => a.custom_id.localeCompare(b.custom_id));
       expect(withPreset.response.body.usage.prompt_tokens).to.be.greaterThan(plain.response.body.usage.prompt_tokens + 10);
@@ -112,20 +192,60 @@ describe('batches', () => {
     const good = { endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests: [chatLine(0)] };
     const cases: [string, unknown, number, string][] = [
       ['no endpoint', { model: good.model, requests: good.requests }, 400, 'endpoint: is required'],
-      ['an unknown endpoint', { ...good, endpoint: '/v1/images' }, 400, 'endpoint: must be one of "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/embeddings"'],
+      [
+        'an unknown endpoint',
+        { ...good, endpoint: '/v1/images' },
+        400,
+        'endpoint: must be one of "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/embeddings"',
+      ],
       ['no model', { endpoint: good.endpoint, requests: good.requests }, 400, 'model: is required'],
       ['empty requests', { ...good, requests: [] }, 400, 'requests: must NOT have fewer than 1 items'],
       ['a line without custom_id', { ...good, requests: [{ body: {} }] }, 400, 'requests[0].custom_id: is required'],
-      ['a custom_id over 256', { ...good, requests: [{ custom_id: 'c'.repeat(257), body: {} }] }, 400, 'requests[0].custom_id: must NOT have more than 256 characters'],
+      [
+        'a custom_id over 256',
+        { ...good, requests: [{ custom_id: 'c'.repeat(257), body: {} }] },
+        400,
+        'requests[0].custom_id: must NOT have more than 256 characters',
+      ],
       ['a body that is not an object', { ...good, requests: [{ custom_id: 'a', body: 'x' }] }, 400, 'requests[0].body: must be object'],
       ['provider keys other than only', { ...good, provider: { sort: 'price' } }, 400, 'provider.sort: is not an allowed field'],
-      ['a bad completion window', { ...good, completion_window: '1d' }, 400, 'completion_window: must match pattern "^([1-9]|[1-9][0-9]|1[0-5][0-9]|16[0-8])h$"'],
-      ['a line naming another model', { ...good, requests: [{ custom_id: 'a', body: { model: 'sandbox/embed-1', messages: [] } }] }, 400, 'requests[0].body.model: must match the batch model sandbox/chat-1 (custom_id "a")'],
+      [
+        'a bad completion window',
+        { ...good, completion_window: '1d' },
+        400,
+        'completion_window: must match pattern "^([1-9]|[1-9][0-9]|1[0-5][0-9]|16[0-8])h$"',
+      ],
+      [
+        'a line naming another model',
+        { ...good, requests: [{ custom_id: 'a', body: { model: 'sandbox/embed-1', messages: [] } }] },
+        400,
+        'requests[0].body.model: must match the batch model sandbox/chat-1 (custom_id "a")',
+      ],
       ['an unknown model', { ...good, model: 'nope/none' }, 404, 'Model "nope/none" not found'],
-      ['provider.only matching nothing', { ...good, provider: { only: ['nobody'] } }, 404, 'No endpoint of sandbox/chat-1 satisfies provider.only'],
-      ['a model that does not serve the endpoint', { ...good, endpoint: '/v1/embeddings' }, 404, 'No endpoint of sandbox/chat-1 serves embeddings'],
-      ['a duplicate custom_id', { ...good, requests: [chatLine(1), chatLine(2), chatLine(1)] }, 422, 'requests[2].custom_id: duplicate custom_id "req-1" (also at requests[0])'],
-      ['too many lines', { ...good, requests: Array.from({ length: 1001 }, (_, i) => ({ custom_id: `${i}`, body: {} })) }, 413, 'requests: 1001 lines, more than the limit of 1000'],
+      [
+        'provider.only matching nothing',
+        { ...good, provider: { only: ['nobody'] } },
+        404,
+        'No endpoint of sandbox/chat-1 satisfies provider.only',
+      ],
+      [
+        'a model that does not serve the endpoint',
+        { ...good, endpoint: '/v1/embeddings' },
+        404,
+        'No endpoint of sandbox/chat-1 serves embeddings',
+      ],
+      [
+        'a duplicate custom_id',
+        { ...good, requests: [chatLine(1), chatLine(2), chatLine(1)] },
+        422,
+        'requests[2].custom_id: duplicate custom_id "req-1" (also at requests[0])',
+      ],
+      [
+        'too many lines',
+        { ...good, requests: Array.from({ length: 1001 }, (_, i) => ({ custom_id: `${i}`, body: {} })) },
+        413,
+        'requests: 1001 lines, more than the limit of 1000',
+      ],
     ];
     for (const [name, body, status, message] of cases) {
       it(`${status} for ${name}`, async () => {
@@ -141,7 +261,13 @@ describe('batches', () => {
     });
 
     it('413 over the size limit, 402 without credits, 401 without a key', async () => {
-      const big = await create({ ...good, requests: Array.from({ length: 300 }, (_, i) => ({ custom_id: `${i}`, body: { messages: [{ role: 'user', content: 'x'.repeat(1000) }] } })) });
+      const big = await create({
+        ...good,
+        requests: Array.from({ length: 300 }, (_, i) => ({
+          custom_id: `${i}`,
+          body: { messages: [{ role: 'user', content: 'x'.repeat(1000) }] },
+        })),
+      });
       expect(big.status).to.equal(413);
       const broke = await createTenant(gw.store, 0);
       expect((await create(good, broke.inferenceKey)).status).to.equal(402);
@@ -152,13 +278,22 @@ describe('batches', () => {
   describe('running', () => {
     it('fails the whole batch for invalid lines, naming them, with nothing sent upstream', async () => {
       const r = await create({
-        endpoint: '/v1/chat/completions', model: 'test/batch-counted',
-        requests: [chatLine(0), { custom_id: 'streams', body: { ...chatLine(1).body, stream: true } }, { custom_id: 'no-messages', body: { max_tokens: 3 } }, chatLine(3)],
+        endpoint: '/v1/chat/completions',
+        model: 'test/batch-counted',
+        requests: [
+          chatLine(0),
+          { custom_id: 'streams', body: { ...chatLine(1).body, stream: true } },
+          { custom_id: 'no-messages', body: { max_tokens: 3 } },
+          chatLine(3),
+        ],
       });
       expect(r.status).to.equal(202);
       const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed']);
       expect(done.status).to.equal('failed');
-      expect(done.error.message).to.include('2 request line(s) are invalid').and.include('streams (stream: must be equal to constant)').and.include('no-messages (messages: is required)');
+      expect(done.error.message)
+        .to.include('2 request line(s) are invalid')
+        .and.include('streams (stream: must be equal to constant)')
+        .and.include('no-messages (messages: is required)');
       expect(done.results).to.equal(null);
       expect(done.request_counts).to.deep.equal({ total: 4, completed: 0, failed: 4 });
       expect(await countedCalls()).to.equal(0);
@@ -183,28 +318,51 @@ describe('batches', () => {
     });
 
     it('falls back to the next provider inside a batch', async () => {
-      const r = await create({ endpoint: '/v1/chat/completions', model: 'test/batch-fallback', requests: Array.from({ length: 6 }, (_, i) => chatLine(i)) });
+      const r = await create({
+        endpoint: '/v1/chat/completions',
+        model: 'test/batch-fallback',
+        requests: Array.from({ length: 6 }, (_, i) => chatLine(i)),
+      });
       const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed']);
       expect(done.request_counts).to.deep.equal({ total: 6, completed: 6, failed: 0 });
       expect(done.provider).to.equal('sandbox-alpha');
     });
 
     it('streams results as JSON Lines, paged by after and limit', async () => {
-      const r = await create({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests: Array.from({ length: 10 }, (_, i) => chatLine(i)) });
+      const r = await create({
+        endpoint: '/v1/chat/completions',
+        model: 'sandbox/chat-1',
+        requests: Array.from({ length: 10 }, (_, i) => chatLine(i)),
+      });
       await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed']);
       const res = await fetch(`${gw.url}/api/v1/batches/${r.body.id}/results`, { headers: { authorization: `Bearer ${t.inferenceKey}` } });
       expect(res.headers.get('content-type')).to.include('application/jsonl');
-      const lines = (await res.text()).trim().split('\n').map((l) => JSON.parse(l));
+      const lines = (await res.text())
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l));
       expect(lines.map((l) => l.line)).to.deep.equal([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
       expect(lines[3]).to.include({ custom_id: 'req-3' });
-      const page = await fetch(`${gw.url}/api/v1/batches/${r.body.id}/results?after=4&limit=3`, { headers: { authorization: `Bearer ${t.inferenceKey}` } });
-      expect((await page.text()).trim().split('\n').map((l) => JSON.parse(l).line)).to.deep.equal([5, 6, 7]);
+      const page = await fetch(`${gw.url}/api/v1/batches/${r.body.id}/results?after=4&limit=3`, {
+        headers: { authorization: `Bearer ${t.inferenceKey}` },
+      });
+      expect(
+        (await page.text())
+          .trim()
+          .split('\n')
+          .map((l) => JSON.parse(l).line),
+      ).to.deep.equal([5, 6, 7]);
     });
 
     it('cancel: cancelling, then cancelled; finished lines keep results, the rest get batch_cancelled', async () => {
-      const r = await create({ endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 40 }, (_, i) => chatLine(i)) });
+      const r = await create({
+        endpoint: '/v1/chat/completions',
+        model: 'test/batch-slow',
+        requests: Array.from({ length: 40 }, (_, i) => chatLine(i)),
+      });
       // Cancel once some lines are done (and most are not).
-      for (let i = 0; i < 200 && (await get(`/batches/${r.body.id}`)).body.request_counts.completed < 2; i++) await new Promise((res) => setTimeout(res, 25));
+      for (let i = 0; i < 200 && (await get(`/batches/${r.body.id}`)).body.request_counts.completed < 2; i++)
+        await new Promise((res) => setTimeout(res, 25));
       const c = await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
       expect(c.status).to.equal(200);
       expect(c.body.status).to.equal('cancelling');
@@ -215,17 +373,27 @@ describe('batches', () => {
       expect(ok.length).to.be.greaterThan(0);
       expect(cancelled.length).to.be.greaterThan(0);
       expect(ok.length + cancelled.length).to.equal(40);
-      const diag = JSON.stringify({ types: done.results.map((x: any) => x.error?.type ?? 'ok'), progress: await gw.store.db.collection(`${r.body.id}_progress`).find({}).toArray() });
+      const diag = JSON.stringify({
+        types: done.results.map((x: any) => x.error?.type ?? 'ok'),
+        progress: await gw.store.db.collection(`${r.body.id}_progress`).find({}).toArray(),
+      });
       expect(done.request_counts, diag).to.deep.equal({ total: 40, completed: ok.length, failed: cancelled.length });
       const again = await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
       expect(again.status).to.equal(409);
     });
 
     it('a cancelled batch closes only once its chunks have stopped: no provider call and no result after it is cancelled', async () => {
-      const calls = async () => Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
-        .filter(([k]) => k.includes('cancelcheck=1')).reduce((a, [, n]) => a + n, 0);
-      const r = await create({ endpoint: '/v1/chat/completions', model: 'test/batch-cancel', requests: Array.from({ length: 60 }, (_, i) => chatLine(i)) });
-      for (let i = 0; i < 100 && (await get(`/batches/${r.body.id}`)).body.request_counts.completed < 4; i++) await new Promise((res) => setTimeout(res, 50));
+      const calls = async () =>
+        Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
+          .filter(([k]) => k.includes('cancelcheck=1'))
+          .reduce((a, [, n]) => a + n, 0);
+      const r = await create({
+        endpoint: '/v1/chat/completions',
+        model: 'test/batch-cancel',
+        requests: Array.from({ length: 60 }, (_, i) => chatLine(i)),
+      });
+      for (let i = 0; i < 100 && (await get(`/batches/${r.body.id}`)).body.request_counts.completed < 4; i++)
+        await new Promise((res) => setTimeout(res, 50));
       await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
       const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['cancelled'], 30_000);
       const [callsAtClose, resultsAtClose] = [await calls(), await gw.store.db.collection(`${r.body.id}_results`).countDocuments({})];
@@ -241,20 +409,52 @@ describe('batches', () => {
     it('expiry: when the completion window ends the batch is expired; finished lines keep their results', async () => {
       // The workflow under test, started directly with a two-second window (the API accepts whole hours).
       const id = newBatchId();
-      const lines = Array.from({ length: 80 }, (_, i) => ({ line: i, custom_id: chatLine(i).custom_id, body: JSON.stringify(chatLine(i).body) }));
+      const lines = Array.from({ length: 80 }, (_, i) => ({
+        line: i,
+        custom_id: chatLine(i).custom_id,
+        body: JSON.stringify(chatLine(i).body),
+      }));
       const chunks = await storeInputs(gw.store, id, lines, 7);
       const now = new Date();
       const doc: BatchDoc = {
-        _id: id, workspace_id: t.workspaceId, key_id: t.inferenceKeyId, endpoint: '/v1/chat/completions', model: 'test/batch-slow', canonical_model: 'test/batch-slow-20260101',
-        completion_window: '1h', status: 'validating', created_at: now, in_progress_at: null, finalized_at: null, expires_at: new Date(now.getTime() + 2000),
-        provider_only: null, total: 80, chunks, provider: null, usage: null, error: null, metadata: null, meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
+        _id: id,
+        workspace_id: t.workspaceId,
+        key_id: t.inferenceKeyId,
+        endpoint: '/v1/chat/completions',
+        model: 'test/batch-slow',
+        canonical_model: 'test/batch-slow-20260101',
+        completion_window: '1h',
+        status: 'validating',
+        created_at: now,
+        in_progress_at: null,
+        finalized_at: null,
+        expires_at: new Date(now.getTime() + 2000),
+        provider_only: null,
+        total: 80,
+        chunks,
+        provider: null,
+        usage: null,
+        error: null,
+        metadata: null,
+        meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
       };
       await batches(gw.store).insertOne(doc);
       const connection = await Connection.connect({ address: stack.temporalAddress });
       try {
         await new Client({ connection }).workflow.start(batchWorkflow, {
-          workflowId: id, taskQueue: gw.config.temporal.taskQueue,
-          args: [{ batchId: id, chunks, window: 2, expiresAt: doc.expires_at.getTime(), phase: 'validate', nextChunk: 0, cancelRequested: false }],
+          workflowId: id,
+          taskQueue: gw.config.temporal.taskQueue,
+          args: [
+            {
+              batchId: id,
+              chunks,
+              window: 2,
+              expiresAt: doc.expires_at.getTime(),
+              phase: 'validate',
+              nextChunk: 0,
+              cancelRequested: false,
+            },
+          ],
         });
       } finally {
         await connection.close();
@@ -279,10 +479,27 @@ describe('batches', () => {
       for (let i = 0; i < 3; i++) {
         const at = new Date(now - (3 - i) * 5_000);
         const doc: BatchDoc = {
-          _id: newBatchId(at.getTime()), workspace_id: tenant.workspaceId, key_id: tenant.inferenceKeyId, endpoint: '/v1/chat/completions', model: 'sandbox/chat-1',
-          canonical_model: 'sandbox/chat-1-20261015', completion_window: '24h', status: 'completed', created_at: at, in_progress_at: at, finalized_at: at,
-          expires_at: new Date(at.getTime() + 86_400_000), provider_only: null, total: 1, chunks: 0, provider: 'sandbox-alpha', usage: null, error: null,
-          metadata: null, meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } }, final_counts: { completed: 1, failed: 0 },
+          _id: newBatchId(at.getTime()),
+          workspace_id: tenant.workspaceId,
+          key_id: tenant.inferenceKeyId,
+          endpoint: '/v1/chat/completions',
+          model: 'sandbox/chat-1',
+          canonical_model: 'sandbox/chat-1-20261015',
+          completion_window: '24h',
+          status: 'completed',
+          created_at: at,
+          in_progress_at: at,
+          finalized_at: at,
+          expires_at: new Date(at.getTime() + 86_400_000),
+          provider_only: null,
+          total: 1,
+          chunks: 0,
+          provider: 'sandbox-alpha',
+          usage: null,
+          error: null,
+          metadata: null,
+          meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
+          final_counts: { completed: 1, failed: 0 },
         };
         ids.push((await createBatch(gw.store, doc, [{ line: 0, custom_id: `req-${i}`, body: JSON.stringify(chatLine(i).body) }], 10))._id);
       }
@@ -327,11 +544,16 @@ describe('batches', () => {
     });
 
     it('deletes only terminal batches; the usage records stay; a later get is 404', async () => {
-      const running = await create({ endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 16 }, (_, i) => chatLine(i)) }, tenant.inferenceKey);
+      const running = await create(
+        { endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 16 }, (_, i) => chatLine(i)) },
+        tenant.inferenceKey,
+      );
       const conflict = await call(`${gw.url}/api/v1/batches/${running.body.id}`, { method: 'DELETE', key: tenant.inferenceKey });
       expect(conflict.status).to.equal(409);
       expect(conflict.body.error.code).to.equal(409);
-      const finished = (await create({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests: [chatLine(0)] }, tenant.inferenceKey)).body.id;
+      const finished = (
+        await create({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests: [chatLine(0)] }, tenant.inferenceKey)
+      ).body.id;
       await waitForStatus(gw.url, tenant.inferenceKey, finished, ['completed']);
       const usageBefore = await gw.store.usage.countDocuments({ batch_id: finished });
       expect(usageBefore).to.equal(1);
@@ -346,7 +568,11 @@ describe('batches', () => {
   });
 
   it('is one Temporal workflow per batch, with search attributes and a progress query', async () => {
-    const r = await create({ endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 24 }, (_, i) => chatLine(i)) });
+    const r = await create({
+      endpoint: '/v1/chat/completions',
+      model: 'test/batch-slow',
+      requests: Array.from({ length: 24 }, (_, i) => chatLine(i)),
+    });
     const connection = await Connection.connect({ address: stack.temporalAddress });
     try {
       const handle = new Client({ connection }).workflow.getHandle(r.body.id);
@@ -360,7 +586,9 @@ describe('batches', () => {
       expect(d.typedSearchAttributes.get(searchAttributes.workspace)).to.equal(t.workspaceId);
       expect(d.typedSearchAttributes.get(searchAttributes.model)).to.equal('test/batch-slow');
       const history = await handle.fetchHistory();
-      const names = (history.events ?? []).flatMap((e) => (e.activityTaskScheduledEventAttributes?.activityType?.name ? [e.activityTaskScheduledEventAttributes.activityType.name] : []));
+      const names = (history.events ?? []).flatMap((e) =>
+        e.activityTaskScheduledEventAttributes?.activityType?.name ? [e.activityTaskScheduledEventAttributes.activityType.name] : [],
+      );
       expect(new Set(names)).to.deep.equal(new Set(['validateBatchLines', 'setBatchStatus', 'processBatchChunk', 'closeBatch']));
     } finally {
       await connection.close();
@@ -370,7 +598,11 @@ describe('batches', () => {
   it('continues as new every 100 chunks, keeping each run small, and still answers every line', async function () {
     this.timeout(120_000);
     // Chunks of 7 lines: 720 lines are 103 chunks, so the workflow continues as new once.
-    const r = await create({ endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: Array.from({ length: 720 }, (_, i) => ({ custom_id: `e${i}`, body: { input: `t${i}`, dimensions: 2 } })) });
+    const r = await create({
+      endpoint: '/v1/embeddings',
+      model: 'sandbox/embed-1',
+      requests: Array.from({ length: 720 }, (_, i) => ({ custom_id: `e${i}`, body: { input: `t${i}`, dimensions: 2 } })),
+    });
     expect(r.status).to.equal(202);
     const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed'], 100_000);
     expect(done.request_counts).to.deep.equal({ total: 720, completed: 720, failed: 0 });
@@ -393,12 +625,22 @@ describe('batches', () => {
     const tenant = await createTenant(api.store, 5);
     const bin = path.resolve(__dirname, '..', '..', 'bin', 'gateway.js');
     const workerEnv = {
-      ...process.env, MONGODB_URI: stack.mongoUri, MONGODB_DATABASE: api.config.mongo.database, TEMPORAL_ADDRESS: stack.temporalAddress,
-      TEMPORAL_TASK_QUEUE: api.config.temporal.taskQueue, SANDBOX_URL: stack.sandboxUrl, CATALOG_PATH: catalogPath, LOG_LEVEL: 'warn', BATCH_CHUNK_SIZE: '7',
+      ...process.env,
+      MONGODB_URI: stack.mongoUri,
+      MONGODB_DATABASE: api.config.mongo.database,
+      TEMPORAL_ADDRESS: stack.temporalAddress,
+      TEMPORAL_TASK_QUEUE: api.config.temporal.taskQueue,
+      SANDBOX_URL: stack.sandboxUrl,
+      CATALOG_PATH: catalogPath,
+      LOG_LEVEL: 'warn',
+      BATCH_CHUNK_SIZE: '7',
     };
     let worker = startProcess('worker-1', process.execPath, [bin, 'worker'], workerEnv);
     try {
-      const r = await call(`${api.url}/api/v1/batches`, { key: tenant.inferenceKey, body: { endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 60 }, (_, i) => chatLine(i)) } });
+      const r = await call(`${api.url}/api/v1/batches`, {
+        key: tenant.inferenceKey,
+        body: { endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 60 }, (_, i) => chatLine(i)) },
+      });
       expect(r.status).to.equal(202);
       // Let some lines finish, then kill the worker without warning.
       for (let i = 0; i < 100; i++) {

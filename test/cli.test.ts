@@ -24,25 +24,39 @@ function alive(pid: number): boolean {
 async function embeddedStackEnv(dataDir: string): Promise<NodeJS.ProcessEnv> {
   return {
     ...process.env,
-    PORT: String(await freePort()), TEMPORAL_PORT: String(await freePort()), TEMPORAL_UI_PORT: String(await freePort()),
-    FERRETDB_PORT: String(await freePort()), SANDBOX_PORT: String(await freePort()),
-    DATA_DIR: dataDir, LOG_LEVEL: 'warn', MONGODB_URI: '', TEMPORAL_ADDRESS: '',
+    PORT: String(await freePort()),
+    TEMPORAL_PORT: String(await freePort()),
+    TEMPORAL_UI_PORT: String(await freePort()),
+    FERRETDB_PORT: String(await freePort()),
+    SANDBOX_PORT: String(await freePort()),
+    DATA_DIR: dataDir,
+    LOG_LEVEL: 'warn',
+    MONGODB_URI: '',
+    TEMPORAL_ADDRESS: '',
   };
 }
 
 /** Every process below `pid`, with its command line (read from /proc). */
 function descendants(pid: number): { pid: number; cmd: string }[] {
-  const all = fs.readdirSync('/proc').filter((d) => /^\d+$/.test(d)).flatMap((d) => {
-    try {
-      const stat = fs.readFileSync(`/proc/${d}/stat`, 'utf8');
-      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
-      return [{ pid: Number(d), ppid, cmd: fs.readFileSync(`/proc/${d}/cmdline`, 'utf8').replace(/\0/g, ' ') }];
-    } catch {
-      return []; // gone meanwhile
-    }
-  });
+  const all = fs
+    .readdirSync('/proc')
+    .filter((d) => /^\d+$/.test(d))
+    .flatMap((d) => {
+      try {
+        const stat = fs.readFileSync(`/proc/${d}/stat`, 'utf8');
+        const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+        return [{ pid: Number(d), ppid, cmd: fs.readFileSync(`/proc/${d}/cmdline`, 'utf8').replace(/\0/g, ' ') }];
+      } catch {
+        return []; // gone meanwhile
+      }
+    });
   const out: { pid: number; cmd: string }[] = [];
-  const walk = (p: number) => { for (const c of all.filter((x) => x.ppid === p)) { out.push(c); walk(c.pid); } };
+  const walk = (p: number) => {
+    for (const c of all.filter((x) => x.ppid === p)) {
+      out.push(c);
+      walk(c.pid);
+    }
+  };
   walk(pid);
   return out;
 }
@@ -70,9 +84,15 @@ async function startUntilReady(env: NodeJS.ProcessEnv, timeoutMs: number): Promi
     const timer = setTimeout(() => reject(new Error(`no ready line; saw:\n${said.join('\n')}`)), timeoutMs);
     readline.createInterface({ input: child.stdout! }).on('line', (l) => {
       said.push(l);
-      if (l.includes('ready')) { clearTimeout(timer); resolve(); }
+      if (l.includes('ready')) {
+        clearTimeout(timer);
+        resolve();
+      }
     });
-    child.once('exit', (code) => { clearTimeout(timer); reject(new Error(`exited ${code}:\n${said.join('\n')}`)); });
+    child.once('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`exited ${code}:\n${said.join('\n')}`));
+    });
   });
   return { child, said };
 }
@@ -81,7 +101,8 @@ describe('gateway CLI', () => {
   it('`gateway --help` lists the commands', () => {
     const out = spawnSync(process.execPath, [bin, '--help'], { encoding: 'utf8' });
     expect(out.status).to.equal(0);
-    for (const cmd of ['start', 'api', 'worker', 'sandbox', 'tools', 'check']) expect(out.stdout).to.match(new RegExp(`^\\s+${cmd}\\b`, 'm'));
+    for (const cmd of ['start', 'api', 'worker', 'sandbox', 'tools', 'check'])
+      expect(out.stdout).to.match(new RegExp(`^\\s+${cmd}\\b`, 'm'));
   });
 
   it('refuses an invalid environment variable with a message naming it', () => {
@@ -99,7 +120,9 @@ describe('gateway CLI', () => {
       expect.fail('should throw');
     } catch (err) {
       expect(err).to.be.instanceOf(ToolBuildError);
-      expect((err as Error).message).to.include("'go'").and.include('TEMPORAL_ADDRESS');
+      expect((err as Error).message)
+        .to.include("'go'")
+        .and.include('TEMPORAL_ADDRESS');
     } finally {
       process.env.PATH = savedPath;
       fs.rmSync(empty, { recursive: true, force: true });
@@ -114,7 +137,9 @@ describe('gateway CLI', () => {
     try {
       for (const round of [1, 2]) {
         const { child, said } = await startUntilReady(env, 90_000);
-        expect(said.join('\n')).to.include(`Web UI http://127.0.0.1:${env.TEMPORAL_UI_PORT}`).and.include(`sandbox provider on http://127.0.0.1:${env.SANDBOX_PORT}`);
+        expect(said.join('\n'))
+          .to.include(`Web UI http://127.0.0.1:${env.TEMPORAL_UI_PORT}`)
+          .and.include(`sandbox provider on http://127.0.0.1:${env.SANDBOX_PORT}`);
         // The first start on an empty database prints a management key once; later starts do not.
         const printedKey = said.join('\n').match(/sk-gw-v1-[0-9a-f]{64}/)?.[0];
         if (round === 1) {
@@ -131,14 +156,21 @@ describe('gateway CLI', () => {
         const ui = await fetch(`http://127.0.0.1:${env.TEMPORAL_UI_PORT}/`);
         expect(ui.status).to.equal(200);
         // `gateway check` runs a workflow through the started worker and writes to the embedded database.
-        const check = spawnSync(process.execPath, [bin, 'check'], { encoding: 'utf8', env: { ...env, TEMPORAL_ADDRESS: `127.0.0.1:${env.TEMPORAL_PORT}` } });
+        const check = spawnSync(process.execPath, [bin, 'check'], {
+          encoding: 'utf8',
+          env: { ...env, TEMPORAL_ADDRESS: `127.0.0.1:${env.TEMPORAL_PORT}` },
+        });
         expect(check.status, check.stderr).to.equal(0);
         expect(JSON.parse(check.stdout)).to.include({ ok: true });
         const children = descendants(child.pid!).map((p) => p.pid);
         expect(children.length).to.be.at.least(6); // temporal, ferretdb, sandbox, each under a watchdog
         if (round === 2) {
           // The workflow history of round 1 survived the restart in DATA_DIR.
-          const list = spawnSync(stack.tools!.temporal, ['workflow', 'list', '--address', `127.0.0.1:${env.TEMPORAL_PORT}`, '--output', 'json'], { encoding: 'utf8' });
+          const list = spawnSync(
+            stack.tools!.temporal,
+            ['workflow', 'list', '--address', `127.0.0.1:${env.TEMPORAL_PORT}`, '--output', 'json'],
+            { encoding: 'utf8' },
+          );
           expect(JSON.parse(list.stdout)).to.have.length(2);
         }
         child.kill('SIGTERM');
@@ -166,7 +198,14 @@ describe('gateway CLI', () => {
 
       // The sandbox dies: /readyz names it within a second and turns 200 again once it is back.
       process.kill(commandPid(gateway, /index\.js sandbox/)!, 'SIGKILL');
-      const down = await until('readyz 503', async () => { const r = await readyz(); return r?.status === 503 ? r : undefined; }, 2_000);
+      const down = await until(
+        'readyz 503',
+        async () => {
+          const r = await readyz();
+          return r?.status === 503 ? r : undefined;
+        },
+        2_000,
+      );
       expect(down.body.error.message).to.include('sandbox: restarting');
       expect(down.body.error.metadata.embedded.sandbox).to.equal('restarting');
       await until('sandbox back', async () => (await readyz())?.status === 200);
@@ -191,11 +230,16 @@ describe('gateway CLI', () => {
       ({ child } = await startUntilReady(env, 90_000));
       const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
       let output = '';
-      child.stdout!.on('data', (b) => { output += b; });
+      child.stdout!.on('data', (b) => {
+        output += b;
+      });
       let kills = 0;
       const killer = setInterval(() => {
         const pid = commandPid(child.pid!, /index\.js sandbox/);
-        if (pid && alive(pid)) { process.kill(pid, 'SIGKILL'); kills++; }
+        if (pid && alive(pid)) {
+          process.kill(pid, 'SIGKILL');
+          kills++;
+        }
       }, 50);
       const code = await exited.finally(() => clearInterval(killer));
       expect(code).to.equal(1);
@@ -210,16 +254,26 @@ describe('gateway CLI', () => {
   it('`gateway start` uses the services named by MONGODB_URI and TEMPORAL_ADDRESS instead of starting its own', async function () {
     this.timeout(60_000);
     const env: NodeJS.ProcessEnv = {
-      ...process.env, PORT: String(await freePort()), SANDBOX_PORT: String(await freePort()), LOG_LEVEL: 'warn',
-      MONGODB_URI: stack.mongoUri, MONGODB_DATABASE: `start_external_${Date.now()}`, TEMPORAL_ADDRESS: stack.temporalAddress,
-      TEMPORAL_TASK_QUEUE: `start-external-${Date.now()}`, TOOLS_DIR: '/nonexistent-tools', DATA_DIR: path.join(stack.tmpDir, `unused-${Date.now()}`),
+      ...process.env,
+      PORT: String(await freePort()),
+      SANDBOX_PORT: String(await freePort()),
+      LOG_LEVEL: 'warn',
+      MONGODB_URI: stack.mongoUri,
+      MONGODB_DATABASE: `start_external_${Date.now()}`,
+      TEMPORAL_ADDRESS: stack.temporalAddress,
+      TEMPORAL_TASK_QUEUE: `start-external-${Date.now()}`,
+      TOOLS_DIR: '/nonexistent-tools',
+      DATA_DIR: path.join(stack.tmpDir, `unused-${Date.now()}`),
     };
     const { child, said } = await startUntilReady(env, 45_000);
     try {
       expect(said.join('\n')).to.not.include('FerretDB').and.not.include('Temporal dev server');
       expect((await fetch(`http://127.0.0.1:${env.PORT}/readyz`)).status).to.equal(200);
       // Only the sandbox is a child: no tools were needed (TOOLS_DIR does not even exist).
-      const children = spawnSync('pgrep', ['-P', String(child.pid)], { encoding: 'utf8' }).stdout.trim().split('\n').filter(Boolean);
+      const children = spawnSync('pgrep', ['-P', String(child.pid)], { encoding: 'utf8' })
+        .stdout.trim()
+        .split('\n')
+        .filter(Boolean);
       expect(children).to.have.length(1);
       expect(fs.existsSync(env.DATA_DIR!)).to.equal(false);
     } finally {
@@ -234,7 +288,9 @@ describe('gateway CLI', () => {
       await p.waitUntil(() => Promise.reject(new Error('not yet')), 5_000, 'ready');
       expect.fail('should throw');
     } catch (err) {
-      expect((err as Error).message).to.include('doomed exited (code 3').and.include('boom: bad flag');
+      expect((err as Error).message)
+        .to.include('doomed exited (code 3')
+        .and.include('boom: bad flag');
     }
   });
 });

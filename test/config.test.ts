@@ -16,8 +16,15 @@ describe('config', () => {
 
   it('reads every documented variable', () => {
     const c = loadConfig({
-      PORT: '9000', MONGODB_URI: 'mongodb://db:27017/', TEMPORAL_ADDRESS: 'temporal:7233', LOG_LEVEL: 'debug',
-      BODY_LIMIT: '2mb', DATA_DIR: '/tmp/x', TOOLS_DIR: '/opt/tools', TEMPORAL_TASK_QUEUE: 'q', MONGODB_DATABASE: 'g2',
+      PORT: '9000',
+      MONGODB_URI: 'mongodb://db:27017/',
+      TEMPORAL_ADDRESS: 'temporal:7233',
+      LOG_LEVEL: 'debug',
+      BODY_LIMIT: '2mb',
+      DATA_DIR: '/tmp/x',
+      TOOLS_DIR: '/opt/tools',
+      TEMPORAL_TASK_QUEUE: 'q',
+      MONGODB_DATABASE: 'g2',
     });
     expect(c.port).to.equal(9000);
     expect(c.mongo.uri).to.equal('mongodb://db:27017/');
@@ -31,9 +38,16 @@ describe('config', () => {
   });
 
   const invalid: [string, string][] = [
-    ['PORT', 'eighty'], ['PORT', '70000'], ['PORT', '0'], ['TEMPORAL_PORT', '-1'], ['LOG_LEVEL', 'loud'],
-    ['MONGODB_URI', 'http://db'], ['MONGODB_URI', 'not a url'], ['TEMPORAL_ADDRESS', 'no-port'],
-    ['BODY_LIMIT', 'ten'], ['SHUTDOWN_GRACE_MS', '0'],
+    ['PORT', 'eighty'],
+    ['PORT', '70000'],
+    ['PORT', '0'],
+    ['TEMPORAL_PORT', '-1'],
+    ['LOG_LEVEL', 'loud'],
+    ['MONGODB_URI', 'http://db'],
+    ['MONGODB_URI', 'not a url'],
+    ['TEMPORAL_ADDRESS', 'no-port'],
+    ['BODY_LIMIT', 'ten'],
+    ['SHUTDOWN_GRACE_MS', '0'],
   ];
   for (const [name, value] of invalid) {
     it(`rejects ${name}=${value} with a message naming the variable`, () => {
@@ -46,7 +60,9 @@ describe('config', () => {
       loadConfig({ MONGODB_URI: 'http://admin:s3cret@db/' });
       expect.fail('should throw');
     } catch (err) {
-      expect((err as Error).message).to.include('MONGODB_URI').and.not.include('s3cret');
+      expect((err as Error).message)
+        .to.include('MONGODB_URI')
+        .and.not.include('s3cret');
     }
   });
 });

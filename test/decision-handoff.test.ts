@@ -39,7 +39,13 @@ describe('decision hand-off from the in-process worker', () => {
     const config = loadConfig({ SANDBOX_URL: stack.sandboxUrl });
     upstreams = createUpstreams(config, store);
     temporal = await connectTemporal(stack.temporalAddress, stack.namespace, createLogger('silent'));
-    worker = await createWorker({ connection: temporal.connection, namespace: stack.namespace, taskQueue, activities: createActivities({ store, upstreams, batchSettings: config.batches, usage: new UsageLedger(store) }), handoff: local });
+    worker = await createWorker({
+      connection: temporal.connection,
+      namespace: stack.namespace,
+      taskQueue,
+      activities: createActivities({ store, upstreams, batchSettings: config.batches, usage: new UsageLedger(store) }),
+      handoff: local,
+    });
     running = worker.run();
   });
   after(async () => {
@@ -56,11 +62,27 @@ describe('decision hand-off from the in-process worker', () => {
     const asked = { server: 0 };
     const start = async () => {
       const handle = await client.workflow.start(decisionWorkflow, {
-        workflowId: generationId, taskQueue, requestEagerStart: true,
-        args: [{ generationId, workspaceId: 'ws-handoff', keyId: 'key-handoff', request: { ...request, ...over }, meta: { session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] } }, workspace: {} } as DecisionJob],
+        workflowId: generationId,
+        taskQueue,
+        requestEagerStart: true,
+        args: [
+          {
+            generationId,
+            workspaceId: 'ws-handoff',
+            keyId: 'key-handoff',
+            request: { ...request, ...over },
+            meta: { session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] } },
+            workspace: {},
+          } as DecisionJob,
+        ],
       });
       const result = handle.result.bind(handle);
-      return Object.assign(handle, { result: () => { asked.server++; return result(); } }) as WorkflowHandle & { eagerlyStarted: boolean };
+      return Object.assign(handle, {
+        result: () => {
+          asked.server++;
+          return result();
+        },
+      }) as WorkflowHandle & { eagerlyStarted: boolean };
     };
     return { generationId, asked, start };
   }
@@ -78,7 +100,10 @@ describe('decision hand-off from the in-process worker', () => {
 
   it('takes a failure from the server, with its details', async () => {
     const { generationId, asked, start } = starter(temporal.client, { model: 'nobody/no-such-model' });
-    const err = await local.execute(generationId, start).then(() => null, (e: unknown) => e);
+    const err = await local.execute(generationId, start).then(
+      () => null,
+      (e: unknown) => e,
+    );
     expect(err).to.be.instanceOf(WorkflowFailedError);
     expect(String((err as WorkflowFailedError).cause?.message)).to.match(/no-such-model/);
     expect(asked.server).to.equal(1);

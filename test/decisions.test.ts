@@ -13,7 +13,11 @@ import { call, createTenant, startTestGateway, writeTestCatalog, type Tenant, ty
 
 const questions = {
   urgent: { type: 'noul', instructions: 'Is this urgent?', criteria: { true: 'needs action today', false: 'can wait' } },
-  topic: { type: 'choice', instructions: 'Which team?', criteria: { billing: null, bug: 'A defect in the product', account: { about: 'logins' } } },
+  topic: {
+    type: 'choice',
+    instructions: 'Which team?',
+    criteria: { billing: null, bug: 'A defect in the product', account: { about: 'logins' } },
+  },
   severity: { type: 'score', instructions: { ask: 'How severe is `ticket`?' }, criteria: ['none', 'minor', 'major', 'critical'] },
 } as const;
 const state = { ticket: 'I was charged twice for my subscription', customer: { plan: 'pro' } };
@@ -21,15 +25,48 @@ const state = { ticket: 'I was charged twice for my subscription', customer: { p
 function testCatalogFile(): string {
   return writeTestCatalog('decisions', (base) => {
     const faulty = (slug: string, faults: string, extra = {}) => ({
-      slug, name: slug, adapter: 'systemone', base_url: `\${SANDBOX_URL}/~dec=1,${faults}/systemone`, collects_data: false, zdr: true, max_concurrency: 10, timeout_ms: 5000, ...extra,
+      slug,
+      name: slug,
+      adapter: 'systemone',
+      base_url: `\${SANDBOX_URL}/~dec=1,${faults}/systemone`,
+      collects_data: false,
+      zdr: true,
+      max_concurrency: 10,
+      timeout_ms: 5000,
+      ...extra,
     });
-    base.providers.push(faulty('s1-slow', 'latency=2500,tag=slow', { timeout_ms: 10_000 }), faulty('s1-500', 'status=500'), faulty('s1-timeout', 'timeout', { timeout_ms: 300 }), faulty('s1-busy', 'overloaded'), faulty('s1-429', 'status=429,retry_after=20'));
+    base.providers.push(
+      faulty('s1-slow', 'latency=2500,tag=slow', { timeout_ms: 10_000 }),
+      faulty('s1-500', 'status=500'),
+      faulty('s1-timeout', 'timeout', { timeout_ms: 300 }),
+      faulty('s1-busy', 'overloaded'),
+      faulty('s1-429', 'status=429,retry_after=20'),
+    );
     const model = (id: string, providers: string[]) => ({
-      id, name: id, kind: 'decision', family: id, version: '1', released: '20260101', context_length: 1000, distillable: false,
-      endpoints: providers.map((p, i) => ({ provider: p, upstream_model: 'jev-1.13', pricing: { prompt: 0.1 * (i + 1), completion: 0.1 }, quantization: 'bf16', supported_parameters: [] })),
+      id,
+      name: id,
+      kind: 'decision',
+      family: id,
+      version: '1',
+      released: '20260101',
+      context_length: 1000,
+      distillable: false,
+      endpoints: providers.map((p, i) => ({
+        provider: p,
+        upstream_model: 'jev-1.13',
+        pricing: { prompt: 0.1 * (i + 1), completion: 0.1 },
+        quantization: 'bf16',
+        supported_parameters: [],
+      })),
     });
-    base.models.push(model('test/dec-500', ['s1-500']), model('test/dec-timeout', ['s1-timeout']), model('test/dec-busy', ['s1-busy']),
-      model('test/dec-429', ['s1-429']), model('test/dec-fallback', ['s1-500', 'sandbox-systemone']), model('test/dec-slow', ['s1-slow']));
+    base.models.push(
+      model('test/dec-500', ['s1-500']),
+      model('test/dec-timeout', ['s1-timeout']),
+      model('test/dec-busy', ['s1-busy']),
+      model('test/dec-429', ['s1-429']),
+      model('test/dec-fallback', ['s1-500', 'sandbox-systemone']),
+      model('test/dec-slow', ['s1-slow']),
+    );
   });
 }
 
@@ -66,359 +103,553 @@ describe('decision maths', () => {
     expect(labelsOf(questions.severity as unknown as Question)).to.deep.equal(['0', '1', '2', '3']);
     expect(labelsOf(questions.urgent as unknown as Question)).to.deep.equal(['no', 'yes']);
     const { messages } = renderPrompt(state, choice);
-    expect(messages[1].content).to.equal([
-      '<state>', JSON.stringify(state, null, 2), '</state>', '', 'Question: Which team?', '', 'Options:',
-      'A: billing', 'B: bug — A defect in the product', 'C: account — {"about":"logins"}', '', 'Answer with exactly one of: A, B, C',
-    ].join('\n'));
+    expect(messages[1].content).to.equal(
+      [
+        '<state>',
+        JSON.stringify(state, null, 2),
+        '</state>',
+        '',
+        'Question: Which team?',
+        '',
+        'Options:',
+        'A: billing',
+        'B: bug — A defect in the product',
+        'C: account — {"about":"logins"}',
+        '',
+        'Answer with exactly one of: A, B, C',
+      ].join('\n'),
+    );
     expect(renderPrompt(state, choice)).to.deep.equal(renderPrompt(JSON.parse(JSON.stringify(state)), choice));
     expect(logprobRequest(state, choice).body).to.include({ max_tokens: 1, temperature: 0, logprobs: true, top_logprobs: 20 });
   });
 
   it('reads label log-probabilities: variants merge, missing labels sit below the least likely, -9999 is not a value', () => {
-    const completion = (top: [string, number][]) => ({ choices: [{ logprobs: { content: [{ top_logprobs: top.map(([token, logprob]) => ({ token, logprob })) }] } }] });
-    const r = readLabelDistribution(completion([['A', Math.log(0.5)], [' a', Math.log(0.1)], ['B', Math.log(0.2)], ['The', Math.log(0.1)], ['C', -9999]]), ['A', 'B', 'C'], 'p');
+    const completion = (top: [string, number][]) => ({
+      choices: [{ logprobs: { content: [{ top_logprobs: top.map(([token, logprob]) => ({ token, logprob })) }] } }],
+    });
+    const r = readLabelDistribution(
+      completion([
+        ['A', Math.log(0.5)],
+        [' a', Math.log(0.1)],
+        ['B', Math.log(0.2)],
+        ['The', Math.log(0.1)],
+        ['C', -9999],
+      ]),
+      ['A', 'B', 'C'],
+      'p',
+    );
     const [a, b, c] = [0.6, 0.2, Math.exp(Math.log(0.2) - 1)];
     expect(r.probabilities[0]).to.be.closeTo(a / (a + b + c), 1e-12);
     expect(r.probabilities[2]).to.be.closeTo(c / (a + b + c), 1e-12);
     expect(r.labelMass).to.be.closeTo(0.8, 1e-12);
-    expect(() => readLabelDistribution(completion([['The', -0.1]]), ['A', 'B'], 'p')).to.throw('returned no log-probabilities for the answer labels');
+    expect(() => readLabelDistribution(completion([['The', -0.1]]), ['A', 'B'], 'p')).to.throw(
+      'returned no log-probabilities for the answer labels',
+    );
   });
 
   it('checks and normalizes native answers', () => {
     const choice = questions.topic as unknown as Question;
-    const renorm = answerFromNative(choice, { type: 'choice', choice: 'bug', probabilities: { billing: 0.2, bug: 0.6, account: 0.2 } }, 'topic', 's') as any;
+    const renorm = answerFromNative(
+      choice,
+      { type: 'choice', choice: 'bug', probabilities: { billing: 0.2, bug: 0.6, account: 0.2 } },
+      'topic',
+      's',
+    ) as any;
     expect(renorm.probabilities).to.deep.equal({ billing: 0.2, bug: 0.6, account: 0.2 });
     expect(renorm.confidence).to.be.closeTo(0.4, 1e-12);
-    const scaled = answerFromNative(choice, { type: 'choice', choice: 'bug', probabilities: { billing: 0.1, bug: 0.3, account: 0.1 } }, 'topic', 's') as any;
+    const scaled = answerFromNative(
+      choice,
+      { type: 'choice', choice: 'bug', probabilities: { billing: 0.1, bug: 0.3, account: 0.1 } },
+      'topic',
+      's',
+    ) as any;
     expect(scaled.probabilities.bug).to.be.closeTo(0.6, 1e-12);
     expect(() => answerFromNative(choice, { type: 'noul', noul: 1 }, 'topic', 's')).to.throw('invalid answer for question "topic"');
     expect(() => answerFromNative(choice, { type: 'choice', choice: 'other' }, 'topic', 's')).to.throw('not one of the labels');
-    expect(() => answerFromNative(questions.urgent as unknown as Question, { type: 'noul', noul: 1.5 }, 'urgent', 's')).to.throw('from 0 to 1');
+    expect(() => answerFromNative(questions.urgent as unknown as Question, { type: 'noul', noul: 1.5 }, 'urgent', 's')).to.throw(
+      'from 0 to 1',
+    );
     expect(() => answerFromNative(choice, undefined, 'topic', 's')).to.throw('missing');
   });
 });
 
 // The whole suite runs once per execution mode: both must answer, fail and bill alike.
-for (const mode of ['inline', 'workflow'] as const) describe(`POST /api/v1/systemone (DECISIONS_EXECUTION=${mode})`, () => {
-  let gw: TestGateway;
-  let t: Tenant;
-  const decide = (body: unknown, opts: { key?: string; headers?: Record<string, string> } = {}) =>
-    call(`${gw.url}/api/v1/systemone`, { key: opts.key ?? t.inferenceKey, body, headers: opts.headers });
+for (const mode of ['inline', 'workflow'] as const)
+  describe(`POST /api/v1/systemone (DECISIONS_EXECUTION=${mode})`, () => {
+    let gw: TestGateway;
+    let t: Tenant;
+    const decide = (body: unknown, opts: { key?: string; headers?: Record<string, string> } = {}) =>
+      call(`${gw.url}/api/v1/systemone`, { key: opts.key ?? t.inferenceKey, body, headers: opts.headers });
 
-  before(async function () {
-    this.timeout(60_000);
-    gw = await startTestGateway({
-      env: { DECISIONS_EXECUTION: mode, DECISION_TIMEOUT_MS: '1000', CATALOG_PATH: testCatalogFile(), DECISION_MAX_QUESTIONS: '5', DECISION_MAX_CHOICES: '4', DECISION_MAX_SCORE_LEVELS: '4', DECISION_MAX_STATE_BYTES: '2kb' },
-    });
-    t = await createTenant(gw.store, 5);
-  });
-  after(async () => { await gw.stop(); });
-
-  describe('validation', () => {
-    const base = { model: 'jev-1.13', state: 'hello', questions: { q1: { type: 'noul', instructions: 'ok?' } } };
-    const cases: [string, unknown, string][] = [
-      ['model missing', { state: 'x', questions: base.questions }, 'model: is required'],
-      ['state missing', { model: 'jev-1.13', questions: base.questions }, 'state: is required'],
-      ['questions missing', { model: 'jev-1.13', state: 'x' }, 'questions: is required'],
-      ['model empty', { ...base, model: '' }, 'model: must NOT have fewer than 1 characters'],
-      ['state a number', { ...base, state: 42 }, 'state: must be string, object or array'],
-      ['state null', { ...base, state: null }, 'state: must be string, object or array'],
-      ['no questions', { ...base, questions: {} }, 'questions: must NOT have fewer than 1 properties'],
-      ['too many questions', { ...base, questions: Object.fromEntries([1, 2, 3, 4, 5, 6].map((i) => [`q${i}`, base.questions.q1])) }, 'questions: must NOT have more than 5 properties'],
-      ['a question that is not an object', { ...base, questions: { q1: 'yes?' } }, 'questions.q1: must be object'],
-      ['an unknown question type', { ...base, questions: { q1: { type: 'maybe', instructions: 'x' } } }, 'questions.q1.type: must be one of "noul", "choice", "score"'],
-      ['a question without type', { ...base, questions: { q1: { instructions: 'x' } } }, 'questions.q1.type: is required'],
-      ['instructions missing', { ...base, questions: { q1: { type: 'noul' } } }, 'questions.q1.instructions: is required'],
-      ['instructions a number', { ...base, questions: { q1: { type: 'noul', instructions: 3 } } }, 'questions.q1.instructions: must be string, object or array'],
-      ['noul criteria with an extra key', { ...base, questions: { q1: { type: 'noul', instructions: 'x', criteria: { true: 'a', false: 'b', maybe: 'c' } } } }, 'questions.q1.criteria.maybe: is not an allowed field'],
-      ['noul criteria without false', { ...base, questions: { q1: { type: 'noul', instructions: 'x', criteria: { true: 'a' } } } }, 'questions.q1.criteria.false: is required'],
-      ['noul with an unknown field', { ...base, questions: { q1: { type: 'noul', instructions: 'x', options: [] } } }, 'questions.q1.options: is not an allowed field'],
-      ['choice without criteria', { ...base, questions: { q1: { type: 'choice', instructions: 'x' } } }, 'questions.q1.criteria: is required'],
-      ['choice with no options', { ...base, questions: { q1: { type: 'choice', instructions: 'x', criteria: {} } } }, 'questions.q1.criteria: must NOT have fewer than 1 properties'],
-      ['choice over the option limit', { ...base, questions: { q1: { type: 'choice', instructions: 'x', criteria: { a: null, b: null, c: null, d: null, e: null } } } }, 'questions.q1.criteria: must NOT have more than 4 properties'],
-      ['choice guidance a number', { ...base, questions: { q1: { type: 'choice', instructions: 'x', criteria: { a: 1 } } } }, 'questions.q1.criteria.a: must be string, object, array or null'],
-      ['choice criteria an array', { ...base, questions: { q1: { type: 'choice', instructions: 'x', criteria: ['a'] } } }, 'questions.q1.criteria: must be object'],
-      ['score without levels', { ...base, questions: { q1: { type: 'score', instructions: 'x', criteria: [] } } }, 'questions.q1.criteria: must NOT have fewer than 1 items'],
-      ['score over the level limit', { ...base, questions: { q1: { type: 'score', instructions: 'x', criteria: ['a', 'b', 'c', 'd', 'e'] } } }, 'questions.q1.criteria: must NOT have more than 4 items'],
-      ['score criteria an object', { ...base, questions: { q1: { type: 'score', instructions: 'x', criteria: { a: 1 } } } }, 'questions.q1.criteria: must be array'],
-      ['score level a boolean', { ...base, questions: { q1: { type: 'score', instructions: 'x', criteria: ['a', true] } } }, 'questions.q1.criteria[1]: must be string, object or array'],
-      ['an unknown provider preference', { ...base, provider: { fastest: true } }, 'provider.fastest: is not an allowed field'],
-      ['a bad sort', { ...base, provider: { sort: 'cheapest' } }, 'provider.sort: must be one of "price", "throughput", "latency", "exacto"'],
-      ['session_id over 256', { ...base, session_id: 's'.repeat(257) }, 'session_id: must NOT have more than 256 characters'],
-      ['user over 256', { ...base, user: 'u'.repeat(257) }, 'user: must NOT have more than 256 characters'],
-      ['trace not an object', { ...base, trace: 'abc' }, 'trace: must be object'],
-      ['trace_id not a string', { ...base, trace: { trace_id: 5 } }, 'trace.trace_id: must be string'],
-      ['an unknown top-level field', { ...base, questons: {} }, 'questons: is not an allowed field'],
-    ];
-    for (const [name, body, message] of cases) {
-      it(`400 for ${name}`, async () => {
-        const r = await decide(body);
-        expect(r.status, JSON.stringify(r.body)).to.equal(400);
-        expect(r.body.error.message).to.equal(message);
-        expect(r.body.error.code).to.equal(400);
+    before(async function () {
+      this.timeout(60_000);
+      gw = await startTestGateway({
+        env: {
+          DECISIONS_EXECUTION: mode,
+          DECISION_TIMEOUT_MS: '1000',
+          CATALOG_PATH: testCatalogFile(),
+          DECISION_MAX_QUESTIONS: '5',
+          DECISION_MAX_CHOICES: '4',
+          DECISION_MAX_SCORE_LEVELS: '4',
+          DECISION_MAX_STATE_BYTES: '2kb',
+        },
       });
-    }
-
-    it('accepts every guidance shape, extra trace keys and a 256-character session id', async () => {
-      const r = await decide({
-        ...base, state: [{ line: 1 }, 'two'], session_id: 's'.repeat(256), user: 'u'.repeat(256), trace: { trace_id: 't', custom_tag: { a: 1 } },
-        questions: { q1: { type: 'noul', instructions: ['a', 'b'] }, q2: { type: 'choice', instructions: { q: 'x' }, criteria: { only: null } }, q3: { type: 'score', instructions: 'x', criteria: [{ level: 'one' }] } },
-      });
-      expect(r.status, JSON.stringify(r.body)).to.equal(200);
-      // One option and one level answer with full confidence.
-      expect(r.body.answers.q2).to.include({ choice: 'only', confidence: 1 });
-      expect(r.body.answers.q3).to.include({ score: 0, confidence: 1 });
+      t = await createTenant(gw.store, 5);
+    });
+    after(async () => {
+      await gw.stop();
     });
 
-    it('413 when the state is over the configured size', async () => {
-      const r = await decide({ ...base, state: 'x'.repeat(3000) });
-      expect(r.status).to.equal(413);
-      expect(r.body.error.message).to.equal('state: is 3000 bytes, more than the limit of 2048');
-    });
-
-    it('404 naming an unknown model; 400 for a model that is not a decision model', async () => {
-      const unknown = await decide({ ...base, model: 'jev-9.99' });
-      expect(unknown.status).to.equal(404);
-      expect(unknown.body.error.message).to.equal('Model "jev-9.99" not found');
-      const chat = await decide({ ...base, model: 'sandbox/chat-1' });
-      expect(chat.status).to.equal(400);
-      expect(chat.body.error.message).to.equal('model: sandbox/chat-1 is a chat model, not a decision model');
-    });
-
-    it('401 without a key and 402 without credits', async () => {
-      expect((await call(`${gw.url}/api/v1/systemone`, { body: base })).status).to.equal(401);
-      const broke = await createTenant(gw.store, 0);
-      const r = await decide(base, { key: broke.inferenceKey });
-      expect(r.status).to.equal(402);
-      expect(r.body.error.code).to.equal(402);
-    });
-  });
-
-  describe('answers', () => {
-    it('from a native System One endpoint: the provider\'s distributions, checked and normalized', async () => {
-      const r = await decide({ model: 'jev-latest', state, questions });
-      expect(r.status, JSON.stringify(r.body)).to.equal(200);
-      expect(r.body.model).to.equal('typesafe/jev-1.13-20260917');
-      expect(r.body.provider).to.be.oneOf(['sandbox-systemone', 'sandbox-systemone-eu']);
-      expect(r.body.id).to.match(/^gen-dec-/);
-      const direct = await fetch(`${stack.sandboxUrl}/systemone/v1/systemone`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ state, questions, model: 'jev-1.13' }) });
-      const upstream = (await direct.json()) as any;
-      expect(r.body.answers.urgent).to.deep.equal(upstream.answers.urgent);
-      for (const name of ['topic', 'severity']) {
-        for (const [k, v] of Object.entries<number>(upstream.answers[name].probabilities)) expect(r.body.answers[name].probabilities[k]).to.be.closeTo(v, 1e-12);
-        expect(r.body.answers[name].confidence).to.be.closeTo(upstream.answers[name].confidence, 1e-12);
+    describe('validation', () => {
+      const base = { model: 'jev-1.13', state: 'hello', questions: { q1: { type: 'noul', instructions: 'ok?' } } };
+      const cases: [string, unknown, string][] = [
+        ['model missing', { state: 'x', questions: base.questions }, 'model: is required'],
+        ['state missing', { model: 'jev-1.13', questions: base.questions }, 'state: is required'],
+        ['questions missing', { model: 'jev-1.13', state: 'x' }, 'questions: is required'],
+        ['model empty', { ...base, model: '' }, 'model: must NOT have fewer than 1 characters'],
+        ['state a number', { ...base, state: 42 }, 'state: must be string, object or array'],
+        ['state null', { ...base, state: null }, 'state: must be string, object or array'],
+        ['no questions', { ...base, questions: {} }, 'questions: must NOT have fewer than 1 properties'],
+        [
+          'too many questions',
+          { ...base, questions: Object.fromEntries([1, 2, 3, 4, 5, 6].map((i) => [`q${i}`, base.questions.q1])) },
+          'questions: must NOT have more than 5 properties',
+        ],
+        ['a question that is not an object', { ...base, questions: { q1: 'yes?' } }, 'questions.q1: must be object'],
+        [
+          'an unknown question type',
+          { ...base, questions: { q1: { type: 'maybe', instructions: 'x' } } },
+          'questions.q1.type: must be one of "noul", "choice", "score"',
+        ],
+        ['a question without type', { ...base, questions: { q1: { instructions: 'x' } } }, 'questions.q1.type: is required'],
+        ['instructions missing', { ...base, questions: { q1: { type: 'noul' } } }, 'questions.q1.instructions: is required'],
+        [
+          'instructions a number',
+          { ...base, questions: { q1: { type: 'noul', instructions: 3 } } },
+          'questions.q1.instructions: must be string, object or array',
+        ],
+        [
+          'noul criteria with an extra key',
+          { ...base, questions: { q1: { type: 'noul', instructions: 'x', criteria: { true: 'a', false: 'b', maybe: 'c' } } } },
+          'questions.q1.criteria.maybe: is not an allowed field',
+        ],
+        [
+          'noul criteria without false',
+          { ...base, questions: { q1: { type: 'noul', instructions: 'x', criteria: { true: 'a' } } } },
+          'questions.q1.criteria.false: is required',
+        ],
+        [
+          'noul with an unknown field',
+          { ...base, questions: { q1: { type: 'noul', instructions: 'x', options: [] } } },
+          'questions.q1.options: is not an allowed field',
+        ],
+        [
+          'choice without criteria',
+          { ...base, questions: { q1: { type: 'choice', instructions: 'x' } } },
+          'questions.q1.criteria: is required',
+        ],
+        [
+          'choice with no options',
+          { ...base, questions: { q1: { type: 'choice', instructions: 'x', criteria: {} } } },
+          'questions.q1.criteria: must NOT have fewer than 1 properties',
+        ],
+        [
+          'choice over the option limit',
+          { ...base, questions: { q1: { type: 'choice', instructions: 'x', criteria: { a: null, b: null, c: null, d: null, e: null } } } },
+          'questions.q1.criteria: must NOT have more than 4 properties',
+        ],
+        [
+          'choice guidance a number',
+          { ...base, questions: { q1: { type: 'choice', instructions: 'x', criteria: { a: 1 } } } },
+          'questions.q1.criteria.a: must be string, object, array or null',
+        ],
+        [
+          'choice criteria an array',
+          { ...base, questions: { q1: { type: 'choice', instructions: 'x', criteria: ['a'] } } },
+          'questions.q1.criteria: must be object',
+        ],
+        [
+          'score without levels',
+          { ...base, questions: { q1: { type: 'score', instructions: 'x', criteria: [] } } },
+          'questions.q1.criteria: must NOT have fewer than 1 items',
+        ],
+        [
+          'score over the level limit',
+          { ...base, questions: { q1: { type: 'score', instructions: 'x', criteria: ['a', 'b', 'c', 'd', 'e'] } } },
+          'questions.q1.criteria: must NOT have more than 4 items',
+        ],
+        [
+          'score criteria an object',
+          { ...base, questions: { q1: { type: 'score', instructions: 'x', criteria: { a: 1 } } } },
+          'questions.q1.criteria: must be array',
+        ],
+        [
+          'score level a boolean',
+          { ...base, questions: { q1: { type: 'score', instructions: 'x', criteria: ['a', true] } } },
+          'questions.q1.criteria[1]: must be string, object or array',
+        ],
+        ['an unknown provider preference', { ...base, provider: { fastest: true } }, 'provider.fastest: is not an allowed field'],
+        [
+          'a bad sort',
+          { ...base, provider: { sort: 'cheapest' } },
+          'provider.sort: must be one of "price", "throughput", "latency", "exacto"',
+        ],
+        ['session_id over 256', { ...base, session_id: 's'.repeat(257) }, 'session_id: must NOT have more than 256 characters'],
+        ['user over 256', { ...base, user: 'u'.repeat(257) }, 'user: must NOT have more than 256 characters'],
+        ['trace not an object', { ...base, trace: 'abc' }, 'trace: must be object'],
+        ['trace_id not a string', { ...base, trace: { trace_id: 5 } }, 'trace.trace_id: must be string'],
+        ['an unknown top-level field', { ...base, questons: {} }, 'questons: is not an allowed field'],
+      ];
+      for (const [name, body, message] of cases) {
+        it(`400 for ${name}`, async () => {
+          const r = await decide(body);
+          expect(r.status, JSON.stringify(r.body)).to.equal(400);
+          expect(r.body.error.message).to.equal(message);
+          expect(r.body.error.code).to.equal(400);
+        });
       }
-      expect(r.body.answers.topic.choice).to.equal(upstream.answers.topic.choice);
-      expect(r.body.answers.severity.score).to.be.closeTo(upstream.answers.severity.score, 1e-12);
-      expect(r.body.answers.severity.legend).to.deep.equal({ 0: 'none', 1: 'minor', 2: 'major', 3: 'critical' });
-      // Priced by whichever of the model's two providers served it (the EU one costs 1.5 times as much).
-      const price = r.body.provider === 'sandbox-systemone' ? { prompt: 0.5, completion: 2 } : { prompt: 0.75, completion: 3 };
-      expect(r.body.usage).to.deep.equal({ ...upstream.usage, cost: Math.round(((upstream.usage.input_tokens * price.prompt + upstream.usage.output_tokens * price.completion) / 1e6) * 1e10) / 1e10 });
+
+      it('accepts every guidance shape, extra trace keys and a 256-character session id', async () => {
+        const r = await decide({
+          ...base,
+          state: [{ line: 1 }, 'two'],
+          session_id: 's'.repeat(256),
+          user: 'u'.repeat(256),
+          trace: { trace_id: 't', custom_tag: { a: 1 } },
+          questions: {
+            q1: { type: 'noul', instructions: ['a', 'b'] },
+            q2: { type: 'choice', instructions: { q: 'x' }, criteria: { only: null } },
+            q3: { type: 'score', instructions: 'x', criteria: [{ level: 'one' }] },
+          },
+        });
+        expect(r.status, JSON.stringify(r.body)).to.equal(200);
+        // One option and one level answer with full confidence.
+        expect(r.body.answers.q2).to.include({ choice: 'only', confidence: 1 });
+        expect(r.body.answers.q3).to.include({ score: 0, confidence: 1 });
+      });
+
+      it('413 when the state is over the configured size', async () => {
+        const r = await decide({ ...base, state: 'x'.repeat(3000) });
+        expect(r.status).to.equal(413);
+        expect(r.body.error.message).to.equal('state: is 3000 bytes, more than the limit of 2048');
+      });
+
+      it('404 naming an unknown model; 400 for a model that is not a decision model', async () => {
+        const unknown = await decide({ ...base, model: 'jev-9.99' });
+        expect(unknown.status).to.equal(404);
+        expect(unknown.body.error.message).to.equal('Model "jev-9.99" not found');
+        const chat = await decide({ ...base, model: 'sandbox/chat-1' });
+        expect(chat.status).to.equal(400);
+        expect(chat.body.error.message).to.equal('model: sandbox/chat-1 is a chat model, not a decision model');
+      });
+
+      it('401 without a key and 402 without credits', async () => {
+        expect((await call(`${gw.url}/api/v1/systemone`, { body: base })).status).to.equal(401);
+        const broke = await createTenant(gw.store, 0);
+        const r = await decide(base, { key: broke.inferenceKey });
+        expect(r.status).to.equal(402);
+        expect(r.body.error.code).to.equal(402);
+      });
     });
 
-    it("from a chat model's label log-probabilities, by the formulas", async () => {
-      const r = await decide({ model: 'typesafe/jev-chat-1', state, questions, provider: { only: ['sandbox-alpha'] } });
-      expect(r.status, JSON.stringify(r.body)).to.equal(200);
-      expect(r.body.model).to.equal('typesafe/jev-chat-1-20261001');
-      expect(r.body.provider).to.equal('sandbox-alpha');
-      let inputTokens = 0;
-      for (const [name, q] of Object.entries(questions)) {
-        // Ask the sandbox the same question ourselves and apply the formulas by hand.
-        const { body, labels } = logprobRequest(state, q as unknown as Question);
-        const res = (await (await fetch(`${stack.sandboxUrl}/openai/v1/chat/completions`, {
-          method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...body, model: 'sandbox-chat-small' }),
-        })).json()) as any;
-        inputTokens += res.usage.prompt_tokens;
-        const top = res.choices[0].logprobs.content[0].top_logprobs as { token: string; logprob: number }[];
-        const lp = labels.map((l) => top.find((x) => x.token === l)!.logprob);
-        const z = lp.reduce((s, x) => s + Math.exp(x), 0);
-        const p = lp.map((x) => Math.exp(x) / z);
-        const a = r.body.answers[name];
-        if (q.type === 'noul') {
-          expect(a).to.deep.equal({ type: 'noul', noul: a.noul });
-          expect(a.noul).to.be.closeTo(p[1], 1e-12);
-        } else if (q.type === 'choice') {
-          const names = Object.keys(q.criteria);
-          names.forEach((n, i) => expect(a.probabilities[n]).to.be.closeTo(p[i], 1e-12));
-          expect(a.choice).to.equal(names[p.indexOf(Math.max(...p))]);
-          expect(a.confidence).to.be.closeTo((names.length * Math.max(...p) - 1) / (names.length - 1), 1e-12);
-        } else {
-          expect(a.score).to.be.closeTo(p.reduce((s, x, i) => s + i * x, 0), 1e-12);
-          const m = p.indexOf(Math.max(...p));
-          const d = p.reduce((s, x, i) => s + x * Math.abs(i - m), 0);
-          expect(a.confidence).to.be.closeTo(Math.max(0, 1 - d / (Math.floor(16 / 4) / 4)), 1e-12);
-          expect(Object.values<number>(a.probabilities).reduce((s, x) => s + x, 0)).to.be.closeTo(1, 1e-12);
+    describe('answers', () => {
+      it("from a native System One endpoint: the provider's distributions, checked and normalized", async () => {
+        const r = await decide({ model: 'jev-latest', state, questions });
+        expect(r.status, JSON.stringify(r.body)).to.equal(200);
+        expect(r.body.model).to.equal('typesafe/jev-1.13-20260917');
+        expect(r.body.provider).to.be.oneOf(['sandbox-systemone', 'sandbox-systemone-eu']);
+        expect(r.body.id).to.match(/^gen-dec-/);
+        const direct = await fetch(`${stack.sandboxUrl}/systemone/v1/systemone`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ state, questions, model: 'jev-1.13' }),
+        });
+        const upstream = (await direct.json()) as any;
+        expect(r.body.answers.urgent).to.deep.equal(upstream.answers.urgent);
+        for (const name of ['topic', 'severity']) {
+          for (const [k, v] of Object.entries<number>(upstream.answers[name].probabilities))
+            expect(r.body.answers[name].probabilities[k]).to.be.closeTo(v, 1e-12);
+          expect(r.body.answers[name].confidence).to.be.closeTo(upstream.answers[name].confidence, 1e-12);
         }
-      }
-      expect(r.body.usage.input_tokens).to.equal(inputTokens);
-      expect(r.body.usage.output_tokens).to.equal(3); // one label token per question
-      const usage = await gw.store.usage.findOne({ _id: r.body.id });
-      expect(usage!.details!.prompt_format).to.equal('gw-decision-v1');
-      expect(Object.keys(usage!.details!.label_mass as object)).to.have.members(['urgent', 'topic', 'severity']);
-      for (const mass of Object.values(usage!.details!.label_mass as Record<string, number>)) expect(mass).to.be.closeTo(0.97, 1e-9);
-    });
-  });
-
-  describe('upstream failures', () => {
-    const q = { q: { type: 'noul', instructions: 'ok?' } };
-    const cases: [string, number, Record<string, unknown>][] = [
-      ['test/dec-500', 502, { provider_name: 's1-500', upstream_status: 500 }],
-      ['test/dec-timeout', 524, { provider_name: 's1-timeout' }],
-      ['test/dec-busy', 529, { provider_name: 's1-busy', upstream_status: 529 }],
-      ['test/dec-429', 429, { provider_name: 's1-429', upstream_status: 429 }],
-    ];
-    for (const [model, status, metadata] of cases) {
-      it(`${model} → ${status} naming the provider`, async () => {
-        const r = await decide({ model, state: 'x', questions: q });
-        expect(r.status).to.equal(status);
-        expect(r.body.error.code).to.equal(status);
-        expect(r.body.error.metadata).to.include(metadata);
-        if (status === 429) expect(r.headers.get('retry-after')).to.equal('20');
-        // A failed decision debits nothing.
-        expect(await gw.store.usage.countDocuments({ workspace_id: t.workspaceId, model: { $regex: '^test/' } })).to.equal(0);
+        expect(r.body.answers.topic.choice).to.equal(upstream.answers.topic.choice);
+        expect(r.body.answers.severity.score).to.be.closeTo(upstream.answers.severity.score, 1e-12);
+        expect(r.body.answers.severity.legend).to.deep.equal({ 0: 'none', 1: 'minor', 2: 'major', 3: 'critical' });
+        // Priced by whichever of the model's two providers served it (the EU one costs 1.5 times as much).
+        const price = r.body.provider === 'sandbox-systemone' ? { prompt: 0.5, completion: 2 } : { prompt: 0.75, completion: 3 };
+        expect(r.body.usage).to.deep.equal({
+          ...upstream.usage,
+          cost:
+            Math.round(((upstream.usage.input_tokens * price.prompt + upstream.usage.output_tokens * price.completion) / 1e6) * 1e10) /
+            1e10,
+        });
       });
-    }
 
-    it('falls back to the next provider, and not when allow_fallbacks is false', async () => {
-      const ok = await decide({ model: 'test/dec-fallback', state: 'x', questions: q });
-      expect(ok.status).to.equal(200);
-      expect(ok.body.provider).to.equal('sandbox-systemone');
-      const strict = await decide({ model: 'test/dec-fallback', state: 'x', questions: q, provider: { allow_fallbacks: false, sort: 'price' } });
-      expect(strict.status).to.equal(502);
-      expect(strict.body.error.metadata.provider_name).to.equal('s1-500');
+      it("from a chat model's label log-probabilities, by the formulas", async () => {
+        const r = await decide({ model: 'typesafe/jev-chat-1', state, questions, provider: { only: ['sandbox-alpha'] } });
+        expect(r.status, JSON.stringify(r.body)).to.equal(200);
+        expect(r.body.model).to.equal('typesafe/jev-chat-1-20261001');
+        expect(r.body.provider).to.equal('sandbox-alpha');
+        let inputTokens = 0;
+        for (const [name, q] of Object.entries(questions)) {
+          // Ask the sandbox the same question ourselves and apply the formulas by hand.
+          const { body, labels } = logprobRequest(state, q as unknown as Question);
+          const res = (await (
+            await fetch(`${stack.sandboxUrl}/openai/v1/chat/completions`, {
+              method: 'POST',
+              headers: { 'content-type': 'application/json' },
+              body: JSON.stringify({ ...body, model: 'sandbox-chat-small' }),
+            })
+          ).json()) as any;
+          inputTokens += res.usage.prompt_tokens;
+          const top = res.choices[0].logprobs.content[0].top_logprobs as { token: string; logprob: number }[];
+          const lp = labels.map((l) => top.find((x) => x.token === l)!.logprob);
+          const z = lp.reduce((s, x) => s + Math.exp(x), 0);
+          const p = lp.map((x) => Math.exp(x) / z);
+          const a = r.body.answers[name];
+          if (q.type === 'noul') {
+            expect(a).to.deep.equal({ type: 'noul', noul: a.noul });
+            expect(a.noul).to.be.closeTo(p[1], 1e-12);
+          } else if (q.type === 'choice') {
+            const names = Object.keys(q.criteria);
+            names.forEach((n, i) => expect(a.probabilities[n]).to.be.closeTo(p[i], 1e-12));
+            expect(a.choice).to.equal(names[p.indexOf(Math.max(...p))]);
+            expect(a.confidence).to.be.closeTo((names.length * Math.max(...p) - 1) / (names.length - 1), 1e-12);
+          } else {
+            expect(a.score).to.be.closeTo(
+              p.reduce((s, x, i) => s + i * x, 0),
+              1e-12,
+            );
+            const m = p.indexOf(Math.max(...p));
+            const d = p.reduce((s, x, i) => s + x * Math.abs(i - m), 0);
+            expect(a.confidence).to.be.closeTo(Math.max(0, 1 - d / (Math.floor(16 / 4) / 4)), 1e-12);
+            expect(Object.values<number>(a.probabilities).reduce((s, x) => s + x, 0)).to.be.closeTo(1, 1e-12);
+          }
+        }
+        expect(r.body.usage.input_tokens).to.equal(inputTokens);
+        expect(r.body.usage.output_tokens).to.equal(3); // one label token per question
+        const usage = await gw.store.usage.findOne({ _id: r.body.id });
+        expect(usage!.details!.prompt_format).to.equal('gw-decision-v1');
+        expect(Object.keys(usage!.details!.label_mass as object)).to.have.members(['urgent', 'topic', 'severity']);
+        for (const mass of Object.values(usage!.details!.label_mass as Record<string, number>)) expect(mass).to.be.closeTo(0.97, 1e-9);
+      });
     });
 
-    it('404 naming the preference that excluded every endpoint', async () => {
-      const r = await decide({ model: 'jev-1.13', state: 'x', questions: q, provider: { data_collection: 'deny', only: ['sandbox-alpha'] } });
-      expect(r.status).to.equal(404);
-      expect(r.body.error.message).to.equal('No endpoint of typesafe/jev-1.13 satisfies provider.only');
-    });
-  });
-
-  if (mode === 'inline') describe('cancellation (inline mode)', () => {
-    const slow = { model: 'test/dec-slow', state: 'slow', questions: { q: { type: 'noul', instructions: '?' } } };
-    const aborted = async () => ((await (await fetch(`${stack.sandboxUrl}/_aborted`)).json()) as Record<string, number>)['dec=1,latency=2500,tag=slow|/systemone/v1/systemone'] ?? 0;
-
-    it('a client that goes away cancels the provider call, and nothing is billed', async () => {
-      const tenant = await createTenant(gw.store, 1);
-      const before = await aborted();
-      const controller = new AbortController();
-      const pending = fetch(`${gw.url}/api/v1/systemone`, {
-        method: 'POST', signal: controller.signal,
-        headers: { authorization: `Bearer ${tenant.inferenceKey}`, 'content-type': 'application/json' }, body: JSON.stringify(slow),
-      }).catch((err: Error) => err);
-      await new Promise((r) => setTimeout(r, 300));
-      controller.abort();
-      expect(await pending).to.be.instanceOf(Error);
-      // The sandbox sees its caller hang up long before its 2.5 s answer would have been ready.
-      let seen = before;
-      for (let i = 0; i < 100 && seen === before; i++) {
-        await new Promise((r) => setTimeout(r, 20));
-        seen = await aborted();
+    describe('upstream failures', () => {
+      const q = { q: { type: 'noul', instructions: 'ok?' } };
+      const cases: [string, number, Record<string, unknown>][] = [
+        ['test/dec-500', 502, { provider_name: 's1-500', upstream_status: 500 }],
+        ['test/dec-timeout', 524, { provider_name: 's1-timeout' }],
+        ['test/dec-busy', 529, { provider_name: 's1-busy', upstream_status: 529 }],
+        ['test/dec-429', 429, { provider_name: 's1-429', upstream_status: 429 }],
+      ];
+      for (const [model, status, metadata] of cases) {
+        it(`${model} → ${status} naming the provider`, async () => {
+          const r = await decide({ model, state: 'x', questions: q });
+          expect(r.status).to.equal(status);
+          expect(r.body.error.code).to.equal(status);
+          expect(r.body.error.metadata).to.include(metadata);
+          if (status === 429) expect(r.headers.get('retry-after')).to.equal('20');
+          // A failed decision debits nothing.
+          expect(await gw.store.usage.countDocuments({ workspace_id: t.workspaceId, model: { $regex: '^test/' } })).to.equal(0);
+        });
       }
-      expect(seen).to.equal(before + 1);
-      expect(await gw.store.usage.countDocuments({ workspace_id: tenant.workspaceId })).to.equal(0);
+
+      it('falls back to the next provider, and not when allow_fallbacks is false', async () => {
+        const ok = await decide({ model: 'test/dec-fallback', state: 'x', questions: q });
+        expect(ok.status).to.equal(200);
+        expect(ok.body.provider).to.equal('sandbox-systemone');
+        const strict = await decide({
+          model: 'test/dec-fallback',
+          state: 'x',
+          questions: q,
+          provider: { allow_fallbacks: false, sort: 'price' },
+        });
+        expect(strict.status).to.equal(502);
+        expect(strict.body.error.metadata.provider_name).to.equal('s1-500');
+      });
+
+      it('404 naming the preference that excluded every endpoint', async () => {
+        const r = await decide({
+          model: 'jev-1.13',
+          state: 'x',
+          questions: q,
+          provider: { data_collection: 'deny', only: ['sandbox-alpha'] },
+        });
+        expect(r.status).to.equal(404);
+        expect(r.body.error.message).to.equal('No endpoint of typesafe/jev-1.13 satisfies provider.only');
+      });
     });
 
-    it('a decision still running at DECISION_TIMEOUT_MS is abandoned with a 524 and the provider call cancelled', async () => {
-      const before = await aborted();
-      const r = await decide(slow);
-      expect(r.status).to.equal(524);
-      expect(r.body.error.message).to.equal('Decision did not finish within 1000 ms');
-      let seen = before;
-      for (let i = 0; i < 100 && seen === before; i++) {
-        await new Promise((resolve) => setTimeout(resolve, 20));
-        seen = await aborted();
-      }
-      expect(seen).to.equal(before + 1);
-    });
-  });
+    if (mode === 'inline')
+      describe('cancellation (inline mode)', () => {
+        const slow = { model: 'test/dec-slow', state: 'slow', questions: { q: { type: 'noul', instructions: '?' } } };
+        const aborted = async () =>
+          ((await (await fetch(`${stack.sandboxUrl}/_aborted`)).json()) as Record<string, number>)[
+            'dec=1,latency=2500,tag=slow|/systemone/v1/systemone'
+          ] ?? 0;
 
-  describe('usage, credits and sessions', () => {
-    it('records one usage record with session, user, trace and attribution, and debits its cost', async () => {
-      const tenant = await createTenant(gw.store, 1);
-      const r = await decide(
-        { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } }, user: 'end-user-1', trace: { trace_id: 'tr-1', team: 'risk' } },
-        { key: tenant.inferenceKey, headers: { 'x-session-id': 'sess-header', 'http-referer': 'https://app.example', 'x-openrouter-title': 'Risk Desk', 'x-openrouter-categories': 'agents,cli' } },
+        it('a client that goes away cancels the provider call, and nothing is billed', async () => {
+          const tenant = await createTenant(gw.store, 1);
+          const before = await aborted();
+          const controller = new AbortController();
+          const pending = fetch(`${gw.url}/api/v1/systemone`, {
+            method: 'POST',
+            signal: controller.signal,
+            headers: { authorization: `Bearer ${tenant.inferenceKey}`, 'content-type': 'application/json' },
+            body: JSON.stringify(slow),
+          }).catch((err: Error) => err);
+          await new Promise((r) => setTimeout(r, 300));
+          controller.abort();
+          expect(await pending).to.be.instanceOf(Error);
+          // The sandbox sees its caller hang up long before its 2.5 s answer would have been ready.
+          let seen = before;
+          for (let i = 0; i < 100 && seen === before; i++) {
+            await new Promise((r) => setTimeout(r, 20));
+            seen = await aborted();
+          }
+          expect(seen).to.equal(before + 1);
+          expect(await gw.store.usage.countDocuments({ workspace_id: tenant.workspaceId })).to.equal(0);
+        });
+
+        it('a decision still running at DECISION_TIMEOUT_MS is abandoned with a 524 and the provider call cancelled', async () => {
+          const before = await aborted();
+          const r = await decide(slow);
+          expect(r.status).to.equal(524);
+          expect(r.body.error.message).to.equal('Decision did not finish within 1000 ms');
+          let seen = before;
+          for (let i = 0; i < 100 && seen === before; i++) {
+            await new Promise((resolve) => setTimeout(resolve, 20));
+            seen = await aborted();
+          }
+          expect(seen).to.equal(before + 1);
+        });
+      });
+
+    describe('usage, credits and sessions', () => {
+      it('records one usage record with session, user, trace and attribution, and debits its cost', async () => {
+        const tenant = await createTenant(gw.store, 1);
+        const r = await decide(
+          {
+            model: 'jev-1.13',
+            state: 'x',
+            questions: { q: { type: 'noul', instructions: 'ok?' } },
+            user: 'end-user-1',
+            trace: { trace_id: 'tr-1', team: 'risk' },
+          },
+          {
+            key: tenant.inferenceKey,
+            headers: {
+              'x-session-id': 'sess-header',
+              'http-referer': 'https://app.example',
+              'x-openrouter-title': 'Risk Desk',
+              'x-openrouter-categories': 'agents,cli',
+            },
+          },
+        );
+        expect(r.status).to.equal(200);
+        const doc = await gw.store.usage.findOne({ _id: r.body.id });
+        expect(doc).to.include({
+          workspace_id: tenant.workspaceId,
+          key_id: tenant.inferenceKeyId,
+          kind: 'decision',
+          model: 'typesafe/jev-1.13-20260917',
+          provider: r.body.provider,
+          session_id: 'sess-header',
+          user: 'end-user-1',
+        });
+        expect(doc!.input_tokens).to.equal(r.body.usage.input_tokens);
+        expect(doc!.cost).to.equal(r.body.usage.cost);
+        expect(fromJsonText(doc!.trace)).to.deep.equal({ trace_id: 'tr-1', team: 'risk' });
+        expect(doc!.app).to.deep.equal({ referer: 'https://app.example', title: 'Risk Desk', categories: ['agents', 'cli'] });
+        const credits = await call(`${gw.url}/api/v1/credits`, { key: tenant.inferenceKey });
+        expect(credits.body.data.total_usage).to.be.closeTo(r.body.usage.cost, 1e-9);
+        expect(credits.body.data.balance).to.be.closeTo(1 - r.body.usage.cost, 1e-9);
+        const gen = await call(`${gw.url}/api/v1/generation?id=${r.body.id}`, { key: tenant.inferenceKey });
+        expect(gen.body.data).to.include({ id: r.body.id, session_id: 'sess-header', app_title: 'Risk Desk' });
+      });
+
+      it('takes session_id from the body over the x-session-id header', async () => {
+        const r = await decide(
+          { model: 'jev-1.13', state: 'y', questions: { q: { type: 'noul', instructions: '?' } }, session_id: 'sess-body' },
+          { headers: { 'x-session-id': 'sess-header' } },
+        );
+        expect((await gw.store.usage.findOne({ _id: r.body.id }))!.session_id).to.equal('sess-body');
+        const long = await decide(
+          { model: 'jev-1.13', state: 'y', questions: { q: { type: 'noul', instructions: '?' } } },
+          { headers: { 'x-session-id': 'h'.repeat(257) } },
+        );
+        expect(long.status).to.equal(400);
+      });
+
+      it(
+        mode === 'workflow'
+          ? 'runs each decision as a workflow whose id is the generation id'
+          : 'runs decisions in-process, with no workflow',
+        async () => {
+          const r = await decide({ model: 'jev-1.13', state: 'z', questions: { q: { type: 'noul', instructions: '?' } } });
+          expect(r.status).to.equal(200);
+          expect((await call(`${gw.url}/readyz`)).body.decisions_execution).to.equal(mode);
+          const { Connection, Client, WorkflowNotFoundError } = await import('@temporalio/client');
+          const connection = await Connection.connect({ address: stack.temporalAddress });
+          try {
+            const described = new Client({ connection }).workflow.getHandle(r.body.id).describe();
+            if (mode === 'inline') {
+              await described.then(
+                () => expect.fail('no workflow should exist'),
+                (err) => expect(err).to.be.instanceOf(WorkflowNotFoundError),
+              );
+              return;
+            }
+            const d = await described;
+            expect(d.type).to.equal(decisionWorkflow.name);
+            expect(d.status.name).to.equal('COMPLETED');
+          } finally {
+            await connection.close();
+          }
+        },
       );
-      expect(r.status).to.equal(200);
-      const doc = await gw.store.usage.findOne({ _id: r.body.id });
-      expect(doc).to.include({ workspace_id: tenant.workspaceId, key_id: tenant.inferenceKeyId, kind: 'decision', model: 'typesafe/jev-1.13-20260917', provider: r.body.provider, session_id: 'sess-header', user: 'end-user-1' });
-      expect(doc!.input_tokens).to.equal(r.body.usage.input_tokens);
-      expect(doc!.cost).to.equal(r.body.usage.cost);
-      expect(fromJsonText(doc!.trace)).to.deep.equal({ trace_id: 'tr-1', team: 'risk' });
-      expect(doc!.app).to.deep.equal({ referer: 'https://app.example', title: 'Risk Desk', categories: ['agents', 'cli'] });
-      const credits = await call(`${gw.url}/api/v1/credits`, { key: tenant.inferenceKey });
-      expect(credits.body.data.total_usage).to.be.closeTo(r.body.usage.cost, 1e-9);
-      expect(credits.body.data.balance).to.be.closeTo(1 - r.body.usage.cost, 1e-9);
-      const gen = await call(`${gw.url}/api/v1/generation?id=${r.body.id}`, { key: tenant.inferenceKey });
-      expect(gen.body.data).to.include({ id: r.body.id, session_id: 'sess-header', app_title: 'Risk Desk' });
     });
 
-    it('takes session_id from the body over the x-session-id header', async () => {
-      const r = await decide({ model: 'jev-1.13', state: 'y', questions: { q: { type: 'noul', instructions: '?' } }, session_id: 'sess-body' }, { headers: { 'x-session-id': 'sess-header' } });
-      expect((await gw.store.usage.findOne({ _id: r.body.id }))!.session_id).to.equal('sess-body');
-      const long = await decide({ model: 'jev-1.13', state: 'y', questions: { q: { type: 'noul', instructions: '?' } } }, { headers: { 'x-session-id': 'h'.repeat(257) } });
-      expect(long.status).to.equal(400);
-    });
+    describe('@openrouter/sdk compatibility', () => {
+      it('systemOne.create returns parsed answers for all three question types', async () => {
+        const { OpenRouter } = await import('@openrouter/sdk');
+        const sdk = new OpenRouter({ apiKey: t.inferenceKey, serverURL: `${gw.url}/api/v1` });
+        const res = await sdk.systemOne.create({
+          decisionsRequest: { model: 'jev-1.13', state, questions: questions as any, sessionId: 'sdk-session' },
+        });
+        expect(res.model).to.equal('typesafe/jev-1.13-20260917');
+        expect(res.answers.urgent.type).to.equal('noul');
+        expect((res.answers.topic as any).choice).to.be.oneOf(['billing', 'bug', 'account']);
+        expect((res.answers.severity as any).score).to.be.within(0, 3);
+        expect(res.usage.inputTokens).to.be.greaterThan(0);
+        expect((await gw.store.usage.findOne({ _id: res.id! }))!.session_id).to.equal('sdk-session');
+      });
 
-    it(mode === 'workflow' ? 'runs each decision as a workflow whose id is the generation id' : 'runs decisions in-process, with no workflow', async () => {
-      const r = await decide({ model: 'jev-1.13', state: 'z', questions: { q: { type: 'noul', instructions: '?' } } });
-      expect(r.status).to.equal(200);
-      expect((await call(`${gw.url}/readyz`)).body.decisions_execution).to.equal(mode);
-      const { Connection, Client, WorkflowNotFoundError } = await import('@temporalio/client');
-      const connection = await Connection.connect({ address: stack.temporalAddress });
-      try {
-        const described = new Client({ connection }).workflow.getHandle(r.body.id).describe();
-        if (mode === 'inline') {
-          await described.then(() => expect.fail('no workflow should exist'), (err) => expect(err).to.be.instanceOf(WorkflowNotFoundError));
-          return;
-        }
-        const d = await described;
-        expect(d.type).to.equal(decisionWorkflow.name);
-        expect(d.status.name).to.equal('COMPLETED');
-      } finally {
-        await connection.close();
-      }
+      it("raises the SDK's typed errors for 400, 401, 402 and 404", async () => {
+        const sdkModule = await import('@openrouter/sdk');
+        // A subpath export, which this project's node10 module resolution cannot type; the runtime resolves it.
+        const errorsPath = '@openrouter/sdk/models/errors';
+        const errors: any = await import(errorsPath);
+        const broke = await createTenant(gw.store, 0);
+        const make = (apiKey: string) => new sdkModule.OpenRouter({ apiKey, serverURL: `${gw.url}/api/v1` });
+        const attempt = async (apiKey: string, request: any) => {
+          try {
+            await make(apiKey).systemOne.create({ decisionsRequest: request });
+          } catch (err) {
+            return err;
+          }
+          throw new Error('expected an error');
+        };
+        const good = { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: '?' } } };
+        expect(
+          await attempt(t.inferenceKey, { ...good, questions: { q: { type: 'score', instructions: '?', criteria: [] } } }),
+        ).to.be.instanceOf(errors.BadRequestResponseError);
+        expect(await attempt(`sk-gw-v1-${'0'.repeat(64)}`, good)).to.be.instanceOf(errors.UnauthorizedResponseError);
+        expect(await attempt(broke.inferenceKey, good)).to.be.instanceOf(errors.PaymentRequiredResponseError);
+        expect(await attempt(t.inferenceKey, { ...good, model: 'no-such-model' })).to.be.instanceOf(errors.NotFoundResponseError);
+      });
     });
   });
-
-  describe('@openrouter/sdk compatibility', () => {
-    it('systemOne.create returns parsed answers for all three question types', async () => {
-      const { OpenRouter } = await import('@openrouter/sdk');
-      const sdk = new OpenRouter({ apiKey: t.inferenceKey, serverURL: `${gw.url}/api/v1` });
-      const res = await sdk.systemOne.create({ decisionsRequest: { model: 'jev-1.13', state, questions: questions as any, sessionId: 'sdk-session' } });
-      expect(res.model).to.equal('typesafe/jev-1.13-20260917');
-      expect(res.answers.urgent.type).to.equal('noul');
-      expect((res.answers.topic as any).choice).to.be.oneOf(['billing', 'bug', 'account']);
-      expect((res.answers.severity as any).score).to.be.within(0, 3);
-      expect(res.usage.inputTokens).to.be.greaterThan(0);
-      expect((await gw.store.usage.findOne({ _id: res.id! }))!.session_id).to.equal('sdk-session');
-    });
-
-    it('raises the SDK\'s typed errors for 400, 401, 402 and 404', async () => {
-      const sdkModule = await import('@openrouter/sdk');
-      // A subpath export, which this project's node10 module resolution cannot type; the runtime resolves it.
-      const errorsPath = '@openrouter/sdk/models/errors';
-      const errors: any = await import(errorsPath);
-      const broke = await createTenant(gw.store, 0);
-      const make = (apiKey: string) => new sdkModule.OpenRouter({ apiKey, serverURL: `${gw.url}/api/v1` });
-      const attempt = async (apiKey: string, request: any) => {
-        try {
-          await make(apiKey).systemOne.create({ decisionsRequest: request });
-        } catch (err) {
-          return err;
-        }
-        throw new Error('expected an error');
-      };
-      const good = { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: '?' } } };
-      expect(await attempt(t.inferenceKey, { ...good, questions: { q: { type: 'score', instructions: '?', criteria: [] } } })).to.be.instanceOf(errors.BadRequestResponseError);
-      expect(await attempt(`sk-gw-v1-${'0'.repeat(64)}`, good)).to.be.instanceOf(errors.UnauthorizedResponseError);
-      expect(await attempt(broke.inferenceKey, good)).to.be.instanceOf(errors.PaymentRequiredResponseError);
-      expect(await attempt(t.inferenceKey, { ...good, model: 'no-such-model' })).to.be.instanceOf(errors.NotFoundResponseError);
-    });
-  });
-});
 
 describe('decision models in the default catalog', () => {
   it('each has at least two providers, so a decision can fall back', () => {
@@ -438,7 +669,10 @@ describe('decision models in the default catalog', () => {
     try {
       const t = await createTenant(gw.store, 1);
       for (let i = 0; i < 5; i++) {
-        const r = await call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body: { model: 'jev-1.13', state: `x${i}`, questions: { q: { type: 'noul', instructions: 'ok?' } } } });
+        const r = await call(`${gw.url}/api/v1/systemone`, {
+          key: t.inferenceKey,
+          body: { model: 'jev-1.13', state: `x${i}`, questions: { q: { type: 'noul', instructions: 'ok?' } } },
+        });
         expect(r.status, JSON.stringify(r.body)).to.equal(200);
         expect(r.body.provider).to.equal('sandbox-systemone-eu');
       }

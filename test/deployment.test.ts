@@ -53,7 +53,7 @@ describe('docker-compose.yml', () => {
     }
   });
 
-  it("gives the gateway only environment its config module accepts", () => {
+  it('gives the gateway only environment its config module accepts', () => {
     for (const name of ['api', 'worker']) {
       const env = services[name].environment as Record<string, string>;
       expect(() => loadConfig(env)).to.not.throw();

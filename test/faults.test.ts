@@ -16,28 +16,67 @@ const LINES = 60;
 function faultCatalog(): string {
   return writeTestCatalog('faults', (base) => {
     base.providers.push({
-      slug: 'fault-slow', name: 'fault-slow', adapter: 'openai', base_url: '${SANDBOX_URL}/~faults=1,latency=150/openai/v1',
-      collects_data: false, zdr: false, max_concurrency: 6, timeout_ms: 5000,
+      slug: 'fault-slow',
+      name: 'fault-slow',
+      adapter: 'openai',
+      base_url: '${SANDBOX_URL}/~faults=1,latency=150/openai/v1',
+      collects_data: false,
+      zdr: false,
+      max_concurrency: 6,
+      timeout_ms: 5000,
     });
     base.models.push({
-      id: 'test/fault-slow', name: 'fault-slow', kind: 'chat', family: 'test/fault-slow', version: '1', released: '20260101', context_length: 1000, distillable: true,
-      endpoints: [{ provider: 'fault-slow', upstream_model: 'sandbox-chat', pricing: { prompt: 1, completion: 1 }, quantization: 'bf16', supported_parameters: [] }],
+      id: 'test/fault-slow',
+      name: 'fault-slow',
+      kind: 'chat',
+      family: 'test/fault-slow',
+      version: '1',
+      released: '20260101',
+      context_length: 1000,
+      distillable: true,
+      endpoints: [
+        {
+          provider: 'fault-slow',
+          upstream_model: 'sandbox-chat',
+          pricing: { prompt: 1, completion: 1 },
+          quantization: 'bf16',
+          supported_parameters: [],
+        },
+      ],
     });
   });
 }
 
-interface Services { mongoUri: string; temporalAddress: string; sandboxUrl: string }
+interface Services {
+  mongoUri: string;
+  temporalAddress: string;
+  sandboxUrl: string;
+}
 
 /** A gateway (API and worker) in a process of its own, so a crash of it is visible as an exit. */
-async function startGatewayProcess(name: string, services: Services, env: Record<string, string>): Promise<{ proc: ManagedProcess; url: string }> {
-  const port = Number(env.PORT) || await freePort();
+async function startGatewayProcess(
+  name: string,
+  services: Services,
+  env: Record<string, string>,
+): Promise<{ proc: ManagedProcess; url: string }> {
+  const port = Number(env.PORT) || (await freePort());
   const proc = startProcess(name, process.execPath, [BIN, 'api', '--with-worker'], {
-    ...process.env, ...env, PORT: String(port), MONGODB_URI: services.mongoUri, TEMPORAL_ADDRESS: services.temporalAddress, SANDBOX_URL: services.sandboxUrl, LOG_LEVEL: 'warn',
+    ...process.env,
+    ...env,
+    PORT: String(port),
+    MONGODB_URI: services.mongoUri,
+    TEMPORAL_ADDRESS: services.temporalAddress,
+    SANDBOX_URL: services.sandboxUrl,
+    LOG_LEVEL: 'warn',
   });
   const url = `http://127.0.0.1:${port}`;
-  await proc.waitUntil(async () => {
-    if (!(await fetch(`${url}/healthz`)).ok) throw new Error('not yet');
-  }, 30_000, 'answering');
+  await proc.waitUntil(
+    async () => {
+      if (!(await fetch(`${url}/healthz`)).ok) throw new Error('not yet');
+    },
+    30_000,
+    'answering',
+  );
   return { proc, url };
 }
 
@@ -83,23 +122,41 @@ async function expectNotReady(url: string, part: 'mongodb' | 'temporal'): Promis
 describe('faults: a running batch survives each process being killed', function () {
   this.timeout(240_000);
   let catalogPath: string;
-  before(() => { catalogPath = faultCatalog(); });
+  before(() => {
+    catalogPath = faultCatalog();
+  });
 
   /**
    * Starts a gateway on `services`, runs a batch, and once 10 lines are done calls `fault` (which
    * kills something and starts it again), then checks the batch's outcome.
    */
-  async function survives(services: Services, fault: (gw: { proc: ManagedProcess; url: string }, env: Record<string, string>) => Promise<{ proc: ManagedProcess; url: string } | void>) {
+  async function survives(
+    services: Services,
+    fault: (
+      gw: { proc: ManagedProcess; url: string },
+      env: Record<string, string>,
+    ) => Promise<{ proc: ManagedProcess; url: string } | void>,
+  ) {
     const env = {
-      PORT: String(await freePort()), MONGODB_DATABASE: uniqueName('db').replace(/-/g, '_'), TEMPORAL_TASK_QUEUE: uniqueName('tq'),
-      CATALOG_PATH: catalogPath, BATCH_CHUNK_SIZE: '10', BATCH_WINDOW: '2',
+      PORT: String(await freePort()),
+      MONGODB_DATABASE: uniqueName('db').replace(/-/g, '_'),
+      TEMPORAL_TASK_QUEUE: uniqueName('tq'),
+      CATALOG_PATH: catalogPath,
+      BATCH_CHUNK_SIZE: '10',
+      BATCH_WINDOW: '2',
     };
     let gw = await startGatewayProcess('gateway', services, env);
     const store = await Store.connect(services.mongoUri, env.MONGODB_DATABASE);
     try {
       const t: Tenant = await createTenant(store, 10);
-      const requests = Array.from({ length: LINES }, (_, i) => ({ custom_id: `line-${i}`, body: { messages: [{ role: 'user', content: `Question ${i}` }], max_tokens: 5 } }));
-      const created = await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body: { endpoint: '/v1/chat/completions', model: 'test/fault-slow', requests } });
+      const requests = Array.from({ length: LINES }, (_, i) => ({
+        custom_id: `line-${i}`,
+        body: { messages: [{ role: 'user', content: `Question ${i}` }], max_tokens: 5 },
+      }));
+      const created = await call(`${gw.url}/api/v1/batches`, {
+        key: t.inferenceKey,
+        body: { endpoint: '/v1/chat/completions', model: 'test/fault-slow', requests },
+      });
       expect(created.status, JSON.stringify(created.body)).to.equal(202);
       await waitForCompleted(gw.url, t.inferenceKey, created.body.id, 10);
 
@@ -116,7 +173,10 @@ describe('faults: a running batch survives each process being killed', function 
       expect(new Set(customIds).size).to.equal(LINES);
       const billed = await store.usage.find({ batch_id: created.body.id }).toArray();
       expect(billed).to.have.length(LINES);
-      expect(done.usage.cost).to.be.closeTo(billed.reduce((a, u) => a + u.cost, 0), 1e-9);
+      expect(done.usage.cost).to.be.closeTo(
+        billed.reduce((a, u) => a + u.cost, 0),
+        1e-9,
+      );
       // Live counts never went backwards.
       for (let i = 1; i < seen.length; i++) expect(seen[i], `counts seen: ${seen.join(',')}`).to.be.at.least(seen[i - 1]);
     } finally {
@@ -163,10 +223,18 @@ describe('faults: a running batch survives each process being killed', function 
   it('the sandbox provider killed and restarted: lines in flight are retried and billed once', async () => {
     const port = await freePort();
     const start = async () => {
-      const p = startProcess('sandbox-fault', process.execPath, [BIN, 'sandbox'], { ...process.env, SANDBOX_PORT: String(port), LOG_LEVEL: 'warn' });
-      await p.waitUntil(async () => {
-        if (!(await fetch(`http://127.0.0.1:${port}/healthz`)).ok) throw new Error('not yet');
-      }, 15_000, 'answering');
+      const p = startProcess('sandbox-fault', process.execPath, [BIN, 'sandbox'], {
+        ...process.env,
+        SANDBOX_PORT: String(port),
+        LOG_LEVEL: 'warn',
+      });
+      await p.waitUntil(
+        async () => {
+          if (!(await fetch(`http://127.0.0.1:${port}/healthz`)).ok) throw new Error('not yet');
+        },
+        15_000,
+        'answering',
+      );
       return p;
     };
     let sandbox = await start();

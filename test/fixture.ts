@@ -25,19 +25,38 @@ export async function mochaGlobalSetup(): Promise<void> {
   stack.tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-test-'));
   const external = { mongo: process.env.MONGODB_URI, temporal: process.env.TEMPORAL_ADDRESS };
   // Tests that start their own FerretDB (readiness after a database dies) need the binary anyway.
-  stack.tools = await ensureTools(process.env.TOOLS_DIR ?? defaultToolsDir(), { temporal: !external.temporal, ferretdb: true },
-    (line) => process.stderr.write(`  [tools] ${line}\n`));
+  stack.tools = await ensureTools(process.env.TOOLS_DIR ?? defaultToolsDir(), { temporal: !external.temporal, ferretdb: true }, (line) =>
+    process.stderr.write(`  [tools] ${line}\n`),
+  );
   const [mongo, temporal] = await Promise.all([
-    external.mongo ? null : startFerretDB({ binary: stack.tools.ferretdb, port: await freePort(), dataDir: path.join(stack.tmpDir, 'ferretdb') }),
-    external.temporal ? null : startTemporalServer({ binary: stack.tools.temporal, port: await freePort(), uiPort: null, dbFile: null, namespace: stack.namespace }),
+    external.mongo
+      ? null
+      : startFerretDB({ binary: stack.tools.ferretdb, port: await freePort(), dataDir: path.join(stack.tmpDir, 'ferretdb') }),
+    external.temporal
+      ? null
+      : startTemporalServer({
+          binary: stack.tools.temporal,
+          port: await freePort(),
+          uiPort: null,
+          dbFile: null,
+          namespace: stack.namespace,
+        }),
   ]);
   for (const s of [mongo, temporal]) if (s) running.push(s);
   const sandboxPort = await freePort();
-  sandbox = startProcess('sandbox', process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), 'sandbox'], { ...process.env, SANDBOX_PORT: String(sandboxPort), LOG_LEVEL: 'warn' });
+  sandbox = startProcess('sandbox', process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), 'sandbox'], {
+    ...process.env,
+    SANDBOX_PORT: String(sandboxPort),
+    LOG_LEVEL: 'warn',
+  });
   stack.sandboxUrl = `http://127.0.0.1:${sandboxPort}`;
-  await sandbox.waitUntil(async () => {
-    if (!(await fetch(`${stack.sandboxUrl}/healthz`)).ok) throw new Error('not yet');
-  }, 15_000, 'answering');
+  await sandbox.waitUntil(
+    async () => {
+      if (!(await fetch(`${stack.sandboxUrl}/healthz`)).ok) throw new Error('not yet');
+    },
+    15_000,
+    'answering',
+  );
   stack.mongoUri = external.mongo ?? mongo!.address;
   stack.temporalAddress = external.temporal ?? temporal!.address;
 }

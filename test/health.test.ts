@@ -11,8 +11,12 @@ describe('health, request ids and the error envelope', () => {
   let gw: TestGateway;
   const { logger, lines } = capturingLogger();
 
-  before(async () => { gw = await startTestGateway({ withWorker: false, logger }); });
-  after(async () => { await gw.stop(); });
+  before(async () => {
+    gw = await startTestGateway({ withWorker: false, logger });
+  });
+  after(async () => {
+    await gw.stop();
+  });
 
   it('GET /healthz answers 200 while the process is up', async () => {
     const res = await fetch(`${gw.url}/healthz`);
@@ -78,7 +82,8 @@ describe('GET /readyz when MongoDB goes away', () => {
       ferret = await startFerretDB({ binary: stack.tools!.ferretdb, port, dataDir });
       const deadline = Date.now() + 20_000;
       let status = 0;
-      while (Date.now() < deadline && (status = (await fetch(`${gw.url}/readyz`)).status) !== 200) await new Promise((r) => setTimeout(r, 200));
+      while (Date.now() < deadline && (status = (await fetch(`${gw.url}/readyz`)).status) !== 200)
+        await new Promise((r) => setTimeout(r, 200));
       expect(status).to.equal(200);
     } finally {
       await ferret.process.stop();

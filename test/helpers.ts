@@ -67,7 +67,11 @@ export async function call(url: string, opts: { method?: string; key?: string; b
   const res = await fetch(url, { method: opts.method ?? (payload ? 'POST' : 'GET'), headers, body: payload });
   const text = await res.text();
   let body: any = text;
-  try { body = JSON.parse(text); } catch { /* not JSON */ }
+  try {
+    body = JSON.parse(text);
+  } catch {
+    /* not JSON */
+  }
   return { status: res.status, headers: res.headers, body };
 }
 
@@ -86,10 +90,17 @@ export async function startTestGateway(
     ...opts.env,
   });
   const logger = opts.logger ?? createLogger('silent');
-  const api = await runApiRole(config, logger, { mongoUri, temporalAddress: stack.temporalAddress }, { withWorker: opts.withWorker ?? true });
+  const api = await runApiRole(
+    config,
+    logger,
+    { mongoUri, temporalAddress: stack.temporalAddress },
+    { withWorker: opts.withWorker ?? true },
+  );
   const store = await Store.connect(mongoUri, config.mongo.database);
   return {
-    url: api.url, config, store,
+    url: api.url,
+    config,
+    store,
     stop: async () => {
       await store.close();
       await api.stop();
@@ -100,8 +111,20 @@ export async function startTestGateway(
 /** A minimal usage record (one billed call) for tests that spend a workspace's credits directly. */
 export function usageRecord(id: string, workspaceId: string, keyId: string, cost: number): UsageRecord {
   return {
-    _id: id, workspace_id: workspaceId, key_id: keyId, kind: 'decision', model: 'm', provider: 'p', input_tokens: 1, output_tokens: 1, cost,
-    session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] }, batch_id: null,
+    _id: id,
+    workspace_id: workspaceId,
+    key_id: keyId,
+    kind: 'decision',
+    model: 'm',
+    provider: 'p',
+    input_tokens: 1,
+    output_tokens: 1,
+    cost,
+    session_id: null,
+    user: null,
+    trace: null,
+    app: { referer: null, title: null, categories: [] },
+    batch_id: null,
   };
 }
 

@@ -12,26 +12,45 @@ function rawExchange(port: number, request: string | Buffer, waitMs = 3000): Pro
   return new Promise((resolve, reject) => {
     const socket = net.connect(port, '127.0.0.1');
     const chunks: Buffer[] = [];
-    const timer = setTimeout(() => { socket.destroy(); resolve(Buffer.concat(chunks).toString()); }, waitMs);
+    const timer = setTimeout(() => {
+      socket.destroy();
+      resolve(Buffer.concat(chunks).toString());
+    }, waitMs);
     socket.on('data', (b) => chunks.push(b));
-    socket.on('end', () => { clearTimeout(timer); resolve(Buffer.concat(chunks).toString()); });
+    socket.on('end', () => {
+      clearTimeout(timer);
+      resolve(Buffer.concat(chunks).toString());
+    });
     socket.on('error', reject);
     socket.write(request);
   });
 }
 
-function post(port: number, path: string, headers: Record<string, string>, body: Buffer, agent?: http.Agent): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: any }> {
+function post(
+  port: number,
+  path: string,
+  headers: Record<string, string>,
+  body: Buffer,
+  agent?: http.Agent,
+): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: any }> {
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: '127.0.0.1', port, path, method: 'POST', headers: { 'content-length': String(body.length), ...headers }, agent }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c) => chunks.push(c));
-      res.on('end', () => {
-        const text = Buffer.concat(chunks).toString();
-        let parsed: any = text;
-        try { parsed = JSON.parse(text); } catch { /* not JSON */ }
-        resolve({ status: res.statusCode!, headers: res.headers, body: parsed });
-      });
-    });
+    const req = http.request(
+      { host: '127.0.0.1', port, path, method: 'POST', headers: { 'content-length': String(body.length), ...headers }, agent },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c) => chunks.push(c));
+        res.on('end', () => {
+          const text = Buffer.concat(chunks).toString();
+          let parsed: any = text;
+          try {
+            parsed = JSON.parse(text);
+          } catch {
+            /* not JSON */
+          }
+          resolve({ status: res.statusCode!, headers: res.headers, body: parsed });
+        });
+      },
+    );
     req.on('error', reject);
     req.end(body);
   });
@@ -45,11 +64,16 @@ describe('hostile input', () => {
   const presetPath = (slug: string) => `/api/v1/presets/${slug}/chat/completions`;
 
   before(async () => {
-    gw = await startTestGateway({ logger: captured.logger, env: { BODY_LIMIT: '1mb', BODY_IDLE_TIMEOUT_MS: '500', BATCH_MAX_BYTES: '40mb' } });
+    gw = await startTestGateway({
+      logger: captured.logger,
+      env: { BODY_LIMIT: '1mb', BODY_IDLE_TIMEOUT_MS: '500', BATCH_MAX_BYTES: '40mb' },
+    });
     t = await createTenant(gw.store, 5);
     port = Number(new URL(gw.url).port);
   });
-  after(async () => { await gw.stop(); });
+  after(async () => {
+    await gw.stop();
+  });
   afterEach(() => {
     // Nothing a client sent may reach the log as an unhandled error.
     const crashes = captured.lines.filter((l) => l.msg === 'unhandled error');
@@ -59,7 +83,10 @@ describe('hostile input', () => {
   const auth = () => ({ authorization: `Bearer ${t.managementKey}`, 'content-type': 'application/json' });
 
   it('400 for __proto__ anywhere in a body', async () => {
-    for (const text of ['{"model":"sandbox/chat-1","__proto__":{"x":1}}', '{"model":"sandbox/chat-1","messages":[{"role":"user","content":"x","__proto__":{}}]}']) {
+    for (const text of [
+      '{"model":"sandbox/chat-1","__proto__":{"x":1}}',
+      '{"model":"sandbox/chat-1","messages":[{"role":"user","content":"x","__proto__":{}}]}',
+    ]) {
       const r = await call(`${gw.url}${presetPath('proto')}`, { key: t.managementKey, body: text });
       expect(r.status, text).to.equal(400);
       expect(r.body.error.message).to.match(/forbidden key/);
@@ -84,7 +111,10 @@ describe('hostile input', () => {
       expect(r.body.error.message).to.equal('Request body nests deeper than 64 levels');
     }
     // Brackets inside strings are not nesting.
-    const ok = await call(`${gw.url}${presetPath('deep-ok')}`, { key: t.managementKey, body: { model: 'sandbox/chat-1', messages: [{ role: 'user', content: '['.repeat(500) }] } });
+    const ok = await call(`${gw.url}${presetPath('deep-ok')}`, {
+      key: t.managementKey,
+      body: { model: 'sandbox/chat-1', messages: [{ role: 'user', content: '['.repeat(500) }] },
+    });
     expect(ok.status, JSON.stringify(ok.body)).to.be.oneOf([200, 201]);
   });
 
@@ -113,7 +143,9 @@ describe('hostile input', () => {
     const bomb = zlib.gzipSync(Buffer.alloc(64 * 1024 * 1024, 0x20)); // 64 MB of spaces, ~64 KB compressed
     const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
     const before = process.memoryUsage().rss;
-    const answers = await Promise.all(Array.from({ length: 10 }, () => post(port, presetPath('bomb'), { ...auth(), 'content-encoding': 'gzip' }, bomb)));
+    const answers = await Promise.all(
+      Array.from({ length: 10 }, () => post(port, presetPath('bomb'), { ...auth(), 'content-encoding': 'gzip' }, bomb)),
+    );
     const grown = (process.memoryUsage().rss - before) / 1024 ** 2;
     for (const a of answers) {
       expect(a.status).to.equal(413);
@@ -139,7 +171,11 @@ describe('hostile input', () => {
   });
 
   it('408, not a hang or a 500, for a body shorter than its Content-Length', async () => {
-    const answer = await rawExchange(port, `POST ${presetPath('short')} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${t.managementKey}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model":`, 5000);
+    const answer = await rawExchange(
+      port,
+      `POST ${presetPath('short')} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${t.managementKey}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model":`,
+      5000,
+    );
     expect(answer).to.match(/^HTTP\/1\.1 408 /);
     expect(answer).to.match(/Request body stalled/);
   });
@@ -155,14 +191,21 @@ describe('hostile input', () => {
 
   it("stores trace keys with '.', '$' and NUL, bills the call, and the record reads back as sent", async () => {
     const trace = { 'a.b': 1, $where: 'x', 'nul\u0000key': [[1, 2], [3]], nested: { $ref: '#/x' } };
-    const r = await call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body: { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } }, trace } });
+    const r = await call(`${gw.url}/api/v1/systemone`, {
+      key: t.inferenceKey,
+      body: { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } }, trace },
+    });
     expect(r.status, JSON.stringify(r.body)).to.equal(200);
     const doc = await gw.store.usage.findOne({ _id: r.body.id });
     expect(fromJsonText(doc!.trace)).to.deep.equal(trace);
   });
 
   it('stores a preset whose response_format schema has $ref/$defs and nested arrays, and returns it unchanged', async () => {
-    const schema = { $defs: { item: { type: 'object', properties: { 'a.b': { type: 'string' } } } }, type: 'array', items: { $ref: '#/$defs/item' } };
+    const schema = {
+      $defs: { item: { type: 'object', properties: { 'a.b': { type: 'string' } } } },
+      type: 'array',
+      items: { $ref: '#/$defs/item' },
+    };
     const body = { model: 'sandbox/chat-1', response_format: { type: 'json_schema', json_schema: { name: 'x', schema } }, stop: [['a']] };
     const r = await call(`${gw.url}${presetPath('schema-refs')}`, { key: t.managementKey, body });
     expect(r.status, JSON.stringify(r.body)).to.be.oneOf([200, 201]);
@@ -176,7 +219,10 @@ describe('hostile input', () => {
       { custom_id: 'a', body: { input: [[1, 2, 3], [4]] } },
       { custom_id: 'b', body: { input: 'x', user: 'u', extra: { $odd: 1 } } },
     ];
-    const r = await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: lines, metadata } });
+    const r = await call(`${gw.url}/api/v1/batches`, {
+      key: t.inferenceKey,
+      body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: lines, metadata },
+    });
     expect(r.status, JSON.stringify(r.body)).to.equal(202);
     expect(r.body.metadata).to.deep.equal(metadata);
     const got = await call(`${gw.url}/api/v1/batches/${r.body.id}`, { key: t.inferenceKey });
@@ -184,7 +230,10 @@ describe('hostile input', () => {
 
     // 180 lines of 100 KB: one chunk by count, but over MongoDB's 16 MB document limit.
     const big = Array.from({ length: 180 }, (_, i) => ({ custom_id: `big-${i}`, body: { input: 'x'.repeat(100_000) } }));
-    const rb = await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: big } });
+    const rb = await call(`${gw.url}/api/v1/batches`, {
+      key: t.inferenceKey,
+      body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: big },
+    });
     expect(rb.status, JSON.stringify(rb.body).slice(0, 300)).to.equal(202);
     expect(await gw.store.db.collection(`${rb.body.id}_inputs`).countDocuments({})).to.be.at.least(3);
     await call(`${gw.url}/api/v1/batches/${rb.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
@@ -193,10 +242,18 @@ describe('hostile input', () => {
   it('a refused batch leaves no collections behind', async () => {
     const before = new Set((await gw.store.db.listCollections({}, { nameOnly: true }).toArray()).map((c) => c.name));
     const refusals = [
-      { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: [{ custom_id: 'a', body: { input: 'x' } }, { custom_id: 'a', body: { input: 'y' } }] },
+      {
+        endpoint: '/v1/embeddings',
+        model: 'sandbox/embed-1',
+        requests: [
+          { custom_id: 'a', body: { input: 'x' } },
+          { custom_id: 'a', body: { input: 'y' } },
+        ],
+      },
       { endpoint: '/v1/embeddings', model: 'no/such-model', requests: [{ custom_id: 'a', body: { input: 'x' } }] },
     ];
-    for (const body of refusals) expect((await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body })).status).to.be.within(400, 499);
+    for (const body of refusals)
+      expect((await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body })).status).to.be.within(400, 499);
     const after = (await gw.store.db.listCollections({}, { nameOnly: true }).toArray()).map((c) => c.name).filter((n) => !before.has(n));
     expect(after).to.deep.equal([]);
   });

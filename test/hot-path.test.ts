@@ -15,7 +15,9 @@ import { call, createTenant, startTestGateway, uniqueName, usageRecord, type Tes
 async function countingStore(database: string, collection: string): Promise<{ store: Store; inserts: () => number }> {
   const store = await Store.connect(stack.mongoUri, database, { monitorCommands: true });
   let n = 0;
-  store.client.on('commandStarted', (e) => { if (e.commandName === 'insert' && e.command.insert === collection) n++; });
+  store.client.on('commandStarted', (e) => {
+    if (e.commandName === 'insert' && e.command.insert === collection) n++;
+  });
   return { store, inserts: () => n };
 }
 
@@ -40,7 +42,12 @@ describe('rate limiter without contention', () => {
     const key = `key_${Date.now()}`;
     const decisions = await Promise.all(Array.from({ length: 50 }, () => limiter.take(key)));
     expect(decisions.filter((d) => d.allowed)).to.have.length(3);
-    expect(decisions.filter((d) => d.allowed).map((d) => d.remaining).sort()).to.deep.equal([0, 1, 2]);
+    expect(
+      decisions
+        .filter((d) => d.allowed)
+        .map((d) => d.remaining)
+        .sort(),
+    ).to.deep.equal([0, 1, 2]);
     // Before blocks, every one of the 50 inserted the same ticket: 49 duplicate-key errors and a scan.
     expect(a.inserts() - before).to.equal(3);
   });
@@ -54,7 +61,7 @@ describe('rate limiter without contention', () => {
     let admitted = 0;
     let refused = 0;
     const client = async (limiter: RateLimiter, n: number) => {
-      for (let i = 0; i < n; i++) ((await limiter.take(key)).allowed ? admitted++ : refused++);
+      for (let i = 0; i < n; i++) (await limiter.take(key)).allowed ? admitted++ : refused++;
     };
     // 50 concurrent callers per process, 4,000 requests per process.
     await Promise.all([...Array.from({ length: 50 }, () => client(p1, 80)), ...Array.from({ length: 50 }, () => client(p2, 80))]);
@@ -101,7 +108,7 @@ describe('rate limiter without contention', () => {
     }
   });
 
-  it('deletes a finished window\'s blocks by id when the key is next seen', async () => {
+  it("deletes a finished window's blocks by id when the key is next seen", async () => {
     let now = 1_000_000_000_000;
     const limiter = new RateLimiter(a.store, 128, 60, () => now);
     const key = `key_retire_${Date.now()}`;
@@ -110,26 +117,33 @@ describe('rate limiter without contention', () => {
     expect(await a.store.rateTickets.countDocuments({ key_id: key })).to.be.within(3, 4);
     now += 60_000;
     expect(await limiter.take(key)).to.include({ allowed: true, remaining: 127 });
-    for (let i = 0; i < 50 && (await a.store.rateTickets.countDocuments({ key_id: key })) !== 1; i++) await new Promise((r) => setTimeout(r, 20));
+    for (let i = 0; i < 50 && (await a.store.rateTickets.countDocuments({ key_id: key })) !== 1; i++)
+      await new Promise((r) => setTimeout(r, 20));
     expect(await a.store.rateTickets.countDocuments({ key_id: key })).to.equal(1);
   });
 });
 
 describe('usage ledger with group commit', () => {
   let store: Store;
-  before(async () => { store = await Store.connect(stack.mongoUri, uniqueName('ledger').replace(/-/g, '_')); });
-  after(async () => { await store.close(); });
+  before(async () => {
+    store = await Store.connect(stack.mongoUri, uniqueName('ledger').replace(/-/g, '_'));
+  });
+  after(async () => {
+    await store.close();
+  });
 
   const usage = (id: string) => usageRecord(id, 'ws-ledger', 'key-ledger', 0.01);
 
   it('records that arrive together share one write; each resolves once its own record is stored', async () => {
     const ledger = new UsageLedger(store);
     const ids = Array.from({ length: 200 }, (_, i) => `gen-group-${Date.now()}-${i}`);
-    const settled = await Promise.all(ids.map(async (id) => {
-      const ok = await ledger.record(usage(id));
-      // Durable before the caller hears of it.
-      return ok && (await store.usage.countDocuments({ _id: id })) === 1;
-    }));
+    const settled = await Promise.all(
+      ids.map(async (id) => {
+        const ok = await ledger.record(usage(id));
+        // Durable before the caller hears of it.
+        return ok && (await store.usage.countDocuments({ _id: id })) === 1;
+      }),
+    );
     expect(settled.every(Boolean)).to.equal(true);
     expect(ledger.writes).to.be.at.most(2);
   });
@@ -154,13 +168,19 @@ describe('usage ledger with group commit', () => {
 
 describe('decision usage under load (inline mode)', () => {
   let gw: TestGateway;
-  before(async () => { gw = await startTestGateway({ withWorker: false, env: { RATE_LIMIT_REQUESTS: '100000' } }); });
-  after(async () => { await gw.stop(); });
+  before(async () => {
+    gw = await startTestGateway({ withWorker: false, env: { RATE_LIMIT_REQUESTS: '100000' } });
+  });
+  after(async () => {
+    await gw.stop();
+  });
 
   it('1,000 concurrent decisions make exactly 1,000 usage records and the matching debit', async function () {
     this.timeout(120_000);
     const t = await createTenant(gw.store, 100);
-    const responses = await Promise.all(Array.from({ length: 1_000 }, () => call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body: decision })));
+    const responses = await Promise.all(
+      Array.from({ length: 1_000 }, () => call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body: decision })),
+    );
     expect(responses.map((r) => r.status).filter((s) => s !== 200)).to.deep.equal([]);
     const ids = new Set(responses.map((r) => r.body.id));
     expect(ids.size).to.equal(1_000);
@@ -182,27 +202,43 @@ describe('a gateway killed right after answering', () => {
     const t = await createTenant(store, 10);
     const port = await freePort();
     const gateway = startProcess('gateway', process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), 'api'], {
-      ...process.env, PORT: String(port), MONGODB_URI: stack.mongoUri, MONGODB_DATABASE: database, TEMPORAL_ADDRESS: stack.temporalAddress,
-      SANDBOX_URL: stack.sandboxUrl, LOG_LEVEL: 'warn', DECISIONS_EXECUTION: 'inline',
+      ...process.env,
+      PORT: String(port),
+      MONGODB_URI: stack.mongoUri,
+      MONGODB_DATABASE: database,
+      TEMPORAL_ADDRESS: stack.temporalAddress,
+      SANDBOX_URL: stack.sandboxUrl,
+      LOG_LEVEL: 'warn',
+      DECISIONS_EXECUTION: 'inline',
     });
     try {
       const url = `http://127.0.0.1:${port}`;
-      await gateway.waitUntil(async () => { if (!(await fetch(`${url}/readyz`)).ok) throw new Error('not yet'); }, 60_000, 'ready');
+      await gateway.waitUntil(
+        async () => {
+          if (!(await fetch(`${url}/readyz`)).ok) throw new Error('not yet');
+        },
+        60_000,
+        'ready',
+      );
       const answered: string[] = [];
       let killed = false;
       // Many decisions in flight; the first answer triggers SIGKILL, so the rest die mid-way.
-      await Promise.all(Array.from({ length: 40 }, async () => {
-        try {
-          const r = await call(`${url}/api/v1/systemone`, { key: t.inferenceKey, body: decision });
-          if (r.status === 200) {
-            answered.push(r.body.id);
-            if (!killed) {
-              killed = true;
-              await gateway.kill();
+      await Promise.all(
+        Array.from({ length: 40 }, async () => {
+          try {
+            const r = await call(`${url}/api/v1/systemone`, { key: t.inferenceKey, body: decision });
+            if (r.status === 200) {
+              answered.push(r.body.id);
+              if (!killed) {
+                killed = true;
+                await gateway.kill();
+              }
             }
+          } catch {
+            /* connection reset by the kill */
           }
-        } catch { /* connection reset by the kill */ }
-      }));
+        }),
+      );
       expect(killed).to.equal(true);
       expect(answered.length).to.be.at.least(1);
       const stored = await store.usage.find({ _id: { $in: answered } }).toArray();

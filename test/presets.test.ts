@@ -12,25 +12,46 @@ const ISO = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
 describe('presets', () => {
   let gw: TestGateway;
   let t: Tenant;
-  const post = (slug: string, body: unknown, kind = 'messages', key?: string) => call(`${gw.url}/api/v1/presets/${slug}/${kind}`, { key: key ?? t.managementKey, body });
+  const post = (slug: string, body: unknown, kind = 'messages', key?: string) =>
+    call(`${gw.url}/api/v1/presets/${slug}/${kind}`, { key: key ?? t.managementKey, body });
   const get = (path: string, key?: string) => call(`${gw.url}/api/v1${path}`, { key: key ?? t.inferenceKey });
 
   before(async () => {
     gw = await startTestGateway();
     t = await createTenant(gw.store, 5);
   });
-  after(async () => { await gw.stop(); });
+  after(async () => {
+    await gw.stop();
+  });
 
   it('creates a preset from a messages body with the interface fields', async () => {
-    const r = await post('support-bot', { model: 'sandbox/chat-1', max_tokens: 1024, system: 'You are a helpful assistant.', messages: [{ role: 'user', content: 'hi' }] });
+    const r = await post('support-bot', {
+      model: 'sandbox/chat-1',
+      max_tokens: 1024,
+      system: 'You are a helpful assistant.',
+      messages: [{ role: 'user', content: 'hi' }],
+    });
     expect(r.status, JSON.stringify(r.body)).to.equal(200);
     const p = r.body.data;
-    expect(p).to.include({ name: 'support-bot', slug: 'support-bot', description: null, status: 'active', status_updated_at: null, workspace_id: t.workspaceId, creator_user_id: t.managementKeyId });
+    expect(p).to.include({
+      name: 'support-bot',
+      slug: 'support-bot',
+      description: null,
+      status: 'active',
+      status_updated_at: null,
+      workspace_id: t.workspaceId,
+      creator_user_id: t.managementKeyId,
+    });
     expect(p.id).to.match(UUID);
     expect(p.created_at).to.match(ISO);
     expect(p.updated_at).to.match(ISO);
     expect(p.designated_version_id).to.equal(p.designated_version.id);
-    expect(p.designated_version).to.include({ preset_id: p.id, version: 1, system_prompt: 'You are a helpful assistant.', creator_id: t.managementKeyId });
+    expect(p.designated_version).to.include({
+      preset_id: p.id,
+      version: 1,
+      system_prompt: 'You are a helpful assistant.',
+      creator_id: t.managementKeyId,
+    });
     expect(p.designated_version.id).to.match(UUID);
     expect(p.designated_version.config).to.deep.equal({ model: 'sandbox/chat-1', max_tokens: 1024 });
   });
@@ -52,15 +73,39 @@ describe('presets', () => {
 
   describe('the overlap rule', () => {
     const full = {
-      model: 'sandbox/chat-1', max_tokens: 100, temperature: 0.5, top_p: 0.9, top_k: 40, stop_sequences: ['END'],
-      tools: [{ name: 'lookup', input_schema: { type: 'object' } }], tool_choice: { type: 'auto' }, thinking: { type: 'enabled', budget_tokens: 2000 },
-      output_config: { effort: 'high', format: { type: 'json_schema', schema: { type: 'object' } } }, plugins: [{ id: 'web', max_results: 3 }],
-      provider: { sort: 'price', only: ['sandbox-alpha'] }, cache_control: { type: 'ephemeral', ttl: '5m' }, context_management: { edits: [] },
-      service_tier: 'auto', speed: 'fast', stop_server_tools_when: [{ type: 'step_count_is', step_count: 3 }], safeguards: [{ type: 'pii' }],
+      model: 'sandbox/chat-1',
+      max_tokens: 100,
+      temperature: 0.5,
+      top_p: 0.9,
+      top_k: 40,
+      stop_sequences: ['END'],
+      tools: [{ name: 'lookup', input_schema: { type: 'object' } }],
+      tool_choice: { type: 'auto' },
+      thinking: { type: 'enabled', budget_tokens: 2000 },
+      output_config: { effort: 'high', format: { type: 'json_schema', schema: { type: 'object' } } },
+      plugins: [{ id: 'web', max_results: 3 }],
+      provider: { sort: 'price', only: ['sandbox-alpha'] },
+      cache_control: { type: 'ephemeral', ttl: '5m' },
+      context_management: { edits: [] },
+      service_tier: 'auto',
+      speed: 'fast',
+      stop_server_tools_when: [{ type: 'step_count_is', step_count: 3 }],
+      safeguards: [{ type: 'pii' }],
       fallbacks: [{ model: 'sandbox/chat-1' }],
       // per-request fields, all dropped:
-      messages: [{ role: 'user', content: 'x' }], stream: true, prompt: 'p', input: 'i', session_id: 's', user: 'u', trace: { trace_id: 't' },
-      metadata: { user_id: 'm' }, some_future_field: 1, system: [{ type: 'text', text: 'Part one.' }, { type: 'text', text: 'Part two.' }],
+      messages: [{ role: 'user', content: 'x' }],
+      stream: true,
+      prompt: 'p',
+      input: 'i',
+      session_id: 's',
+      user: 'u',
+      trace: { trace_id: 't' },
+      metadata: { user_id: 'm' },
+      some_future_field: 1,
+      system: [
+        { type: 'text', text: 'Part one.' },
+        { type: 'text', text: 'Part two.' },
+      ],
     };
 
     it('stores every configuration field of a messages body and drops the per-request ones', async () => {
@@ -70,7 +115,18 @@ describe('presets', () => {
       const kept = CONFIG_KEYS.messages.filter((k) => k in full);
       expect(Object.keys(config).sort()).to.deep.equal([...kept].sort());
       for (const k of kept) expect(config[k], k).to.deep.equal((full as Record<string, unknown>)[k]);
-      for (const dropped of ['messages', 'stream', 'prompt', 'input', 'session_id', 'user', 'trace', 'metadata', 'some_future_field', 'system']) {
+      for (const dropped of [
+        'messages',
+        'stream',
+        'prompt',
+        'input',
+        'session_id',
+        'user',
+        'trace',
+        'metadata',
+        'some_future_field',
+        'system',
+      ]) {
         expect(config, dropped).to.not.have.property(dropped);
       }
       expect(system_prompt).to.equal('Part one.\nPart two.');
@@ -78,17 +134,43 @@ describe('presets', () => {
 
     it('stores the deprecated route alias as the provider sort partition it maps to', () => {
       expect(configOf('messages', { model: 'm', route: 'fallback' }).provider).to.deep.equal({ sort: { partition: 'model' } });
-      expect(configOf('messages', { model: 'm', route: 'sort', provider: { sort: 'price' } }).provider).to.deep.equal({ sort: { by: 'price', partition: 'none' } });
-      expect(configOf('messages', { model: 'm', route: 'sort', provider: { sort: { by: 'latency', partition: 'model' } } }).provider).to.deep.equal({ sort: { by: 'latency', partition: 'model' } });
+      expect(configOf('messages', { model: 'm', route: 'sort', provider: { sort: 'price' } }).provider).to.deep.equal({
+        sort: { by: 'price', partition: 'none' },
+      });
+      expect(
+        configOf('messages', { model: 'm', route: 'sort', provider: { sort: { by: 'latency', partition: 'model' } } }).provider,
+      ).to.deep.equal({ sort: { by: 'latency', partition: 'model' } });
       expect(configOf('messages', { model: 'm', route: null })).to.deep.equal({ model: 'm' });
     });
 
     it('takes the system prompt from chat system messages and from responses instructions', async () => {
-      const chat = await post('chat-style', { model: 'sandbox/chat-1', temperature: 0.7, messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'hello' }], stream: true }, 'chat/completions');
+      const chat = await post(
+        'chat-style',
+        {
+          model: 'sandbox/chat-1',
+          temperature: 0.7,
+          messages: [
+            { role: 'system', content: 'Be brief.' },
+            { role: 'user', content: 'hello' },
+          ],
+          stream: true,
+        },
+        'chat/completions',
+      );
       expect(chat.status, JSON.stringify(chat.body)).to.equal(200);
-      expect(chat.body.data.designated_version).to.deep.include({ system_prompt: 'Be brief.', config: { model: 'sandbox/chat-1', temperature: 0.7 } });
-      const responses = await post('responses-style', { model: 'sandbox/chat-1', instructions: 'Answer in French.', input: 'hi', max_output_tokens: 50 }, 'responses');
-      expect(responses.body.data.designated_version).to.deep.include({ system_prompt: 'Answer in French.', config: { model: 'sandbox/chat-1', max_output_tokens: 50 } });
+      expect(chat.body.data.designated_version).to.deep.include({
+        system_prompt: 'Be brief.',
+        config: { model: 'sandbox/chat-1', temperature: 0.7 },
+      });
+      const responses = await post(
+        'responses-style',
+        { model: 'sandbox/chat-1', instructions: 'Answer in French.', input: 'hi', max_output_tokens: 50 },
+        'responses',
+      );
+      expect(responses.body.data.designated_version).to.deep.include({
+        system_prompt: 'Answer in French.',
+        config: { model: 'sandbox/chat-1', max_output_tokens: 50 },
+      });
       const none = await post('no-system', { model: 'sandbox/chat-1' });
       expect(none.body.data.designated_version.system_prompt).to.equal(null);
     });
@@ -105,19 +187,43 @@ describe('presets', () => {
       ['user over 256', { ...base, user: 'u'.repeat(257) }, 'user: must NOT have more than 256 characters'],
       ['trace not an object', { ...base, trace: [] }, 'trace: must be object'],
       ['cache control type', { ...base, cache_control: { type: 'persistent' } }, 'cache_control.type: must be equal to constant'],
-      ['four fallbacks', { ...base, fallbacks: [{ model: 'a' }, { model: 'b' }, { model: 'c' }, { model: 'd' }] }, 'fallbacks: must NOT have more than 3 items'],
+      [
+        'four fallbacks',
+        { ...base, fallbacks: [{ model: 'a' }, { model: 'b' }, { model: 'c' }, { model: 'd' }] },
+        'fallbacks: must NOT have more than 3 items',
+      ],
       ['a fallback override', { ...base, fallbacks: [{ model: 'a', max_tokens: 5 }] }, 'fallbacks[0].max_tokens: is not an allowed field'],
       ['fallbacks with models', { ...base, fallbacks: [{ model: 'a' }], models: ['b'] }, 'fallbacks: cannot be combined with models'],
-      ['output effort', { ...base, output_config: { effort: 'extreme' } }, 'output_config.effort: must be one of "low", "medium", "high", "xhigh", "max"'],
+      [
+        'output effort',
+        { ...base, output_config: { effort: 'extreme' } },
+        'output_config.effort: must be one of "low", "medium", "high", "xhigh", "max"',
+      ],
       ['output format', { ...base, output_config: { format: { type: 'text' } } }, 'output_config.format.type: must be equal to constant'],
-      ['an unknown plugin', { ...base, plugins: [{ id: 'teleport' }] }, 'plugins[0].id: must be one of "auto-router", "auto-beta-router", "context-compression", "file-parser", "fusion", "moderation", "pareto-router", "response-healing", "switchyard-router", "web", "web-fetch"'],
-      ['a plugin setting', { ...base, plugins: [{ id: 'fusion', analysis_models: ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i'] }] }, 'plugins[0].analysis_models: must NOT have more than 8 items'],
+      [
+        'an unknown plugin',
+        { ...base, plugins: [{ id: 'teleport' }] },
+        'plugins[0].id: must be one of "auto-router", "auto-beta-router", "context-compression", "file-parser", "fusion", "moderation", "pareto-router", "response-healing", "switchyard-router", "web", "web-fetch"',
+      ],
+      [
+        'a plugin setting',
+        { ...base, plugins: [{ id: 'fusion', analysis_models: ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i'] }] },
+        'plugins[0].analysis_models: must NOT have more than 8 items',
+      ],
       ['provider preferences', { ...base, provider: { fastest: true } }, 'provider.fastest: is not an allowed field'],
       ['the route alias', { ...base, route: 'cheapest' }, 'route: must be one of "fallback", "sort"'],
       ['speed', { ...base, speed: 'turbo' }, 'speed: must be one of "fast", "standard"'],
       ['no stop conditions', { ...base, stop_server_tools_when: [] }, 'stop_server_tools_when: must NOT have fewer than 1 items'],
-      ['a stop condition type', { ...base, stop_server_tools_when: [{ type: 'forever' }] }, 'stop_server_tools_when[0].type: must be one of "step_count_is", "has_tool_call", "max_tokens_used", "max_cost", "finish_reason_is"'],
-      ['a stop condition field', { ...base, stop_server_tools_when: [{ type: 'max_cost' }] }, 'stop_server_tools_when[0].max_cost_in_dollars: is required'],
+      [
+        'a stop condition type',
+        { ...base, stop_server_tools_when: [{ type: 'forever' }] },
+        'stop_server_tools_when[0].type: must be one of "step_count_is", "has_tool_call", "max_tokens_used", "max_cost", "finish_reason_is"',
+      ],
+      [
+        'a stop condition field',
+        { ...base, stop_server_tools_when: [{ type: 'max_cost' }] },
+        'stop_server_tools_when[0].max_cost_in_dollars: is required',
+      ],
       ['thinking', { ...base, thinking: { type: 'enabled' } }, 'thinking.budget_tokens: is required'],
       ['tool_choice', { ...base, tool_choice: { type: 'tool' } }, 'tool_choice.name: is required'],
       ['a tool with neither name nor type', { ...base, tools: [{ description: 'x' }] }, 'tools[0].type: is required'],
@@ -132,9 +238,16 @@ describe('presets', () => {
 
     it('accepts every stop-condition variant, speed default and null forms', async () => {
       const r = await post('all-variants', {
-        ...base, speed: null, route: null, fallbacks: null, stop_server_tools_when: [
-          { type: 'step_count_is', step_count: 2 }, { type: 'has_tool_call', tool_name: 'x' }, { type: 'max_tokens_used', max_tokens: 10 },
-          { type: 'max_cost', max_cost_in_dollars: 0.5 }, { type: 'finish_reason_is', reason: 'length' },
+        ...base,
+        speed: null,
+        route: null,
+        fallbacks: null,
+        stop_server_tools_when: [
+          { type: 'step_count_is', step_count: 2 },
+          { type: 'has_tool_call', tool_name: 'x' },
+          { type: 'max_tokens_used', max_tokens: 10 },
+          { type: 'max_cost', max_cost_in_dollars: 0.5 },
+          { type: 'finish_reason_is', reason: 'length' },
         ],
       });
       expect(r.status, JSON.stringify(r.body)).to.equal(200);
@@ -191,7 +304,11 @@ describe('presets', () => {
   it('concurrent writers: contiguous version numbers, no lost or doubled version, losers get 409', async () => {
     const tenant = await createTenant(gw.store);
     await post('busy', { model: 'sandbox/chat-1', max_tokens: 1 }, 'messages', tenant.managementKey);
-    const results = await Promise.all(Array.from({ length: 12 }, (_, i) => post('busy', { model: 'sandbox/chat-1', max_tokens: 100 + i }, 'messages', tenant.managementKey)));
+    const results = await Promise.all(
+      Array.from({ length: 12 }, (_, i) =>
+        post('busy', { model: 'sandbox/chat-1', max_tokens: 100 + i }, 'messages', tenant.managementKey),
+      ),
+    );
     const won = results.filter((r) => r.status === 200);
     const lost = results.filter((r) => r.status === 409);
     expect(won.length + lost.length).to.equal(12);
@@ -201,7 +318,12 @@ describe('presets', () => {
     expect(versions.map((v) => v.version)).to.deep.equal(Array.from({ length: versions.length }, (_, i) => i + 1));
     expect(versions.length).to.equal(1 + won.length); // every 200 is a version, every 409 is not
     const winners = won.map((r) => r.body.data.designated_version.config.max_tokens).sort();
-    expect(versions.slice(1).map((v) => v.config.max_tokens).sort()).to.deep.equal(winners);
+    expect(
+      versions
+        .slice(1)
+        .map((v) => v.config.max_tokens)
+        .sort(),
+    ).to.deep.equal(winners);
   });
 
   describe('using a preset', () => {
@@ -214,30 +336,72 @@ describe('presets', () => {
 
     it('merges: request fields win, the system prompt is prepended, tools merge by name', () => {
       const version = {
-        config: { model: 'sandbox/chat-1', temperature: 0.2, max_tokens: 50, tools: [{ type: 'function', function: { name: 'a', v: 1 } }, { type: 'function', function: { name: 'b' } }] },
+        config: {
+          model: 'sandbox/chat-1',
+          temperature: 0.2,
+          max_tokens: 50,
+          tools: [
+            { type: 'function', function: { name: 'a', v: 1 } },
+            { type: 'function', function: { name: 'b' } },
+          ],
+        },
         system_prompt: 'Be kind.',
       } as unknown as VersionView;
-      const chat = applyPreset({ model: '@preset/x', temperature: 0.9, messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'function', function: { name: 'a', v: 2 } }, { type: 'function', function: { name: 'c' } }] }, version, 'chat');
+      const chat = applyPreset(
+        {
+          model: '@preset/x',
+          temperature: 0.9,
+          messages: [{ role: 'user', content: 'hi' }],
+          tools: [
+            { type: 'function', function: { name: 'a', v: 2 } },
+            { type: 'function', function: { name: 'c' } },
+          ],
+        },
+        version,
+        'chat',
+      );
       expect(chat).to.deep.include({ model: 'sandbox/chat-1', temperature: 0.9, max_tokens: 50 });
-      expect(chat.messages).to.deep.equal([{ role: 'system', content: 'Be kind.' }, { role: 'user', content: 'hi' }]);
-      expect(chat.tools.map((t: any) => [t.function.name, t.function.v])).to.deep.equal([['a', 2], ['b', undefined], ['c', undefined]]);
+      expect(chat.messages).to.deep.equal([
+        { role: 'system', content: 'Be kind.' },
+        { role: 'user', content: 'hi' },
+      ]);
+      expect(chat.tools.map((t: any) => [t.function.name, t.function.v])).to.deep.equal([
+        ['a', 2],
+        ['b', undefined],
+        ['c', undefined],
+      ]);
       const messages = applyPreset({ model: 'other/model@preset/x', system: 'And brief.', messages: [] }, version, 'messages');
       expect(messages.model).to.equal('other/model');
-      expect(messages.system).to.deep.equal([{ type: 'text', text: 'Be kind.' }, { type: 'text', text: 'And brief.' }]);
-      expect(applyPreset({ preset: 'x', input: 'q' }, version, 'responses')).to.deep.include({ instructions: 'Be kind.', model: 'sandbox/chat-1' });
+      expect(messages.system).to.deep.equal([
+        { type: 'text', text: 'Be kind.' },
+        { type: 'text', text: 'And brief.' },
+      ]);
+      expect(applyPreset({ preset: 'x', input: 'q' }, version, 'responses')).to.deep.include({
+        instructions: 'Be kind.',
+        model: 'sandbox/chat-1',
+      });
       expect(mergeTools(undefined, [{ name: 'z' }])).to.deep.equal([{ name: 'z' }]);
     });
 
     it('a decision request with "model": "@preset/<slug>" uses the preset\'s model and routing', async () => {
       await post('decider', { model: 'typesafe/jev-chat-1', provider: { only: ['sandbox-beta'] } });
       const q = { q: { type: 'noul', instructions: 'ok?' } };
-      const r = await call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body: { model: '@preset/decider', state: 'x', questions: q } });
+      const r = await call(`${gw.url}/api/v1/systemone`, {
+        key: t.inferenceKey,
+        body: { model: '@preset/decider', state: 'x', questions: q },
+      });
       expect(r.status, JSON.stringify(r.body)).to.equal(200);
       expect(r.body).to.include({ model: 'typesafe/jev-chat-1-20261001', provider: 'sandbox-beta' });
       // The request's own provider preferences win over the preset's.
-      const own = await call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body: { model: '@preset/decider', state: 'x', questions: q, provider: { only: ['sandbox-alpha'] } } });
+      const own = await call(`${gw.url}/api/v1/systemone`, {
+        key: t.inferenceKey,
+        body: { model: '@preset/decider', state: 'x', questions: q, provider: { only: ['sandbox-alpha'] } },
+      });
       expect(own.body.provider).to.equal('sandbox-alpha');
-      const missing = await call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body: { model: '@preset/nothing-here', state: 'x', questions: q } });
+      const missing = await call(`${gw.url}/api/v1/systemone`, {
+        key: t.inferenceKey,
+        body: { model: '@preset/nothing-here', state: 'x', questions: q },
+      });
       expect(missing.status).to.equal(404);
       expect(missing.body.error.message).to.equal('Preset "nothing-here" not found');
     });
@@ -246,7 +410,15 @@ describe('presets', () => {
   it('@openrouter/sdk parses create, get, list and listVersions', async () => {
     const { OpenRouter } = await import('@openrouter/sdk');
     const sdk = new OpenRouter({ apiKey: t.managementKey, serverURL: `${gw.url}/api/v1` });
-    const created = await sdk.presets.createPresetsMessages({ slug: 'sdk-preset', messagesRequest: { model: 'sandbox/chat-1', maxTokens: 256, system: 'From the SDK.', messages: [{ role: 'user', content: 'hi' }] } as any });
+    const created = await sdk.presets.createPresetsMessages({
+      slug: 'sdk-preset',
+      messagesRequest: {
+        model: 'sandbox/chat-1',
+        maxTokens: 256,
+        system: 'From the SDK.',
+        messages: [{ role: 'user', content: 'hi' }],
+      } as any,
+    });
     expect(created.data.slug).to.equal('sdk-preset');
     expect(created.data.designatedVersion!.systemPrompt).to.equal('From the SDK.');
     expect(created.data.designatedVersion!.config).to.deep.equal({ model: 'sandbox/chat-1', max_tokens: 256 });

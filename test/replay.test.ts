@@ -24,23 +24,38 @@ describe('workflow replay', () => {
       const t = await createTenant(gw.store, 10);
       const client = new Client({ connection });
       const save = async (name: string, workflowId: string) => {
-        const { history } = await client.workflowService.getWorkflowExecutionHistory({ namespace: stack.namespace, execution: { workflowId } });
+        const { history } = await client.workflowService.getWorkflowExecutionHistory({
+          namespace: stack.namespace,
+          execution: { workflowId },
+        });
         fs.mkdirSync(DIR, { recursive: true });
         // Saved in protobuf's binary form, exactly what the server sent.
         fs.writeFileSync(path.join(DIR, `${name}.history.pb`), temporal.api.history.v1.History.encode(history!).finish());
       };
       const lines = (n: number) => Array.from({ length: n }, (_, i) => ({ custom_id: `r${i}`, body: { input: `text ${i}` } }));
-      const done = await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: lines(10) } });
+      const done = await call(`${gw.url}/api/v1/batches`, {
+        key: t.inferenceKey,
+        body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: lines(10) },
+      });
       await waitForStatus(gw.url, t.inferenceKey, done.body.id, ['completed']);
       await save('batch-completed', done.body.id);
-      const cancelled = await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: lines(10) } });
+      const cancelled = await call(`${gw.url}/api/v1/batches`, {
+        key: t.inferenceKey,
+        body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: lines(10) },
+      });
       await call(`${gw.url}/api/v1/batches/${cancelled.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
       await waitForStatus(gw.url, t.inferenceKey, cancelled.body.id, ['cancelled']);
       await save('batch-cancelled', cancelled.body.id);
-      const invalid = await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: [{ custom_id: 'x', body: { input: 7 } }] } });
+      const invalid = await call(`${gw.url}/api/v1/batches`, {
+        key: t.inferenceKey,
+        body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: [{ custom_id: 'x', body: { input: 7 } }] },
+      });
       await waitForStatus(gw.url, t.inferenceKey, invalid.body.id, ['failed']);
       await save('batch-invalid', invalid.body.id);
-      const decision = await call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body: { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } } } });
+      const decision = await call(`${gw.url}/api/v1/systemone`, {
+        key: t.inferenceKey,
+        body: { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } } },
+      });
       expect(decision.status).to.equal(200);
       await save('decision', decision.body.id);
     } finally {
@@ -51,11 +66,25 @@ describe('workflow replay', () => {
 
   it('every recorded history replays against the current workflow code', async function () {
     this.timeout(60_000);
-    const files = fs.readdirSync(DIR).filter((f) => f.endsWith('.history.pb')).sort();
-    expect(files).to.include.members(['batch-completed.history.pb', 'batch-cancelled.history.pb', 'batch-invalid.history.pb', 'decision.history.pb']);
-    const histories = files.map((f) => ({ workflowId: f.replace(/\.history\.pb$/, ''), history: temporal.api.history.v1.History.decode(fs.readFileSync(path.join(DIR, f))) }));
+    const files = fs
+      .readdirSync(DIR)
+      .filter((f) => f.endsWith('.history.pb'))
+      .sort();
+    expect(files).to.include.members([
+      'batch-completed.history.pb',
+      'batch-cancelled.history.pb',
+      'batch-invalid.history.pb',
+      'decision.history.pb',
+    ]);
+    const histories = files.map((f) => ({
+      workflowId: f.replace(/\.history\.pb$/, ''),
+      history: temporal.api.history.v1.History.decode(fs.readFileSync(path.join(DIR, f))),
+    }));
     const failures: string[] = [];
-    for await (const r of Worker.runReplayHistories({ workflowsPath: require.resolve('../workflows'), replayName: 'gateway-replay' }, histories)) {
+    for await (const r of Worker.runReplayHistories(
+      { workflowsPath: require.resolve('../workflows'), replayName: 'gateway-replay' },
+      histories,
+    )) {
       if (r.error) failures.push(`${r.workflowId}: ${r.error.message}`);
     }
     expect(failures).to.deep.equal([]);

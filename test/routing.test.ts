@@ -10,10 +10,23 @@ import { compileBody } from '../schemas/validation';
 import { NotFoundError } from '../errors';
 
 const provider = (slug: string, extra: Record<string, unknown> = {}) => ({
-  slug, name: slug, adapter: 'openai', base_url: 'http://127.0.0.1:1/v1', collects_data: false, zdr: false, max_concurrency: 10, timeout_ms: 1000, ...extra,
+  slug,
+  name: slug,
+  adapter: 'openai',
+  base_url: 'http://127.0.0.1:1/v1',
+  collects_data: false,
+  zdr: false,
+  max_concurrency: 10,
+  timeout_ms: 1000,
+  ...extra,
 });
 const endpoint = (p: string, prompt: number, extra: Record<string, unknown> = {}) => ({
-  provider: p, upstream_model: 'u', pricing: { prompt, completion: prompt }, quantization: 'bf16', supported_parameters: ['temperature'], ...extra,
+  provider: p,
+  upstream_model: 'u',
+  pricing: { prompt, completion: prompt },
+  quantization: 'bf16',
+  supported_parameters: ['temperature'],
+  ...extra,
 });
 
 export const testCatalog = Catalog.fromObject({
@@ -25,7 +38,14 @@ export const testCatalog = Catalog.fromObject({
   ],
   models: [
     {
-      id: 'acme/chat-2', name: 'Chat 2', kind: 'chat', family: 'acme/chat', version: '2', released: '20260101', context_length: 1000, distillable: true,
+      id: 'acme/chat-2',
+      name: 'Chat 2',
+      kind: 'chat',
+      family: 'acme/chat',
+      version: '2',
+      released: '20260101',
+      context_length: 1000,
+      distillable: true,
       aliases: ['chat-two'],
       endpoints: [
         endpoint('alpha', 1, { quantization: 'fp8', supported_parameters: ['temperature', 'tools'] }),
@@ -36,15 +56,32 @@ export const testCatalog = Catalog.fromObject({
       ],
     },
     {
-      id: 'acme/chat-1', name: 'Chat 1', kind: 'chat', family: 'acme/chat', version: '1', released: '20250101', context_length: 1000, distillable: false,
+      id: 'acme/chat-1',
+      name: 'Chat 1',
+      kind: 'chat',
+      family: 'acme/chat',
+      version: '1',
+      released: '20250101',
+      context_length: 1000,
+      distillable: false,
       endpoints: [endpoint('beta', 0.2, { quantization: 'fp16' })],
     },
   ],
 });
 
 const [chat2, chat1] = testCatalog.models;
-const tags = (input: Partial<RouteInput>) => planRoute({ models: [chat2], operation: 'chat', now: 1_000_000, random: () => 0, ...input }).endpoints.map((e) => `${e.model.id === 'acme/chat-1' ? 'c1:' : ''}${e.tag}`);
-const stat = (s: Partial<EndpointStat>): EndpointStat => ({ latency: null, throughput: null, requests: 10, failures: 0, lastFailureAt: null, ...s });
+const tags = (input: Partial<RouteInput>) =>
+  planRoute({ models: [chat2], operation: 'chat', now: 1_000_000, random: () => 0, ...input }).endpoints.map(
+    (e) => `${e.model.id === 'acme/chat-1' ? 'c1:' : ''}${e.tag}`,
+  );
+const stat = (s: Partial<EndpointStat>): EndpointStat => ({
+  latency: null,
+  throughput: null,
+  requests: 10,
+  failures: 0,
+  lastFailureAt: null,
+  ...s,
+});
 const notFound = (input: Partial<RouteInput>) => {
   try {
     tags(input);
@@ -62,10 +99,11 @@ describe('routing engine', () => {
 
   it('draws the first endpoint with weight 1/price²', () => {
     let seed = 1;
-    const random = () => ((seed = (seed * 16807) % 2147483647) / 2147483647);
+    const random = () => (seed = (seed * 16807) % 2147483647) / 2147483647;
     const counts = new Map<string, number>();
     for (let i = 0; i < 20000; i++) {
-      const first = planRoute({ models: [chat2], operation: 'chat', now: 0, random, preferences: { only: ['alpha', 'beta'] } }).endpoints[0].tag;
+      const first = planRoute({ models: [chat2], operation: 'chat', now: 0, random, preferences: { only: ['alpha', 'beta'] } }).endpoints[0]
+        .tag;
       counts.set(first, (counts.get(first) ?? 0) + 1);
     }
     const [turbo, alpha, beta] = ['alpha/turbo', 'alpha', 'beta'].map((t) => testCatalog.models[0].endpoints.find((e) => e.tag === t)!);
@@ -76,31 +114,62 @@ describe('routing engine', () => {
   });
 
   it('moves endpoints with an outage in the last 30 s to the back', () => {
-    const stats = new Map([['acme/chat-2@alpha/turbo', stat({ lastFailureAt: 1_000_000 - 5_000 })], ['acme/chat-2@alpha', stat({ lastFailureAt: 1_000_000 - 60_000 })]]);
+    const stats = new Map([
+      ['acme/chat-2@alpha/turbo', stat({ lastFailureAt: 1_000_000 - 5_000 })],
+      ['acme/chat-2@alpha', stat({ lastFailureAt: 1_000_000 - 60_000 })],
+    ]);
     expect(tags({ stats })).to.deep.equal(['alpha', 'beta', 'delta', 'alpha/turbo']);
   });
 
   const filterCases: [string, Partial<RouteInput>, string[]][] = [
     ['only: a base slug matches every variant', { preferences: { only: ['alpha'] } }, ['alpha/turbo', 'alpha']],
     ['only: a full tag matches one endpoint', { preferences: { only: ['alpha/turbo'] } }, ['alpha/turbo']],
-    ['only is a ceiling with the workspace list', { preferences: { only: ['alpha', 'beta'] }, workspace: { only: ['beta', 'delta'] } }, ['beta']],
+    [
+      'only is a ceiling with the workspace list',
+      { preferences: { only: ['alpha', 'beta'] }, workspace: { only: ['beta', 'delta'] } },
+      ['beta'],
+    ],
     ['ignore', { preferences: { ignore: ['alpha'] } }, ['beta', 'delta']],
-    ['ignore merges with the workspace list', { preferences: { ignore: ['alpha/turbo'] }, workspace: { ignore: ['delta'] } }, ['alpha', 'beta']],
+    [
+      'ignore merges with the workspace list',
+      { preferences: { ignore: ['alpha/turbo'] }, workspace: { ignore: ['delta'] } },
+      ['alpha', 'beta'],
+    ],
     ['quantizations', { preferences: { quantizations: ['bf16', 'int8'] } }, ['beta', 'delta']],
     ['data_collection: deny', { preferences: { data_collection: 'deny' } }, ['beta']],
     ['data_collection: allow keeps all', { preferences: { data_collection: 'allow' } }, ['alpha/turbo', 'alpha', 'beta', 'delta']],
     ['zdr', { preferences: { zdr: true } }, ['beta']],
-    ['enforce_distillable_text on a distillable model', { preferences: { enforce_distillable_text: true } }, ['alpha/turbo', 'alpha', 'beta', 'delta']],
+    [
+      'enforce_distillable_text on a distillable model',
+      { preferences: { enforce_distillable_text: true } },
+      ['alpha/turbo', 'alpha', 'beta', 'delta'],
+    ],
     ['max_price prompt', { preferences: { max_price: { prompt: '1' } } }, ['alpha/turbo', 'alpha']],
     ['max_price request', { preferences: { max_price: { request: '0.001' } } }, ['alpha/turbo', 'alpha', 'beta']],
     ['require_parameters', { preferences: { require_parameters: true }, parameters: ['tools'] }, ['alpha', 'beta']],
-    ['require_parameters off ignores unsupported parameters', { preferences: { require_parameters: false }, parameters: ['tools'] }, ['alpha/turbo', 'alpha', 'beta', 'delta']],
+    [
+      'require_parameters off ignores unsupported parameters',
+      { preferences: { require_parameters: false }, parameters: ['tools'] },
+      ['alpha/turbo', 'alpha', 'beta', 'delta'],
+    ],
     ['order, then the rest', { preferences: { order: ['delta', 'beta'] } }, ['delta', 'beta', 'alpha/turbo', 'alpha']],
-    ['order without fallbacks uses only the ordered providers', { preferences: { order: ['beta', 'alpha'], allow_fallbacks: false } }, ['beta', 'alpha', 'alpha/turbo']],
+    [
+      'order without fallbacks uses only the ordered providers',
+      { preferences: { order: ['beta', 'alpha'], allow_fallbacks: false } },
+      ['beta', 'alpha', 'alpha/turbo'],
+    ],
     ['no fallbacks without order: the primary only', { preferences: { allow_fallbacks: false } }, ['alpha/turbo']],
     ['sort price', { preferences: { sort: 'price' } }, ['alpha/turbo', 'alpha', 'beta', 'delta']],
-    ['filters combine', { preferences: { data_collection: 'deny', quantizations: ['bf16'], max_price: { completion: '5' }, zdr: true } }, ['beta']],
-    ['only + order + sort together: order wins, sort orders the rest', { preferences: { only: ['alpha', 'delta'], order: ['delta'], sort: 'price' } }, ['delta', 'alpha/turbo', 'alpha']],
+    [
+      'filters combine',
+      { preferences: { data_collection: 'deny', quantizations: ['bf16'], max_price: { completion: '5' }, zdr: true } },
+      ['beta'],
+    ],
+    [
+      'only + order + sort together: order wins, sort orders the rest',
+      { preferences: { only: ['alpha', 'delta'], order: ['delta'], sort: 'price' } },
+      ['delta', 'alpha/turbo', 'alpha'],
+    ],
     [':floor sorts by price', { variant: 'floor' }, ['alpha/turbo', 'alpha', 'beta', 'delta']],
     ['operation: only endpoints that speak it', { operation: 'messages' }, ['claude']],
   ];
@@ -143,7 +212,13 @@ describe('routing engine', () => {
   it('sort partition: model keeps fallback models behind; none sorts across models', () => {
     const both = { models: [chat2, chat1], preferences: { sort: { by: 'price' as const, partition: 'model' as const } } };
     expect(tags(both)).to.deep.equal(['alpha/turbo', 'alpha', 'beta', 'delta', 'c1:beta']);
-    expect(tags({ ...both, preferences: { sort: { by: 'price', partition: 'none' } } })).to.deep.equal(['c1:beta', 'alpha/turbo', 'alpha', 'beta', 'delta']);
+    expect(tags({ ...both, preferences: { sort: { by: 'price', partition: 'none' } } })).to.deep.equal([
+      'c1:beta',
+      'alpha/turbo',
+      'alpha',
+      'beta',
+      'delta',
+    ]);
   });
 
   it('preferred_max_latency and preferred_min_throughput deprioritize misses without removing them', () => {
@@ -153,8 +228,18 @@ describe('routing engine', () => {
     ]);
     expect(tags({ stats, preferences: { preferred_max_latency: 1 } })).to.deep.equal(['alpha', 'beta', 'delta', 'alpha/turbo']);
     expect(tags({ stats, preferences: { preferred_max_latency: { p90: 1.5 } } })).to.deep.equal(['beta', 'delta', 'alpha/turbo', 'alpha']);
-    expect(tags({ stats, preferences: { preferred_min_throughput: { p50: 50, p99: null } } })).to.deep.equal(['alpha', 'beta', 'delta', 'alpha/turbo']);
-    expect(tags({ stats, preferences: { preferred_min_throughput: 50, preferred_max_latency: 1 } })).to.deep.equal(['alpha', 'beta', 'delta', 'alpha/turbo']);
+    expect(tags({ stats, preferences: { preferred_min_throughput: { p50: 50, p99: null } } })).to.deep.equal([
+      'alpha',
+      'beta',
+      'delta',
+      'alpha/turbo',
+    ]);
+    expect(tags({ stats, preferences: { preferred_min_throughput: 50, preferred_max_latency: 1 } })).to.deep.equal([
+      'alpha',
+      'beta',
+      'delta',
+      'alpha/turbo',
+    ]);
   });
 
   it('forwards provider.options only to the chosen provider, and only keys it accepts', () => {
@@ -167,9 +252,23 @@ describe('routing engine', () => {
   it('validates provider preferences: unknown keys and bad values are 400s naming the field', () => {
     const check = compileBody(Type.Object({ provider: ProviderPreferences }));
     const message = (body: unknown) => {
-      try { check(body); return null; } catch (err) { return (err as Error).message; }
+      try {
+        check(body);
+        return null;
+      } catch (err) {
+        return (err as Error).message;
+      }
     };
-    expect(message({ provider: { only: ['a'], sort: { by: 'price', partition: 'none' }, preferred_max_latency: { p90: 2 }, max_price: { prompt: '1.5' } } })).to.equal(null);
+    expect(
+      message({
+        provider: {
+          only: ['a'],
+          sort: { by: 'price', partition: 'none' },
+          preferred_max_latency: { p90: 2 },
+          max_price: { prompt: '1.5' },
+        },
+      }),
+    ).to.equal(null);
     expect(message({ provider: null })).to.equal(null);
     expect(message({ provider: { fastest: true } })).to.equal('provider.fastest: is not an allowed field');
     expect(message({ provider: { sort: { by: 'price', order: 1 } } })).to.equal('provider.sort.order: is not an allowed field');
@@ -192,7 +291,9 @@ describe('upstream failure → status', () => {
   ];
   for (const [failure, status] of cases) {
     it(`${failure.kind}${failure.status ? ` ${failure.status}` : ''} → ${status}, naming the provider and what it said`, () => {
-      const err = failureToError(failure, [{ provider: 'p', endpoint: 'p', kind: failure.kind, status: failure.status, message: failure.message }]);
+      const err = failureToError(failure, [
+        { provider: 'p', endpoint: 'p', kind: failure.kind, status: failure.status, message: failure.message },
+      ]);
       expect(err.status).to.equal(status);
       expect(err.metadata).to.include({ provider_name: 'p', upstream_status: failure.status, upstream_message: failure.message });
       if (status === 429) expect((err as unknown as { retryAfterSeconds: number }).retryAfterSeconds).to.equal(7);
@@ -205,8 +306,28 @@ describe('catalog', () => {
     const cat = Catalog.fromObject({
       providers: [provider('p')],
       models: [
-        { id: 'typesafe/jev-1.13', name: 'j', kind: 'decision', family: 'typesafe/jev', version: '1.13', released: '20260917', context_length: 1, distillable: false, endpoints: [endpoint('p', 1)] },
-        { id: 'typesafe/jev-1.9', name: 'j', kind: 'decision', family: 'typesafe/jev', version: '1.9', released: '20250101', context_length: 1, distillable: false, endpoints: [endpoint('p', 1)] },
+        {
+          id: 'typesafe/jev-1.13',
+          name: 'j',
+          kind: 'decision',
+          family: 'typesafe/jev',
+          version: '1.13',
+          released: '20260917',
+          context_length: 1,
+          distillable: false,
+          endpoints: [endpoint('p', 1)],
+        },
+        {
+          id: 'typesafe/jev-1.9',
+          name: 'j',
+          kind: 'decision',
+          family: 'typesafe/jev',
+          version: '1.9',
+          released: '20250101',
+          context_length: 1,
+          distillable: false,
+          endpoints: [endpoint('p', 1)],
+        },
       ],
     });
     const r = (id: string) => cat.resolve(id).model.canonicalId;
@@ -223,19 +344,68 @@ describe('catalog', () => {
   });
 
   const broken: [string, (c: any) => void, string][] = [
-    ['an unknown endpoint provider', (c) => { c.models[0].endpoints[0].provider = 'ghost'; }, 'models[0] (acme/chat-2).endpoints[0].provider: unknown provider "ghost"'],
-    ['a duplicate provider slug', (c) => { c.providers.push({ ...c.providers[0] }); }, 'providers[4] (alpha): duplicate provider slug'],
-    ['a bad quantization', (c) => { c.models[1].endpoints[0].quantization = 'fp9'; }, 'models[1].endpoints[0].quantization: must be one of'],
-    ['a missing field', (c) => { delete c.providers[1].timeout_ms; }, 'providers[1].timeout_ms: is required'],
-    ['an unset URL variable', (c) => { c.providers[0].base_url = '${NOT_SET_ANYWHERE}/v1'; }, 'providers[0] (alpha).base_url: environment variable NOT_SET_ANYWHERE is not set'],
-    ['an alias that collides', (c) => { c.models[1].aliases = ['chat-two']; }, 'models[1] (acme/chat-1): id or alias "chat-two" is also used by acme/chat-2'],
+    [
+      'an unknown endpoint provider',
+      (c) => {
+        c.models[0].endpoints[0].provider = 'ghost';
+      },
+      'models[0] (acme/chat-2).endpoints[0].provider: unknown provider "ghost"',
+    ],
+    [
+      'a duplicate provider slug',
+      (c) => {
+        c.providers.push({ ...c.providers[0] });
+      },
+      'providers[4] (alpha): duplicate provider slug',
+    ],
+    [
+      'a bad quantization',
+      (c) => {
+        c.models[1].endpoints[0].quantization = 'fp9';
+      },
+      'models[1].endpoints[0].quantization: must be one of',
+    ],
+    [
+      'a missing field',
+      (c) => {
+        delete c.providers[1].timeout_ms;
+      },
+      'providers[1].timeout_ms: is required',
+    ],
+    [
+      'an unset URL variable',
+      (c) => {
+        c.providers[0].base_url = '${NOT_SET_ANYWHERE}/v1';
+      },
+      'providers[0] (alpha).base_url: environment variable NOT_SET_ANYWHERE is not set',
+    ],
+    [
+      'an alias that collides',
+      (c) => {
+        c.models[1].aliases = ['chat-two'];
+      },
+      'models[1] (acme/chat-1): id or alias "chat-two" is also used by acme/chat-2',
+    ],
   ];
   for (const [what, mutate, message] of broken) {
     it(`refuses ${what} with a message naming the entry`, () => {
-      const raw = JSON.parse(JSON.stringify({
-        providers: [...testCatalog.providers.values()].map((p) => ({ ...p })),
-        models: testCatalog.models.map((m) => ({ id: m.id, name: m.name, kind: m.kind, family: m.family, version: m.version, released: m.released, context_length: m.context_length, distillable: m.distillable, aliases: m.aliases, endpoints: m.endpoints.map((e) => e.entry) })),
-      }));
+      const raw = JSON.parse(
+        JSON.stringify({
+          providers: [...testCatalog.providers.values()].map((p) => ({ ...p })),
+          models: testCatalog.models.map((m) => ({
+            id: m.id,
+            name: m.name,
+            kind: m.kind,
+            family: m.family,
+            version: m.version,
+            released: m.released,
+            context_length: m.context_length,
+            distillable: m.distillable,
+            aliases: m.aliases,
+            endpoints: m.endpoints.map((e) => e.entry),
+          })),
+        }),
+      );
       mutate(raw);
       expect(() => Catalog.fromObject(raw, {})).to.throw(CatalogError, message);
     });

@@ -3,14 +3,21 @@ import { expect } from 'chai';
 import { stack } from './fixture';
 
 async function post(path: string, body: unknown, headers: Record<string, string> = {}) {
-  const res = await fetch(`${stack.sandboxUrl}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
+  const res = await fetch(`${stack.sandboxUrl}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify(body),
+  });
   return { status: res.status, headers: res.headers, body: (await res.json()) as any };
 }
 
 describe('sandbox provider', () => {
   it('answers a constrained question with one label and log-probabilities over the labels', async () => {
     const r = await post('/openai/v1/chat/completions', {
-      model: 'm', max_tokens: 1, logprobs: true, top_logprobs: 5,
+      model: 'm',
+      max_tokens: 1,
+      logprobs: true,
+      top_logprobs: 5,
       messages: [{ role: 'user', content: 'Is the sky green?\nAnswer with exactly one of: A, B' }],
     });
     expect(r.status).to.equal(200);
@@ -26,8 +33,12 @@ describe('sandbox provider', () => {
 
   it('answers System One questions with full distributions', async () => {
     const r = await post('/systemone/v1/systemone', {
-      model: 'jev-1.13', state: { ticket: 'refund please' },
-      questions: { a: { type: 'choice', instructions: 'topic', criteria: { billing: null, bug: 'a defect' } }, b: { type: 'score', instructions: 'urgency', criteria: ['low', 'mid', 'high'] } },
+      model: 'jev-1.13',
+      state: { ticket: 'refund please' },
+      questions: {
+        a: { type: 'choice', instructions: 'topic', criteria: { billing: null, bug: 'a defect' } },
+        b: { type: 'score', instructions: 'urgency', criteria: ['low', 'mid', 'high'] },
+      },
     });
     const { a, b } = r.body.answers;
     expect(Object.values<number>(a.probabilities).reduce((x, y) => x + y)).to.be.closeTo(1, 1e-12);
@@ -37,11 +48,15 @@ describe('sandbox provider', () => {
     expect(r.body.usage.input_tokens).to.be.greaterThan(0);
   });
 
-  it('injects latency, statuses and overloads from headers, in each API\'s error shape', async () => {
+  it("injects latency, statuses and overloads from headers, in each API's error shape", async () => {
     const started = Date.now();
     expect((await post('/openai/v1/embeddings', { model: 'e', input: 'x' }, { 'x-sandbox-latency': '200' })).status).to.equal(200);
     expect(Date.now() - started).to.be.at.least(195);
-    const openai = await post('/openai/v1/chat/completions', { model: 'm', messages: [] }, { 'x-sandbox-status': '503', 'x-sandbox-retry-after': '2' });
+    const openai = await post(
+      '/openai/v1/chat/completions',
+      { model: 'm', messages: [] },
+      { 'x-sandbox-status': '503', 'x-sandbox-retry-after': '2' },
+    );
     expect(openai.status).to.equal(503);
     expect(openai.headers.get('retry-after')).to.equal('2');
     expect(openai.body.error).to.include({ type: 'api_error', code: 503 });

@@ -14,8 +14,12 @@ const question = { q: { type: 'noul', instructions: 'Is this a complaint?' } };
 
 describe('holds against a workspace balance', () => {
   let store: Store;
-  before(async () => { store = await Store.connect(stack.mongoUri, uniqueName('db').replace(/-/g, '_')); });
-  after(async () => { await store.close(); });
+  before(async () => {
+    store = await Store.connect(stack.mongoUri, uniqueName('db').replace(/-/g, '_'));
+  });
+  after(async () => {
+    await store.close();
+  });
 
   it('admits while something is left, counting held and settled spending, then 402', async () => {
     const t = await createTenant(store, 1);
@@ -29,7 +33,10 @@ describe('holds against a workspace balance', () => {
     const a = await cache.hold(t.workspaceId, 0.4);
     const b = await cache.hold(t.workspaceId, 0.4);
     const c = await cache.hold(t.workspaceId, 0.4); // 0.2 was left: admitted, the one estimate of overspend
-    await cache.hold(t.workspaceId, 0.4).then(() => expect.fail('admitted past the balance'), (err) => expect(err.status).to.equal(402));
+    await cache.hold(t.workspaceId, 0.4).then(
+      () => expect.fail('admitted past the balance'),
+      (err) => expect(err.status).to.equal(402),
+    );
     a.release(); // that call billed nothing
     await bill(b, 0.1); // and that one cost less than it held
     const d = await cache.hold(t.workspaceId, 0.4); // 1 - 0.1 - 0.4 (c) = 0.5 left
@@ -37,21 +44,27 @@ describe('holds against a workspace balance', () => {
     await bill(d, 0.4);
     // 0.9 spent: 0.1 is left, enough for one more call of 0.1 and no further.
     await bill(await cache.hold(t.workspaceId, 0.1), 0.1);
-    await cache.hold(t.workspaceId, 0.1).then(() => expect.fail('admitted with nothing left'), (err) => expect(err.status).to.equal(402));
+    await cache.hold(t.workspaceId, 0.1).then(
+      () => expect.fail('admitted with nothing left'),
+      (err) => expect(err.status).to.equal(402),
+    );
   });
 
-  it('a balance is read from the cache plus this process\'s own spending: one ledger sum, not one per request', async () => {
+  it("a balance is read from the cache plus this process's own spending: one ledger sum, not one per request", async () => {
     const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
     try {
       const sums: string[] = [];
-      watched.client.on('commandStarted', (e) => { if (e.commandName === 'aggregate') sums.push(String(e.command.aggregate)); });
+      watched.client.on('commandStarted', (e) => {
+        if (e.commandName === 'aggregate') sums.push(String(e.command.aggregate));
+      });
       const t = await createTenant(watched, 2);
       const cache = new WorkspaceCache(watched, 60_000);
       expect(await cache.balance(t.workspaceId)).to.deep.equal({ total_credits: 2, total_usage: 0, balance: 2 });
       const h = await cache.hold(t.workspaceId, 0.1); // plenty left: no re-read
       await new UsageLedger(watched).record(usageRecord(`gen-own-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.25));
       h.settle(0.25);
-      for (let i = 0; i < 50; i++) expect(await cache.balance(t.workspaceId)).to.deep.equal({ total_credits: 2, total_usage: 0.25, balance: 1.75 });
+      for (let i = 0; i < 50; i++)
+        expect(await cache.balance(t.workspaceId)).to.deep.equal({ total_credits: 2, total_usage: 0.25, balance: 1.75 });
       expect(sums.filter((c) => c === 'usage')).to.have.length(1);
     } finally {
       await watched.close();
@@ -65,7 +78,10 @@ describe('holds against a workspace balance', () => {
     // Another process spends everything.
     await new UsageLedger(store).record(usageRecord(`gen-elsewhere-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 1));
     // 1 USD left by the reading is under 10 estimates of 0.2: the hold re-reads and refuses.
-    await cache.hold(t.workspaceId, 0.2).then(() => expect.fail('admitted on a stale reading'), (err) => expect(err.status).to.equal(402));
+    await cache.hold(t.workspaceId, 0.2).then(
+      () => expect.fail('admitted on a stale reading'),
+      (err) => expect(err.status).to.equal(402),
+    );
   });
 });
 
@@ -80,33 +96,44 @@ describe('decision cost estimate', () => {
   });
 });
 
-for (const mode of ['inline', 'workflow'] as const) describe(`spend bound (DECISIONS_EXECUTION=${mode})`, () => {
-  it('50 concurrent decisions against credit for 5 spend no more than the credit plus one estimate', async function () {
-    this.timeout(60_000);
-    const gw = await startTestGateway({ env: { DECISIONS_EXECUTION: mode } });
-    try {
-      // One provider, so every call costs the same.
-      const body = { model: 'jev-1.13', state: 'I was charged twice for my subscription', questions: question, provider: { only: ['sandbox-systemone'] } };
-      // What one such decision costs, measured in a workspace of its own.
-      const probe = await createTenant(gw.store, 1);
-      const one = await call(`${gw.url}/api/v1/systemone`, { key: probe.inferenceKey, body });
-      expect(one.status, JSON.stringify(one.body)).to.equal(200);
-      const cost = one.body.usage.cost;
-      const estimate = estimateDecisionCost(Catalog.fromFile(DEFAULT_CATALOG_PATH, { SANDBOX_URL: stack.sandboxUrl }).resolve('jev-1.13').model, body as never);
+for (const mode of ['inline', 'workflow'] as const)
+  describe(`spend bound (DECISIONS_EXECUTION=${mode})`, () => {
+    it('50 concurrent decisions against credit for 5 spend no more than the credit plus one estimate', async function () {
+      this.timeout(60_000);
+      const gw = await startTestGateway({ env: { DECISIONS_EXECUTION: mode } });
+      try {
+        // One provider, so every call costs the same.
+        const body = {
+          model: 'jev-1.13',
+          state: 'I was charged twice for my subscription',
+          questions: question,
+          provider: { only: ['sandbox-systemone'] },
+        };
+        // What one such decision costs, measured in a workspace of its own.
+        const probe = await createTenant(gw.store, 1);
+        const one = await call(`${gw.url}/api/v1/systemone`, { key: probe.inferenceKey, body });
+        expect(one.status, JSON.stringify(one.body)).to.equal(200);
+        const cost = one.body.usage.cost;
+        const estimate = estimateDecisionCost(
+          Catalog.fromFile(DEFAULT_CATALOG_PATH, { SANDBOX_URL: stack.sandboxUrl }).resolve('jev-1.13').model,
+          body as never,
+        );
 
-      const t = await createTenant(gw.store, 5 * cost);
-      const answers = await Promise.all(Array.from({ length: 50 }, () => call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body })));
-      const ok = answers.filter((a) => a.status === 200);
-      const refused = answers.filter((a) => a.status === 402);
-      expect(ok.length + refused.length, JSON.stringify(answers.map((a) => a.status))).to.equal(50);
-      expect(ok.length, JSON.stringify({ cost, estimate, costs: ok.map((a) => a.body.usage.cost) })).to.be.within(1, 5);
-      expect(refused[0].body.error.message).to.match(/Insufficient credits/);
-      const billed = await gw.store.usage.find({ workspace_id: t.workspaceId }).toArray();
-      expect(billed).to.have.length(ok.length);
-      const spent = billed.reduce((a, u) => a + u.cost, 0);
-      expect(spent).to.be.at.most(5 * cost + estimate + 1e-12);
-    } finally {
-      await gw.stop();
-    }
+        const t = await createTenant(gw.store, 5 * cost);
+        const answers = await Promise.all(
+          Array.from({ length: 50 }, () => call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body })),
+        );
+        const ok = answers.filter((a) => a.status === 200);
+        const refused = answers.filter((a) => a.status === 402);
+        expect(ok.length + refused.length, JSON.stringify(answers.map((a) => a.status))).to.equal(50);
+        expect(ok.length, JSON.stringify({ cost, estimate, costs: ok.map((a) => a.body.usage.cost) })).to.be.within(1, 5);
+        expect(refused[0].body.error.message).to.match(/Insufficient credits/);
+        const billed = await gw.store.usage.find({ workspace_id: t.workspaceId }).toArray();
+        expect(billed).to.have.length(ok.length);
+        const spent = billed.reduce((a, u) => a + u.cost, 0);
+        expect(spent).to.be.at.most(5 * cost + estimate + 1e-12);
+      } finally {
+        await gw.stop();
+      }
+    });
   });
-});

@@ -12,36 +12,81 @@ import { call, createTenant, startTestGateway, uniqueName } from './helpers';
 
 const run = uniqueName('run'); // isolates this run's fail_first counters in the sandbox
 const p = (slug: string, faults: string, extra: Record<string, unknown> = {}) => ({
-  slug, name: slug, adapter: 'openai', base_url: `\${SANDBOX_URL}/~run=${run}${faults ? `,${faults}` : ''}/openai/v1`,
-  collects_data: false, zdr: false, max_concurrency: 50, timeout_ms: 5000, ...extra,
+  slug,
+  name: slug,
+  adapter: 'openai',
+  base_url: `\${SANDBOX_URL}/~run=${run}${faults ? `,${faults}` : ''}/openai/v1`,
+  collects_data: false,
+  zdr: false,
+  max_concurrency: 50,
+  timeout_ms: 5000,
+  ...extra,
 });
 const e = (provider: string, prompt: number, extra: Record<string, unknown> = {}) => ({
-  provider, upstream_model: `${provider}-model`, pricing: { prompt, completion: prompt * 4 }, quantization: 'bf16', supported_parameters: ['temperature', 'max_tokens'], ...extra,
+  provider,
+  upstream_model: `${provider}-model`,
+  pricing: { prompt, completion: prompt * 4 },
+  quantization: 'bf16',
+  supported_parameters: ['temperature', 'max_tokens'],
+  ...extra,
 });
 
 // Built once the fixture has started the sandbox and knows its URL.
-const buildCatalog = () => Catalog.fromObject({
-  providers: [
-    p('cheap', '', { collects_data: true, accepted_options: ['seed'] }),
-    p('pricey', ''),
-    p('broken', 'status=500'),
-    p('slow', 'timeout', { timeout_ms: 300 }),
-    p('busy', 'overloaded'),
-    p('limited', 'status=429,retry_after=30'),
-    p('flaky', 'status=429,retry_after=1,fail_first=1'),
-    p('single', 'latency=300', { max_concurrency: 1 }),
-    { ...p('claude', ''), adapter: 'anthropic', base_url: `\${SANDBOX_URL}/anthropic` },
-    { ...p('s1', ''), adapter: 'systemone', base_url: `\${SANDBOX_URL}/systemone` },
-  ],
-  models: [
+const buildCatalog = () =>
+  Catalog.fromObject(
     {
-      id: 't/chat', name: 'chat', kind: 'chat', family: 't/chat', version: '1', released: '20260101', context_length: 1000, distillable: true,
-      endpoints: ['cheap', 'pricey', 'broken', 'slow', 'busy', 'limited', 'flaky', 'single', 'claude'].map((s, i) => e(s, s === 'cheap' ? 0.1 : 1 + i)),
+      providers: [
+        p('cheap', '', { collects_data: true, accepted_options: ['seed'] }),
+        p('pricey', ''),
+        p('broken', 'status=500'),
+        p('slow', 'timeout', { timeout_ms: 300 }),
+        p('busy', 'overloaded'),
+        p('limited', 'status=429,retry_after=30'),
+        p('flaky', 'status=429,retry_after=1,fail_first=1'),
+        p('single', 'latency=300', { max_concurrency: 1 }),
+        { ...p('claude', ''), adapter: 'anthropic', base_url: `\${SANDBOX_URL}/anthropic` },
+        { ...p('s1', ''), adapter: 'systemone', base_url: `\${SANDBOX_URL}/systemone` },
+      ],
+      models: [
+        {
+          id: 't/chat',
+          name: 'chat',
+          kind: 'chat',
+          family: 't/chat',
+          version: '1',
+          released: '20260101',
+          context_length: 1000,
+          distillable: true,
+          endpoints: ['cheap', 'pricey', 'broken', 'slow', 'busy', 'limited', 'flaky', 'single', 'claude'].map((s, i) =>
+            e(s, s === 'cheap' ? 0.1 : 1 + i),
+          ),
+        },
+        {
+          id: 't/embed',
+          name: 'e',
+          kind: 'embedding',
+          family: 't/embed',
+          version: '1',
+          released: '20260101',
+          context_length: 1000,
+          distillable: true,
+          endpoints: [e('cheap', 0.02)],
+        },
+        {
+          id: 't/decide',
+          name: 'd',
+          kind: 'decision',
+          family: 't/decide',
+          version: '1',
+          released: '20260101',
+          context_length: 1000,
+          distillable: true,
+          endpoints: [e('s1', 0.5, { pricing: { prompt: 0.5, completion: 2, request: 0.001 } })],
+        },
+      ],
     },
-    { id: 't/embed', name: 'e', kind: 'embedding', family: 't/embed', version: '1', released: '20260101', context_length: 1000, distillable: true, endpoints: [e('cheap', 0.02)] },
-    { id: 't/decide', name: 'd', kind: 'decision', family: 't/decide', version: '1', released: '20260101', context_length: 1000, distillable: true, endpoints: [e('s1', 0.5, { pricing: { prompt: 0.5, completion: 2, request: 0.001 } })] },
-  ],
-}, { SANDBOX_URL: stack.sandboxUrl });
+    { SANDBOX_URL: stack.sandboxUrl },
+  );
 let catalog: Catalog;
 
 const chatBody = { messages: [{ role: 'user', content: 'Say something about gateways.' }], max_tokens: 8 };
@@ -85,22 +130,33 @@ describe('provider adapters and execution against the sandbox', () => {
   });
 
   it('speaks responses, embeddings, Anthropic messages and System One', async () => {
-    const responses = await go({ operation: 'responses', body: { input: 'hello there', max_output_tokens: 5 }, preferences: { only: ['pricey'] } });
+    const responses = await go({
+      operation: 'responses',
+      body: { input: 'hello there', max_output_tokens: 5 },
+      preferences: { only: ['pricey'] },
+    });
     expect(responses.body.object).to.equal('response');
-    expect(responses.usage).to.deep.equal({ input_tokens: responses.body.usage.input_tokens, output_tokens: responses.body.usage.output_tokens });
+    expect(responses.usage).to.deep.equal({
+      input_tokens: responses.body.usage.input_tokens,
+      output_tokens: responses.body.usage.output_tokens,
+    });
 
     const emb = await invoke(up, { models: [catalog.models[1]], operation: 'embeddings', body: { input: ['a', 'bb'], dimensions: 8 } });
     expect(emb.body.data).to.have.length(2);
     expect(emb.body.data[0].embedding).to.have.length(8);
     expect(emb.usage).to.deep.equal({ input_tokens: 2, output_tokens: 0 });
-    expect(emb.cost).to.be.closeTo(2 * 0.02 / 1e6, 1e-15);
+    expect(emb.cost).to.be.closeTo((2 * 0.02) / 1e6, 1e-15);
 
     const msg = await go({ operation: 'messages', body: { max_tokens: 6, messages: [{ role: 'user', content: 'hi' }] } });
     expect(msg.endpoint.tag).to.equal('claude');
     expect(msg.body.type).to.equal('message');
     expect(msg.usage.output_tokens).to.equal(msg.body.usage.output_tokens);
 
-    const s1 = await invoke(up, { models: [catalog.models[2]], operation: 'systemone', body: { state: 'x', questions: { q: { type: 'noul', instructions: 'is it?' } } } });
+    const s1 = await invoke(up, {
+      models: [catalog.models[2]],
+      operation: 'systemone',
+      body: { state: 'x', questions: { q: { type: 'noul', instructions: 'is it?' } } },
+    });
     expect(s1.body.answers.q.type).to.equal('noul');
     expect(s1.cost).to.be.closeTo((s1.usage.input_tokens * 0.5 + s1.usage.output_tokens * 2) / 1e6 + 0.001, 1e-12);
   });
@@ -108,7 +164,9 @@ describe('provider adapters and execution against the sandbox', () => {
   it('falls back to the next provider on a 500', async () => {
     const r = await go({ preferences: { order: ['broken', 'cheap'] } });
     expect(r.endpoint.tag).to.equal('cheap');
-    expect(r.attempts).to.deep.equal([{ provider: 'broken', endpoint: 'broken', kind: 'http', status: 500, message: 'sandbox: injected status 500' }]);
+    expect(r.attempts).to.deep.equal([
+      { provider: 'broken', endpoint: 'broken', kind: 'http', status: 500, message: 'sandbox: injected status 500' },
+    ]);
   });
 
   it('with allow_fallbacks false returns the upstream error as 502 naming the provider', async () => {
@@ -135,7 +193,7 @@ describe('provider adapters and execution against the sandbox', () => {
     expect(r.attempts.map((a) => a.kind)).to.deep.equal(['timeout', 'overloaded', 'rate_limited']);
   });
 
-  it("honours a short Retry-After when no other provider is left", async () => {
+  it('honours a short Retry-After when no other provider is left', async () => {
     const started = Date.now();
     const r = await go({ preferences: { only: ['flaky'] } });
     expect(r.endpoint.tag).to.equal('flaky');
@@ -149,11 +207,13 @@ describe('provider adapters and execution against the sandbox', () => {
     expect((await go({ preferences: { only: ['cheap', 'pricey'], data_collection: 'deny' } })).endpoint.tag).to.equal('pricey');
   });
 
-  it('forwards only the chosen provider\'s accepted options', async () => {
+  it("forwards only the chosen provider's accepted options", async () => {
     const r = await go({ preferences: { only: ['cheap'], options: { cheap: { seed: 7, not_a_real_option: 1 }, pricey: { seed: 1 } } } });
     // The sandbox's answer is a function of the exact body it received.
     const direct = await fetch(`${stack.sandboxUrl}/~run=${run}/openai/v1/chat/completions`, {
-      method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...chatBody, model: 'cheap-model', seed: 7 }),
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ ...chatBody, model: 'cheap-model', seed: 7 }),
     });
     expect(r.body.id).to.equal(((await direct.json()) as { id: string }).id);
   });
@@ -164,7 +224,9 @@ describe('provider adapters and execution against the sandbox', () => {
     setTimeout(() => controller.abort(), 100);
     const err = await failure({ preferences: { only: ['slow'] }, signal: controller.signal });
     expect(Date.now() - started).to.be.lessThan(280); // before the provider's own 300 ms timeout
-    expect(err.metadata!.attempts).to.deep.equal([{ provider: 'slow', endpoint: 'slow', kind: 'aborted', status: null, message: 'Request was cancelled' }]);
+    expect(err.metadata!.attempts).to.deep.equal([
+      { provider: 'slow', endpoint: 'slow', kind: 'aborted', status: null, message: 'Request was cancelled' },
+    ]);
   });
 
   it("keeps within a provider's concurrency limit: no capacity is 503", async () => {
@@ -261,9 +323,21 @@ describe('GET /api/v1/models and /models/{author}/{slug}/endpoints', () => {
         beta = res.body.data.endpoints.find((x: { tag: string }) => x.tag === 'sandbox-beta');
       }
       expect(beta.latency_seconds).to.deep.equal({ p50: 0.25, p75: 0.25, p90: 0.25, p99: 0.25 });
-      expect(beta).to.include({ quantization: 'bf16', data_collection: 'deny', zdr: true, uptime: 1, recent_outage: false, max_concurrency_per_process: 100 });
+      expect(beta).to.include({
+        quantization: 'bf16',
+        data_collection: 'deny',
+        zdr: true,
+        uptime: 1,
+        recent_outage: false,
+        max_concurrency_per_process: 100,
+      });
       const res = await call(`${gw.url}/api/v1/models/sandbox/chat-1/endpoints`, { key: t.inferenceKey });
-      expect(res.body.data.endpoints.map((x: Endpoint) => x.tag)).to.have.members(['sandbox-alpha', 'sandbox-alpha/turbo', 'sandbox-beta', 'sandbox-claude']);
+      expect(res.body.data.endpoints.map((x: Endpoint) => x.tag)).to.have.members([
+        'sandbox-alpha',
+        'sandbox-alpha/turbo',
+        'sandbox-beta',
+        'sandbox-claude',
+      ]);
       const missing = await call(`${gw.url}/api/v1/models/nobody/nothing/endpoints`, { key: t.inferenceKey });
       expect(missing.status).to.equal(404);
       expect(missing.body.error.message).to.equal('Model "nobody/nothing" not found');

@@ -31,7 +31,13 @@ describe('Temporal + MongoDB wiring', () => {
     const taskQueue = uniqueName('wiring');
     const config = loadConfig({ SANDBOX_URL: stack.sandboxUrl });
     const upstreams = createUpstreams(config, store);
-    const worker: Worker = await createWorker({ connection: temporal.connection, namespace: stack.namespace, taskQueue, activities: createActivities({ store, upstreams, batchSettings: config.batches, usage: new UsageLedger(store) }), handoff: new DecisionHandoff() });
+    const worker: Worker = await createWorker({
+      connection: temporal.connection,
+      namespace: stack.namespace,
+      taskQueue,
+      activities: createActivities({ store, upstreams, batchSettings: config.batches, usage: new UsageLedger(store) }),
+      handoff: new DecisionHandoff(),
+    });
     const result = await worker.runUntil(runSelfCheck(temporal.client, taskQueue));
     expect(result.note).to.match(/^checked at /);
     // The document really is in the database, under the workflow's id.

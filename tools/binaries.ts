@@ -54,16 +54,24 @@ function runGo(args: string[], opts: { cwd: string; env?: NodeJS.ProcessEnv; lab
     let packages = 0;
     let downloads = 0;
     const started = Date.now();
-    const report = () => opts.progress(`${opts.label}: ${downloads} modules fetched, ${packages} packages compiled (${Math.round((Date.now() - started) / 1000)}s)`);
+    const report = () =>
+      opts.progress(
+        `${opts.label}: ${downloads} modules fetched, ${packages} packages compiled (${Math.round((Date.now() - started) / 1000)}s)`,
+      );
     const ticker = setInterval(report, 15_000);
-    child.stdout.on('data', (b: Buffer) => { stdout += b.toString(); });
+    child.stdout.on('data', (b: Buffer) => {
+      stdout += b.toString();
+    });
     readline.createInterface({ input: child.stderr }).on('line', (line) => {
       if (line.startsWith('go: downloading')) downloads++;
       else if (/^[\w.\-/]+$/.test(line)) packages++;
       tail.push(line);
       if (tail.length > 30) tail.shift();
     });
-    child.on('error', (err) => { clearInterval(ticker); reject(new ToolBuildError(`${opts.label}: could not run go: ${err.message}`)); });
+    child.on('error', (err) => {
+      clearInterval(ticker);
+      reject(new ToolBuildError(`${opts.label}: could not run go: ${err.message}`));
+    });
     child.on('close', (code) => {
       clearInterval(ticker);
       if (code === 0) {
@@ -90,7 +98,10 @@ async function buildTemporal(target: string, progress: Progress): Promise<void> 
   try {
     progress(`building the Temporal CLI ${TEMPORAL_CLI_VERSION} from Go modules (several minutes the first time)…`);
     await runGo(['install', '-v', `github.com/temporalio/cli/cmd/temporal@${TEMPORAL_CLI_VERSION}`], {
-      cwd: gobin, env: { GOBIN: gobin }, label: 'temporal build', progress,
+      cwd: gobin,
+      env: { GOBIN: gobin },
+      label: 'temporal build',
+      progress,
     });
     install(path.join(gobin, 'temporal'), target);
   } finally {
@@ -103,9 +114,13 @@ async function buildFerretDB(target: string, progress: Progress): Promise<void> 
   const work = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-ferretdb-'));
   try {
     progress(`building FerretDB ${FERRETDB_VERSION} from Go modules (a few minutes the first time)…`);
-    const info = JSON.parse(await runGo(['mod', 'download', '-json', `github.com/FerretDB/FerretDB@${FERRETDB_VERSION}`], {
-      cwd: work, label: 'ferretdb download', progress,
-    })) as { Dir?: string; Error?: string };
+    const info = JSON.parse(
+      await runGo(['mod', 'download', '-json', `github.com/FerretDB/FerretDB@${FERRETDB_VERSION}`], {
+        cwd: work,
+        label: 'ferretdb download',
+        progress,
+      }),
+    ) as { Dir?: string; Error?: string };
     if (!info.Dir) throw new ToolBuildError(`ferretdb download gave no source directory${info.Error ? `: ${info.Error}` : ''}`);
     // The module cache is read-only, and the module zip lacks build/version/version.txt, without
     // which the binary panics at start-up; so build from a writable copy with that file written.
@@ -114,7 +129,9 @@ async function buildFerretDB(target: string, progress: Progress): Promise<void> 
     spawnSync('chmod', ['-R', 'u+w', src]);
     fs.writeFileSync(path.join(src, 'build', 'version', 'version.txt'), `${FERRETDB_VERSION}\n`);
     await runGo(['build', '-v', '-buildvcs=false', '-o', path.join(work, 'ferretdb'), './cmd/ferretdb'], {
-      cwd: src, label: 'ferretdb build', progress,
+      cwd: src,
+      label: 'ferretdb build',
+      progress,
     });
     install(path.join(work, 'ferretdb'), target);
   } finally {

@@ -14,7 +14,10 @@ export class ManagedProcess {
   /** The command's own pid (the watchdog's child), once it is running. */
   private commandPid: number | undefined;
 
-  constructor(readonly name: string, readonly child: ChildProcess) {
+  constructor(
+    readonly name: string,
+    readonly child: ChildProcess,
+  ) {
     const keep = (b: Buffer) => {
       for (const line of b.toString().split('\n')) {
         if (!line) continue;
@@ -22,7 +25,9 @@ export class ManagedProcess {
         if (this.output.length > 40) this.output.shift();
       }
     };
-    child.on('message', (m: { pid?: number }) => { if (typeof m?.pid === 'number') this.commandPid = m.pid; });
+    child.on('message', (m: { pid?: number }) => {
+      if (typeof m?.pid === 'number') this.commandPid = m.pid;
+    });
     child.stdout?.on('data', keep);
     child.stderr?.on('data', keep);
     this.exitPromise = new Promise((resolve) => {
@@ -64,7 +69,9 @@ export class ManagedProcess {
     let lastError: unknown;
     while (Date.now() < deadline) {
       if (this.exited) {
-        throw new ProcessStartError(`${this.name} exited (code ${this.exited.code}, signal ${this.exited.signal}) before ${what}:\n${this.recentOutput()}`);
+        throw new ProcessStartError(
+          `${this.name} exited (code ${this.exited.code}, signal ${this.exited.signal}) before ${what}:\n${this.recentOutput()}`,
+        );
       }
       try {
         await check();
@@ -74,7 +81,9 @@ export class ManagedProcess {
       }
       await new Promise((r) => setTimeout(r, 200));
     }
-    throw new ProcessStartError(`${this.name} did not become ready (${what}) within ${timeoutMs} ms: ${String(lastError)}\n${this.recentOutput()}`);
+    throw new ProcessStartError(
+      `${this.name} did not become ready (${what}) within ${timeoutMs} ms: ${String(lastError)}\n${this.recentOutput()}`,
+    );
   }
 
   async stop(graceMs = 5_000): Promise<void> {
@@ -108,7 +117,9 @@ export function startProcess(name: string, command: string, args: string[], env:
   const child = spawn(process.execPath, [WATCHDOG, command, ...args], { env, stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
   child.channel?.unref(); // the channel alone must not keep us running
   const managed = new ManagedProcess(name, child);
-  child.once('error', () => { /* reported through exit and waitUntil */ });
+  child.once('error', () => {
+    /* reported through exit and waitUntil */
+  });
   return managed;
 }
 
@@ -127,8 +138,18 @@ export function freePort(host = '127.0.0.1'): Promise<number> {
 export function tcpReachable(host: string, port: number, timeoutMs = 1_000): Promise<void> {
   return new Promise((resolve, reject) => {
     const socket = net.connect({ host, port });
-    const timer = setTimeout(() => { socket.destroy(); reject(new Error(`timeout connecting to ${host}:${port}`)); }, timeoutMs);
-    socket.once('connect', () => { clearTimeout(timer); socket.end(); resolve(); });
-    socket.once('error', (err) => { clearTimeout(timer); reject(err); });
+    const timer = setTimeout(() => {
+      socket.destroy();
+      reject(new Error(`timeout connecting to ${host}:${port}`));
+    }, timeoutMs);
+    socket.once('connect', () => {
+      clearTimeout(timer);
+      socket.end();
+      resolve();
+    });
+    socket.once('error', (err) => {
+      clearTimeout(timer);
+      reject(err);
+    });
   });
 }

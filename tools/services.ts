@@ -24,7 +24,18 @@ export interface TemporalServerOptions {
 }
 
 export async function startTemporalServer(opts: TemporalServerOptions): Promise<RunningService> {
-  const args = ['server', 'start-dev', '--ip', '127.0.0.1', '--port', String(opts.port), '--namespace', opts.namespace, '--log-level', 'warn'];
+  const args = [
+    'server',
+    'start-dev',
+    '--ip',
+    '127.0.0.1',
+    '--port',
+    String(opts.port),
+    '--namespace',
+    opts.namespace,
+    '--log-level',
+    'warn',
+  ];
   args.push(...(opts.uiPort === null ? ['--headless'] : ['--ui-port', String(opts.uiPort)]));
   if (opts.dbFile) {
     fs.mkdirSync(path.dirname(opts.dbFile), { recursive: true });
@@ -37,15 +48,19 @@ export async function startTemporalServer(opts: TemporalServerOptions): Promise<
   }
   const proc = startProcess('temporal', opts.binary, args);
   const address = `127.0.0.1:${opts.port}`;
-  await proc.waitUntil(async () => {
-    await tcpReachable('127.0.0.1', opts.port);
-    const conn = await Connection.connect({ address, connectTimeout: 1_000 });
-    try {
-      await conn.workflowService.describeNamespace({ namespace: opts.namespace });
-    } finally {
-      await conn.close();
-    }
-  }, 60_000, `answering on ${address}`);
+  await proc.waitUntil(
+    async () => {
+      await tcpReachable('127.0.0.1', opts.port);
+      const conn = await Connection.connect({ address, connectTimeout: 1_000 });
+      try {
+        await conn.workflowService.describeNamespace({ namespace: opts.namespace });
+      } finally {
+        await conn.close();
+      }
+    },
+    60_000,
+    `answering on ${address}`,
+  );
   return { process: proc, address };
 }
 
@@ -58,26 +73,35 @@ export interface FerretOptions {
 
 export async function startFerretDB(opts: FerretOptions): Promise<RunningService> {
   fs.mkdirSync(opts.dataDir, { recursive: true });
-  const proc = startProcess('ferretdb', opts.binary, [
-    '--handler=sqlite',
-    // WAL is FerretDB's default; synchronous=normal drops the fsync per transaction (still no
-    // corruption on a crash), the same trade as for the dev Temporal server.
-    `--sqlite-url=file:${path.resolve(opts.dataDir)}/?_pragma=journal_mode(wal)&_pragma=busy_timeout(10000)&_pragma=auto_vacuum(none)&_pragma=synchronous(normal)`,
-    `--listen-addr=127.0.0.1:${opts.port}`,
-    '--state-dir=-',
-    '--debug-addr=-',
-    '--telemetry=disable',
-    '--log-level=warn',
-  ], { ...process.env, DO_NOT_TRACK: 'true' });
+  const proc = startProcess(
+    'ferretdb',
+    opts.binary,
+    [
+      '--handler=sqlite',
+      // WAL is FerretDB's default; synchronous=normal drops the fsync per transaction (still no
+      // corruption on a crash), the same trade as for the dev Temporal server.
+      `--sqlite-url=file:${path.resolve(opts.dataDir)}/?_pragma=journal_mode(wal)&_pragma=busy_timeout(10000)&_pragma=auto_vacuum(none)&_pragma=synchronous(normal)`,
+      `--listen-addr=127.0.0.1:${opts.port}`,
+      '--state-dir=-',
+      '--debug-addr=-',
+      '--telemetry=disable',
+      '--log-level=warn',
+    ],
+    { ...process.env, DO_NOT_TRACK: 'true' },
+  );
   const address = `mongodb://127.0.0.1:${opts.port}/`;
-  await proc.waitUntil(async () => {
-    await tcpReachable('127.0.0.1', opts.port);
-    const client = new MongoClient(address, { serverSelectionTimeoutMS: 1_000 });
-    try {
-      await client.db('admin').command({ ping: 1 });
-    } finally {
-      await client.close();
-    }
-  }, 30_000, `answering on ${address}`);
+  await proc.waitUntil(
+    async () => {
+      await tcpReachable('127.0.0.1', opts.port);
+      const client = new MongoClient(address, { serverSelectionTimeoutMS: 1_000 });
+      try {
+        await client.db('admin').command({ ping: 1 });
+      } finally {
+        await client.close();
+      }
+    },
+    30_000,
+    `answering on ${address}`,
+  );
   return { process: proc, address };
 }

@@ -27,7 +27,11 @@ export class Supervisor {
   private readonly windowMs: number;
   private readonly backoffMs: number;
 
-  constructor(private readonly logger: Logger, private readonly giveUp: (part: string, message: string) => void, opts: SupervisorOptions = {}) {
+  constructor(
+    private readonly logger: Logger,
+    private readonly giveUp: (part: string, message: string) => void,
+    opts: SupervisorOptions = {},
+  ) {
     this.maxCrashes = opts.maxCrashes ?? 5;
     this.windowMs = opts.windowMs ?? 60_000;
     this.backoffMs = opts.backoffMs ?? 500;
@@ -51,9 +55,15 @@ export class Supervisor {
       const now = Date.now();
       part.crashes = [...part.crashes.filter((t) => now - t < this.windowMs), now];
       const status = part.current.exitStatus;
-      this.logger.warn({ part: name, exit_code: status?.code ?? null, signal: status?.signal ?? null, crashes_last_minute: part.crashes.length }, 'embedded process exited; restarting it');
+      this.logger.warn(
+        { part: name, exit_code: status?.code ?? null, signal: status?.signal ?? null, crashes_last_minute: part.crashes.length },
+        'embedded process exited; restarting it',
+      );
       if (part.crashes.length >= this.maxCrashes) {
-        this.giveUp(name, `${name} exited ${part.crashes.length} times within ${Math.round(this.windowMs / 1000)} s (last: ${status?.signal ?? `code ${status?.code}`}); giving up. Its last output:\n${part.current.recentOutput()}`);
+        this.giveUp(
+          name,
+          `${name} exited ${part.crashes.length} times within ${Math.round(this.windowMs / 1000)} s (last: ${status?.signal ?? `code ${status?.code}`}); giving up. Its last output:\n${part.current.recentOutput()}`,
+        );
         return;
       }
       await new Promise((r) => setTimeout(r, Math.min(this.backoffMs * 2 ** (part.crashes.length - 1), 10_000)));

@@ -1,6 +1,17 @@
 import {
-  ActivityCancellationType, allHandlersFinished, CancellationScope, condition, continueAsNew, defineQuery, defineSignal, isCancellation,
-  proxyActivities, setHandler, sleep, upsertSearchAttributes, workflowInfo,
+  ActivityCancellationType,
+  allHandlersFinished,
+  CancellationScope,
+  condition,
+  continueAsNew,
+  defineQuery,
+  defineSignal,
+  isCancellation,
+  proxyActivities,
+  setHandler,
+  sleep,
+  upsertSearchAttributes,
+  workflowInfo,
 } from '@temporalio/workflow';
 import type { Activities } from '../activities';
 import { searchAttributes } from './shared';
@@ -55,7 +66,9 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
   let cancelRequested = input.cancelRequested;
   let status = input.phase === 'validate' ? 'validating' : 'in_progress';
   let chunksDone = input.nextChunk;
-  setHandler(cancelBatchSignal, () => { cancelRequested = true; });
+  setHandler(cancelBatchSignal, () => {
+    cancelRequested = true;
+  });
   setHandler(batchProgressQuery, () => ({ status, chunks: input.chunks, chunks_done: chunksDone, cancel_requested: cancelRequested }));
 
   const mark = async (s: 'in_progress' | 'finalizing' | 'cancelling') => {
@@ -86,7 +99,12 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
   const work = scope.run(async () => {
     let scheduled = 0;
     while (next < input.chunks && scheduled < CHUNKS_PER_RUN && !workflowInfo().continueAsNewSuggested) {
-      const p: Promise<void> = chunks.processBatchChunk(input.batchId, next).then(() => { chunksDone++; }).finally(() => inFlight.delete(p));
+      const p: Promise<void> = chunks
+        .processBatchChunk(input.batchId, next)
+        .then(() => {
+          chunksDone++;
+        })
+        .finally(() => inFlight.delete(p));
       inFlight.add(p);
       next++;
       scheduled++;
@@ -104,7 +122,9 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
   if (outcome !== 'done') {
     if (outcome === 'cancel') await mark('cancelling');
     scope.cancel();
-    await work.catch((err) => { if (!isCancellation(err)) throw err; });
+    await work.catch((err) => {
+      if (!isCancellation(err)) throw err;
+    });
     // `work` gives up at the first chunk that confirms; close only once every chunk has stopped
     // writing (each settles only when its activity has finished), so the close counts everything.
     await Promise.allSettled([...inFlight]);

@@ -12,23 +12,38 @@ import type { AppDeps } from '../deps';
 export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps): AnyRoute[] {
   return [
     defineRoute({
-      method: 'get', path: '/key', tag: 'Keys', auth: 'any',
+      method: 'get',
+      path: '/key',
+      tag: 'Keys',
+      auth: 'any',
       summary: 'The authenticating key, its workspace usage and rate limit',
       responses: { 200: { description: 'Current key', schema: CurrentKey } },
       handler: async (ctx) => {
         const auth = authOf(ctx);
-        const [doc, balance] = await Promise.all([keyOfWorkspace(store, auth.workspaceId, auth.keyId), workspaces.balance(auth.workspaceId)]);
+        const [doc, balance] = await Promise.all([
+          keyOfWorkspace(store, auth.workspaceId, auth.keyId),
+          workspaces.balance(auth.workspaceId),
+        ]);
         ctx.body = {
           data: {
-            id: auth.keyId, label: doc!.label, name: doc!.name, kind: auth.kind, workspace_id: auth.workspaceId,
-            usage: balance.total_usage, limit: null, is_free_tier: false,
+            id: auth.keyId,
+            label: doc!.label,
+            name: doc!.name,
+            kind: auth.kind,
+            workspace_id: auth.workspaceId,
+            usage: balance.total_usage,
+            limit: null,
+            is_free_tier: false,
             rate_limit: { requests: rateLimiter.limit, interval: `${rateLimiter.windowSeconds}s` },
           },
         };
       },
     }),
     defineRoute({
-      method: 'get', path: '/credits', tag: 'Credits', auth: 'any',
+      method: 'get',
+      path: '/credits',
+      tag: 'Credits',
+      auth: 'any',
       summary: "The workspace's credits, usage and balance (USD); other gateway processes' spending shows within BALANCE_CACHE_MS",
       responses: { 200: { description: 'Credits', schema: Credits } },
       handler: async (ctx) => {
@@ -36,7 +51,10 @@ export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps)
       },
     }),
     defineRoute({
-      method: 'get', path: '/keys', tag: 'Keys', auth: 'management',
+      method: 'get',
+      path: '/keys',
+      tag: 'Keys',
+      auth: 'management',
       summary: "List the workspace's API keys (management keys only)",
       responses: { 200: { description: 'Keys', schema: Type.Object({ data: Type.Array(PublicKey) }) } },
       handler: async (ctx) => {
@@ -44,7 +62,11 @@ export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps)
       },
     }),
     defineRoute({
-      method: 'post', path: '/keys', tag: 'Keys', auth: 'management', body: CreateKeyBody,
+      method: 'post',
+      path: '/keys',
+      tag: 'Keys',
+      auth: 'management',
+      body: CreateKeyBody,
       summary: 'Create an API key in this workspace; the key itself is shown only in this response',
       responses: { 201: { description: 'Created', schema: Type.Object({ data: PublicKey, key: Type.String() }) } },
       handler: async (ctx, { body }) => {
@@ -54,7 +76,11 @@ export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps)
       },
     }),
     defineRoute({
-      method: 'get', path: '/keys/:id', tag: 'Keys', auth: 'management', params: KeyIdParams,
+      method: 'get',
+      path: '/keys/:id',
+      tag: 'Keys',
+      auth: 'management',
+      params: KeyIdParams,
       summary: 'One API key of this workspace',
       responses: { 200: { description: 'Key', schema: Type.Object({ data: PublicKey }) } },
       handler: async (ctx, { params }) => {
@@ -64,7 +90,11 @@ export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps)
       },
     }),
     defineRoute({
-      method: 'delete', path: '/keys/:id', tag: 'Keys', auth: 'management', params: KeyIdParams,
+      method: 'delete',
+      path: '/keys/:id',
+      tag: 'Keys',
+      auth: 'management',
+      params: KeyIdParams,
       summary: 'Revoke an API key of this workspace (its usage records stay)',
       responses: { 200: { description: 'Revoked', schema: Type.Object({ data: PublicKey, deleted: Type.Literal(true) }) } },
       handler: async (ctx, { params }) => {
@@ -74,7 +104,11 @@ export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps)
       },
     }),
     defineRoute({
-      method: 'get', path: '/generation', tag: 'Generations', auth: 'any', query: GenerationQuery,
+      method: 'get',
+      path: '/generation',
+      tag: 'Generations',
+      auth: 'any',
+      query: GenerationQuery,
       summary: 'Usage and cost of one generation (a decision, or a batch line)',
       responses: { 200: { description: 'Generation', schema: Generation } },
       handler: async (ctx, { query }) => {
@@ -82,9 +116,18 @@ export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps)
         if (!doc) throw new NotFoundError(`Generation ${query.id} not found`);
         ctx.body = {
           data: {
-            id: doc._id, model: doc.model, provider_name: doc.provider, tokens_prompt: doc.input_tokens,
-            tokens_completion: doc.output_tokens, total_cost: doc.cost, created_at: doc.created_at.toISOString(),
-            session_id: doc.session_id, user: doc.user, app_title: doc.app.title, app_referer: doc.app.referer, batch_id: doc.batch_id,
+            id: doc._id,
+            model: doc.model,
+            provider_name: doc.provider,
+            tokens_prompt: doc.input_tokens,
+            tokens_completion: doc.output_tokens,
+            total_cost: doc.cost,
+            created_at: doc.created_at.toISOString(),
+            session_id: doc.session_id,
+            user: doc.user,
+            app_title: doc.app.title,
+            app_referer: doc.app.referer,
+            batch_id: doc.batch_id,
           },
         };
       },

@@ -3,12 +3,30 @@
 import { Readable } from 'node:stream';
 import { Type } from '@sinclair/typebox';
 import { WorkflowIdReusePolicy } from '@temporalio/client';
-import { BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError, ServiceUnavailableError, UnprocessableError } from '../../errors';
+import {
+  BadRequestError,
+  ConflictError,
+  NotFoundError,
+  PayloadTooLargeError,
+  ServiceUnavailableError,
+  UnprocessableError,
+} from '../../errors';
 import { planRoute } from '../../routing/engine';
 import { searchAttributes } from '../../workflows/shared';
 import { batchWorkflow, cancelBatchSignal } from '../../workflows/batch';
 import {
-  batchView, counts, createBatch, deleteBatch, findBatch, listBatches, markNotStarted, MAX_CHUNK_BYTES, newBatchId, resultLine, resultsInOrder, type BatchDoc,
+  batchView,
+  counts,
+  createBatch,
+  deleteBatch,
+  findBatch,
+  listBatches,
+  markNotStarted,
+  MAX_CHUNK_BYTES,
+  newBatchId,
+  resultLine,
+  resultsInOrder,
+  type BatchDoc,
 } from '../../batches/store';
 import { OPERATION_OF } from '../../batches/lines';
 import { toJsonText } from '../../store/json-text';
@@ -53,20 +71,28 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
     const [head, tail] = JSON.stringify({ ...view, results: marker }).split(`"${marker}"`);
     const cursor = resultsInOrder(store, b._id);
     ctx.type = 'application/json';
-    ctx.body = Readable.from((async function* () {
-      yield `${head}[`;
-      let first = true;
-      for await (const r of cursor) {
-        yield `${first ? '' : ','}${JSON.stringify(resultLine(r))}`;
-        first = false;
-      }
-      yield `]${tail}`;
-    })());
+    ctx.body = Readable.from(
+      (async function* () {
+        yield `${head}[`;
+        let first = true;
+        for await (const r of cursor) {
+          yield `${first ? '' : ','}${JSON.stringify(resultLine(r))}`;
+          first = false;
+        }
+        yield `]${tail}`;
+      })(),
+    );
   }
 
   return [
     defineRoute({
-      method: 'post', path: '/batches', tag: 'Batches', auth: 'any', billable: true, body: CreateBatchBody, bodyLimitBytes: settings.maxBytes,
+      method: 'post',
+      path: '/batches',
+      tag: 'Batches',
+      auth: 'any',
+      billable: true,
+      body: CreateBatchBody,
+      bodyLimitBytes: settings.maxBytes,
       summary: 'Create a batch of requests to one endpoint, run asynchronously (202, status validating)',
       responses: { 202: { description: 'Accepted', schema: BatchObject } },
       handler: async (ctx, { body }) => {
@@ -77,19 +103,32 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
         }
         const { model, variant } = upstreams.catalog.resolve(body.model);
         // 404 now, naming what excluded every endpoint, rather than a failed batch later.
-        planRoute({ models: [model], variant, operation: OPERATION_OF[body.endpoint], preferences: body.provider?.only ? { only: body.provider.only } : undefined, now: Date.now(), random: Math.random });
+        planRoute({
+          models: [model],
+          variant,
+          operation: OPERATION_OF[body.endpoint],
+          preferences: body.provider?.only ? { only: body.provider.only } : undefined,
+          now: Date.now(),
+          random: Math.random,
+        });
         const seen = new Map<string, number>();
         body.requests.forEach((r, i) => {
           const prior = seen.get(r.custom_id);
-          if (prior !== undefined) throw new UnprocessableError(`requests[${i}].custom_id: duplicate custom_id "${r.custom_id}" (also at requests[${prior}])`, { custom_id: r.custom_id });
+          if (prior !== undefined)
+            throw new UnprocessableError(`requests[${i}].custom_id: duplicate custom_id "${r.custom_id}" (also at requests[${prior}])`, {
+              custom_id: r.custom_id,
+            });
           seen.set(r.custom_id, i);
           const own = r.body.model;
           if (own !== undefined && own !== body.model && !(typeof own === 'string' && own.includes('preset/'))) {
             let same = false;
             try {
               same = typeof own === 'string' && upstreams.catalog.resolve(own).model === model;
-            } catch { /* unknown model: not the same */ }
-            if (!same) throw new BadRequestError(`requests[${i}].body.model: must match the batch model ${body.model} (custom_id "${r.custom_id}")`);
+            } catch {
+              /* unknown model: not the same */
+            }
+            if (!same)
+              throw new BadRequestError(`requests[${i}].body.model: must match the batch model ${body.model} (custom_id "${r.custom_id}")`);
           }
         });
 
@@ -99,20 +138,51 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
         const expiresAt = new Date(now.getTime() + hours * 3_600_000);
         const lines = body.requests.map((r, line) => {
           const text = toJsonText(r.body);
-          if (text.length > MAX_CHUNK_BYTES) throw new PayloadTooLargeError(`requests[${line}].body: larger than ${MAX_CHUNK_BYTES / 1024 ** 2} MB (custom_id "${r.custom_id}")`);
+          if (text.length > MAX_CHUNK_BYTES)
+            throw new PayloadTooLargeError(
+              `requests[${line}].body: larger than ${MAX_CHUNK_BYTES / 1024 ** 2} MB (custom_id "${r.custom_id}")`,
+            );
           return { line, custom_id: r.custom_id, body: text };
         });
         const doc: BatchDoc = {
-          _id: id, workspace_id: auth.workspaceId, key_id: auth.keyId, endpoint: body.endpoint, model: body.model, canonical_model: model.canonicalId,
-          completion_window: body.completion_window ?? '24h', status: 'validating', created_at: now, in_progress_at: null, finalized_at: null,
-          expires_at: expiresAt, provider_only: body.provider?.only ?? null, total: body.requests.length, chunks: 0, provider: null, usage: null,
-          error: null, metadata: body.metadata ? toJsonText(body.metadata) : null, meta: { session_id: meta.session_id, user: meta.user, app: meta.app },
+          _id: id,
+          workspace_id: auth.workspaceId,
+          key_id: auth.keyId,
+          endpoint: body.endpoint,
+          model: body.model,
+          canonical_model: model.canonicalId,
+          completion_window: body.completion_window ?? '24h',
+          status: 'validating',
+          created_at: now,
+          in_progress_at: null,
+          finalized_at: null,
+          expires_at: expiresAt,
+          provider_only: body.provider?.only ?? null,
+          total: body.requests.length,
+          chunks: 0,
+          provider: null,
+          usage: null,
+          error: null,
+          metadata: body.metadata ? toJsonText(body.metadata) : null,
+          meta: { session_id: meta.session_id, user: meta.user, app: meta.app },
         };
         const { chunks } = await createBatch(store, doc, lines, settings.chunkSize);
         try {
           await temporal.workflow.start(batchWorkflow, {
-            workflowId: id, taskQueue: config.temporal.taskQueue, workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
-            args: [{ batchId: id, chunks, window: settings.window, expiresAt: expiresAt.getTime(), phase: 'validate', nextChunk: 0, cancelRequested: false }],
+            workflowId: id,
+            taskQueue: config.temporal.taskQueue,
+            workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
+            args: [
+              {
+                batchId: id,
+                chunks,
+                window: settings.window,
+                expiresAt: expiresAt.getTime(),
+                phase: 'validate',
+                nextChunk: 0,
+                cancelRequested: false,
+              },
+            ],
             typedSearchAttributes: [
               { key: searchAttributes.workspace, value: auth.workspaceId },
               { key: searchAttributes.model, value: model.id },
@@ -129,38 +199,79 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
       },
     }),
     defineRoute({
-      method: 'get', path: '/batches', tag: 'Batches', auth: 'any', query: ListBatchesQuery,
+      method: 'get',
+      path: '/batches',
+      tag: 'Batches',
+      auth: 'any',
+      query: ListBatchesQuery,
       summary: "The workspace's batches, newest first (results never included)",
-      responses: { 200: { description: 'A page of batches', schema: Type.Object({ object: Type.Literal('list'), data: Type.Array(BatchObject), first_id: Type.Union([Type.String(), Type.Null()]), last_id: Type.Union([Type.String(), Type.Null()]), has_more: Type.Boolean() }) } },
+      responses: {
+        200: {
+          description: 'A page of batches',
+          schema: Type.Object({
+            object: Type.Literal('list'),
+            data: Type.Array(BatchObject),
+            first_id: Type.Union([Type.String(), Type.Null()]),
+            last_id: Type.Union([Type.String(), Type.Null()]),
+            has_more: Type.Boolean(),
+          }),
+        },
+      },
       handler: async (ctx, { query }) => {
         const created = { ...timeBound('created_after', query.created_after), ...timeBound('created_before', query.created_before) };
-        const page = await listBatches(store, authOf(ctx).workspaceId, { before: query.after, statuses: query.status, created, limit: query.limit });
+        const page = await listBatches(store, authOf(ctx).workspaceId, {
+          before: query.after,
+          statuses: query.status,
+          created,
+          limit: query.limit,
+        });
         const items = page.slice(0, query.limit);
         const data = await Promise.all(items.map(async (b) => batchView(b, await counts(store, b))));
-        ctx.body = { object: 'list', data, first_id: data[0]?.id ?? null, last_id: data[data.length - 1]?.id ?? null, has_more: page.length > query.limit };
+        ctx.body = {
+          object: 'list',
+          data,
+          first_id: data[0]?.id ?? null,
+          last_id: data[data.length - 1]?.id ?? null,
+          has_more: page.length > query.limit,
+        };
       },
     }),
     defineRoute({
-      method: 'get', path: '/batches/:id', tag: 'Batches', auth: 'any', params: BatchIdParams,
+      method: 'get',
+      path: '/batches/:id',
+      tag: 'Batches',
+      auth: 'any',
+      params: BatchIdParams,
       summary: 'A batch with live counts; terminal batches include their results',
       responses: { 200: { description: 'The batch', schema: BatchObject } },
       handler: async (ctx, { params }) => respondWithBatch(ctx, await owned(params.id, authOf(ctx).workspaceId)),
     }),
     defineRoute({
-      method: 'get', path: '/batches/:id/results', tag: 'Batches', auth: 'any', params: BatchIdParams, query: ResultsQuery,
+      method: 'get',
+      path: '/batches/:id/results',
+      tag: 'Batches',
+      auth: 'any',
+      params: BatchIdParams,
+      query: ResultsQuery,
       summary: 'Results so far as JSON Lines, in line order, streamed; page with after (a line number) and limit',
       responses: { 200: { description: 'One result per line', contentType: 'application/jsonl' } },
       handler: async (ctx, { params, query }) => {
         await owned(params.id, authOf(ctx).workspaceId);
         const cursor = resultsInOrder(store, params.id, { after: query.after, limit: query.limit });
         ctx.type = 'application/jsonl';
-        ctx.body = Readable.from((async function* () {
-          for await (const r of cursor) yield `${JSON.stringify({ line: r.line, ...resultLine(r) })}\n`;
-        })());
+        ctx.body = Readable.from(
+          (async function* () {
+            for await (const r of cursor) yield `${JSON.stringify({ line: r.line, ...resultLine(r) })}\n`;
+          })(),
+        );
       },
     }),
     defineRoute({
-      method: 'post', path: '/batches/:id/cancel', tag: 'Batches', auth: 'any', params: BatchIdParams,
+      method: 'post',
+      path: '/batches/:id/cancel',
+      tag: 'Batches',
+      auth: 'any',
+      params: BatchIdParams,
       summary: 'Cancel a batch: in-flight calls are aborted, finished lines keep their results',
       responses: { 200: { description: 'The batch, cancelling', schema: BatchObject } },
       handler: async (ctx, { params }) => {
@@ -171,12 +282,22 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
       },
     }),
     defineRoute({
-      method: 'delete', path: '/batches/:id', tag: 'Batches', auth: 'any', params: BatchIdParams,
+      method: 'delete',
+      path: '/batches/:id',
+      tag: 'Batches',
+      auth: 'any',
+      params: BatchIdParams,
       summary: 'Delete a finished batch with its inputs and results (usage records are kept)',
-      responses: { 200: { description: 'Deleted', schema: Type.Object({ id: Type.String(), object: Type.Literal('batch.deleted'), deleted: Type.Literal(true) }) } },
+      responses: {
+        200: {
+          description: 'Deleted',
+          schema: Type.Object({ id: Type.String(), object: Type.Literal('batch.deleted'), deleted: Type.Literal(true) }),
+        },
+      },
       handler: async (ctx, { params }) => {
         const b = await owned(params.id, authOf(ctx).workspaceId);
-        if (!isTerminal(b.status)) throw new ConflictError(`Batch ${b._id} is ${b.status}; only completed, failed, expired or cancelled batches can be deleted`);
+        if (!isTerminal(b.status))
+          throw new ConflictError(`Batch ${b._id} is ${b.status}; only completed, failed, expired or cancelled batches can be deleted`);
         await deleteBatch(store, b._id);
         ctx.body = { id: b._id, object: 'batch.deleted', deleted: true };
       },

@@ -29,12 +29,20 @@ async function withPreset(store: AppDeps['store'], workspaceId: string, body: De
 const MAX_REQUEST_BYTES = 1.5 * 1024 * 1024;
 
 /** Fires when the client goes away before its answer is written, or when the time is up. */
-function requestSignal(ctx: Koa.ParameterizedContext, timeoutMs: number): { signal: AbortSignal; timedOut: () => boolean; done: () => void } {
+function requestSignal(
+  ctx: Koa.ParameterizedContext,
+  timeoutMs: number,
+): { signal: AbortSignal; timedOut: () => boolean; done: () => void } {
   // One controller and one timer per request: AbortSignal.timeout/any cost more on this hot path.
   const controller = new AbortController();
   let timedOut = false;
-  const timer = setTimeout(() => { timedOut = true; controller.abort(); }, timeoutMs);
-  ctx.res.once('close', () => { if (!ctx.res.writableFinished) controller.abort(); });
+  const timer = setTimeout(() => {
+    timedOut = true;
+    controller.abort();
+  }, timeoutMs);
+  ctx.res.once('close', () => {
+    if (!ctx.res.writableFinished) controller.abort();
+  });
   return { signal: controller.signal, timedOut: () => timedOut, done: () => clearTimeout(timer) };
 }
 
@@ -42,7 +50,11 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
   const limits = config.decisions;
   return [
     defineRoute({
-      method: 'post', path: '/systemone', tag: 'Decisions', auth: 'any', billable: true,
+      method: 'post',
+      path: '/systemone',
+      tag: 'Decisions',
+      auth: 'any',
+      billable: true,
       body: decisionsRequestSchema(limits),
       summary: 'Answer typed questions (noul, choice, score) about a state, with calibrated probabilities',
       responses: { 200: { description: 'Answers, the dated model id, the provider and usage', schema: DecisionsResponse } },
@@ -51,7 +63,8 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
         const auth = authOf(ctx);
         const body = await withPreset(store, auth.workspaceId, given);
         const stateBytes = Buffer.byteLength(typeof body.state === 'string' ? body.state : JSON.stringify(body.state));
-        if (stateBytes > limits.maxStateBytes) throw new PayloadTooLargeError(`state: is ${stateBytes} bytes, more than the limit of ${limits.maxStateBytes}`);
+        if (stateBytes > limits.maxStateBytes)
+          throw new PayloadTooLargeError(`state: is ${stateBytes} bytes, more than the limit of ${limits.maxStateBytes}`);
         // The request's own length when the client sent one; measure only when it did not.
         const requestBytes = ctx.request.length ?? Buffer.byteLength(JSON.stringify(body));
         if (requestBytes > MAX_REQUEST_BYTES) throw new PayloadTooLargeError(`Decision request is larger than ${MAX_REQUEST_BYTES} bytes`);
@@ -64,12 +77,17 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
         const generationId = `gen-dec-${Date.now().toString(36)}${randomBytes(10).toString('hex')}`;
         const { signal, timedOut, done } = requestSignal(ctx, limits.timeoutMs);
         try {
-          const result = await decisions.run({ generationId, workspaceId: auth.workspaceId, keyId: auth.keyId, request: body, meta, workspace: settings }, signal);
+          const result = await decisions.run(
+            { generationId, workspaceId: auth.workspaceId, keyId: auth.keyId, request: body, meta, workspace: settings },
+            signal,
+          );
           hold.settle(result.usage.cost);
           ctx.body = result;
         } catch (err) {
           hold.release();
-          const mapped = timedOut() ? new UpstreamTimeoutError(`Decision did not finish within ${limits.timeoutMs} ms`) : (err as GatewayError);
+          const mapped = timedOut()
+            ? new UpstreamTimeoutError(`Decision did not finish within ${limits.timeoutMs} ms`)
+            : (err as GatewayError);
           if (mapped.status >= 500) ctx.state.log.warn({ err, generation_id: generationId }, 'decision failed');
           throw mapped;
         } finally {

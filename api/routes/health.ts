@@ -16,14 +16,26 @@ export function healthRoutes(deps: AppDeps): Router {
   router.get('/readyz', async (ctx) => {
     // Whatever has not answered within READY_WITHIN_MS counts as down: a probe must not wait out
     // a driver's reconnect (which took 6-8 s with a dependency gone).
-    const within = (p: Promise<unknown>) => Promise.race([p, new Promise((_, reject) => setTimeout(() => reject(new Error(`no answer within ${READY_WITHIN_MS} ms`)), READY_WITHIN_MS).unref())]);
+    const within = (p: Promise<unknown>) =>
+      Promise.race([
+        p,
+        new Promise((_, reject) => setTimeout(() => reject(new Error(`no answer within ${READY_WITHIN_MS} ms`)), READY_WITHIN_MS).unref()),
+      ]);
     const checks = await Promise.all([
-      within(deps.store.ping(READY_WITHIN_MS)).then(() => null, (e: Error) => `mongodb: ${e.message}`),
-      within(deps.pingTemporal(READY_WITHIN_MS)).then(() => null, (e: Error) => `temporal: ${e.message}`),
+      within(deps.store.ping(READY_WITHIN_MS)).then(
+        () => null,
+        (e: Error) => `mongodb: ${e.message}`,
+      ),
+      within(deps.pingTemporal(READY_WITHIN_MS)).then(
+        () => null,
+        (e: Error) => `temporal: ${e.message}`,
+      ),
     ]);
     // Embedded processes being restarted (the sandbox provider, say) are named too.
     const embedded = deps.embedded?.() ?? {};
-    const restarting = Object.entries(embedded).filter(([, s]) => s !== 'ok').map(([name]) => `${name}: restarting`);
+    const restarting = Object.entries(embedded)
+      .filter(([, s]) => s !== 'ok')
+      .map(([name]) => `${name}: restarting`);
     const failing = [...checks.filter((c): c is string => c !== null), ...restarting];
     if (failing.length) {
       throw new ServiceUnavailableError(`Not ready: ${failing.join('; ')}`, {
@@ -32,7 +44,12 @@ export function healthRoutes(deps: AppDeps): Router {
         ...(Object.keys(embedded).length ? { embedded } : {}),
       });
     }
-    ctx.body = { status: 'ok', checks: { mongodb: 'ok', temporal: 'ok' }, ...(Object.keys(embedded).length ? { embedded } : {}), decisions_execution: deps.decisions.mode };
+    ctx.body = {
+      status: 'ok',
+      checks: { mongodb: 'ok', temporal: 'ok' },
+      ...(Object.keys(embedded).length ? { embedded } : {}),
+      decisions_execution: deps.decisions.mode,
+    };
   });
 
   return router;

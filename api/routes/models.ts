@@ -13,7 +13,11 @@ function perToken(perMillion: number): string {
 }
 
 function pricing(e: Endpoint) {
-  return { prompt: perToken(e.entry.pricing.prompt), completion: perToken(e.entry.pricing.completion), request: String(e.entry.pricing.request ?? 0) };
+  return {
+    prompt: perToken(e.entry.pricing.prompt),
+    completion: perToken(e.entry.pricing.completion),
+    request: String(e.entry.pricing.request ?? 0),
+  };
 }
 
 function releasedAt(m: CatalogModel): number {
@@ -23,8 +27,15 @@ function releasedAt(m: CatalogModel): number {
 function modelView(m: CatalogModel) {
   const cheapest = [...m.endpoints].sort((a, b) => a.entry.pricing.prompt - b.entry.pricing.prompt)[0];
   return {
-    id: m.id, canonical_slug: m.canonicalId, name: m.name, kind: m.kind, created: releasedAt(m), description: m.description ?? '',
-    context_length: m.context_length, pricing: pricing(cheapest), aliases: m.aliases ?? [],
+    id: m.id,
+    canonical_slug: m.canonicalId,
+    name: m.name,
+    kind: m.kind,
+    created: releasedAt(m),
+    description: m.description ?? '',
+    context_length: m.context_length,
+    pricing: pricing(cheapest),
+    aliases: m.aliases ?? [],
     supported_parameters: [...new Set(m.endpoints.flatMap((e) => e.entry.supported_parameters))].sort(),
   };
 }
@@ -32,22 +43,33 @@ function modelView(m: CatalogModel) {
 function endpointView(e: Endpoint, s: EndpointStat | undefined, windowMs: number, now: number) {
   const full = (p: EndpointStat['latency']) => (p ? { p50: p.p50!, p75: p.p75!, p90: p.p90!, p99: p.p99! } : null);
   return {
-    name: `${e.provider.name} | ${e.model.id}`, tag: e.tag, provider_name: e.provider.slug, model_id: e.model.id,
-    context_length: e.model.context_length, pricing: pricing(e), quantization: e.entry.quantization,
-    max_completion_tokens: e.entry.max_completion_tokens ?? null, supported_parameters: e.entry.supported_parameters,
-    data_collection: e.provider.collects_data ? 'allow' : 'deny', zdr: e.provider.zdr,
+    name: `${e.provider.name} | ${e.model.id}`,
+    tag: e.tag,
+    provider_name: e.provider.slug,
+    model_id: e.model.id,
+    context_length: e.model.context_length,
+    pricing: pricing(e),
+    quantization: e.entry.quantization,
+    max_completion_tokens: e.entry.max_completion_tokens ?? null,
+    supported_parameters: e.entry.supported_parameters,
+    data_collection: e.provider.collects_data ? 'allow' : 'deny',
+    zdr: e.provider.zdr,
     max_concurrency_per_process: e.provider.max_concurrency,
     stats_window_seconds: Math.round(windowMs / 1000),
     uptime: s && s.requests + s.failures > 0 ? s.requests / (s.requests + s.failures) : null,
     recent_outage: !!s?.lastFailureAt && now - s.lastFailureAt < OUTAGE_WINDOW_MS,
-    latency_seconds: full(s?.latency ?? null), throughput_tokens_per_second: full(s?.throughput ?? null),
+    latency_seconds: full(s?.latency ?? null),
+    throughput_tokens_per_second: full(s?.throughput ?? null),
   };
 }
 
 export function modelRoutes({ upstreams }: AppDeps): AnyRoute[] {
   return [
     defineRoute({
-      method: 'get', path: '/models', tag: 'Models', auth: 'any',
+      method: 'get',
+      path: '/models',
+      tag: 'Models',
+      auth: 'any',
       summary: 'Models in the catalog, with their lowest prices',
       responses: { 200: { description: 'Models', schema: Type.Object({ data: Type.Array(ModelView) }) } },
       handler: (ctx) => {
@@ -55,16 +77,34 @@ export function modelRoutes({ upstreams }: AppDeps): AnyRoute[] {
       },
     }),
     defineRoute({
-      method: 'get', path: '/models/:author/:slug/endpoints', tag: 'Models', auth: 'any', params: ModelEndpointsParams,
+      method: 'get',
+      path: '/models/:author/:slug/endpoints',
+      tag: 'Models',
+      auth: 'any',
+      params: ModelEndpointsParams,
       summary: "A model's endpoints with prices and live latency, throughput and uptime",
-      responses: { 200: { description: 'Endpoints', schema: Type.Object({ data: Type.Object({ id: Type.String(), canonical_slug: Type.String(), name: Type.String(), endpoints: Type.Array(EndpointView) }) }) } },
+      responses: {
+        200: {
+          description: 'Endpoints',
+          schema: Type.Object({
+            data: Type.Object({
+              id: Type.String(),
+              canonical_slug: Type.String(),
+              name: Type.String(),
+              endpoints: Type.Array(EndpointView),
+            }),
+          }),
+        },
+      },
       handler: (ctx, { params }) => {
         const { model } = upstreams.catalog.resolve(`${params.author}/${params.slug}`);
         const snapshot = upstreams.stats.snapshot();
         const now = Date.now();
         ctx.body = {
           data: {
-            id: model.id, canonical_slug: model.canonicalId, name: model.name,
+            id: model.id,
+            canonical_slug: model.canonicalId,
+            name: model.name,
             endpoints: model.endpoints.map((e) => endpointView(e, snapshot.get(e.key), upstreams.stats.windowMs, now)),
           },
         };

@@ -6,41 +6,75 @@ import { configOf, systemPromptOf, type PresetFormat } from '../../presets/overl
 import { BadRequestError } from '../../errors';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
-import { ChatBody, MessagesBody, PageQuery, PresetVersion, PresetWithVersion, ResponsesBody, SlugParams, VersionParams } from '../../schemas/presets';
+import {
+  ChatBody,
+  MessagesBody,
+  PageQuery,
+  PresetVersion,
+  PresetWithVersion,
+  ResponsesBody,
+  SlugParams,
+  VersionParams,
+} from '../../schemas/presets';
 import type { AppDeps } from '../deps';
 
 const Created = Type.Object({ data: PresetWithVersion });
 
 export function presetRoutes({ store }: AppDeps): AnyRoute[] {
-  const create = (format: PresetFormat, path: string, body: TSchema, what: string) => defineRoute({
-    method: 'post', path: `/presets/:slug/${path}`, tag: 'Presets', auth: 'management', params: SlugParams, body,
-    summary: `Create a preset, or a new version of it, from a ${what} body (only configuration fields are stored)`,
-    responses: { 200: { description: 'The preset with its new designated version', schema: Created } },
-    handler: async (ctx, { params, body: raw }) => {
-      const b = raw as Record<string, unknown>;
-      if (format === 'messages' && b.fallbacks != null && b.models !== undefined) {
-        throw new BadRequestError('fallbacks: cannot be combined with models');
-      }
-      const auth = authOf(ctx);
-      ctx.body = {
-        data: await addPresetVersion(store, { workspaceId: auth.workspaceId, slug: params.slug, creator: auth.keyId, config: configOf(format, b), systemPrompt: systemPromptOf(format, b) }),
-      };
-    },
-  });
+  const create = (format: PresetFormat, path: string, body: TSchema, what: string) =>
+    defineRoute({
+      method: 'post',
+      path: `/presets/:slug/${path}`,
+      tag: 'Presets',
+      auth: 'management',
+      params: SlugParams,
+      body,
+      summary: `Create a preset, or a new version of it, from a ${what} body (only configuration fields are stored)`,
+      responses: { 200: { description: 'The preset with its new designated version', schema: Created } },
+      handler: async (ctx, { params, body: raw }) => {
+        const b = raw as Record<string, unknown>;
+        if (format === 'messages' && b.fallbacks != null && b.models !== undefined) {
+          throw new BadRequestError('fallbacks: cannot be combined with models');
+        }
+        const auth = authOf(ctx);
+        ctx.body = {
+          data: await addPresetVersion(store, {
+            workspaceId: auth.workspaceId,
+            slug: params.slug,
+            creator: auth.keyId,
+            config: configOf(format, b),
+            systemPrompt: systemPromptOf(format, b),
+          }),
+        };
+      },
+    });
   return [
     create('messages', 'messages', MessagesBody, 'Messages (Anthropic-style)'),
     create('chat', 'chat/completions', ChatBody, 'Chat Completions'),
     create('responses', 'responses', ResponsesBody, 'Responses'),
     defineRoute({
-      method: 'get', path: '/presets', tag: 'Presets', auth: 'any', query: PageQuery,
+      method: 'get',
+      path: '/presets',
+      tag: 'Presets',
+      auth: 'any',
+      query: PageQuery,
       summary: "The workspace's presets, most recently updated first",
-      responses: { 200: { description: 'A page of presets', schema: Type.Object({ data: Type.Array(PresetWithVersion), total_count: Type.Integer() }) } },
+      responses: {
+        200: {
+          description: 'A page of presets',
+          schema: Type.Object({ data: Type.Array(PresetWithVersion), total_count: Type.Integer() }),
+        },
+      },
       handler: async (ctx, { query }) => {
         ctx.body = await listPresets(store, authOf(ctx).workspaceId, query.offset, query.limit);
       },
     }),
     defineRoute({
-      method: 'get', path: '/presets/:slug', tag: 'Presets', auth: 'any', params: SlugParams,
+      method: 'get',
+      path: '/presets/:slug',
+      tag: 'Presets',
+      auth: 'any',
+      params: SlugParams,
       summary: 'One preset with its designated version',
       responses: { 200: { description: 'The preset', schema: Created } },
       handler: async (ctx, { params }) => {
@@ -48,15 +82,26 @@ export function presetRoutes({ store }: AppDeps): AnyRoute[] {
       },
     }),
     defineRoute({
-      method: 'get', path: '/presets/:slug/versions', tag: 'Presets', auth: 'any', params: SlugParams, query: PageQuery,
+      method: 'get',
+      path: '/presets/:slug/versions',
+      tag: 'Presets',
+      auth: 'any',
+      params: SlugParams,
+      query: PageQuery,
       summary: "A preset's versions, oldest first",
-      responses: { 200: { description: 'A page of versions', schema: Type.Object({ data: Type.Array(PresetVersion), total_count: Type.Integer() }) } },
+      responses: {
+        200: { description: 'A page of versions', schema: Type.Object({ data: Type.Array(PresetVersion), total_count: Type.Integer() }) },
+      },
       handler: async (ctx, { params, query }) => {
         ctx.body = await listVersions(store, authOf(ctx).workspaceId, params.slug, query.offset, query.limit);
       },
     }),
     defineRoute({
-      method: 'get', path: '/presets/:slug/versions/:version', tag: 'Presets', auth: 'any', params: VersionParams,
+      method: 'get',
+      path: '/presets/:slug/versions/:version',
+      tag: 'Presets',
+      auth: 'any',
+      params: VersionParams,
       summary: 'One version of a preset',
       responses: { 200: { description: 'The version', schema: Type.Object({ data: PresetVersion }) } },
       handler: async (ctx, { params }) => {

@@ -8,15 +8,23 @@ import type { FloorSinks } from './workflows';
 export async function measureTemporalFloor(address: string, warmup: number, total: number): Promise<{ p50_ms: number; p99_ms: number }> {
   // Keep the SDK's narration out of the report (the runtime can be installed once per process).
   try {
-    Runtime.install({ logger: new DefaultLogger('WARN'), telemetryOptions: { logging: { filter: makeTelemetryFilterString({ core: 'WARN' }), forward: {} } } });
-  } catch { /* already installed */ }
+    Runtime.install({
+      logger: new DefaultLogger('WARN'),
+      telemetryOptions: { logging: { filter: makeTelemetryFilterString({ core: 'WARN' }), forward: {} } },
+    });
+  } catch {
+    /* already installed */
+  }
   const connection = await NativeConnection.connect({ address });
   const client = new Client({ connection });
   const waiting = new Map<string, () => void>();
   const sinks: InjectedSinks<FloorSinks> = { floor: { done: { fn: (_info, id) => waiting.get(id)?.(), callDuringReplay: false } } };
   const taskQueue = `floor-${Date.now()}`;
   const worker = await Worker.create({
-    connection, taskQueue, workflowsPath: require.resolve('./workflows'), sinks,
+    connection,
+    taskQueue,
+    workflowsPath: require.resolve('./workflows'),
+    sinks,
     activities: { echo: async (id: string) => id },
   });
   const running = worker.run();
