@@ -8,23 +8,12 @@ import { Store } from '../store';
 import { createUpstreams } from '../routing/upstreams';
 import { UsageLedger } from '../accounts/usage-ledger';
 import { createActivities } from '../activities';
-import {
-  batches,
-  newBatchId,
-  progress,
-  results,
-  saveProgress,
-  seqId,
-  storeInputs,
-  emptyTally,
-  type BatchDoc,
-  type ResultDoc,
-} from '../batches/store';
+import { batches, newBatchId, progress, results, saveProgress, seqId, storeInputs, emptyTally, type ResultDoc } from '../batches/store';
 import { stack } from './fixture';
 import { addPresetVersion } from '../presets/store';
 import { ChunkWriter } from '../batches/chunk-writer';
 import { LineRunner } from '../batches/line-runner';
-import { createTenant, uniqueName, writeTestCatalog, type Tenant } from './helpers';
+import { createTenant, testBatchDoc, uniqueName, writeTestCatalog, type Tenant } from './helpers';
 
 const countedCalls = async (tag: string) =>
   Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
@@ -90,29 +79,7 @@ describe('batch chunk activity', () => {
     const id = newBatchId();
     const lines = bodies.map((body, i) => ({ line: i, custom_id: `c${i}`, body: JSON.stringify(body) }));
     const chunks = await storeInputs(store, id, lines, 100);
-    const now = new Date();
-    const doc: BatchDoc = {
-      _id: id,
-      workspace_id: t.workspaceId,
-      key_id: t.inferenceKeyId,
-      endpoint: '/v1/chat/completions',
-      model: 'test/chunk-counted',
-      canonical_model: 'test/chunk-counted-20260101',
-      completion_window: '24h',
-      status: 'in_progress',
-      created_at: now,
-      in_progress_at: now,
-      finalized_at: null,
-      expires_at: new Date(now.getTime() + 3600_000),
-      provider_only: null,
-      total: lines.length,
-      chunks,
-      provider: null,
-      usage: null,
-      error: null,
-      metadata: null,
-      meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
-    };
+    const doc = testBatchDoc(t, { _id: id, model: 'test/chunk-counted', total: lines.length, chunks });
     await batches(store).insertOne(doc);
     return id;
   }

@@ -3,12 +3,21 @@
 import { expect } from 'chai';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
-import { batches, createBatch, newBatchId, storeInputs, type BatchDoc } from '../batches/store';
+import { batches, createBatch, newBatchId, storeInputs } from '../batches/store';
 import { batchProgressQuery, batchWorkflow } from '../workflows/batch';
 import { searchAttributes } from '../workflows/shared';
 import { startProcess } from '../tools/processes';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, waitForStatus, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
+import {
+  call,
+  createTenant,
+  startTestGateway,
+  testBatchDoc,
+  waitForStatus,
+  writeTestCatalog,
+  type Tenant,
+  type TestGateway,
+} from './helpers';
 
 function batchCatalog(): string {
   return writeTestCatalog('batches', (base) => {
@@ -416,28 +425,17 @@ describe('batches', () => {
       }));
       const chunks = await storeInputs(gw.store, id, lines, 7);
       const now = new Date();
-      const doc: BatchDoc = {
+      const doc = testBatchDoc(t, {
         _id: id,
-        workspace_id: t.workspaceId,
-        key_id: t.inferenceKeyId,
-        endpoint: '/v1/chat/completions',
         model: 'test/batch-slow',
-        canonical_model: 'test/batch-slow-20260101',
         completion_window: '1h',
         status: 'validating',
-        created_at: now,
         in_progress_at: null,
-        finalized_at: null,
+        created_at: now,
         expires_at: new Date(now.getTime() + 2000),
-        provider_only: null,
         total: 80,
         chunks,
-        provider: null,
-        usage: null,
-        error: null,
-        metadata: null,
-        meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
-      };
+      });
       await batches(gw.store).insertOne(doc);
       const connection = await Connection.connect({ address: stack.temporalAddress });
       try {
@@ -478,29 +476,15 @@ describe('batches', () => {
       const now = Date.now();
       for (let i = 0; i < 3; i++) {
         const at = new Date(now - (3 - i) * 5_000);
-        const doc: BatchDoc = {
-          _id: newBatchId(at.getTime()),
-          workspace_id: tenant.workspaceId,
-          key_id: tenant.inferenceKeyId,
-          endpoint: '/v1/chat/completions',
+        const doc = testBatchDoc(tenant, {
           model: 'sandbox/chat-1',
-          canonical_model: 'sandbox/chat-1-20261015',
-          completion_window: '24h',
           status: 'completed',
           created_at: at,
-          in_progress_at: at,
           finalized_at: at,
-          expires_at: new Date(at.getTime() + 86_400_000),
-          provider_only: null,
           total: 1,
-          chunks: 0,
           provider: 'sandbox-alpha',
-          usage: null,
-          error: null,
-          metadata: null,
-          meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
           final_counts: { completed: 1, failed: 0 },
-        };
+        });
         ids.push((await createBatch(gw.store, doc, [{ line: 0, custom_id: `req-${i}`, body: JSON.stringify(chatLine(i).body) }], 10))._id);
       }
     });

@@ -13,6 +13,7 @@ import { createWorkspace } from '../accounts/workspaces';
 import { createKey } from '../accounts/keys';
 import { grantCredits } from '../accounts/credits';
 import type { UsageRecord } from '../accounts/usage-ledger';
+import { newBatchId, type BatchDoc } from '../batches/store';
 
 export function uniqueName(prefix: string): string {
   return `${prefix}-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
@@ -147,4 +148,30 @@ export async function waitForStatus(url: string, key: string, id: string, status
     if (Date.now() > deadline) throw new Error(`batch ${id} still ${r.body.status} (${JSON.stringify(r.body.request_counts)})`);
     await new Promise((res) => setTimeout(res, 150));
   }
+}
+
+/** A batch document for tests that store a batch directly: `over` sets what the test is about. */
+export function testBatchDoc(t: Tenant, over: Partial<BatchDoc> & Pick<BatchDoc, 'model' | 'total'>): BatchDoc {
+  const at = over.created_at ?? new Date();
+  return {
+    _id: newBatchId(at.getTime()),
+    workspace_id: t.workspaceId,
+    key_id: t.inferenceKeyId,
+    endpoint: '/v1/chat/completions',
+    canonical_model: `${over.model}-20260101`,
+    completion_window: '24h',
+    status: 'in_progress',
+    created_at: at,
+    in_progress_at: at,
+    finalized_at: null,
+    expires_at: new Date(at.getTime() + 86_400_000),
+    provider_only: null,
+    chunks: 0,
+    provider: null,
+    usage: null,
+    error: null,
+    metadata: null,
+    meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
+    ...over,
+  };
 }
