@@ -130,19 +130,14 @@ export class WorkspaceCache {
 
   /** 402 unless something is left: the cheap gate every billable route passes before its body is read. */
   async assertCanSpend(workspaceId: string): Promise<void> {
-    const e = await this.get(workspaceId);
-    const left = this.available(workspaceId, e);
-    if (left <= 0)
-      throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: roundUsd(left) });
+    refuseUnlessLeft(this.available(workspaceId, await this.get(workspaceId)));
   }
 
   /** Holds `estimate` USD for a call about to be made, or 402 when nothing is left. */
   async hold(workspaceId: string, estimate: number): Promise<Hold> {
     let e = await this.get(workspaceId);
     if (this.available(workspaceId, e) < LOW_WATER * estimate) e = await this.load(workspaceId);
-    const left = this.available(workspaceId, e);
-    if (left <= 0)
-      throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: roundUsd(left) });
+    refuseUnlessLeft(this.available(workspaceId, e));
     const l = this.localOf(workspaceId);
     l.held += estimate;
     let done = false;
@@ -154,4 +149,8 @@ export class WorkspaceCache {
     };
     return { settle: end, release: () => end(0) };
   }
+}
+
+function refuseUnlessLeft(left: number): void {
+  if (left <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: left });
 }

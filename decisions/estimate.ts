@@ -11,10 +11,11 @@ import type { DecisionsRequest } from './types';
 const PROMPT_OVERHEAD_TOKENS = 256;
 const OUTPUT_TOKENS_PER_QUESTION = 16;
 
-export function estimateDecisionCost(model: CatalogModel, request: Pick<DecisionsRequest, 'state' | 'questions'>): number {
-  const tokens = (value: unknown) => Math.ceil(Buffer.byteLength(typeof value === 'string' ? value : (JSON.stringify(value) ?? '')) / 3);
+/** `stateBytes`: the state's size as JSON, which the handler has already measured for its limit. */
+export function estimateDecisionCost(model: CatalogModel, request: Pick<DecisionsRequest, 'questions'> & { stateBytes: number }): number {
+  const tokens = (value: unknown) => Math.ceil(Buffer.byteLength(JSON.stringify(value) ?? '') / 3);
   const questions = Object.values(request.questions);
-  const state = tokens(request.state);
+  const state = Math.ceil(request.stateBytes / 3);
   const usageOn = (native: boolean) =>
     native
       ? // Native endpoints answer every question in one call; chat endpoints take one call per question.

@@ -282,6 +282,28 @@ describe('gateway CLI', () => {
     }
   });
 
+  it('a managed process dies with its owner, whether the owner exits or is killed', async () => {
+    const processes = path.join(root, 'dist', 'tools', 'processes.js');
+    for (const [how, seconds] of [
+      ['exits', '3601.5'],
+      ['is killed', '3602.5'],
+    ] as const) {
+      // An owner that calls process.exit a moment after starting the command (its exit handler runs),
+      // or one killed with SIGKILL (nothing of it runs; its watchdog sees the IPC channel close).
+      const exitLater = how === 'exits' ? 'setTimeout(() => process.exit(0), 1000);' : '';
+      const owner = spawn(process.execPath, [
+        '-e',
+        `require(${JSON.stringify(processes)}).startProcess('sleeper', 'sleep', ['${seconds}']); setInterval(() => {}, 1000); ${exitLater}`,
+      ]);
+      const sleeper = await until(
+        'the command running',
+        () => descendants(owner.pid!).find((p) => p.cmd.startsWith(`sleep ${seconds}`))?.pid,
+      );
+      if (how === 'is killed') owner.kill('SIGKILL');
+      await until(`the command gone after its owner ${how}`, () => !alive(sleeper) || undefined, 5_000);
+    }
+  });
+
   it('a managed process reports its output when it dies before it is ready', async () => {
     const p = startProcess('doomed', process.execPath, ['-e', 'console.error("boom: bad flag"); process.exit(3)']);
     try {

@@ -186,6 +186,7 @@ describe('hostile input', () => {
     expect(r.status).to.equal(400);
     expect(JSON.stringify(r.body).length).to.be.lessThan(2000);
     const logged = captured.lines.filter((l) => JSON.stringify(l).includes('kkkkkkkkkk'));
+    expect(logged.length, 'the refusal is logged').to.be.greaterThan(0);
     for (const l of logged) expect(JSON.stringify(l).length).to.be.lessThan(2000);
   });
 

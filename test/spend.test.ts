@@ -86,10 +86,10 @@ describe('holds against a workspace balance', () => {
 });
 
 describe('decision cost estimate', () => {
-  it('is at least what the sandbox charges, on the priciest endpoint', () => {
+  it('prices the prompt overhead on the priciest endpoint the model could fall back to', () => {
     const catalog = Catalog.fromFile(DEFAULT_CATALOG_PATH, { SANDBOX_URL: 'http://x' });
     const { model } = catalog.resolve('jev-1.13');
-    const estimate = estimateDecisionCost(model, { state: 'I was charged twice', questions: question as never });
+    const estimate = estimateDecisionCost(model, { stateBytes: 20, questions: question as never });
     expect(estimate).to.be.greaterThan(0);
     const prices = model.endpoints.map((e) => e.entry.pricing.prompt);
     expect(estimate).to.be.at.least((Math.max(...prices) * 256) / 1e6);
@@ -116,8 +116,9 @@ for (const mode of ['inline', 'workflow'] as const)
         const cost = one.body.usage.cost;
         const estimate = estimateDecisionCost(
           Catalog.fromFile(DEFAULT_CATALOG_PATH, { SANDBOX_URL: stack.sandboxUrl }).resolve('jev-1.13').model,
-          body as never,
+          { questions: question as never, stateBytes: Buffer.byteLength(body.state) },
         );
+        expect(estimate, 'the estimate covers what a real call was charged').to.be.at.least(cost);
 
         const t = await createTenant(gw.store, 5 * cost);
         const answers = await Promise.all(

@@ -97,9 +97,18 @@ export class ManagedProcess {
   /** Sudden death of the command, as a crash would be (its watchdog reports it): used by fault tests. */
   async kill(): Promise<void> {
     if (this.exited) return;
-    if (this.commandPid) process.kill(this.commandPid, 'SIGKILL');
-    else this.child.kill('SIGKILL');
+    this.killNow();
     await this.exitPromise;
+  }
+
+  /** SIGKILL to the command itself (its watchdog then reports the death), or to the watchdog before the command runs. */
+  killNow(): void {
+    try {
+      if (this.commandPid) process.kill(this.commandPid, 'SIGKILL');
+      else this.child.kill('SIGKILL');
+    } catch {
+      // already gone
+    }
   }
 }
 
@@ -107,7 +116,8 @@ const live = new Set<ManagedProcess>();
 
 // Whatever way this process leaves, it takes its children with it.
 process.once('exit', () => {
-  for (const p of live) p.child.kill('SIGKILL');
+  // The commands themselves: a watchdog killed first could not take its command with it.
+  for (const p of live) p.killNow();
 });
 
 const WATCHDOG = path.join(__dirname, 'watchdog.js');

@@ -6,6 +6,12 @@ import type { ManagedProcess } from './processes';
 
 export type PartState = 'ok' | 'restarting';
 
+/** Exits within CRASH_WINDOW_MS that make a part one to give up on. */
+const MAX_CRASHES = 5;
+const CRASH_WINDOW_MS = 60_000;
+/** First restart delay; doubles with each exit in the window, up to 10 s. */
+const FIRST_BACKOFF_MS = 500;
+
 interface Part {
   start: () => Promise<ManagedProcess>;
   state: PartState;
@@ -13,29 +19,14 @@ interface Part {
   crashes: number[];
 }
 
-export interface SupervisorOptions {
-  maxCrashes?: number;
-  windowMs?: number;
-  /** First restart delay; doubles with each crash in the window, up to 10 s. */
-  backoffMs?: number;
-}
-
 export class Supervisor {
   private readonly parts = new Map<string, Part>();
   private stopping = false;
-  private readonly maxCrashes: number;
-  private readonly windowMs: number;
-  private readonly backoffMs: number;
 
   constructor(
     private readonly logger: Logger,
     private readonly giveUp: (part: string, message: string) => void,
-    opts: SupervisorOptions = {},
-  ) {
-    this.maxCrashes = opts.maxCrashes ?? 5;
-    this.windowMs = opts.windowMs ?? 60_000;
-    this.backoffMs = opts.backoffMs ?? 500;
-  }
+  ) {}
 
   /** Starts a part (resolving once it is ready) and keeps it running. */
   async keep(name: string, start: () => Promise<ManagedProcess>): Promise<void> {
@@ -53,20 +44,20 @@ export class Supervisor {
     part.state = 'restarting';
     for (;;) {
       const now = Date.now();
-      part.crashes = [...part.crashes.filter((t) => now - t < this.windowMs), now];
+      part.crashes = [...part.crashes.filter((t) => now - t < CRASH_WINDOW_MS), now];
       const status = part.current.exitStatus;
       this.logger.warn(
         { part: name, exit_code: status?.code ?? null, signal: status?.signal ?? null, crashes_last_minute: part.crashes.length },
         'embedded process exited; restarting it',
       );
-      if (part.crashes.length >= this.maxCrashes) {
+      if (part.crashes.length >= MAX_CRASHES) {
         this.giveUp(
           name,
-          `${name} exited ${part.crashes.length} times within ${Math.round(this.windowMs / 1000)} s (last: ${status?.signal ?? `code ${status?.code}`}); giving up. Its last output:\n${part.current.recentOutput()}`,
+          `${name} exited ${part.crashes.length} times within ${Math.round(CRASH_WINDOW_MS / 1000)} s (last: ${status?.signal ?? `code ${status?.code}`}); giving up. Its last output:\n${part.current.recentOutput()}`,
         );
         return;
       }
-      await new Promise((r) => setTimeout(r, Math.min(this.backoffMs * 2 ** (part.crashes.length - 1), 10_000)));
+      await new Promise((r) => setTimeout(r, Math.min(FIRST_BACKOFF_MS * 2 ** (part.crashes.length - 1), 10_000)));
       if (this.stopping) return;
       try {
         part.current = await part.start();

@@ -1,8 +1,7 @@
 // Runs one command and ties its life to the process that started us: when that parent goes away
 // (its IPC channel closes, as it does when the parent is killed with SIGKILL), the command is
 // killed too, so no FerretDB, Temporal or sandbox outlives the gateway that owns it. SIGTERM and
-// SIGINT are passed on, SIGUSR2 means "SIGKILL the command" (fault tests), and the command's exit
-// (code or signal) is reported as our own.
+// SIGINT are passed on, and the command's exit (code or signal) is reported as our own.
 import { spawn } from 'node:child_process';
 
 const [command, ...args] = process.argv.slice(2);
@@ -16,7 +15,6 @@ process.once('disconnect', () => child.kill('SIGKILL'));
 const forward = (signal: NodeJS.Signals) => () => child.kill(signal);
 process.on('SIGTERM', forward('SIGTERM'));
 process.on('SIGINT', forward('SIGINT'));
-process.on('SIGUSR2', forward('SIGKILL'));
 child.once('exit', (code, signal) => {
   if (signal) {
     process.removeAllListeners(signal);

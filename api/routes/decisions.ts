@@ -73,7 +73,7 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
         if (model.kind !== 'decision') throw new BadRequestError(`model: ${model.id} is a ${model.kind} model, not a decision model`);
         const { settings } = await workspaces.get(auth.workspaceId);
         // Hold what the call may cost before making it, so concurrent calls cannot overspend.
-        const hold = await workspaces.hold(auth.workspaceId, estimateDecisionCost(model, body));
+        const hold = await workspaces.hold(auth.workspaceId, estimateDecisionCost(model, { questions: body.questions, stateBytes }));
         const generationId = `gen-dec-${Date.now().toString(36)}${randomBytes(10).toString('hex')}`;
         const { signal, timedOut, done } = requestSignal(ctx, limits.timeoutMs);
         try {
