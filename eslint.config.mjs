@@ -12,6 +12,7 @@ const domain = [
   'config',
   'decisions',
   'errors',
+  'inference',
   'log',
   'presets',
   'providers',

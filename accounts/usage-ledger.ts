@@ -4,6 +4,7 @@
 // Each caller's promise settles only once its own record is durably written (or refused), so a
 // client is never answered for a call whose bill could still be lost. A record's `_id` is its
 // generation id: a retried call finds its record already there and is not debited twice.
+import { randomBytes } from 'node:crypto';
 import { toJsonText } from '../store/json-text';
 import { insertManyEach, type Store, type UsageDoc } from '../store';
 
@@ -69,4 +70,9 @@ export class UsageLedger {
 export async function generationOf(store: Store, workspaceId: string, id: string): Promise<UsageDoc | null> {
   const doc = await store.usage.findOne({ _id: id });
   return doc && doc.workspace_id === workspaceId ? doc : null;
+}
+
+/** A new generation id: time-ordered, then 80 random bits. */
+export function newGenerationId(prefix = 'gen-'): string {
+  return `${prefix}${Date.now().toString(36)}${randomBytes(10).toString('hex')}`;
 }

@@ -10,6 +10,7 @@ import { healthRoutes } from './routes/health';
 import { accountRoutes } from './routes/accounts';
 import { modelRoutes } from './routes/models';
 import { decisionRoutes } from './routes/decisions';
+import { inferenceRoutes } from './routes/inference';
 import { presetRoutes } from './routes/presets';
 import { batchRoutes } from './routes/batches';
 import { defineRoute, mountRoutes, type AnyRoute } from './route';
@@ -22,6 +23,7 @@ const API_VERSION = '1.0.0';
 /** Every /api/v1 route, in the order the OpenAPI document lists them. */
 function apiRoutes(deps: AppDeps): AnyRoute[] {
   const routes: AnyRoute[] = [
+    ...inferenceRoutes(deps),
     ...decisionRoutes(deps),
     ...presetRoutes(deps),
     ...batchRoutes(deps),

@@ -17,10 +17,12 @@ export interface AuthContext {
 export function authenticate(deps: AppDeps, level: Exclude<AuthLevel, 'none'>): Koa.Middleware {
   return async (ctx, next) => {
     const header = ctx.get('authorization');
-    if (!header) throw new UnauthorizedError('Missing Authentication header: send Authorization: Bearer <API key>');
-    const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
-    if (!match) throw new UnauthorizedError("Malformed Authorization header: expected 'Bearer <API key>'");
-    const key = await deps.keys.authenticate(match[1]);
+    // Anthropic's clients send the key as x-api-key; everything else as a bearer token.
+    const apiKey = header ? null : ctx.get('x-api-key');
+    if (!header && !apiKey) throw new UnauthorizedError('Missing Authentication header: send Authorization: Bearer <API key>');
+    const match = header ? /^Bearer\s+(\S+)\s*$/i.exec(header) : null;
+    if (header && !match) throw new UnauthorizedError("Malformed Authorization header: expected 'Bearer <API key>'");
+    const key = await deps.keys.authenticate(match ? match[1] : apiKey!.trim());
     if (!key) throw new UnauthorizedError('Invalid or revoked API key');
     const auth: AuthContext = { keyId: key.id, workspaceId: key.workspace_id, kind: key.kind };
     ctx.state.auth = auth;

@@ -6,6 +6,7 @@ import type { Store } from '../store';
 import type { RateLimiter } from '../accounts/rate-limit';
 import type { WorkspaceCache } from '../accounts/workspace-cache';
 import type { KeyCache } from '../accounts/key-cache';
+import type { UsageLedger } from '../accounts/usage-ledger';
 import type { Upstreams } from '../routing/upstreams';
 import type { DecisionExecution } from './decision-execution';
 
@@ -21,6 +22,8 @@ export interface AppDeps {
   keys: KeyCache;
   workspaces: WorkspaceCache;
   upstreams: Upstreams;
+  /** The one writer of usage records, shared with this process's activities. */
+  usage: UsageLedger;
   /** Under `gateway start`: the state of each embedded process it supervises (for /readyz). */
   embedded?: () => Record<string, 'ok' | 'restarting'>;
 }

@@ -42,9 +42,9 @@ export function buildOpenApi(routes: AnyRoute[], version: string): Record<string
     }
     const responses: Record<string, unknown> = {};
     for (const [status, res] of Object.entries(r.responses)) {
-      responses[status] = res.schema
-        ? { description: res.description, content: { [res.contentType ?? 'application/json']: { schema: plain(res.schema) } } }
-        : { description: res.description };
+      const content = res.schema ? { [res.contentType ?? 'application/json']: { schema: plain(res.schema) } } : null;
+      if (content && res.stream) content['text/event-stream'] = { schema: { type: 'string', description: res.stream } };
+      responses[status] = content ? { description: res.description, content } : { description: res.description };
     }
     const errors = [
       '400',
@@ -54,6 +54,7 @@ export function buildOpenApi(routes: AnyRoute[], version: string): Record<string
       ...(r.auth === 'management' ? ['403'] : []),
       ...(r.params ? ['404'] : []),
       ...(r.body ? ['413'] : []),
+      ...(r.billable ? ['402', '502', '503', '524', '529'] : []),
     ];
     for (const status of errors) {
       responses[status] ??= {

@@ -25,7 +25,8 @@ export interface RouteSpec<B, Q, P> {
   billable?: boolean;
   /** Overrides BODY_LIMIT for routes that take large documents (batches). */
   bodyLimitBytes?: number;
-  responses: Record<number, { description: string; schema?: TSchema; contentType?: string }>;
+  /** `stream`: the route also answers as server-sent events (`"stream": true`), described so. */
+  responses: Record<number, { description: string; schema?: TSchema; contentType?: string; stream?: string }>;
   handler: (ctx: Koa.ParameterizedContext, input: { body: Maybe<B>; query: Maybe<Q>; params: Maybe<P> }) => unknown;
 }
 

@@ -2,6 +2,7 @@
 // is sent upstream (a bad line fails the whole batch, naming it).
 import { Type, type TSchema } from '@sinclair/typebox';
 import { compileBody } from '../schemas/validation';
+import { EmbeddingsInput } from '../schemas/inference';
 import { BadRequestError } from '../errors';
 import type { Operation } from '../catalog';
 import type { BatchEndpoint } from './store';
@@ -38,12 +39,7 @@ const SCHEMAS: Record<BatchEndpoint, TSchema> = {
   ),
   '/v1/embeddings': Type.Object(
     {
-      input: Type.Union([
-        Type.String({ minLength: 1 }),
-        Type.Array(Type.String(), { minItems: 1, maxItems: 2048 }),
-        Type.Array(Type.Integer(), { minItems: 1 }),
-        Type.Array(Type.Array(Type.Integer(), { minItems: 1 }), { minItems: 1, maxItems: 2048 }), // several inputs as token arrays
-      ]),
+      input: EmbeddingsInput,
       dimensions: Type.Optional(Type.Integer({ minimum: 1 })),
     },
     { additionalProperties: true },

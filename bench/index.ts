@@ -1,12 +1,14 @@
-// `npm run bench [decisions|batches …]`: runs the named benchmarks (all by default) and writes
+// `npm run bench [decisions|batches|proxy …]`: runs the named benchmarks (all by default) and writes
 // their results as JSON under bench/results/.
 import { benchDecisions } from './decisions';
 import { benchBatches } from './batches';
+import { benchProxy } from './proxy';
 
 const all: Record<string, () => Promise<unknown>> = {
   // BENCH_LEVELS=1,50 runs only those concurrency levels.
   decisions: () => benchDecisions({ levels: process.env.BENCH_LEVELS?.split(',').map(Number) }),
   batches: () => benchBatches(),
+  proxy: () => benchProxy({ levels: process.env.BENCH_LEVELS?.split(',').map(Number) }),
 };
 
 async function main() {

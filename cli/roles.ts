@@ -40,7 +40,8 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   const { connection, client } = await connectTemporal(addr.temporalAddress, config.temporal.namespace, logger);
   const handoff = new DecisionHandoff();
   // One set of activity functions per process: the worker registers them, inline decisions call them.
-  const activities = createActivities({ store, upstreams, batchSettings: config.batches, usage: new UsageLedger(store) });
+  const usage = new UsageLedger(store);
+  const activities = createActivities({ store, upstreams, batchSettings: config.batches, usage });
   let stopWorker: Stop = async () => undefined;
   if (withWorker) {
     const worker = await createWorker({
@@ -64,7 +65,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     await upstreams.close();
     await store.close();
   };
-  return { store, upstreams, client, handoff, activities, stop };
+  return { store, upstreams, client, handoff, activities, usage, stop };
 }
 
 export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
@@ -77,7 +78,7 @@ export async function runApiRole(
   addr: Addresses,
   opts: { withWorker: boolean; embedded?: AppDeps['embedded'] },
 ): Promise<{ url: string; stop: Stop }> {
-  const { store, upstreams, client, handoff, activities, stop } = await startCore(config, logger, addr, opts.withWorker);
+  const { store, upstreams, client, handoff, activities, usage, stop } = await startCore(config, logger, addr, opts.withWorker);
   const decisions =
     config.decisions.execution === 'workflow'
       ? workflowExecution(client, handoff, config.temporal.taskQueue, config.decisions.workflowConcurrency)
@@ -92,6 +93,7 @@ export async function runApiRole(
       pingTemporal: (timeoutMs) => pingTemporal(client, timeoutMs),
       rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds),
       upstreams,
+      usage,
       workspaces: new WorkspaceCache(store, config.credits.balanceCacheMs),
       keys: new KeyCache(store, config.auth.keyCacheMs),
       embedded: opts.embedded,

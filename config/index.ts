@@ -152,6 +152,10 @@ export function loadConfig(env: Env = process.env) {
       maxScoreLevels: positiveInt(env, 'DECISION_MAX_SCORE_LEVELS', 255),
       maxStateBytes: bytes(env, 'DECISION_MAX_STATE_BYTES', 512 * 1024),
     },
+    inference: {
+      /** A stream whose provider has been silent this long gets an SSE comment, so proxies keep it open. */
+      keepAliveMs: positiveInt(env, 'STREAM_KEEPALIVE_MS', 10_000),
+    },
     batches: {
       maxRequests: positiveInt(env, 'BATCH_MAX_REQUESTS', 50_000),
       maxBytes: bytes(env, 'BATCH_MAX_BYTES', 200 * 1024 ** 2),

@@ -2,7 +2,7 @@
 // and where its token counts are. The request body is passed through with the upstream model id.
 import type { Endpoint, Operation } from '../catalog';
 import { UpstreamFailure } from './failure';
-import type { ProviderHttp } from './http';
+import type { ProviderHttp, StreamResponse } from './http';
 import { roundUsd } from '../catalog/usd';
 
 export interface Usage {
@@ -30,12 +30,44 @@ function headersFor(e: Endpoint, env: Record<string, string | undefined>): Recor
   return key ? { authorization: `Bearer ${key}` } : {};
 }
 
-function usageOf(operation: Operation, body: any): Usage {
+export function usageOf(operation: Operation, body: any): Usage {
   const u = body?.usage ?? {};
   const int = (v: unknown) => (Number.isFinite(v) && (v as number) >= 0 ? Math.round(v as number) : 0);
   if (operation === 'chat') return { input_tokens: int(u.prompt_tokens), output_tokens: int(u.completion_tokens) };
   if (operation === 'embeddings') return { input_tokens: int(u.prompt_tokens ?? u.total_tokens), output_tokens: 0 };
   return { input_tokens: int(u.input_tokens), output_tokens: int(u.output_tokens) };
+}
+
+function assertServes(e: Endpoint, operation: Operation): void {
+  if (!e.operations.includes(operation)) {
+    throw new UpstreamFailure(
+      'invalid_response',
+      e.provider.slug,
+      `${e.provider.slug} (${e.provider.adapter}) does not serve ${operation}`,
+    );
+  }
+}
+
+/**
+ * Opens a streamed call. Chat completions report usage in a stream only when asked: the gateway
+ * always asks, since it bills from it, and passes the usage on to the client only if it asked too.
+ */
+export async function openEndpointStream(
+  http: ProviderHttp,
+  e: Endpoint,
+  operation: Operation,
+  body: Record<string, unknown>,
+  opts: { signal?: AbortSignal; env?: Record<string, string | undefined> } = {},
+): Promise<StreamResponse> {
+  assertServes(e, operation);
+  const upstream: Record<string, unknown> = { ...body, model: e.entry.upstream_model, stream: true };
+  if (operation === 'chat') upstream.stream_options = { ...(body.stream_options as object | undefined), include_usage: true };
+  return http.postStream(`${e.provider.base_url}${PATHS[operation]}`, upstream, {
+    provider: e.provider.slug,
+    headers: headersFor(e, opts.env ?? process.env),
+    timeoutMs: e.provider.timeout_ms,
+    signal: opts.signal,
+  });
 }
 
 export async function callEndpoint(
@@ -45,13 +77,7 @@ export async function callEndpoint(
   body: Record<string, unknown>,
   opts: { signal?: AbortSignal; env?: Record<string, string | undefined> } = {},
 ): Promise<ProviderResponse> {
-  if (!e.operations.includes(operation)) {
-    throw new UpstreamFailure(
-      'invalid_response',
-      e.provider.slug,
-      `${e.provider.slug} (${e.provider.adapter}) does not serve ${operation}`,
-    );
-  }
+  assertServes(e, operation);
   const started = performance.now();
   const res = await http.postJson(
     `${e.provider.base_url}${PATHS[operation]}`,

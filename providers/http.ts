@@ -1,5 +1,5 @@
 // Keep-alive HTTP to providers over undici, with per-call timeouts and cancellation.
-import { Agent, request, errors as undiciErrors } from 'undici';
+import { Agent, request, errors as undiciErrors, type Dispatcher } from 'undici';
 import { parseRetryAfter, UpstreamFailure } from './failure';
 
 export interface JsonResponse {
@@ -15,14 +15,38 @@ function upstreamMessage(body: any, status: number): { message: string; type: st
   return { message, type: typeof e?.type === 'string' ? e.type : null };
 }
 
+export interface StreamResponse {
+  status: number;
+  /** The body as it arrives; reading it slowly slows the provider down (TCP backpressure). */
+  body: Dispatcher.ResponseData['body'];
+}
+
+interface CallOptions {
+  provider: string;
+  headers: Record<string, string>;
+  timeoutMs: number;
+  signal?: AbortSignal;
+}
+
+/** A non-2xx answer as the failure it means, with the provider's own words. */
+function failureOf(status: number, text: string, headers: Dispatcher.ResponseData['headers'], provider: string): UpstreamFailure {
+  let parsed: any = null;
+  try {
+    parsed = text ? JSON.parse(text) : null;
+  } catch {
+    parsed = null;
+  }
+  const { message, type } = upstreamMessage(parsed, status);
+  const retryAfter = parseRetryAfter(headers['retry-after']);
+  const kind =
+    status === 529 || type === 'overloaded_error' || type === 'overloaded' ? 'overloaded' : status === 429 ? 'rate_limited' : 'http';
+  return new UpstreamFailure(kind, provider, message, status, retryAfter);
+}
+
 export class ProviderHttp {
   private readonly agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 600_000, connections: 512 });
 
-  async postJson(
-    url: string,
-    body: unknown,
-    opts: { provider: string; headers: Record<string, string>; timeoutMs: number; signal?: AbortSignal },
-  ): Promise<JsonResponse> {
+  async postJson(url: string, body: unknown, opts: CallOptions): Promise<JsonResponse> {
     const timeout = AbortSignal.timeout(opts.timeoutMs);
     const signal = opts.signal ? AbortSignal.any([opts.signal, timeout]) : timeout;
     let res;
@@ -43,36 +67,55 @@ export class ProviderHttp {
     } catch (err) {
       throw this.classify(err, opts.provider, timeout, opts.timeoutMs);
     }
+    if (res.statusCode < 200 || res.statusCode >= 300) throw failureOf(res.statusCode, text, res.headers, opts.provider);
     let parsed: any;
     try {
       parsed = text ? JSON.parse(text) : null;
     } catch {
       parsed = null;
     }
-    if (res.statusCode >= 200 && res.statusCode < 300) {
-      if (parsed === null || typeof parsed !== 'object')
-        throw new UpstreamFailure(
-          'invalid_response',
-          opts.provider,
-          'Provider returned a response that is not a JSON object',
-          res.statusCode,
-        );
-      return { status: res.statusCode, body: parsed, headers: res.headers };
-    }
-    const { message, type } = upstreamMessage(parsed, res.statusCode);
-    const retryAfter = parseRetryAfter(res.headers['retry-after']);
-    const kind =
-      res.statusCode === 529 || type === 'overloaded_error' || type === 'overloaded'
-        ? 'overloaded'
-        : res.statusCode === 429
-          ? 'rate_limited'
-          : 'http';
-    throw new UpstreamFailure(kind, opts.provider, message, res.statusCode, retryAfter);
+    if (parsed === null || typeof parsed !== 'object')
+      throw new UpstreamFailure(
+        'invalid_response',
+        opts.provider,
+        'Provider returned a response that is not a JSON object',
+        res.statusCode,
+      );
+    return { status: res.statusCode, body: parsed, headers: res.headers };
   }
 
-  private classify(err: unknown, provider: string, timeout: AbortSignal, timeoutMs: number): UpstreamFailure {
+  /**
+   * Opens a streamed call. The timeout bounds the wait for the answer's headers and each silence
+   * within the body, not the whole stream, which may rightly run for minutes.
+   */
+  async postStream(url: string, body: unknown, opts: CallOptions): Promise<StreamResponse> {
+    let res;
+    try {
+      res = await request(url, {
+        method: 'POST',
+        dispatcher: this.agent,
+        signal: opts.signal,
+        headersTimeout: opts.timeoutMs,
+        bodyTimeout: opts.timeoutMs,
+        headers: { 'content-type': 'application/json', accept: 'text/event-stream', ...opts.headers },
+        body: JSON.stringify(body),
+      });
+    } catch (err) {
+      throw this.classify(err, opts.provider, null, opts.timeoutMs);
+    }
+    if (res.statusCode >= 200 && res.statusCode < 300) return { status: res.statusCode, body: res.body };
+    let text = '';
+    try {
+      text = await res.body.text();
+    } catch (err) {
+      throw this.classify(err, opts.provider, null, opts.timeoutMs);
+    }
+    throw failureOf(res.statusCode, text, res.headers, opts.provider);
+  }
+
+  classify(err: unknown, provider: string, timeout: AbortSignal | null, timeoutMs: number): UpstreamFailure {
     if (err instanceof UpstreamFailure) return err;
-    if (timeout.aborted) return new UpstreamFailure('timeout', provider, `Provider did not answer within ${timeoutMs} ms`);
+    if (timeout?.aborted) return new UpstreamFailure('timeout', provider, `Provider did not answer within ${timeoutMs} ms`);
     const e = err as { name?: string; code?: string; message?: string };
     if (e?.name === 'AbortError' || e?.code === 'UND_ERR_ABORTED') return new UpstreamFailure('aborted', provider, 'Request was cancelled');
     if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.BodyTimeoutError) {

@@ -14,7 +14,7 @@ import type { ProviderResponse } from '../providers/adapters';
 import { UpstreamFailure } from '../providers/failure';
 import type { ProviderLimiter } from '../providers/limiter';
 import type { RoutePlan } from './engine';
-import type { LiveStats } from './stats';
+import type { LiveStats, Sample } from './stats';
 import { sleep } from '../concurrency/sleep';
 
 export interface Attempt {
@@ -25,13 +25,15 @@ export interface Attempt {
   message: string;
 }
 
-export interface Executed {
+export interface Executed<T = ProviderResponse> {
   endpoint: Endpoint;
-  response: ProviderResponse;
+  response: T;
   attempts: Attempt[];
+  /** Gives back the provider's concurrency slot: a no-op unless `holdSlot` kept it for the caller. */
+  release: () => void;
 }
 
-export interface ExecuteOptions {
+export interface ExecuteOptions<T = ProviderResponse> {
   limiter: ProviderLimiter;
   stats?: LiveStats;
   signal?: AbortSignal;
@@ -39,7 +41,16 @@ export interface ExecuteOptions {
   queueWaitMs?: number;
   /** The longest Retry-After worth waiting for on the last endpoint. */
   maxRetryAfterMs?: number;
+  /** What a success adds to the live stats; null when the caller records it later (a stream, at its end). */
+  measure?: (response: T) => Sample | null;
+  /** Keep the slot after a success (a stream holds it until it ends) and hand its release to the caller. */
+  holdSlot?: boolean;
 }
+
+const measureResponse = (r: unknown): Sample => {
+  const p = r as ProviderResponse;
+  return { ok: true, latencyMs: p.latencyMs, outputTokens: p.usage.output_tokens };
+};
 
 /** The final failure as the interface's status, naming the provider and what it said. */
 export function failureToError(last: UpstreamFailure, attempts: Attempt[]): GatewayError {
@@ -63,12 +74,13 @@ export function failureToError(last: UpstreamFailure, attempts: Attempt[]): Gate
   }
 }
 
-export async function executePlan(
+export async function executePlan<T = ProviderResponse>(
   plan: RoutePlan,
-  call: (endpoint: Endpoint, signal: AbortSignal | undefined) => Promise<ProviderResponse>,
-  opts: ExecuteOptions,
-): Promise<Executed> {
+  call: (endpoint: Endpoint, signal: AbortSignal | undefined) => Promise<T>,
+  opts: ExecuteOptions<T>,
+): Promise<Executed<T>> {
   const attempts: Attempt[] = [];
+  const measure = opts.measure ?? measureResponse;
   const maxRetryAfter = opts.maxRetryAfterMs ?? 5_000;
   let last: UpstreamFailure | null = null;
   for (let i = 0; i < plan.endpoints.length; i++) {
@@ -79,8 +91,14 @@ export async function executePlan(
       try {
         release = await opts.limiter.acquire(e.provider, opts.queueWaitMs ?? e.provider.timeout_ms, opts.signal);
         const response = await call(e, opts.signal);
-        opts.stats?.record(e.key, { ok: true, latencyMs: response.latencyMs, outputTokens: response.usage.output_tokens });
-        return { endpoint: e, response, attempts };
+        const sample = measure(response);
+        if (sample) opts.stats?.record(e.key, sample);
+        if (opts.holdSlot) {
+          const kept = release;
+          release = null;
+          return { endpoint: e, response, attempts, release: kept };
+        }
+        return { endpoint: e, response, attempts, release: () => undefined };
       } catch (err) {
         const f =
           err instanceof UpstreamFailure

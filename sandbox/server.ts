@@ -7,11 +7,16 @@
 //   latency=<ms>     wait before answering          status=<code>     answer with that error
 //   overloaded       529 overloaded_error           timeout           never answer
 //   retry_after=<s>  Retry-After on the error       fail_first=<n>    only the first n calls fail
+//   max_words=<n>    longest answer (default 12)    chunk_delay=<ms>  wait between streamed events
+//   fail_after=<n>   a stream's connection is cut after n events of output
+// `"stream": true` streams chat, messages and responses answers as their providers do
+// (sandbox/stream.ts), honouring backpressure; GET /_streamed counts the events written per call key.
 // GET /_calls counts calls per fault spec and path; GET /_aborted counts those whose client hung up
 // before the answer (how tests see that the gateway cancelled an upstream call).
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { countTokens, distribution, hashOf, optionLogprobs, seeded, sentence, textOf } from './generate';
+import { encodeEvent, STREAMERS } from './stream';
 
 type Json = Record<string, any>;
 type Flavor = 'openai' | 'anthropic' | 'systemone';
@@ -33,6 +38,9 @@ interface Faults {
   hang: boolean;
   retryAfter: number | null;
   failFirst: number | null;
+  maxWords: number;
+  chunkDelayMs: number;
+  failAfter: number | null;
   spec: string;
 }
 
@@ -53,6 +61,9 @@ function parseFaults(segment: string, headers: http.IncomingHttpHeaders): Faults
     hang: kv.has('timeout'),
     retryAfter: num('retry_after'),
     failFirst: num('fail_first'),
+    maxWords: num('max_words') ?? 12,
+    chunkDelayMs: num('chunk_delay') ?? 0,
+    failAfter: num('fail_after'),
     spec: [...kv.entries()]
       .map(([k, v]) => `${k}=${v}`)
       .sort()
@@ -66,7 +77,7 @@ function errorBody(flavor: Flavor, status: number, type: string, message: string
 
 const CREATED = 1_767_225_600; // fixed, so answers are byte-for-byte repeatable
 
-function chatCompletion(body: Json): Json {
+function chatCompletion(body: Json, maxWords: number): Json {
   if (!Array.isArray(body.messages) || body.messages.length === 0) throw new HttpFailure(400, 'messages: must be a non-empty array');
   const hash = hashOf(body);
   const rand = seeded(hash);
@@ -106,7 +117,7 @@ function chatCompletion(body: Json): Json {
       };
     }
   } else {
-    content = sentence(rand, Math.max(1, Math.min(maxTokens, 12)));
+    content = sentence(rand, Math.max(1, Math.min(maxTokens, maxWords)));
     completionTokens = Math.min(maxTokens, content.split(' ').length);
     if (body.logprobs) {
       logprobs = {
@@ -125,10 +136,10 @@ function chatCompletion(body: Json): Json {
   };
 }
 
-function response(body: Json): Json {
+function response(body: Json, maxWords: number): Json {
   if (body.input === undefined) throw new HttpFailure(400, 'input: is required');
   const hash = hashOf(body);
-  const text = sentence(seeded(hash), Math.max(1, Math.min(Number(body.max_output_tokens ?? 12), 12)));
+  const text = sentence(seeded(hash), Math.max(1, Math.min(Number(body.max_output_tokens ?? maxWords), maxWords)));
   const input = countTokens(textOf(body.instructions ?? '') + textOf(body.input));
   const output = text.split(' ').length;
   return {
@@ -159,17 +170,20 @@ function embeddings(body: Json): Json {
     const rand = seeded(hashOf([body.model, input]));
     const v = Array.from({ length: dims }, () => rand() * 2 - 1);
     const norm = Math.hypot(...v) || 1;
-    return { object: 'embedding', index, embedding: v.map((x) => x / norm) };
+    const unit = v.map((x) => x / norm);
+    // As OpenAI does: base64 of little-endian float32s when asked (the official SDK asks by default).
+    const embedding = body.encoding_format === 'base64' ? Buffer.from(new Float32Array(unit).buffer).toString('base64') : unit;
+    return { object: 'embedding', index, embedding };
   });
   const tokens = inputs.reduce<number>((n, i) => n + countTokens(textOf(i)), 0);
   return { object: 'list', data, model: body.model, usage: { prompt_tokens: tokens, total_tokens: tokens } };
 }
 
-function message(body: Json): Json {
+function message(body: Json, maxWords: number): Json {
   if (!Array.isArray(body.messages) || body.messages.length === 0) throw new HttpFailure(400, 'messages: must be a non-empty array');
   if (!Number.isInteger(body.max_tokens)) throw new HttpFailure(400, 'max_tokens: Field required');
   const hash = hashOf(body);
-  const text = sentence(seeded(hash), Math.max(1, Math.min(body.max_tokens, 12)));
+  const text = sentence(seeded(hash), Math.max(1, Math.min(body.max_tokens, maxWords)));
   return {
     id: `msg_${hash.slice(0, 24)}`,
     type: 'message',
@@ -226,7 +240,7 @@ function systemOne(body: Json): Json {
   return { model: String(body.model), answers, usage: { input_tokens: input, output_tokens: 2 * Object.keys(answers).length } };
 }
 
-const ROUTES: Record<string, { flavor: Flavor; handle: (b: Json) => Json }> = {
+const ROUTES: Record<string, { flavor: Flavor; handle: (b: Json, maxWords: number) => Json }> = {
   '/openai/v1/chat/completions': { flavor: 'openai', handle: chatCompletion },
   '/openai/v1/responses': { flavor: 'openai', handle: response },
   '/openai/v1/embeddings': { flavor: 'openai', handle: embeddings },
@@ -240,9 +254,36 @@ function send(res: http.ServerResponse, status: number, body: unknown, headers: 
   res.end(text);
 }
 
+/** Writes the events at the pace the faults say, waiting for the reader whenever its buffer is full. */
+async function stream(
+  res: http.ServerResponse,
+  events: ReturnType<(typeof STREAMERS)[string]>,
+  faults: Faults,
+  progress: (written: number) => void,
+): Promise<void> {
+  res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+  let content = 0;
+  for (const [i, e] of events.entries()) {
+    if (res.destroyed) return;
+    if (faults.chunkDelayMs > 0 && i > 0) await new Promise((r) => setTimeout(r, faults.chunkDelayMs));
+    const dying = e.content && faults.failAfter !== null && ++content >= faults.failAfter;
+    if (dying) {
+      // The provider dies mid-stream, once what it sent has reached the socket.
+      await new Promise<void>((r) => res.write(encodeEvent(e), () => r()));
+      progress(i + 1);
+      res.destroy();
+      return;
+    }
+    if (!res.write(encodeEvent(e))) await new Promise((r) => res.once('drain', r).once('close', r));
+    progress(i + 1);
+  }
+  res.end();
+}
+
 function createSandboxServer(): http.Server {
   const calls = new Map<string, number>(); // per fault spec and path: drives fail_first, read by /_calls
   const aborted = new Map<string, number>(); // calls whose client hung up before the answer, read by /_aborted
+  const streamed = new Map<string, number>(); // streamed events written, read by /_streamed
   const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
   return http.createServer(async (req, res) => {
@@ -253,6 +294,7 @@ function createSandboxServer(): http.Server {
       return send(res, 200, Object.fromEntries(calls));
     }
     if (url.pathname === '/_aborted') return send(res, 200, Object.fromEntries(aborted));
+    if (url.pathname === '/_streamed') return send(res, 200, Object.fromEntries(streamed));
     const m = /^(?:\/~([^/]*))?(\/.*)$/.exec(url.pathname)!;
     const route = ROUTES[m[2]];
     if (!route || req.method !== 'POST')
@@ -293,7 +335,12 @@ function createSandboxServer(): http.Server {
       return send(res, 400, errorBody(route.flavor, 400, 'invalid_request_error', 'sandbox: body is not JSON'));
     }
     try {
-      send(res, 200, route.handle(body), { 'x-sandbox-request-id': hashOf(body).slice(0, 16) });
+      // A streamed answer is the same text as the answer to the same request unstreamed.
+      const { stream: wantsStream, stream_options: _options, ...question } = body;
+      const full = route.handle(question, faults.maxWords);
+      const streamer = STREAMERS[m[2]];
+      if (wantsStream === true && streamer) return await stream(res, streamer(full, body), faults, (n) => streamed.set(callKey, n));
+      send(res, 200, full, { 'x-sandbox-request-id': hashOf(body).slice(0, 16) });
     } catch (err) {
       const f = err instanceof HttpFailure ? err : new HttpFailure(500, 'sandbox: internal error', 'api_error');
       send(res, f.status, errorBody(route.flavor, f.status, f.type, f.message));

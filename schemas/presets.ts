@@ -183,19 +183,15 @@ const TextBlock = Type.Object(
   { additionalProperties: true },
 );
 
+export const AnthropicMessage = Type.Object(
+  { role: StringEnum(['user', 'assistant']), content: Type.Union([Type.String(), Type.Array(Type.Unknown())]) },
+  { additionalProperties: true },
+);
+
 export const MessagesBody = Type.Object(
   {
     model: Type.String({ minLength: 1 }),
-    messages: Type.Optional(
-      Nullable(
-        Type.Array(
-          Type.Object(
-            { role: StringEnum(['user', 'assistant']), content: Type.Union([Type.String(), Type.Array(Type.Unknown())]) },
-            { additionalProperties: true },
-          ),
-        ),
-      ),
-    ),
+    messages: Type.Optional(Nullable(Type.Array(AnthropicMessage))),
     system: Type.Optional(Type.Union([Type.String(), Type.Array(TextBlock)])),
     max_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
     cache_control: Type.Optional(CacheControl),
@@ -230,7 +226,7 @@ export const MessagesBody = Type.Object(
   { additionalProperties: true },
 );
 
-const ChatMessage = Type.Object(
+export const ChatMessage = Type.Object(
   {
     role: StringEnum(['system', 'developer', 'user', 'assistant', 'tool']),
     content: Type.Union([Type.String(), Type.Array(Type.Unknown()), Type.Null()]),

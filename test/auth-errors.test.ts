@@ -199,6 +199,7 @@ describe('402, 500 and the billable guard', () => {
       pingTemporal: async () => undefined,
       rateLimiter: new RateLimiter(gw.store, 1000, 60),
       upstreams: null as never,
+      usage: null as never,
       workspaces: new WorkspaceCache(gw.store, 0),
       keys: new KeyCache(gw.store, 0),
     }; // no caching: every call reads the ledger

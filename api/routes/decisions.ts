@@ -2,14 +2,14 @@
 // call the provider, compute the answers, record usage) to the configured execution mode
 // (api/decision-execution): in-process by default, or as a short Temporal workflow.
 import { estimateDecisionCost } from '../../decisions/estimate';
-import { randomBytes } from 'node:crypto';
-import type Koa from 'koa';
+import { newGenerationId } from '../../accounts/usage-ledger';
 import { BadRequestError, PayloadTooLargeError, UpstreamTimeoutError, type GatewayError } from '../../errors';
 import { presetReference } from '../../presets/apply';
 import { getPreset } from '../../presets/store';
 import type { DecisionsRequest } from '../../decisions/types';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
+import { requestSignal } from '../request-signal';
 import { defineRoute, type AnyRoute } from '../route';
 import { DecisionsResponse, decisionsRequestSchema } from '../../schemas/decisions';
 import type { AppDeps } from '../deps';
@@ -27,24 +27,6 @@ async function withPreset(store: AppDeps['store'], workspaceId: string, body: De
 
 /** Temporal refuses payloads over 2 MB; in workflow mode the whole request is the workflow's input. */
 const MAX_REQUEST_BYTES = 1.5 * 1024 * 1024;
-
-/** Fires when the client goes away before its answer is written, or when the time is up. */
-function requestSignal(
-  ctx: Koa.ParameterizedContext,
-  timeoutMs: number,
-): { signal: AbortSignal; timedOut: () => boolean; done: () => void } {
-  // One controller and one timer per request: AbortSignal.timeout/any cost more on this hot path.
-  const controller = new AbortController();
-  let timedOut = false;
-  const timer = setTimeout(() => {
-    timedOut = true;
-    controller.abort();
-  }, timeoutMs);
-  ctx.res.once('close', () => {
-    if (!ctx.res.writableFinished) controller.abort();
-  });
-  return { signal: controller.signal, timedOut: () => timedOut, done: () => clearTimeout(timer) };
-}
 
 export function decisionRoutes({ config, store, decisions, upstreams, workspaces }: AppDeps): AnyRoute[] {
   const limits = config.decisions;
@@ -74,7 +56,7 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
         const { settings } = await workspaces.get(auth.workspaceId);
         // Hold what the call may cost before making it, so concurrent calls cannot overspend.
         const hold = await workspaces.hold(auth.workspaceId, estimateDecisionCost(model, { questions: body.questions, stateBytes }));
-        const generationId = `gen-dec-${Date.now().toString(36)}${randomBytes(10).toString('hex')}`;
+        const generationId = newGenerationId('gen-dec-');
         const { signal, timedOut, done } = requestSignal(ctx, limits.timeoutMs);
         try {
           const result = await decisions.run(

@@ -1,0 +1,257 @@
+// Proxy overhead, side by side in one run on one machine: the same non-streamed chat completion
+// sent (a) straight to the sandbox provider, (b) through the gateway (auth, rate limit, 402 gate,
+// routing, usage record durably written) and (c) through the Portkey open-source gateway pointed at
+// the sandbox as a custom OpenAI-compatible host, at concurrency 1, 50 and 200, with CPU per request
+// of every process; then a streamed completion through each, for time to first token, tokens per
+// second, and whether chunks arrive one by one (none held back).
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { request } from 'undici';
+import { createParser } from 'eventsource-parser';
+import { DEFAULT_CATALOG_PATH } from '../config';
+import { startProcess, freePort, type ManagedProcess } from '../tools/processes';
+import { benchKey, closedLoop, cpuSeconds, startStack, writeResult, type LoadResult, type Stack } from './harness';
+
+const BARS = { added_p50_ms_at_c1: 1.0, added_ttft_p50_ms: 2, rps_at_c50_at_least_portkey: true, added_p50_at_most_portkey: true };
+const TOTALS: Record<number, number> = { 1: 2000, 50: 10_000, 200: 10_000 };
+const STREAMS = 40;
+/** A streamed answer: words at the provider's pace (one event each). */
+const STREAM_WORDS = 200;
+const STREAM_GAP_MS = 2;
+
+const messages = [{ role: 'user', content: 'Say this is a test' }];
+
+type Target = { url: string; headers: Record<string, string>; model: string };
+type Row = LoadResult & { cpu_ms_per_request: Record<string, number> };
+
+function benchCatalog(): string {
+  const catalog = JSON.parse(fs.readFileSync(DEFAULT_CATALOG_PATH, 'utf8'));
+  const provider = (slug: string, faults: string) => ({
+    slug,
+    name: slug,
+    adapter: 'openai',
+    base_url: `\${SANDBOX_URL}/${faults}openai/v1`,
+    collects_data: false,
+    zdr: false,
+    max_concurrency: 1000,
+    timeout_ms: 30_000,
+  });
+  catalog.providers.push(provider('bench', ''), provider('bench-stream', `~max_words=${STREAM_WORDS},chunk_delay=${STREAM_GAP_MS}/`));
+  for (const [id, slug] of [
+    ['bench/chat', 'bench'],
+    ['bench/stream', 'bench-stream'],
+  ]) {
+    catalog.models.push({
+      id,
+      name: id,
+      kind: 'chat',
+      family: id,
+      version: '1',
+      released: '20260101',
+      context_length: 8192,
+      distillable: true,
+      endpoints: [
+        {
+          provider: slug,
+          upstream_model: 'bench-model',
+          pricing: { prompt: 0.1, completion: 0.4 },
+          quantization: 'bf16',
+          supported_parameters: ['max_tokens'],
+        },
+      ],
+    });
+  }
+  const file = path.join(os.tmpdir(), `bench-catalog-${process.pid}.json`);
+  fs.writeFileSync(file, JSON.stringify(catalog));
+  return file;
+}
+
+async function startPortkey(): Promise<{ url: string; process: ManagedProcess }> {
+  const port = await freePort();
+  const script = path.join(path.dirname(require.resolve('@portkey-ai/gateway/package.json')), 'build', 'start-server.js');
+  // Portkey has no host flag and listens on every interface; the bench only talks to it on loopback.
+  const pk = startProcess('portkey', process.execPath, [script, `--port=${port}`, '--headless'], {
+    ...process.env,
+    NODE_ENV: 'production',
+  });
+  const url = `http://127.0.0.1:${port}`;
+  await pk.waitUntil(
+    async () => {
+      await fetch(url);
+    },
+    30_000,
+    'listening',
+  );
+  return { url, process: pk };
+}
+
+async function measured(stack: Stack, t: Target, body: object, concurrency: number, total: number): Promise<Row> {
+  const before = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, cpuSeconds(p.pid)]));
+  const run = await closedLoop(t.url, { ...body, model: t.model }, t.headers, concurrency, total, (_s, text) => text.includes('"choices"'));
+  const cpu = Object.fromEntries(
+    Object.entries(stack.processes).map(([n, p]) => [n, Math.round(((cpuSeconds(p.pid) - before[n]) / run.requests) * 1e5) / 100]),
+  );
+  return { ...run, cpu_ms_per_request: cpu };
+}
+
+interface StreamStats {
+  streams: number;
+  errors: number;
+  ttft_p50_ms: number;
+  ttft_p90_ms: number;
+  tokens_per_s_p50: number;
+  /** Content events per network read at the client: 1.0 when every chunk arrives as it is produced. */
+  events_per_read: number;
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const p90 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.ceil(xs.length * 0.9) - 1)];
+const round = (x: number) => Math.round(x * 100) / 100;
+
+/** Sequential streamed completions: when the first content arrives, and how fast the rest follows. */
+async function streamed(t: Target): Promise<StreamStats> {
+  const ttft: number[] = [];
+  const tps: number[] = [];
+  let errors = 0;
+  let events = 0;
+  let reads = 0;
+  for (let i = 0; i < STREAMS; i++) {
+    const t0 = performance.now();
+    const res = await request(t.url, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...t.headers },
+      body: JSON.stringify({ model: t.model, messages, max_tokens: STREAM_WORDS, stream: true }),
+    });
+    let first = 0;
+    let last = 0;
+    let count = 0;
+    let inRead = 0;
+    const parser = createParser({
+      onEvent: (e) => {
+        if (e.data === '[DONE]') return;
+        const content = JSON.parse(e.data).choices?.[0]?.delta?.content;
+        if (!content) return;
+        last = performance.now();
+        if (!count) first = last;
+        count++;
+        inRead++;
+      },
+    });
+    const decoder = new TextDecoder();
+    for await (const chunk of res.body) {
+      inRead = 0;
+      parser.feed(decoder.decode(chunk, { stream: true }));
+      if (inRead) {
+        reads++;
+        events += inRead;
+      }
+    }
+    if (res.statusCode !== 200 || count < STREAM_WORDS / 2) {
+      errors++;
+      continue;
+    }
+    ttft.push(first - t0);
+    tps.push((count - 1) / ((last - first) / 1000));
+  }
+  return {
+    streams: STREAMS,
+    errors,
+    ttft_p50_ms: round(median(ttft)),
+    ttft_p90_ms: round(p90(ttft)),
+    tokens_per_s_p50: Math.round(median(tps)),
+    events_per_read: round(events / Math.max(1, reads)),
+  };
+}
+
+export async function benchProxy(opts: { levels?: number[] } = {}) {
+  const levels = opts.levels ?? [1, 50, 200];
+  const catalog = benchCatalog();
+  const stack = await startStack({ CATALOG_PATH: catalog });
+  const portkey = await startPortkey();
+  stack.processes.portkey = portkey.process;
+  try {
+    const key = await benchKey(stack);
+    const portkeyHeaders = (faults: string) => ({
+      authorization: 'Bearer sk-bench',
+      'x-portkey-provider': 'openai',
+      'x-portkey-custom-host': `${stack.sandboxUrl}/${faults}openai/v1`,
+    });
+    const targets: Record<'direct' | 'gateway' | 'portkey', Target> = {
+      direct: { url: `${stack.sandboxUrl}/openai/v1/chat/completions`, headers: {}, model: 'bench-model' },
+      gateway: { url: `${stack.gatewayUrl}/api/v1/chat/completions`, headers: { authorization: `Bearer ${key}` }, model: 'bench/chat' },
+      portkey: { url: `${portkey.url}/v1/chat/completions`, headers: portkeyHeaders(''), model: 'bench-model' },
+    };
+    const body = { messages, max_tokens: 16 };
+    for (const t of Object.values(targets)) await closedLoop(t.url, { ...body, model: t.model }, t.headers, 4, 500); // warm-up
+
+    const rows: Record<string, any>[] = [];
+    for (const concurrency of levels) {
+      const row: Record<string, any> = { concurrency };
+      for (const [name, t] of Object.entries(targets)) row[name] = await measured(stack, t, body, concurrency, TOTALS[concurrency] ?? 2000);
+      for (const name of ['gateway', 'portkey']) row[`${name}_added_p50_ms`] = round(row[name].p50_ms - row.direct.p50_ms);
+      rows.push(row);
+    }
+
+    const streamTargets: Record<string, Target> = {
+      direct: {
+        ...targets.direct,
+        url: `${stack.sandboxUrl}/~max_words=${STREAM_WORDS},chunk_delay=${STREAM_GAP_MS}/openai/v1/chat/completions`,
+      },
+      gateway: { ...targets.gateway, model: 'bench/stream' },
+      portkey: { ...targets.portkey, headers: portkeyHeaders(`~max_words=${STREAM_WORDS},chunk_delay=${STREAM_GAP_MS}/`) },
+    };
+    for (const t of Object.values(streamTargets)) await streamed(t); // warm-up
+    const streams: Record<string, any> = {};
+    for (const [name, t] of Object.entries(streamTargets)) streams[name] = await streamed(t);
+    for (const name of ['gateway', 'portkey'])
+      streams[`${name}_added_ttft_p50_ms`] = round(streams[name].ttft_p50_ms - streams.direct.ttft_p50_ms);
+
+    const at = (c: number) => rows.find((r) => r.concurrency === c);
+    const c1 = at(1);
+    const c50 = at(50);
+    const verdicts = {
+      added_p50_at_c1: c1 && c1.gateway_added_p50_ms <= BARS.added_p50_ms_at_c1,
+      added_p50_at_most_portkey: c1 && c1.gateway_added_p50_ms <= c1.portkey_added_p50_ms,
+      rps_at_c50_at_least_portkey: c50 && c50.gateway.rps >= c50.portkey.rps && c50.gateway.errors === 0,
+      added_ttft_p50: streams.gateway_added_ttft_p50_ms <= BARS.added_ttft_p50_ms,
+      no_chunk_held_back: streams.gateway.events_per_read <= streams.direct.events_per_read * 1.1,
+    };
+    const result = {
+      benchmark: 'proxy',
+      at: new Date().toISOString(),
+      machine: { cpus: os.cpus().length, node: process.version },
+      bars: BARS,
+      verdicts,
+      rows,
+      streams: { words: STREAM_WORDS, gap_ms: STREAM_GAP_MS, ...streams },
+    };
+    const file = writeResult('proxy', result);
+    const cpu = (r: Row) => ['gateway', 'portkey', 'ferretdb', 'sandbox'].map((n) => r.cpu_ms_per_request[n]).join(' / ');
+    console.log('\n   c | target   | req/s   | p50 / p99 ms    | added p50 | errors | CPU ms/req: gateway / portkey / ferretdb / sandbox');
+    for (const r of rows) {
+      for (const name of ['direct', 'gateway', 'portkey']) {
+        const x = r[name] as Row;
+        const added = name === 'direct' ? '' : String(r[`${name}_added_p50_ms`]);
+        console.log(
+          `${String(r.concurrency).padStart(4)} | ${name.padEnd(8)} | ${String(x.rps).padEnd(7)} | ${`${x.p50_ms} / ${x.p99_ms}`.padEnd(15)} | ${added.padEnd(9)} | ${String(x.errors).padEnd(6)} | ${cpu(x)}`,
+        );
+      }
+    }
+    console.log(
+      `\nstreamed (${STREAM_WORDS} tokens, one per ${STREAM_GAP_MS} ms): target | TTFT p50 / p90 ms | tokens/s p50 | events per read`,
+    );
+    for (const name of ['direct', 'gateway', 'portkey']) {
+      const s = streams[name] as StreamStats;
+      console.log(
+        `${name.padEnd(8)} | ${s.ttft_p50_ms} / ${s.ttft_p90_ms} | ${s.tokens_per_s_p50} | ${s.events_per_read} (errors ${s.errors})`,
+      );
+    }
+    console.log(`verdicts: ${JSON.stringify(verdicts)}`);
+    console.log(`results: ${file}`);
+    return result;
+  } finally {
+    await stack.stop();
+    fs.rmSync(catalog, { force: true });
+  }
+}

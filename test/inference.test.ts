@@ -1,0 +1,380 @@
+// The synchronous inference routes against the real stack: the four shapes, streamed and not,
+// fallbacks before the first byte, failures after it, client disconnects, presets, billing.
+import { expect } from 'chai';
+import { stack } from './fixture';
+import { call, createTenant, startTestGateway, uniqueName, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
+import { streamCall } from './inference-helpers';
+
+const run = uniqueName('inf'); // isolates this file's sandbox counters
+
+function provider(slug: string, faults: string, adapter: 'openai' | 'anthropic' = 'openai') {
+  return {
+    slug,
+    name: slug,
+    adapter,
+    base_url: `\${SANDBOX_URL}/~run=${run}${faults ? `,${faults}` : ''}/${adapter}${adapter === 'openai' ? '/v1' : ''}`,
+    collects_data: false,
+    zdr: false,
+    max_concurrency: 50,
+    timeout_ms: 5000,
+  };
+}
+
+function endpoint(slug: string, prompt = 1) {
+  return {
+    provider: slug,
+    upstream_model: `${slug}-model`,
+    pricing: { prompt, completion: prompt * 4 },
+    quantization: 'bf16',
+    supported_parameters: ['temperature', 'max_tokens'],
+  };
+}
+
+function model(id: string, endpoints: ReturnType<typeof endpoint>[]) {
+  return { id, name: id, kind: 'chat', family: id, version: '1', released: '20260301', context_length: 8192, distillable: true, endpoints };
+}
+
+/** Direct calls to the sandbox: what the provider says when asked the same thing. */
+async function direct(path: string, body: unknown) {
+  const res = await fetch(`${stack.sandboxUrl}/~run=${run}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  return (await res.json()) as any;
+}
+
+async function sandboxCount(what: '_calls' | '_aborted' | '_streamed', spec: string, path: string): Promise<number> {
+  const counts = (await (await fetch(`${stack.sandboxUrl}/${what}`)).json()) as Record<string, number>;
+  return counts[`${spec}|${path}`] ?? 0;
+}
+
+const CHAT = '/openai/v1/chat/completions';
+const MESSAGES = '/anthropic/v1/messages';
+const RESPONSES = '/openai/v1/responses';
+
+describe('inference routes', function () {
+  this.timeout(60_000);
+  let gw: TestGateway;
+  let t: Tenant;
+  const url = (path: string) => `${gw.url}/api/v1${path}`;
+  const post = (path: string, body: unknown, key = t.inferenceKey) => call(url(path), { key, body });
+  const generation = async (id: string) => (await call(url(`/generation?id=${id}`), { key: t.inferenceKey })).body.data;
+
+  before(async () => {
+    const catalog = writeTestCatalog('inference', (c) => {
+      c.providers.push(
+        provider('good', ''),
+        provider('good-claude', '', 'anthropic'),
+        provider('broken', 'status=500'),
+        provider('broken-claude', 'status=500', 'anthropic'),
+        provider('midfail', 'fail_after=3,max_words=40'),
+        provider('midfail-claude', 'fail_after=3,max_words=40', 'anthropic'),
+        provider('slow', 'chunk_delay=40,max_words=200'),
+        provider('silent', 'latency=500'),
+      );
+      c.models.push(
+        model('test/fallback', [endpoint('broken', 0.1), endpoint('good', 1)]),
+        model('test/fallback-claude', [endpoint('broken-claude', 0.1), endpoint('good-claude', 1)]),
+        model('test/dead', [endpoint('broken')]),
+        model('test/midfail', [endpoint('midfail'), endpoint('midfail-claude')]),
+        model('test/slow', [endpoint('slow')]),
+        model('test/silent', [endpoint('silent')]),
+        model('test/good', [endpoint('good'), endpoint('good-claude')]),
+      );
+    });
+    gw = await startTestGateway({ env: { CATALOG_PATH: catalog, STREAM_KEEPALIVE_MS: '100' } });
+    t = await createTenant(gw.store, 50);
+  });
+  after(async () => {
+    await gw.stop();
+  });
+
+  describe('answers in one piece', () => {
+    it('chat completions: our generation id, the dated model id, the provider, and the usage the provider reported, with its cost', async () => {
+      const body = { model: 'test/good', messages: [{ role: 'user', content: 'Say something' }], max_tokens: 8 };
+      const r = await post('/chat/completions', body);
+      expect(r.status, JSON.stringify(r.body)).to.equal(200);
+      expect(r.body.id).to.match(/^gen-/);
+      expect(r.headers.get('x-generation-id')).to.equal(r.body.id);
+      expect(r.body).to.include({ object: 'chat.completion', model: 'test/good-20260301', provider: 'good' });
+      const upstream = await direct(CHAT, { messages: body.messages, max_tokens: 8, model: 'good-model' });
+      expect(r.body.choices).to.deep.equal(upstream.choices);
+      expect(r.body.usage).to.deep.equal({ ...upstream.usage, cost: r.body.usage.cost });
+      const expectedCost = (upstream.usage.prompt_tokens * 1 + upstream.usage.completion_tokens * 4) / 1e6;
+      expect(r.body.usage.cost).to.be.closeTo(expectedCost, 1e-12);
+      const g = await generation(r.body.id);
+      expect(g).to.include({
+        id: r.body.id,
+        model: 'test/good-20260301',
+        provider_name: 'good',
+        tokens_prompt: upstream.usage.prompt_tokens,
+        tokens_completion: upstream.usage.completion_tokens,
+      });
+      expect(g.total_cost).to.be.closeTo(expectedCost, 1e-12);
+    });
+
+    it('messages (Anthropic shape), authenticated by x-api-key as Anthropic clients send it', async () => {
+      const body = { model: 'test/good', max_tokens: 6, system: 'Be brief.', messages: [{ role: 'user', content: 'Hello' }] };
+      const res = await fetch(url('/messages'), {
+        method: 'POST',
+        headers: { 'x-api-key': t.inferenceKey, 'anthropic-version': '2023-06-01', 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+      const r = (await res.json()) as any;
+      expect(res.status, JSON.stringify(r)).to.equal(200);
+      const upstream = await direct(MESSAGES, { ...body, model: 'good-claude-model' });
+      expect(r).to.include({ type: 'message', role: 'assistant', model: 'test/good-20260301', provider: 'good-claude' });
+      expect(r.content).to.deep.equal(upstream.content);
+      expect(r.usage).to.include(upstream.usage);
+      expect((await generation(r.id)).tokens_completion).to.equal(upstream.usage.output_tokens);
+    });
+
+    it('responses (OpenAI Responses shape)', async () => {
+      const r = await post('/responses', { model: 'test/good', input: 'Write a line', max_output_tokens: 5 });
+      expect(r.status, JSON.stringify(r.body)).to.equal(200);
+      const upstream = await direct(RESPONSES, { input: 'Write a line', max_output_tokens: 5, model: 'good-model' });
+      expect(r.body).to.include({ object: 'response', status: 'completed', model: 'test/good-20260301', provider: 'good' });
+      expect(r.body.output).to.deep.equal(upstream.output);
+      expect(r.body.usage).to.include(upstream.usage);
+    });
+
+    it('embeddings', async () => {
+      const r = await post('/embeddings', { model: 'sandbox/embed-1', input: ['one', 'two'], dimensions: 4 });
+      expect(r.status, JSON.stringify(r.body)).to.equal(200);
+      expect(r.body).to.include({ object: 'list', model: 'sandbox/embed-1-20261015' });
+      expect(r.body.data).to.have.length(2);
+      expect(r.body.data[0].embedding).to.have.length(4);
+      expect(r.body.usage.cost).to.be.greaterThan(0);
+      expect((await generation(r.body.id)).tokens_prompt).to.equal(r.body.usage.prompt_tokens);
+    });
+  });
+
+  describe('streams', () => {
+    it('chat: chunks naming us, usage with cost in the last chunk when asked, then [DONE]; billed what the provider reported', async () => {
+      const body = { model: 'test/good', messages: [{ role: 'user', content: 'Stream please' }], max_tokens: 10, stream: true };
+      const r = await streamCall(url('/chat/completions'), t.inferenceKey, { ...body, stream_options: { include_usage: true } });
+      expect(r.status).to.equal(200);
+      expect(r.headers.get('content-type')).to.match(/^text\/event-stream/);
+      const id = r.headers.get('x-generation-id')!;
+      expect(r.events.at(-1)!.data).to.equal('[DONE]');
+      const chunks = r.events.slice(0, -1).map((e) => e.json);
+      for (const c of chunks) expect(c).to.include({ id, object: 'chat.completion.chunk', model: 'test/good-20260301', provider: 'good' });
+      const text = chunks.map((c) => c.choices[0]?.delta?.content ?? '').join('');
+      const upstream = await direct(CHAT, { messages: body.messages, max_tokens: 10, model: 'good-model' });
+      expect(text).to.equal(upstream.choices[0].message.content);
+      const last = chunks.at(-1);
+      expect(last.choices).to.deep.equal([]);
+      expect(last.usage).to.include(upstream.usage);
+      expect(last.usage.cost).to.be.greaterThan(0);
+      const g = await generation(id);
+      expect(g).to.include({ tokens_prompt: upstream.usage.prompt_tokens, tokens_completion: upstream.usage.completion_tokens });
+
+      // Not asked for: no usage chunk (the gateway still asks the provider, to bill).
+      const plain = await streamCall(url('/chat/completions'), t.inferenceKey, body);
+      expect(plain.events.some((e) => e.json?.usage)).to.equal(false);
+      expect((await generation(plain.headers.get('x-generation-id')!)).tokens_completion).to.equal(upstream.usage.completion_tokens);
+      // OpenRouter's form of the same request.
+      const or = await streamCall(url('/chat/completions'), t.inferenceKey, { ...body, usage: { include: true } });
+      expect(or.events.at(-2)!.json.usage).to.include(upstream.usage);
+    });
+
+    it("messages: Anthropic's typed events, message_start naming us, usage in message_delta", async () => {
+      const body = { model: 'test/good', max_tokens: 7, messages: [{ role: 'user', content: 'Stream' }], stream: true };
+      const r = await streamCall(url('/messages'), t.inferenceKey, body);
+      expect(r.status).to.equal(200);
+      const types = r.events.map((e) => e.event);
+      expect(types[0]).to.equal('message_start');
+      expect(types.at(-1)).to.equal('message_stop');
+      expect(types).to.include.members(['content_block_start', 'content_block_delta', 'content_block_stop', 'message_delta']);
+      for (const e of r.events) expect(e.json.type).to.equal(e.event);
+      const start = r.events[0].json.message;
+      expect(start).to.include({ id: r.headers.get('x-generation-id'), model: 'test/good-20260301', provider: 'good-claude' });
+      const upstream = await direct(MESSAGES, { ...body, stream: undefined, model: 'good-claude-model' });
+      const text = r.events
+        .filter((e) => e.event === 'content_block_delta')
+        .map((e) => e.json.delta.text)
+        .join('');
+      expect(text).to.equal(upstream.content[0].text);
+      const delta = r.events.find((e) => e.event === 'message_delta')!.json;
+      expect(delta.usage.output_tokens).to.equal(upstream.usage.output_tokens);
+      const g = await generation(start.id);
+      expect(g).to.include({ tokens_prompt: upstream.usage.input_tokens, tokens_completion: upstream.usage.output_tokens });
+    });
+
+    it('responses: typed, numbered events, the completed response naming us with usage and cost', async () => {
+      const r = await streamCall(url('/responses'), t.inferenceKey, { model: 'test/good', input: 'Go', stream: true });
+      expect(r.status).to.equal(200);
+      const types = r.events.map((e) => e.event);
+      expect(types[0]).to.equal('response.created');
+      expect(types.at(-1)).to.equal('response.completed');
+      expect(r.events.map((e) => e.json.sequence_number)).to.deep.equal(r.events.map((_, i) => i));
+      const done = r.events.at(-1)!.json.response;
+      expect(done).to.include({ id: r.headers.get('x-generation-id'), model: 'test/good-20260301', provider: 'good', status: 'completed' });
+      expect(done.usage.cost).to.be.greaterThan(0);
+      expect((await generation(done.id)).tokens_completion).to.equal(done.usage.output_tokens);
+    });
+
+    it('sends keep-alive comments while the provider is silent', async () => {
+      const r = await streamCall(url('/chat/completions'), t.inferenceKey, {
+        model: 'test/silent',
+        messages: [{ role: 'user', content: 'wait for it' }],
+        stream: true,
+      });
+      expect(r.status).to.equal(200);
+      expect(r.comments.filter((c) => c === ': keep-alive').length).to.be.greaterThan(1);
+      expect(r.text.indexOf(': keep-alive')).to.be.lessThan(r.text.indexOf('data: '));
+      expect(r.events.at(-1)!.data).to.equal('[DONE]');
+    });
+  });
+
+  describe('fallbacks and failures', () => {
+    it('falls back to the next endpoint on a 500 before the first byte, streamed or not', async () => {
+      const body = { model: 'test/fallback', messages: [{ role: 'user', content: 'hi' }], provider: { order: ['broken', 'good'] } };
+      const before = await sandboxCount('_calls', `run=${run},status=500`, CHAT);
+      const r = await post('/chat/completions', body);
+      expect(r.status, JSON.stringify(r.body)).to.equal(200);
+      expect(r.body.provider).to.equal('good');
+      const s = await streamCall(url('/chat/completions'), t.inferenceKey, { ...body, stream: true });
+      expect(s.status).to.equal(200);
+      expect(s.events[0].json.provider).to.equal('good');
+      expect(s.events.at(-1)!.data).to.equal('[DONE]');
+      const m = await streamCall(url('/messages'), t.inferenceKey, {
+        model: 'test/fallback-claude',
+        max_tokens: 5,
+        messages: [{ role: 'user', content: 'hi' }],
+        provider: { order: ['broken-claude', 'good-claude'] },
+        stream: true,
+      });
+      expect(m.events[0].json.message.provider).to.equal('good-claude');
+      expect(await sandboxCount('_calls', `run=${run},status=500`, CHAT)).to.equal(before + 2);
+    });
+
+    it('without allow_fallbacks, the failure is the answer, in the error envelope', async () => {
+      const r = await post('/chat/completions', {
+        model: 'test/fallback',
+        messages: [{ role: 'user', content: 'hi' }],
+        provider: { order: ['broken'], allow_fallbacks: false },
+      });
+      expect(r.status).to.equal(502);
+      expect(r.body.error).to.include({ code: 502 });
+      expect(r.body.error.metadata.provider_name).to.equal('broken');
+    });
+
+    it('tries the `models` list in order and answers with the model that served', async () => {
+      const r = await post('/chat/completions', { model: 'test/dead', models: ['test/good'], messages: [{ role: 'user', content: 'x' }] });
+      expect(r.status, JSON.stringify(r.body)).to.equal(200);
+      expect(r.body.model).to.equal('test/good-20260301');
+      const only = await post('/chat/completions', { models: ['test/dead', 'test/good'], messages: [{ role: 'user', content: 'x' }] });
+      expect(only.body.model).to.equal('test/good-20260301');
+      const s = await streamCall(url('/chat/completions'), t.inferenceKey, {
+        model: 'test/dead',
+        models: ['test/good'],
+        messages: [{ role: 'user', content: 'x' }],
+        stream: true,
+      });
+      expect(s.events[0].json.model).to.equal('test/good-20260301');
+    });
+
+    it('a provider failing mid-stream ends the stream with an error in its format; the partial is billed', async () => {
+      const body = { model: 'test/midfail', messages: [{ role: 'user', content: 'go on' }], max_tokens: 40, stream: true };
+      const r = await streamCall(url('/chat/completions'), t.inferenceKey, body);
+      expect(r.status).to.equal(200);
+      const content = r.events.filter((e) => e.json?.choices?.[0]?.delta?.content);
+      expect(content).to.have.length(3);
+      const err = r.events.at(-2)!.json;
+      expect(err.error.code).to.equal(502);
+      expect(err.choices[0].finish_reason).to.equal('error');
+      expect(r.events.at(-1)!.data).to.equal('[DONE]');
+      const g = await generation(r.headers.get('x-generation-id')!);
+      expect(g.tokens_completion).to.equal(3);
+      expect(g.tokens_prompt).to.be.greaterThan(0);
+      expect(g.total_cost).to.be.greaterThan(0);
+
+      const m = await streamCall(url('/messages'), t.inferenceKey, {
+        model: 'test/midfail',
+        max_tokens: 40,
+        messages: [{ role: 'user', content: 'go on' }],
+        stream: true,
+      });
+      expect(m.events.at(-1)!.event).to.equal('error');
+      expect(m.events.at(-1)!.json).to.deep.include({ type: 'error' });
+      expect(m.events.at(-1)!.json.error.type).to.equal('api_error');
+      const mg = await generation(m.events[0].json.message.id);
+      // Anthropic reported the prompt at message_start; the output is what arrived.
+      expect(mg.tokens_completion).to.equal(3);
+      expect(mg.tokens_prompt).to.equal(m.events[0].json.message.usage.input_tokens);
+    });
+
+    it('a client that goes away mid-stream aborts the upstream call and is billed once for what was produced', async () => {
+      const spec = `chunk_delay=40,max_words=200,run=${run}`;
+      const abortedBefore = await sandboxCount('_aborted', spec, CHAT);
+      const controller = new AbortController();
+      const res = await fetch(url('/chat/completions'), {
+        method: 'POST',
+        headers: { authorization: `Bearer ${t.inferenceKey}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'test/slow', messages: [{ role: 'user', content: 'long one' }], max_tokens: 200, stream: true }),
+        signal: controller.signal,
+      });
+      const id = res.headers.get('x-generation-id')!;
+      const reader = res.body!.getReader();
+      let seen = '';
+      while ((seen.match(/"content":"[^"]+"/g) ?? []).length < 3) seen += new TextDecoder().decode((await reader.read()).value);
+      controller.abort();
+      let g: any = null;
+      for (let i = 0; i < 100 && !g; i++) {
+        g = (await call(url(`/generation?id=${id}`), { key: t.inferenceKey })).body.data ?? null;
+        if (!g) await new Promise((r) => setTimeout(r, 50));
+      }
+      expect(g, 'usage recorded').to.not.equal(null);
+      expect(g.tokens_completion).to.be.within(3, 199);
+      expect(await sandboxCount('_aborted', spec, CHAT)).to.equal(abortedBefore + 1);
+      expect(await gw.store.usage.countDocuments({ _id: id })).to.equal(1);
+    });
+  });
+
+  describe('refusals', () => {
+    it('validation errors name the field, for every route', async () => {
+      const cases: [string, unknown, RegExp][] = [
+        ['/chat/completions', { model: 'test/good' }, /messages/],
+        ['/chat/completions', { model: 'test/good', messages: [] }, /messages/],
+        ['/chat/completions', { model: 'test/good', messages: [{ role: 'robot', content: 'x' }] }, /role/],
+        ['/chat/completions', { messages: [{ role: 'user', content: 'x' }] }, /model/],
+        ['/chat/completions', { model: 'test/good', messages: [{ role: 'user', content: 'x' }], temperature: 9 }, /temperature/],
+        ['/messages', { model: 'test/good', messages: [{ role: 'user', content: 'x' }] }, /max_tokens/],
+        ['/messages', { model: 'test/good', max_tokens: 0, messages: [{ role: 'user', content: 'x' }] }, /max_tokens/],
+        ['/messages', { model: 'test/good', max_tokens: 5, messages: [{ role: 'system', content: 'x' }] }, /role/],
+        ['/responses', { model: 'test/good' }, /input/],
+        ['/responses', { model: 'test/good', input: '' }, /input/],
+        ['/embeddings', { model: 'sandbox/embed-1' }, /input/],
+        ['/embeddings', { model: 'sandbox/embed-1', input: 'x', encoding_format: 'hex' }, /encoding_format/],
+        ['/embeddings', { model: 'sandbox/embed-1', input: 'x', stream: true }, /stream/],
+      ];
+      for (const [path, body, field] of cases) {
+        const r = await post(path, body);
+        expect(r.status, `${path} ${JSON.stringify(body)}: ${JSON.stringify(r.body)}`).to.equal(400);
+        expect(r.body.error.code).to.equal(400);
+        expect(r.body.error.message).to.match(field);
+      }
+      const unknown = await post('/chat/completions', { model: 'nope/never', messages: [{ role: 'user', content: 'x' }] });
+      expect(unknown.status).to.equal(404);
+      expect(unknown.body.error.message).to.match(/nope\/never/);
+      const wrongKind = await post('/embeddings', { model: 'test/good', input: 'x' });
+      expect(wrongKind.status).to.equal(404);
+    });
+
+    it('401 without a key, 402 without credits, 429 over the rate limit, in the envelope, streamed or not', async () => {
+      const body = { model: 'test/good', messages: [{ role: 'user', content: 'x' }], stream: true };
+      const none = await call(url('/chat/completions'), { body });
+      expect(none.status).to.equal(401);
+      expect(none.body.error.code).to.equal(401);
+      const bad = await call(url('/messages'), { body, headers: { 'x-api-key': 'sk-nope' } });
+      expect(bad.status).to.equal(401);
+      const broke = await createTenant(gw.store, 0);
+      const poor = await call(url('/chat/completions'), { key: broke.inferenceKey, body });
+      expect(poor.status).to.equal(402);
+      expect(poor.body.error.code).to.equal(402);
+      expect(await gw.store.usage.countDocuments({ workspace_id: broke.workspaceId })).to.equal(0);
+    });
+  });
+});
