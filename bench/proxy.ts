@@ -103,6 +103,8 @@ interface StreamStats {
   tokens_per_s_p50: number;
   /** Content events per network read at the client: 1.0 when every chunk arrives as it is produced. */
   events_per_read: number;
+  /** What the first failed stream answered, to say why. */
+  first_error: string | null;
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
@@ -114,6 +116,7 @@ async function streamed(t: Target): Promise<StreamStats> {
   const ttft: number[] = [];
   const tps: number[] = [];
   let errors = 0;
+  let firstError: string | null = null;
   let events = 0;
   let reads = 0;
   for (let i = 0; i < STREAMS; i++) {
@@ -139,9 +142,12 @@ async function streamed(t: Target): Promise<StreamStats> {
       },
     });
     const decoder = new TextDecoder();
+    let head = '';
     for await (const chunk of res.body) {
       inRead = 0;
-      parser.feed(decoder.decode(chunk, { stream: true }));
+      const text = decoder.decode(chunk, { stream: true });
+      if (head.length < 300) head += text;
+      parser.feed(text);
       if (inRead) {
         reads++;
         events += inRead;
@@ -149,6 +155,7 @@ async function streamed(t: Target): Promise<StreamStats> {
     }
     if (res.statusCode !== 200 || count < STREAM_WORDS / 2) {
       errors++;
+      firstError ??= `HTTP ${res.statusCode}: ${head.slice(0, 300)}`;
       continue;
     }
     ttft.push(first - t0);
@@ -161,6 +168,7 @@ async function streamed(t: Target): Promise<StreamStats> {
     ttft_p90_ms: round(p90(ttft)),
     tokens_per_s_p50: Math.round(median(tps)),
     events_per_read: round(events / Math.max(1, reads)),
+    first_error: firstError,
   };
 }
 
@@ -244,7 +252,7 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
     for (const name of ['direct', 'gateway', 'portkey']) {
       const s = streams[name] as StreamStats;
       console.log(
-        `${name.padEnd(8)} | ${s.ttft_p50_ms} / ${s.ttft_p90_ms} | ${s.tokens_per_s_p50} | ${s.events_per_read} (errors ${s.errors})`,
+        `${name.padEnd(8)} | ${s.ttft_p50_ms} / ${s.ttft_p90_ms} | ${s.tokens_per_s_p50} | ${s.events_per_read} (errors ${s.errors}${s.first_error ? `: ${s.first_error}` : ''})`,
       );
     }
     console.log(`verdicts: ${JSON.stringify(verdicts)}`);

@@ -34,11 +34,22 @@ export function mergeTools(presetTools: Body[] | undefined, requestTools: Body[]
   return [...merged, ...requestTools.filter((t) => !presetIds.has(toolId(t)))];
 }
 
+const CAP_NAMES: Partial<Record<ApplyFormat, string>> = { chat: 'max_tokens', messages: 'max_tokens', responses: 'max_output_tokens' };
+
 export function applyPreset(body: Body, version: VersionView, format: ApplyFormat): Body {
   const ref = presetReference(body);
   const { preset: _drop, ...request } = body;
   const out: Body = { ...version.config, ...request };
   out.model = ref?.model ?? version.config.model ?? body.model;
+  // The preset keeps the output cap under the name its creating shape used; each format has its own.
+  const cap = CAP_NAMES[format];
+  if (cap) {
+    const other = cap === 'max_tokens' ? 'max_output_tokens' : 'max_tokens';
+    if (other in version.config && !(other in request)) {
+      if (!(cap in request)) out[cap] = version.config[other];
+      delete out[other];
+    }
+  }
   const tools = mergeTools(version.config.tools as Body[] | undefined, request.tools);
   if (tools) out.tools = tools;
   const system = version.system_prompt;

@@ -6,7 +6,7 @@ export interface TestEvent {
 }
 
 /** Events of an SSE text, and the comment lines (keep-alives) it carried. */
-function parseSse(text: string): { events: TestEvent[]; comments: string[] } {
+export function parseSse(text: string): { events: TestEvent[]; comments: string[] } {
   const events: TestEvent[] = [];
   const comments: string[] = [];
   for (const block of text.split('\n\n')) {

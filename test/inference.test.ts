@@ -1,9 +1,10 @@
 // The synchronous inference routes against the real stack: the four shapes, streamed and not,
 // fallbacks before the first byte, failures after it, client disconnects, presets, billing.
+import http from 'node:http';
 import { expect } from 'chai';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, uniqueName, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
-import { streamCall } from './inference-helpers';
+import { parseSse, streamCall } from './inference-helpers';
 
 const run = uniqueName('inf'); // isolates this file's sandbox counters
 
@@ -72,6 +73,8 @@ describe('inference routes', function () {
         provider('midfail-claude', 'fail_after=3,max_words=40', 'anthropic'),
         provider('slow', 'chunk_delay=40,max_words=200'),
         provider('silent', 'latency=500'),
+        provider('good2', ''),
+        provider('big', 'max_words=150000'),
       );
       c.models.push(
         model('test/fallback', [endpoint('broken', 0.1), endpoint('good', 1)]),
@@ -81,6 +84,8 @@ describe('inference routes', function () {
         model('test/slow', [endpoint('slow')]),
         model('test/silent', [endpoint('silent')]),
         model('test/good', [endpoint('good'), endpoint('good-claude')]),
+        model('test/pair', [endpoint('good', 1), endpoint('good2', 2)]),
+        model('test/big', [{ ...endpoint('big'), pricing: { prompt: 0.01, completion: 0.01 } }]),
       );
     });
     gw = await startTestGateway({ env: { CATALOG_PATH: catalog, STREAM_KEEPALIVE_MS: '100' } });
@@ -333,6 +338,142 @@ describe('inference routes', function () {
     });
   });
 
+  describe('presets', () => {
+    it('applies the preset in each shape: its system prompt first, its parameters as defaults the request overrides, its provider order', async () => {
+      const created = await call(url('/presets/terse/messages'), {
+        key: t.managementKey,
+        body: { model: 'test/pair', system: 'Be terse.', temperature: 0.3, max_tokens: 7, provider: { order: ['good2'] } },
+      });
+      expect(created.status, JSON.stringify(created.body)).to.equal(200);
+      const user = [{ role: 'user', content: 'Hi' }];
+
+      // Chat: the request's max_tokens wins; the preset's provider order picks the dearer endpoint.
+      const chat = await post('/chat/completions', { model: '@preset/terse', messages: user, max_tokens: 5 });
+      expect(chat.status, JSON.stringify(chat.body)).to.equal(200);
+      expect(chat.body).to.include({ model: 'test/pair-20260301', provider: 'good2' });
+      const chatUpstream = await direct(CHAT, {
+        model: 'good2-model',
+        messages: [{ role: 'system', content: 'Be terse.' }, ...user],
+        temperature: 0.3,
+        max_tokens: 5,
+      });
+      expect(chat.body.choices).to.deep.equal(chatUpstream.choices);
+
+      // Messages: another model beside the preset; the preset's system block comes first, its max_tokens applies.
+      const messages = await post('/messages', { model: 'test/good@preset/terse', system: 'Also polite.', messages: user });
+      expect(messages.status, JSON.stringify(messages.body)).to.equal(200);
+      expect(messages.body).to.include({ model: 'test/good-20260301', provider: 'good-claude' });
+      const messagesUpstream = await direct(MESSAGES, {
+        model: 'good-claude-model',
+        system: [
+          { type: 'text', text: 'Be terse.' },
+          { type: 'text', text: 'Also polite.' },
+        ],
+        messages: user,
+        temperature: 0.3,
+        max_tokens: 7,
+      });
+      expect(messages.body.content).to.deep.equal(messagesUpstream.content);
+      expect(messages.body.usage.output_tokens).to.equal(messagesUpstream.usage.output_tokens);
+
+      // Responses, streamed: instructions after the preset's system prompt, its cap as max_output_tokens.
+      const responses = await streamCall(url('/responses'), t.inferenceKey, {
+        preset: 'terse',
+        input: 'Hi',
+        instructions: 'In French.',
+        stream: true,
+      });
+      expect(responses.status).to.equal(200);
+      const completed = responses.events.find((e) => e.json?.type === 'response.completed')!.json.response;
+      expect(completed).to.include({ model: 'test/pair-20260301', provider: 'good2' });
+      const responsesUpstream = await direct(RESPONSES, {
+        model: 'good2-model',
+        input: 'Hi',
+        instructions: 'Be terse.\n\nIn French.',
+        temperature: 0.3,
+        max_output_tokens: 7,
+      });
+      expect(completed.output).to.deep.equal(responsesUpstream.output);
+    });
+
+    it('a preset the workspace does not have is a 404 naming it', async () => {
+      const missing = await post('/chat/completions', { model: '@preset/never-made', messages: [{ role: 'user', content: 'x' }] });
+      expect(missing.status).to.equal(404);
+      expect(missing.body.error.code).to.equal(404);
+      expect(missing.body.error.message).to.match(/never-made/);
+    });
+  });
+
+  describe('backpressure', () => {
+    it('a client that stops reading stalls the provider instead of filling the gateway; the stream then completes', async () => {
+      const spec = `max_words=150000,run=${run}`;
+      const body = JSON.stringify({
+        model: 'test/big',
+        messages: [{ role: 'user', content: 'everything' }],
+        max_tokens: 150000,
+        stream: true,
+      });
+      const target = new URL(url('/chat/completions'));
+      const chunks: Buffer[] = [];
+      const res = await new Promise<http.IncomingMessage>((resolve, reject) => {
+        const req = http.request(target, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${t.inferenceKey}`, 'content-type': 'application/json' },
+        });
+        req.on('response', resolve).on('error', reject);
+        req.end(body);
+      });
+      expect(res.statusCode).to.equal(200);
+      const ended = new Promise<void>((resolve) => res.on('end', resolve));
+      res.on('data', (c: Buffer) => chunks.push(c));
+      await new Promise((r) => res.once('data', r));
+      res.pause();
+      // Wait until the provider has stopped being read (its count holds still), then look at how far it got.
+      let last = -1;
+      let still = 0;
+      while (still < 5) {
+        await new Promise((r) => setTimeout(r, 100));
+        const now = await sandboxCount('_streamed', spec, CHAT);
+        still = now === last ? still + 1 : 0;
+        last = now;
+      }
+      expect(last, 'events the provider wrote while the client was paused').to.be.greaterThan(0).and.below(75_000);
+      res.resume();
+      await ended;
+      const { events } = parseSse(Buffer.concat(chunks).toString());
+      expect(events.at(-1)!.data).to.equal('[DONE]');
+      const words = events.filter((e) => e.json?.choices?.[0]?.delta?.content).length;
+      expect(words).to.equal(150000);
+      expect(await sandboxCount('_streamed', spec, CHAT)).to.be.greaterThan(150000);
+    });
+  });
+
+  describe('rate limits', () => {
+    it('429 in the envelope with Retry-After past the limit, streamed or not', async () => {
+      const limited = await startTestGateway({ withWorker: false, env: { RATE_LIMIT_REQUESTS: '2', RATE_LIMIT_WINDOW_SECONDS: '3600' } });
+      try {
+        const tenant = await createTenant(limited.store, 5);
+        const at = `${limited.url}/api/v1`;
+        const body = { model: 'sandbox/chat-1', messages: [{ role: 'user', content: 'x' }], max_tokens: 3 };
+        expect((await call(`${at}/chat/completions`, { key: tenant.inferenceKey, body })).status).to.equal(200);
+        expect((await streamCall(`${at}/chat/completions`, tenant.inferenceKey, { ...body, stream: true })).status).to.equal(200);
+        for (const [path, extra] of [
+          ['/chat/completions', { stream: true }],
+          ['/messages', {}],
+          ['/responses', {}],
+          ['/embeddings', {}],
+        ] as const) {
+          const r = await call(`${at}${path}`, { key: tenant.inferenceKey, body: { ...body, ...extra } });
+          expect(r.status, path).to.equal(429);
+          expect(r.body.error.code).to.equal(429);
+          expect(Number(r.headers.get('retry-after'))).to.be.greaterThan(0);
+        }
+      } finally {
+        await limited.stop();
+      }
+    });
+  });
+
   describe('refusals', () => {
     it('validation errors name the field, for every route', async () => {
       const cases: [string, unknown, RegExp][] = [
@@ -363,13 +504,18 @@ describe('inference routes', function () {
       expect(wrongKind.status).to.equal(404);
     });
 
-    it('401 without a key, 402 without credits, 429 over the rate limit, in the envelope, streamed or not', async () => {
+    it('401 without a key or with a wrong one, 403 for a management operation, 402 without credits, in the envelope, streamed or not', async () => {
       const body = { model: 'test/good', messages: [{ role: 'user', content: 'x' }], stream: true };
       const none = await call(url('/chat/completions'), { body });
       expect(none.status).to.equal(401);
       expect(none.body.error.code).to.equal(401);
       const bad = await call(url('/messages'), { body, headers: { 'x-api-key': 'sk-nope' } });
       expect(bad.status).to.equal(401);
+      // Inference routes take any live key; creating the preset they use takes a management key.
+      const forbidden = await call(url('/presets/mine/chat/completions'), { key: t.inferenceKey, body: { model: 'test/good' } });
+      expect(forbidden.status).to.equal(403);
+      expect(forbidden.body.error).to.include({ code: 403 });
+      expect(forbidden.body.error.message).to.match(/management/);
       const broke = await createTenant(gw.store, 0);
       const poor = await call(url('/chat/completions'), { key: broke.inferenceKey, body });
       expect(poor.status).to.equal(402);

@@ -380,6 +380,11 @@ describe('presets', () => {
         instructions: 'Be kind.',
         model: 'sandbox/chat-1',
       });
+      // The preset's output cap (max_tokens here) is max_output_tokens in the Responses shape, unless the request sets one.
+      const capped = applyPreset({ preset: 'x', input: 'q' }, version, 'responses');
+      expect(capped).to.include({ max_output_tokens: 50 }).and.not.have.property('max_tokens');
+      expect(applyPreset({ preset: 'x', input: 'q', max_output_tokens: 9 }, version, 'responses')).to.include({ max_output_tokens: 9 });
+      expect(applyPreset({ preset: 'x', input: 'q' }, version, 'decision')).to.include({ max_tokens: 50 });
       expect(mergeTools(undefined, [{ name: 'z' }])).to.deep.equal([{ name: 'z' }]);
     });
 

@@ -175,9 +175,6 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
     if (ref) {
       const { designated_version: version } = await getPreset(store, auth.workspaceId, ref.slug);
       body = applyPreset(given, version, operation);
-      if (!ref.model && typeof version.config.model !== 'string' && !given.models?.length && !version.config.models) {
-        throw new BadRequestError(`model: preset "${ref.slug}" names no model; give one as <model>@preset/${ref.slug}`);
-      }
     }
     const plan = planInference(upstreams.catalog, body, operation);
     if (plan.stream && operation === 'embeddings') throw new BadRequestError('stream: embeddings are not streamed');
