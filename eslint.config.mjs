@@ -14,6 +14,7 @@ const domain = [
   'errors',
   'inference',
   'log',
+  'metrics',
   'presets',
   'providers',
   'routing',

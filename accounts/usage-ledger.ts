@@ -16,6 +16,9 @@ interface Pending {
   reject: (err: unknown) => void;
 }
 
+/** The most records one insert carries. */
+const MAX_GROUP = 1_000;
+
 export class UsageLedger {
   private queue: Pending[] = [];
   private writing = false;
@@ -24,7 +27,8 @@ export class UsageLedger {
 
   constructor(
     private readonly store: Store,
-    private readonly maxBatch = 1_000,
+    /** Told of each record once it is stored (metrics: spend). */
+    private readonly onRecorded: (doc: UsageDoc) => void = () => undefined,
   ) {}
 
   /** Resolves true once written, false when that generation was already recorded. */
@@ -46,7 +50,7 @@ export class UsageLedger {
 
   private async drain(): Promise<void> {
     while (this.queue.length) {
-      const group = this.queue.splice(0, this.maxBatch);
+      const group = this.queue.splice(0, MAX_GROUP);
       this.writes++;
       try {
         const outcomes = await insertManyEach(
@@ -56,7 +60,10 @@ export class UsageLedger {
         group.forEach((p, i) => {
           const o = outcomes[i];
           if (o instanceof Error) p.reject(o);
-          else p.resolve(o === 'inserted');
+          else {
+            if (o === 'inserted') this.onRecorded(p.doc);
+            p.resolve(o === 'inserted');
+          }
         });
       } catch (err) {
         for (const p of group) p.reject(err);

@@ -7,6 +7,7 @@ import { CancelledFailure } from '@temporalio/common';
 import type { Config } from '../config';
 import type { Upstreams } from '../routing/upstreams';
 import type { Store } from '../store';
+import type { Metrics } from '../metrics';
 import type { UsageLedger } from '../accounts/usage-ledger';
 import {
   addToTally,
@@ -34,6 +35,8 @@ export interface BatchDeps {
   upstreams: Upstreams;
   batchSettings: Config['batches'];
   usage: UsageLedger;
+  /** Counts the lines this process finishes. */
+  metrics?: Metrics;
 }
 
 /**
@@ -83,7 +86,7 @@ async function runChunk(
   return { completed: writer.tally.completed, failed: writer.tally.failed };
 }
 
-export function createBatchActivities({ store, upstreams, batchSettings, usage }: BatchDeps) {
+export function createBatchActivities({ store, upstreams, batchSettings, usage, metrics }: BatchDeps) {
   async function load(batchId: string): Promise<BatchDoc> {
     const b = await batches(store).findOne({ _id: batchId });
     if (!b) throw new Error(`batch ${batchId} not found`);
@@ -139,7 +142,8 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage }
         outageMs: batchSettings.outageMs,
         signal: abort.signal,
       });
-      return runChunk(
+      const before = { ...writer.tally };
+      const counts = await runChunk(
         ctx,
         chunk.lines.filter((l) => !writer.done.has(l.line)),
         runner,
@@ -148,6 +152,10 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage }
         batchSettings.lineConcurrency,
         chunkIndex,
       );
+      // Only what this run finished: a resumed chunk's earlier lines were counted where they ran.
+      metrics?.batchLines.inc({ outcome: 'completed' }, counts.completed - before.completed);
+      metrics?.batchLines.inc({ outcome: 'failed' }, counts.failed - before.failed);
+      return counts;
     },
 
     /**

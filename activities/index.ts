@@ -7,6 +7,7 @@ import { createProbeActivities } from './probe';
 import { createDecisionActivities } from './decisions';
 import { createBatchActivities } from './batches';
 import type { Config } from '../config';
+import type { Metrics } from '../metrics';
 
 export type { DecisionJob, DecisionResult } from './decisions';
 
@@ -16,6 +17,7 @@ export interface ActivityDeps {
   batchSettings: Config['batches'];
   /** The one writer of usage records (group commit). */
   usage: UsageLedger;
+  metrics?: Metrics;
 }
 
 export function createActivities(deps: ActivityDeps) {

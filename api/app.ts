@@ -7,6 +7,8 @@ import { MethodNotAllowedError, NotFoundError } from '../errors';
 import { errorMiddleware } from './errors';
 import { requestContext } from './request-context';
 import { healthRoutes } from './routes/health';
+import { metricsRoutes } from './routes/metrics';
+import { httpMetrics } from './http-metrics';
 import { accountRoutes } from './routes/accounts';
 import { modelRoutes } from './routes/models';
 import { decisionRoutes } from './routes/decisions';
@@ -64,6 +66,7 @@ export function createApp(deps: AppDeps): Koa {
   app.on('error', (err: Error, ctx?: Koa.Context) => {
     (ctx?.state.log ?? deps.logger).error({ err, path: ctx?.path }, 'error after the response began');
   });
+  app.use(httpMetrics(deps.metrics));
   app.use(requestContext(deps.logger));
   app.use(errorMiddleware());
   app.use(async (ctx, next) => {
@@ -74,7 +77,9 @@ export function createApp(deps: AppDeps): Koa {
 
   const api = new Router({ prefix: API_PREFIX });
   mountRoutes(api, apiRoutes(deps), deps);
-  for (const router of [healthRoutes(deps), api]) {
+  const routers = [healthRoutes(deps), api];
+  if (deps.config.metrics.port === null) routers.unshift(metricsRoutes(deps.metrics, deps.config.metrics.token));
+  for (const router of routers) {
     app.use(router.routes() as Koa.Middleware);
     app.use(allowedMethods(router));
   }

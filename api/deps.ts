@@ -9,6 +9,7 @@ import type { KeyCache } from '../accounts/key-cache';
 import type { UsageLedger } from '../accounts/usage-ledger';
 import type { Upstreams } from '../routing/upstreams';
 import type { DecisionExecution } from './decision-execution';
+import type { Metrics } from '../metrics';
 
 export interface AppDeps {
   config: Config;
@@ -24,6 +25,8 @@ export interface AppDeps {
   upstreams: Upstreams;
   /** The one writer of usage records, shared with this process's activities. */
   usage: UsageLedger;
+  /** The process's Prometheus metrics. */
+  metrics: Metrics;
   /** Under `gateway start`: the state of each embedded process it supervises (for /readyz). */
   embedded?: () => Record<string, 'ok' | 'restarting'>;
 }

@@ -12,6 +12,7 @@ export function rateLimit(deps: AppDeps): Koa.Middleware {
     ctx.set('X-RateLimit-Remaining', String(d.remaining));
     ctx.set('X-RateLimit-Reset', String(d.resetAt));
     if (!d.allowed) {
+      deps.metrics.rateLimited.inc();
       throw new RateLimitedError(
         `Rate limit exceeded: ${d.limit} requests per ${deps.rateLimiter.windowSeconds}s for this key`,
         d.retryAfterSeconds,

@@ -180,6 +180,14 @@ export function progress(store: Store, batchId: string): Collection<ProgressDoc>
   return store.db.collection<ProgressDoc>(`${batchId}_progress`);
 }
 
+/** How many batches are in each status (for metrics, read at scrape time). */
+export async function batchCountsByStatus(store: Store): Promise<Record<string, number>> {
+  const rows = await batches(store)
+    .aggregate<{ _id: string; n: number }>([{ $group: { _id: '$status', n: { $sum: 1 } } }])
+    .toArray();
+  return Object.fromEntries(rows.map((r) => [r._id, r.n]));
+}
+
 export function batches(store: Store): Collection<BatchDoc> {
   return store.db.collection<BatchDoc>('batches');
 }

@@ -16,6 +16,9 @@ import { DecisionHandoff } from '../temporal/decision-handoff';
 import { UsageLedger } from '../accounts/usage-ledger';
 import { createActivities } from '../activities';
 import { inlineExecution, workflowExecution } from '../api/decision-execution';
+import { startMetricsServer } from '../api/routes/metrics';
+import { Metrics } from '../metrics';
+import { batchCountsByStatus } from '../batches/store';
 
 export interface Addresses {
   mongoUri: string;
@@ -35,13 +38,24 @@ export type Stop = () => Promise<void>;
 /** The store, upstream clients and Temporal connection every role needs, and a worker if asked. */
 async function startCore(config: Config, logger: Logger, addr: Addresses, withWorker: boolean) {
   const store = await Store.connect(addr.mongoUri, config.mongo.database);
-  const upstreams = createUpstreams(config, store);
+  const metrics = new Metrics(() => batchCountsByStatus(store));
+  const upstreams = createUpstreams(config, store, undefined, metrics);
   upstreams.stats.start();
-  const { connection, client } = await connectTemporal(addr.temporalAddress, config.temporal.namespace, logger);
+  const { connection, client } = await connectTemporal(
+    addr.temporalAddress,
+    config.temporal.namespace,
+    logger,
+    config.metrics.temporalPort,
+  );
   const handoff = new DecisionHandoff();
   // One set of activity functions per process: the worker registers them, inline decisions call them.
-  const usage = new UsageLedger(store);
-  const activities = createActivities({ store, upstreams, batchSettings: config.batches, usage });
+  const usage = new UsageLedger(store, (doc) => metrics.spend.inc({ workspace: doc.workspace_id }, doc.cost));
+  const activities = createActivities({ store, upstreams, batchSettings: config.batches, usage, metrics });
+  const metricsServer =
+    config.metrics.port === null
+      ? null
+      : await startMetricsServer(metrics, { token: config.metrics.token, host: config.host, port: config.metrics.port, logger });
+  if (metricsServer) logger.info({ url: metricsServer.url }, 'metrics listening');
   let stopWorker: Stop = async () => undefined;
   if (withWorker) {
     const worker = await createWorker({
@@ -60,12 +74,13 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     };
   }
   const stop: Stop = async () => {
+    await metricsServer?.close();
     await stopWorker();
     await connection.close();
     await upstreams.close();
     await store.close();
   };
-  return { store, upstreams, client, handoff, activities, usage, stop };
+  return { store, upstreams, client, handoff, activities, usage, metrics, stop };
 }
 
 export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
@@ -78,7 +93,7 @@ export async function runApiRole(
   addr: Addresses,
   opts: { withWorker: boolean; embedded?: AppDeps['embedded'] },
 ): Promise<{ url: string; stop: Stop }> {
-  const { store, upstreams, client, handoff, activities, usage, stop } = await startCore(config, logger, addr, opts.withWorker);
+  const { store, upstreams, client, handoff, activities, usage, metrics, stop } = await startCore(config, logger, addr, opts.withWorker);
   const decisions =
     config.decisions.execution === 'workflow'
       ? workflowExecution(client, handoff, config.temporal.taskQueue, config.decisions.workflowConcurrency)
@@ -94,6 +109,7 @@ export async function runApiRole(
       rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds),
       upstreams,
       usage,
+      metrics,
       workspaces: new WorkspaceCache(store, config.credits.balanceCacheMs),
       keys: new KeyCache(store, config.auth.keyCacheMs),
       embedded: opts.embedded,

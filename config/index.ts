@@ -152,6 +152,14 @@ export function loadConfig(env: Env = process.env) {
       maxScoreLevels: positiveInt(env, 'DECISION_MAX_SCORE_LEVELS', 255),
       maxStateBytes: bytes(env, 'DECISION_MAX_STATE_BYTES', 512 * 1024),
     },
+    metrics: {
+      /** When set, GET /metrics needs `Authorization: Bearer <token>`. */
+      token: read(env, 'METRICS_TOKEN') ?? null,
+      /** When set, /metrics is served on this port (by the API or a worker alone) instead of the API's. */
+      port: read(env, 'METRICS_PORT') === undefined ? null : port(env, 'METRICS_PORT', 0),
+      /** When set, the Temporal SDK runtime serves its own Prometheus metrics (worker polls, task latencies) on this port. */
+      temporalPort: read(env, 'TEMPORAL_METRICS_PORT') === undefined ? null : port(env, 'TEMPORAL_METRICS_PORT', 0),
+    },
     inference: {
       /** A stream whose provider has been silent this long gets an SSE comment, so proxies keep it open. */
       keepAliveMs: positiveInt(env, 'STREAM_KEEPALIVE_MS', 10_000),

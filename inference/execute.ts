@@ -94,7 +94,7 @@ export async function openStream(
         throw up.http.classify(err, e.provider.slug, null, e.provider.timeout_ms);
       }
     },
-    { limiter: up.limiter, stats: up.stats, signal: ctx.signal, holdSlot: true, measure: () => null },
+    { limiter: up.limiter, stats: up.stats, observer: up.observer, signal: ctx.signal, holdSlot: true, measure: () => null },
   );
   return { endpoint: opened.endpoint, attempts: opened.attempts, release: opened.release, ...opened.response };
 }

@@ -16,6 +16,7 @@ import type { ProviderLimiter } from '../providers/limiter';
 import type { RoutePlan } from './engine';
 import type { LiveStats, Sample } from './stats';
 import { sleep } from '../concurrency/sleep';
+import type { UpstreamObserver } from '../metrics';
 
 export interface Attempt {
   provider: string;
@@ -45,6 +46,8 @@ export interface ExecuteOptions<T = ProviderResponse> {
   measure?: (response: T) => Sample | null;
   /** Keep the slot after a success (a stream holds it until it ends) and hand its release to the caller. */
   holdSlot?: boolean;
+  /** Told of every attempt and fallback (metrics). */
+  observer?: UpstreamObserver;
 }
 
 const measureResponse = (r: unknown): Sample => {
@@ -88,9 +91,12 @@ export async function executePlan<T = ProviderResponse>(
     const isLast = i === plan.endpoints.length - 1;
     for (let retry = 0; retry < 2; retry++) {
       let release: (() => void) | null = null;
+      let startedAt = 0;
       try {
         release = await opts.limiter.acquire(e.provider, opts.queueWaitMs ?? e.provider.timeout_ms, opts.signal);
+        startedAt = performance.now();
         const response = await call(e, opts.signal);
+        opts.observer?.call(e.provider.slug, e.model.canonicalId, 'ok', (performance.now() - startedAt) / 1000);
         const sample = measure(response);
         if (sample) opts.stats?.record(e.key, sample);
         if (opts.holdSlot) {
@@ -107,7 +113,9 @@ export async function executePlan<T = ProviderResponse>(
         last = f;
         attempts.push({ provider: e.provider.slug, endpoint: e.tag, kind: f.kind, status: f.status, message: f.message });
         if (f.kind !== 'capacity' && f.kind !== 'aborted') opts.stats?.record(e.key, { ok: false, latencyMs: 0, outputTokens: 0 });
+        if (startedAt) opts.observer?.call(e.provider.slug, e.model.canonicalId, f.kind, (performance.now() - startedAt) / 1000);
         if (!f.retryable || opts.signal?.aborted) throw failureToError(f, attempts);
+        if (!isLast) opts.observer?.fallback(e.model.canonicalId);
         // Nowhere else to go: a short Retry-After on the last endpoint is worth one wait.
         const waitable =
           isLast &&

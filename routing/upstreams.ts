@@ -11,12 +11,15 @@ import type { Store } from '../store';
 import { optionsFor, planRoute } from './engine';
 import { executePlan, type Attempt } from './execute';
 import { LiveStats } from './stats';
+import { unobserved, type UpstreamObserver } from '../metrics';
 
 export interface Upstreams {
   catalog: Catalog;
   http: ProviderHttp;
   limiter: ProviderLimiter;
   stats: LiveStats;
+  /** Where each provider call and fallback is reported (the process's metrics). */
+  observer: UpstreamObserver;
   env: Record<string, string | undefined>;
 }
 
@@ -28,6 +31,7 @@ export function createUpstreams(
   config: Config,
   store: Store,
   catalog = Catalog.fromFile(config.catalogPath, catalogEnv(config)),
+  observer: UpstreamObserver = unobserved,
 ): Upstreams & { close(): Promise<void> } {
   const stats = new LiveStats(store);
   const http = new ProviderHttp();
@@ -36,6 +40,7 @@ export function createUpstreams(
     http,
     stats,
     limiter: new ProviderLimiter(),
+    observer,
     env: process.env,
     close: async () => {
       await stats.stop();
@@ -85,7 +90,7 @@ export async function invoke(up: Upstreams, req: InvokeRequest): Promise<Invocat
       const body = typeof req.body === 'function' ? req.body(e) : req.body;
       return callEndpoint(up.http, e, req.operation, { ...body, ...optionsFor(e, req.preferences) }, { signal, env: up.env });
     },
-    { limiter: up.limiter, stats: up.stats, signal: req.signal, queueWaitMs: req.queueWaitMs },
+    { limiter: up.limiter, stats: up.stats, observer: up.observer, signal: req.signal, queueWaitMs: req.queueWaitMs },
   );
   return {
     endpoint,

@@ -14,7 +14,7 @@ export interface TemporalHandles {
 let runtimeInstalled = false;
 
 /** Routes the SDK's own logs into ours. Must run before the first connection creates the runtime. */
-function installRuntime(logger: Logger): void {
+function installRuntime(logger: Logger, metricsPort: number | null): void {
   if (runtimeInstalled) return;
   runtimeInstalled = true;
   // The SDK narrates worker state changes at info; keep only its warnings unless debugging.
@@ -33,12 +33,21 @@ function installRuntime(logger: Logger): void {
       warn: (message, meta) => (expected(meta) ? log.debug(meta ?? {}, message) : log.warn(meta ?? {}, message)),
       error: (message, meta) => log.error(meta ?? {}, message),
     },
-    telemetryOptions: { logging: { filter: makeTelemetryFilterString({ core: 'WARN' }), forward: {} } },
+    telemetryOptions: {
+      logging: { filter: makeTelemetryFilterString({ core: 'WARN' }), forward: {} },
+      // The SDK core's own Prometheus endpoint (worker polls, task and activity latencies), on request.
+      ...(metricsPort === null ? {} : { metrics: { prometheus: { bindAddress: `127.0.0.1:${metricsPort}` } } }),
+    },
   });
 }
 
-export async function connectTemporal(address: string, namespace: string, logger: Logger): Promise<TemporalHandles> {
-  installRuntime(logger);
+export async function connectTemporal(
+  address: string,
+  namespace: string,
+  logger: Logger,
+  metricsPort: number | null = null,
+): Promise<TemporalHandles> {
+  installRuntime(logger, metricsPort);
   const connection = await NativeConnection.connect({ address });
   const client = new Client({ connection, namespace });
   return { connection, client };

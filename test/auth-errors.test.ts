@@ -12,6 +12,7 @@ import { defineRoute, mountRoutes } from '../api/route';
 import { RateLimiter } from '../accounts/rate-limit';
 import { WorkspaceCache } from '../accounts/workspace-cache';
 import { KeyCache } from '../accounts/key-cache';
+import { Metrics } from '../metrics';
 import { UsageLedger } from '../accounts/usage-ledger';
 import { usageRecord, call, capturingLogger, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
 
@@ -200,6 +201,7 @@ describe('402, 500 and the billable guard', () => {
       rateLimiter: new RateLimiter(gw.store, 1000, 60),
       upstreams: null as never,
       usage: null as never,
+      metrics: new Metrics(),
       workspaces: new WorkspaceCache(gw.store, 0),
       keys: new KeyCache(gw.store, 0),
     }; // no caching: every call reads the ledger

@@ -28,7 +28,7 @@ async function withPreset(store: AppDeps['store'], workspaceId: string, body: De
 /** Temporal refuses payloads over 2 MB; in workflow mode the whole request is the workflow's input. */
 const MAX_REQUEST_BYTES = 1.5 * 1024 * 1024;
 
-export function decisionRoutes({ config, store, decisions, upstreams, workspaces }: AppDeps): AnyRoute[] {
+export function decisionRoutes({ config, store, decisions, upstreams, workspaces, metrics }: AppDeps): AnyRoute[] {
   const limits = config.decisions;
   return [
     defineRoute({
@@ -64,6 +64,7 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
             signal,
           );
           hold.settle(result.usage.cost);
+          metrics.decisions.inc({ mode: decisions.mode });
           ctx.body = result;
         } catch (err) {
           hold.release();

@@ -1,0 +1,103 @@
+// The process's Prometheus metrics, all named here. Label values come from bounded sets only (route
+// templates, catalog ids, provider slugs, outcome kinds, workspace ids): never keys, prompts or
+// anything else a caller writes.
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
+
+/** What the routing layer reports about each provider call; `Metrics` is one, a test may be another. */
+export interface UpstreamObserver {
+  /** One attempt at an endpoint: `ok`, or the kind of failure it was. */
+  call(provider: string, model: string, outcome: string, seconds: number): void;
+  /** A failed attempt that moved on to another endpoint. */
+  fallback(model: string): void;
+}
+
+const LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
+
+export class Metrics implements UpstreamObserver {
+  readonly registry = new Registry();
+  readonly httpRequests = new Histogram({
+    name: 'gateway_http_request_duration_seconds',
+    help: 'HTTP requests by method, route template and status',
+    labelNames: ['method', 'route', 'status'] as const,
+    buckets: LATENCY_BUCKETS,
+    registers: [this.registry],
+  });
+  readonly upstreamCalls = new Histogram({
+    name: 'gateway_upstream_request_duration_seconds',
+    help: 'Calls to model providers by provider, model and outcome (ok or the failure kind)',
+    labelNames: ['provider', 'model', 'outcome'] as const,
+    buckets: LATENCY_BUCKETS,
+    registers: [this.registry],
+  });
+  readonly fallbacks = new Counter({
+    name: 'gateway_fallbacks_total',
+    help: 'Failed provider attempts after which the next endpoint was tried',
+    labelNames: ['model'] as const,
+    registers: [this.registry],
+  });
+  readonly rateLimited = new Counter({
+    name: 'gateway_rate_limit_rejections_total',
+    help: 'Requests refused with 429 by the per-key rate limit',
+    registers: [this.registry],
+  });
+  readonly paymentRequired = new Counter({
+    name: 'gateway_payment_required_total',
+    help: 'Requests refused with 402 (no credits left)',
+    registers: [this.registry],
+  });
+  readonly decisions = new Counter({
+    name: 'gateway_decisions_total',
+    help: 'Decisions answered, by execution mode',
+    labelNames: ['mode'] as const,
+    registers: [this.registry],
+  });
+  readonly batchLines = new Counter({
+    name: 'gateway_batch_lines_total',
+    help: 'Batch lines processed by this process, by outcome (completed or failed)',
+    labelNames: ['outcome'] as const,
+    registers: [this.registry],
+  });
+  readonly spend = new Counter({
+    name: 'gateway_spend_usd_total',
+    help: 'USD billed through this process, by workspace',
+    labelNames: ['workspace'] as const,
+    registers: [this.registry],
+  });
+
+  /** `batchCounts` is read at each scrape for the batches-by-status gauge. */
+  constructor(batchCounts?: () => Promise<Record<string, number>>) {
+    collectDefaultMetrics({ register: this.registry, prefix: 'gateway_process_' });
+    if (batchCounts) {
+      new Gauge({
+        name: 'gateway_batches',
+        help: 'Batches by status (from the database, at scrape time)',
+        labelNames: ['status'] as const,
+        registers: [this.registry],
+        async collect() {
+          this.reset();
+          for (const [status, n] of Object.entries(await batchCounts())) this.set({ status }, n);
+        },
+      });
+    }
+  }
+
+  call(provider: string, model: string, outcome: string, seconds: number): void {
+    this.upstreamCalls.observe({ provider, model, outcome }, seconds);
+  }
+
+  fallback(model: string): void {
+    this.fallbacks.inc({ model });
+  }
+
+  /** The text a Prometheus scrape reads. */
+  text(): Promise<string> {
+    return this.registry.metrics();
+  }
+
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+}
+
+/** Reports nowhere: for callers that build upstreams without a metrics registry (tools, some tests). */
+export const unobserved: UpstreamObserver = { call: () => undefined, fallback: () => undefined };
