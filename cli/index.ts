@@ -38,7 +38,7 @@ export function buildProgram(): Command {
     )
     .action(async () => {
       const config = configOrExit();
-      await startAll(config, createLogger(config.logLevel)).catch(fail);
+      await startAll(config, createLogger(config.logLevel, 'gateway', undefined, config.logFormat)).catch(fail);
     });
 
   program
@@ -47,7 +47,7 @@ export function buildProgram(): Command {
     .option('--with-worker', 'run a worker in the same process', false)
     .action(async (opts: { withWorker: boolean }) => {
       const config = configOrExit();
-      const logger = createLogger(config.logLevel, 'gateway-api');
+      const logger = createLogger(config.logLevel, 'gateway-api', undefined, config.logFormat);
       const api = await runApiRole(config, logger, configuredAddresses(config), { withWorker: opts.withWorker }).catch(fail);
       stopOnSignals(logger, [api.stop]);
     });
@@ -57,7 +57,7 @@ export function buildProgram(): Command {
     .description('run a Temporal worker only')
     .action(async () => {
       const config = configOrExit();
-      const logger = createLogger(config.logLevel, 'gateway-worker');
+      const logger = createLogger(config.logLevel, 'gateway-worker', undefined, config.logFormat);
       const stop = await runWorkerRole(config, logger, configuredAddresses(config)).catch(fail);
       stopOnSignals(logger, [stop]);
     });
@@ -67,7 +67,7 @@ export function buildProgram(): Command {
     .description('run the sandbox model provider (SANDBOX_PORT)')
     .action(async () => {
       const config = configOrExit();
-      const logger = createLogger(config.logLevel, 'gateway-sandbox');
+      const logger = createLogger(config.logLevel, 'gateway-sandbox', undefined, config.logFormat);
       const sandbox = await runSandboxRole(config, logger).catch(fail);
       stopOnSignals(logger, [sandbox.stop]);
     });
@@ -87,7 +87,7 @@ export function buildProgram(): Command {
     .action(async () => {
       const config = configOrExit();
       const { temporalAddress } = configuredAddresses(config);
-      const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, createLogger(config.logLevel)).catch(
+      const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, createLogger(config.logLevel, 'gateway', undefined, config.logFormat)).catch(
         fail,
       );
       try {

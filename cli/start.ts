@@ -14,8 +14,6 @@ import { runApiRole, stopOnSignals, type Stop } from './roles';
 import { Store } from '../store';
 import { bootstrapIfEmpty } from '../accounts/bootstrap';
 
-const say = (line: string) => process.stdout.write(`gateway ▸ ${line}\n`);
-
 /** Fails with a clear message when a port we are about to use is already taken (a gateway left running?). */
 async function assertPortsFree(ports: [string, string, number][]): Promise<void> {
   for (const [setting, host, port] of ports) {
@@ -36,6 +34,8 @@ async function assertPortsFree(ports: [string, string, number][]): Promise<void>
 }
 
 export async function startAll(config: Config, logger: Logger): Promise<void> {
+  // Progress goes through the logger too: one format per destination.
+  const say = (line: string) => logger.info(line);
   const stops: Stop[] = [];
   stopOnSignals(logger, stops);
   const embeddedMongo = !config.mongo.uri;

@@ -103,6 +103,8 @@ export function loadConfig(env: Env = process.env) {
     host: read(env, 'HOST') ?? '127.0.0.1',
     port: port(env, 'PORT', 8080),
     logLevel: oneOf(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
+    /** `auto`: readable lines on a terminal, JSON lines otherwise. */
+    logFormat: oneOf(env, 'LOG_FORMAT', ['auto', 'json', 'pretty'] as const, 'auto'),
     dataDir,
     toolsDir: path.resolve(read(env, 'TOOLS_DIR') ?? defaultToolsDir(env)),
     mongo: {

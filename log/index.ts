@@ -1,9 +1,15 @@
-// Structured JSON logs. Secrets never reach a log line: auth headers and key material are redacted.
+// Structured logs, one format per destination: readable lines on a terminal, JSON lines otherwise
+// (or whenever LOG_FORMAT=json). Secrets never reach a log line: auth headers and key material are redacted.
 import pino from 'pino';
+import pretty from 'pino-pretty';
 
 export type Logger = pino.Logger;
 
-export function createLogger(level: string, name = 'gateway', destination?: pino.DestinationStream): Logger {
+/** `auto`: readable on a terminal, JSON when stdout is a file or a pipe. */
+export type LogFormat = 'auto' | 'json' | 'pretty';
+
+export function createLogger(level: string, name = 'gateway', destination?: pino.DestinationStream, format: LogFormat = 'auto'): Logger {
+  const readable = !destination && (format === 'pretty' || (format === 'auto' && process.stdout.isTTY === true));
   return pino(
     {
       name,
@@ -13,6 +19,9 @@ export function createLogger(level: string, name = 'gateway', destination?: pino
         censor: '[redacted]',
       },
     },
-    destination,
+    // Synchronous, so the last lines before an exit are not lost and lines keep their order.
+    readable
+      ? pretty({ sync: true, colorize: process.stdout.isTTY === true, translateTime: 'SYS:HH:MM:ss.l', ignore: 'pid,hostname' })
+      : destination,
   );
 }

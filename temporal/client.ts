@@ -25,6 +25,8 @@ function installRuntime(logger: Logger, metricsPort: number | null): void {
   const at = (level: string) =>
     level === 'TRACE' ? 'trace' : level === 'DEBUG' ? 'debug' : level === 'WARN' ? 'warn' : level === 'ERROR' ? 'error' : 'info';
   Runtime.install({
+    // Our own handler stops the worker once; the SDK's would stop it again (IllegalStateError).
+    shutdownSignals: [],
     logger: {
       log: (level, message, meta) => log[level === 'WARN' && expected(meta) ? 'debug' : at(level)](meta ?? {}, message),
       trace: (message, meta) => log.trace(meta ?? {}, message),

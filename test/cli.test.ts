@@ -30,7 +30,7 @@ async function embeddedStackEnv(dataDir: string): Promise<NodeJS.ProcessEnv> {
     FERRETDB_PORT: String(await freePort()),
     SANDBOX_PORT: String(await freePort()),
     DATA_DIR: dataDir,
-    LOG_LEVEL: 'warn',
+    LOG_LEVEL: 'info',
     MONGODB_URI: '',
     TEMPORAL_ADDRESS: '',
   };
@@ -77,9 +77,14 @@ async function until<T>(what: string, f: () => Promise<T | undefined> | T | unde
 }
 
 /** Runs `gateway start` and resolves once it prints its ready line, with every line it printed. */
-async function startUntilReady(env: NodeJS.ProcessEnv, timeoutMs: number): Promise<{ child: ReturnType<typeof spawn>; said: string[] }> {
+async function startUntilReady(
+  env: NodeJS.ProcessEnv,
+  timeoutMs: number,
+): Promise<{ child: ReturnType<typeof spawn>; said: string[]; complained: string[] }> {
   const child = spawn(process.execPath, [bin, 'start'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
   const said: string[] = [];
+  const complained: string[] = [];
+  readline.createInterface({ input: child.stderr! }).on('line', (l) => complained.push(l));
   await new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`no ready line; saw:\n${said.join('\n')}`)), timeoutMs);
     readline.createInterface({ input: child.stdout! }).on('line', (l) => {
@@ -94,7 +99,7 @@ async function startUntilReady(env: NodeJS.ProcessEnv, timeoutMs: number): Promi
       reject(new Error(`exited ${code}:\n${said.join('\n')}`));
     });
   });
-  return { child, said };
+  return { child, said, complained };
 }
 
 describe('gateway CLI', () => {
@@ -109,6 +114,26 @@ describe('gateway CLI', () => {
     const out = spawnSync(process.execPath, [bin, 'start'], { encoding: 'utf8', env: { ...process.env, PORT: 'http' } });
     expect(out.status).to.equal(2);
     expect(out.stderr).to.include('PORT');
+  });
+
+  it('logs JSON lines when not on a terminal and readable lines with LOG_FORMAT=pretty', async () => {
+    const firstLine = async (extra: NodeJS.ProcessEnv) => {
+      const child = spawn(process.execPath, [bin, 'sandbox'], {
+        env: { ...process.env, SANDBOX_PORT: String(await freePort()), LOG_LEVEL: 'info', LOG_FORMAT: '', ...extra },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      try {
+        return await new Promise<string>((resolve) => readline.createInterface({ input: child.stdout! }).once('line', resolve));
+      } finally {
+        child.kill('SIGTERM');
+      }
+    };
+    const piped = await firstLine({});
+    expect(JSON.parse(piped)).to.include({ msg: 'sandbox provider listening' });
+    expect(JSON.parse(await firstLine({ LOG_FORMAT: 'json' }))).to.include({ level: 30 });
+    const readable = await firstLine({ LOG_FORMAT: 'pretty' });
+    expect(readable).to.match(/INFO.*sandbox provider listening/);
+    expect(() => JSON.parse(readable)).to.throw();
   });
 
   it('names the missing Go toolchain and the alternative when a binary must be built', async () => {
@@ -136,7 +161,9 @@ describe('gateway CLI', () => {
     let firstKey = '';
     try {
       for (const round of [1, 2]) {
-        const { child, said } = await startUntilReady(env, 90_000);
+        const { child, said, complained } = await startUntilReady(env, 90_000);
+        // Not a terminal: every line is JSON, progress included.
+        for (const line of said) expect(() => JSON.parse(line), line).to.not.throw();
         expect(said.join('\n'))
           .to.include(`Web UI http://127.0.0.1:${env.TEMPORAL_UI_PORT}`)
           .and.include(`sandbox provider on http://127.0.0.1:${env.SANDBOX_PORT}`);
@@ -158,7 +185,7 @@ describe('gateway CLI', () => {
         // `gateway check` runs a workflow through the started worker and writes to the embedded database.
         const check = spawnSync(process.execPath, [bin, 'check'], {
           encoding: 'utf8',
-          env: { ...env, TEMPORAL_ADDRESS: `127.0.0.1:${env.TEMPORAL_PORT}` },
+          env: { ...env, LOG_LEVEL: 'warn', TEMPORAL_ADDRESS: `127.0.0.1:${env.TEMPORAL_PORT}` },
         });
         expect(check.status, check.stderr).to.equal(0);
         expect(JSON.parse(check.stdout)).to.include({ ok: true });
@@ -173,9 +200,14 @@ describe('gateway CLI', () => {
           );
           expect(JSON.parse(list.stdout)).to.have.length(2);
         }
+        const exited = new Promise((r) => child.once('exit', r));
         child.kill('SIGTERM');
-        const code = await new Promise((r) => child.once('exit', r));
+        if (round === 2) child.kill('SIGTERM'); // an impatient second signal changes nothing
+        const code = await exited;
         expect(code).to.equal(0);
+        const output = [...said, ...complained].join('\n');
+        expect(output).to.include('shutting down').and.not.include('IllegalStateError');
+        expect(output.match(/shutting down/g)).to.have.length(1);
         for (const pid of children) expect(alive(pid), `child ${pid} still running`).to.equal(false);
       }
     } finally {
@@ -257,7 +289,7 @@ describe('gateway CLI', () => {
       ...process.env,
       PORT: String(await freePort()),
       SANDBOX_PORT: String(await freePort()),
-      LOG_LEVEL: 'warn',
+      LOG_LEVEL: 'info',
       MONGODB_URI: stack.mongoUri,
       MONGODB_DATABASE: `start_external_${Date.now()}`,
       TEMPORAL_ADDRESS: stack.temporalAddress,
