@@ -87,9 +87,11 @@ export function buildProgram(): Command {
     .action(async () => {
       const config = configOrExit();
       const { temporalAddress } = configuredAddresses(config);
-      const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, createLogger(config.logLevel, 'gateway', undefined, config.logFormat)).catch(
-        fail,
-      );
+      const { connection, client } = await connectTemporal(
+        temporalAddress,
+        config.temporal.namespace,
+        createLogger(config.logLevel, 'gateway', undefined, config.logFormat),
+      ).catch(fail);
       try {
         const result = await runSelfCheck(client, config.temporal.taskQueue);
         process.stdout.write(`${JSON.stringify({ ok: true, ...result })}\n`);
