@@ -54,6 +54,8 @@ export function workflowExecution(temporal: Client, handoff: DecisionHandoff, ta
             taskQueue,
             requestEagerStart: true,
             workflowExecutionTimeout: '3 minutes',
+            // What the Web UI lists for this run; ids only, never the caller's text.
+            staticSummary: `decision · ${job.request.model} · ${Object.keys(job.request.questions).length} question(s) · workspace ${job.workspaceId} · key ${job.keyId}`,
             args: [job],
           }),
         );

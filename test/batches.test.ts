@@ -5,7 +5,7 @@ import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { batches, createBatch, newBatchId, storeInputs } from '../batches/store';
 import { batchProgressQuery, batchWorkflow } from '../workflows/batch';
-import { searchAttributes } from '../workflows/shared';
+import { searchAttributes, workflowMetadataQuery } from '../workflows/shared';
 import { startProcess } from '../tools/processes';
 import { stack } from './fixture';
 import {
@@ -563,8 +563,18 @@ describe('batches', () => {
       await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['in_progress']);
       const progress = await handle.query(batchProgressQuery);
       expect(progress).to.include({ status: 'in_progress', chunks: 4 });
+      // What the Web UI shows: the details it reads through Temporal's built-in metadata query.
+      const details = async () => (await handle.query(workflowMetadataQuery)).currentDetails;
+      expect(await details()).to.match(/^\*\*in_progress\*\* · \d+ of 24 lines done \(\d+ completed, 0 failed\) · \d of 4 chunks$/);
       await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed'], 30_000);
+      expect(await details()).to.equal('**completed** · 24 of 24 lines done (24 completed, 0 failed) · 4 of 4 chunks');
       const d = await handle.describe();
+      expect(await d.staticSummary()).to.equal(
+        `batch · 24 lines · /v1/chat/completions · test/batch-slow-20260101 · workspace ${t.workspaceId} · key ${t.inferenceKeyId}`,
+      );
+      expect(await d.staticDetails())
+        .to.include(`**Batch** ${r.body.id}`)
+        .and.include('- lines: 24 in 4 chunk(s)');
       expect(d.type).to.equal(batchWorkflow.name);
       expect(d.typedSearchAttributes.get(searchAttributes.batchStatus)).to.equal('completed');
       expect(d.typedSearchAttributes.get(searchAttributes.workspace)).to.equal(t.workspaceId);
@@ -574,6 +584,12 @@ describe('batches', () => {
         e.activityTaskScheduledEventAttributes?.activityType?.name ? [e.activityTaskScheduledEventAttributes.activityType.name] : [],
       );
       expect(new Set(names)).to.deep.equal(new Set(['validateBatchLines', 'setBatchStatus', 'processBatchChunk', 'closeBatch']));
+      // Each chunk activity names its chunk in the UI.
+      const summaries = (history.events ?? []).flatMap((e) => {
+        const data = e.userMetadata?.summary?.data;
+        return e.activityTaskScheduledEventAttributes && data ? [JSON.parse(Buffer.from(data).toString())] : [];
+      });
+      expect(summaries.sort()).to.deep.equal(['chunk 1 of 4', 'chunk 2 of 4', 'chunk 3 of 4', 'chunk 4 of 4']);
     } finally {
       await connection.close();
     }

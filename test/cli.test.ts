@@ -96,7 +96,7 @@ async function startUntilReady(
     });
     child.once('exit', (code) => {
       clearTimeout(timer);
-      reject(new Error(`exited ${code}:\n${said.join('\n')}`));
+      reject(new Error(`exited ${code}:\n${said.join('\n')}\nstderr:\n${complained.join('\n')}`));
     });
   });
   return { child, said, complained };

@@ -487,6 +487,10 @@ for (const mode of ['inline', 'workflow'] as const)
             const d = await described;
             expect(d.type).to.equal(decisionWorkflow.name);
             expect(d.status.name).to.equal('COMPLETED');
+            // One line for the Web UI's list: what, for whom; no caller text.
+            expect(await d.staticSummary()).to.equal(
+              `decision · jev-1.13 · 1 question(s) · workspace ${t.workspaceId} · key ${t.inferenceKeyId}`,
+            );
           } finally {
             await connection.close();
           }

@@ -8,6 +8,7 @@ import {
   defineSignal,
   isCancellation,
   proxyActivities,
+  setCurrentDetails,
   setHandler,
   sleep,
   upsertSearchAttributes,
@@ -26,6 +27,10 @@ export interface BatchWorkflowInput {
   phase: 'validate' | 'process';
   nextChunk: number;
   cancelRequested: boolean;
+  /** Request lines in the batch, for the details the Web UI shows (absent in runs started before it was). */
+  lines?: number;
+  /** Lines finished by earlier runs of this batch (continue-as-new). */
+  done?: { completed: number; failed: number };
 }
 
 export interface BatchProgress {
@@ -70,15 +75,24 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
     cancelRequested = true;
   });
   setHandler(batchProgressQuery, () => ({ status, chunks: input.chunks, chunks_done: chunksDone, cancel_requested: cancelRequested }));
+  const done = { completed: input.done?.completed ?? 0, failed: input.done?.failed ?? 0 };
+  // The Web UI's "current details": how far the batch has got, kept up to date as chunks finish.
+  const showProgress = () =>
+    setCurrentDetails(
+      `**${status}** · ${done.completed + done.failed} of ${input.lines ?? '?'} lines done (${done.completed} completed, ${done.failed} failed) · ${chunksDone} of ${input.chunks} chunks`,
+    );
+  showProgress();
 
   const mark = async (s: 'in_progress' | 'finalizing' | 'cancelling') => {
     status = s;
+    showProgress();
     upsertSearchAttributes([{ key: searchAttributes.batchStatus, value: s }]);
     await bookkeeping.setBatchStatus(input.batchId, s);
   };
   const close = async (s: 'completed' | 'failed' | 'expired' | 'cancelled', message: string | null = null) => {
     await bookkeeping.closeBatch(input.batchId, s, message);
     status = s;
+    showProgress();
     upsertSearchAttributes([{ key: searchAttributes.batchStatus, value: s }]);
     await condition(allHandlersFinished);
     return s;
@@ -99,10 +113,13 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
   const work = scope.run(async () => {
     let scheduled = 0;
     while (next < input.chunks && scheduled < CHUNKS_PER_RUN && !workflowInfo().continueAsNewSuggested) {
-      const p: Promise<void> = chunks
-        .processBatchChunk(input.batchId, next)
-        .then(() => {
+      const p: Promise<void> = chunks.processBatchChunk
+        .executeWithOptions({ summary: `chunk ${next + 1} of ${input.chunks}` }, [input.batchId, next])
+        .then((counts) => {
           chunksDone++;
+          done.completed += counts.completed;
+          done.failed += counts.failed;
+          showProgress();
         })
         .finally(() => inFlight.delete(p));
       inFlight.add(p);
@@ -132,7 +149,7 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
   }
   if (next < input.chunks) {
     await condition(allHandlersFinished);
-    return continueAsNew<typeof batchWorkflow>({ ...input, phase: 'process', nextChunk: next, cancelRequested });
+    return continueAsNew<typeof batchWorkflow>({ ...input, phase: 'process', nextChunk: next, cancelRequested, done });
   }
   await mark('finalizing');
   return close('completed');

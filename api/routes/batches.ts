@@ -181,8 +181,20 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
                 phase: 'validate',
                 nextChunk: 0,
                 cancelRequested: false,
+                lines: doc.total,
               },
             ],
+            // What the Web UI lists for this batch; ids and counts only, never the caller's text.
+            staticSummary: `batch · ${doc.total} lines · ${body.endpoint} · ${model.canonicalId} · workspace ${auth.workspaceId} · key ${auth.keyId}`,
+            staticDetails: [
+              `**Batch** ${id}`,
+              `- workspace: ${auth.workspaceId}`,
+              `- created by key: ${auth.keyId}`,
+              `- endpoint: ${body.endpoint}`,
+              `- model: ${model.canonicalId}`,
+              `- lines: ${doc.total} in ${chunks} chunk(s)`,
+              `- expires: ${expiresAt.toISOString()}`,
+            ].join('\n'),
             typedSearchAttributes: [
               { key: searchAttributes.workspace, value: auth.workspaceId },
               { key: searchAttributes.model, value: model.id },
