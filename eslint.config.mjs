@@ -15,6 +15,7 @@ const domain = [
   'inference',
   'log',
   'metrics',
+  'webhooks',
   'presets',
   'providers',
   'routing',

@@ -8,10 +8,14 @@ import type { Config } from '../config';
 import type { Upstreams } from '../routing/upstreams';
 import type { Store } from '../store';
 import type { Metrics } from '../metrics';
+import type { DeliveryOutcome, WebhookSender } from '../webhooks/deliver';
+import { webhookSecret } from '../accounts/webhook-secret';
 import type { UsageLedger } from '../accounts/usage-ledger';
 import {
   addToTally,
   batches,
+  batchView,
+  counts,
   inputs,
   lineBody,
   lineGenerationId,
@@ -37,6 +41,8 @@ export interface BatchDeps {
   usage: UsageLedger;
   /** Counts the lines this process finishes. */
   metrics?: Metrics;
+  /** Sends completion webhooks; a process without it cannot deliver them. */
+  webhooks?: { sender: WebhookSender; timeoutMs: number };
 }
 
 /**
@@ -86,7 +92,7 @@ async function runChunk(
   return { completed: writer.tally.completed, failed: writer.tally.failed };
 }
 
-export function createBatchActivities({ store, upstreams, batchSettings, usage, metrics }: BatchDeps) {
+export function createBatchActivities({ store, upstreams, batchSettings, usage, metrics, webhooks }: BatchDeps) {
   async function load(batchId: string): Promise<BatchDoc> {
     const b = await batches(store).findOne({ _id: batchId });
     if (!b) throw new Error(`batch ${batchId} not found`);
@@ -111,6 +117,24 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
         Context.current().heartbeat(i);
       }
       return { invalid, examples };
+    },
+
+    /**
+     * One attempt to post the terminal batch object (without inline results: a receiver fetches
+     * those) to its callback URL, signed with the workspace's secret. The webhook id is the same
+     * for every attempt, so a receiver can drop repeats.
+     */
+    async deliverBatchWebhook(batchId: string): Promise<DeliveryOutcome> {
+      if (!webhooks) throw new Error('this worker cannot send webhooks');
+      const b = await load(batchId);
+      if (!b.callback_url) return { ok: true, status: null, error: null };
+      const body = JSON.stringify(batchView(b, await counts(store, b)));
+      const secret = await webhookSecret(store, b.workspace_id);
+      return webhooks.sender.send({ url: b.callback_url, secret, id: `msg_${batchId}`, body, timeoutMs: webhooks.timeoutMs });
+    },
+
+    async recordWebhookOutcome(batchId: string, outcome: NonNullable<BatchDoc['webhook']>): Promise<void> {
+      await batches(store).updateOne({ _id: batchId }, { $set: { webhook: outcome } });
     },
 
     async setBatchStatus(batchId: string, status: BatchStatus): Promise<void> {

@@ -8,6 +8,7 @@ import { createDecisionActivities } from './decisions';
 import { createBatchActivities } from './batches';
 import type { Config } from '../config';
 import type { Metrics } from '../metrics';
+import type { WebhookSender } from '../webhooks/deliver';
 
 export type { DecisionJob, DecisionResult } from './decisions';
 
@@ -18,6 +19,7 @@ export interface ActivityDeps {
   /** The one writer of usage records (group commit). */
   usage: UsageLedger;
   metrics?: Metrics;
+  webhooks?: { sender: WebhookSender; timeoutMs: number };
 }
 
 export function createActivities(deps: ActivityDeps) {

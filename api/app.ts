@@ -15,6 +15,7 @@ import { decisionRoutes } from './routes/decisions';
 import { inferenceRoutes } from './routes/inference';
 import { presetRoutes } from './routes/presets';
 import { batchRoutes } from './routes/batches';
+import { webhookRoutes } from './routes/webhooks';
 import { defineRoute, mountRoutes, type AnyRoute } from './route';
 import { buildOpenApi } from './openapi';
 import type { AppDeps } from './deps';
@@ -29,6 +30,7 @@ function apiRoutes(deps: AppDeps): AnyRoute[] {
     ...decisionRoutes(deps),
     ...presetRoutes(deps),
     ...batchRoutes(deps),
+    ...webhookRoutes(deps),
     ...accountRoutes(deps),
     ...modelRoutes(deps),
   ];

@@ -35,6 +35,10 @@ export interface BatchDoc extends Document {
   metadata: string | Record<string, string> | null;
   /** Counted from the results when the batch closed; live counts come from the progress documents. */
   final_counts?: { completed: number; failed: number };
+  /** Where the terminal batch object is posted, if anywhere. */
+  callback_url?: string | null;
+  /** How the completion webhook went, once it has (delivered, or given up). */
+  webhook?: { status: 'delivered' | 'failed'; attempts: number; last_status: number | null; last_error: string | null } | null;
   /** Session and attribution of the creating request, copied onto each line's usage record. */
   meta: { session_id: string | null; user: string | null; app: { referer: string | null; title: string | null; categories: string[] } };
 }
@@ -267,6 +271,8 @@ export function batchView(b: BatchDoc, c: { completed: number; failed: number })
     results: null as unknown[] | null,
     error: b.error,
     metadata: b.metadata && fromJsonText(b.metadata),
+    callback_url: b.callback_url ?? null,
+    webhook: b.webhook ?? null,
   };
 }
 

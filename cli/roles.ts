@@ -18,6 +18,7 @@ import { createActivities } from '../activities';
 import { inlineExecution, workflowExecution } from '../api/decision-execution';
 import { startMetricsServer } from '../api/routes/metrics';
 import { Metrics } from '../metrics';
+import { createWebhookSender } from '../webhooks/deliver';
 import { batchCountsByStatus } from '../batches/store';
 
 export interface Addresses {
@@ -50,7 +51,15 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   const handoff = new DecisionHandoff();
   // One set of activity functions per process: the worker registers them, inline decisions call them.
   const usage = new UsageLedger(store, (doc) => metrics.spend.inc({ workspace: doc.workspace_id }, doc.cost));
-  const activities = createActivities({ store, upstreams, batchSettings: config.batches, usage, metrics });
+  const sender = createWebhookSender(config.webhooks.allowPrivateUrls);
+  const activities = createActivities({
+    store,
+    upstreams,
+    batchSettings: config.batches,
+    usage,
+    metrics,
+    webhooks: { sender, timeoutMs: config.webhooks.timeoutMs },
+  });
   const metricsServer =
     config.metrics.port === null
       ? null
@@ -78,6 +87,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     await stopWorker();
     await connection.close();
     await upstreams.close();
+    await sender.close();
     await store.close();
   };
   return { store, upstreams, client, handoff, activities, usage, metrics, stop };

@@ -154,6 +154,16 @@ export function loadConfig(env: Env = process.env) {
       maxScoreLevels: positiveInt(env, 'DECISION_MAX_SCORE_LEVELS', 255),
       maxStateBytes: bytes(env, 'DECISION_MAX_STATE_BYTES', 512 * 1024),
     },
+    webhooks: {
+      /** Lets callback URLs be http and reach loopback and private addresses (a receiver inside your own network). */
+      allowPrivateUrls: oneOf(env, 'WEBHOOKS_ALLOW_PRIVATE_URLS', ['true', 'false'] as const, 'false') === 'true',
+      /** How long a terminal batch keeps trying to deliver its webhook. */
+      retryWindowMs: positiveInt(env, 'WEBHOOK_RETRY_WINDOW_MS', 24 * 3_600_000),
+      /** The wait before the second attempt; each later wait doubles, up to an hour. */
+      firstRetryMs: positiveInt(env, 'WEBHOOK_FIRST_RETRY_MS', 5_000),
+      /** One attempt's limit: a receiver that has not answered by then counts as failed. */
+      timeoutMs: positiveInt(env, 'WEBHOOK_TIMEOUT_MS', 10_000),
+    },
     metrics: {
       /** When set, GET /metrics needs `Authorization: Bearer <token>`. */
       token: read(env, 'METRICS_TOKEN') ?? null,

@@ -42,6 +42,13 @@ export const CreateBatchBody = Type.Object(
       ]),
     ),
     metadata: Type.Optional(Type.Record(Type.String({ maxLength: 64 }), Type.String({ maxLength: 512 }), { maxProperties: 16 })),
+    callback_url: Type.Optional(
+      Type.String({
+        minLength: 1,
+        maxLength: 2048,
+        description: 'Receives the batch object, signed (Standard Webhooks), when the batch reaches a terminal state',
+      }),
+    ),
   },
   { additionalProperties: false },
 );
@@ -72,6 +79,17 @@ export const BatchObject = Type.Object({
   results: Nullable(Type.Array(ResultLine)),
   error: Nullable(Type.Object({ message: Type.String() })),
   metadata: Nullable(Type.Record(Type.String(), Type.String())),
+  callback_url: Type.Optional(Nullable(Type.String())),
+  webhook: Type.Optional(
+    Nullable(
+      Type.Object({
+        status: StringEnum(['delivered', 'failed']),
+        attempts: Type.Integer(),
+        last_status: Nullable(Type.Integer()),
+        last_error: Nullable(Type.String()),
+      }),
+    ),
+  ),
 });
 
 export const BatchIdParams = Type.Object({ id: Type.String({ pattern: '^batch_[0-9a-z]{6,40}$' }) });

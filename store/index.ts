@@ -14,6 +14,8 @@ export interface WorkspaceDoc extends Document {
   created_at: Date;
   /** Account-wide routing settings, merged with per-request provider preferences. */
   settings: { ignore?: string[]; only?: string[] };
+  /** Signs this workspace's webhooks; made on first use, replaced on rotation. */
+  webhook_secret?: string;
 }
 
 export type KeyKind = 'inference' | 'management';

@@ -31,6 +31,8 @@ export interface BatchWorkflowInput {
   lines?: number;
   /** Lines finished by earlier runs of this batch (continue-as-new). */
   done?: { completed: number; failed: number };
+  /** Present when the batch has a callback URL: how long to keep trying, and the first wait between attempts. */
+  webhook?: { windowMs: number; firstRetryMs: number };
 }
 
 export interface BatchProgress {
@@ -56,6 +58,14 @@ const chunks = proxyActivities<Activities>({
   cancellationType: ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
   retry: { initialInterval: '1 second', maximumInterval: '30 seconds', backoffCoefficient: 2 },
 });
+// One scheduled activity per delivery attempt (no retries inside), so every attempt is its own
+// entry in the history; the waits between them are workflow timers.
+const webhooks = proxyActivities<Activities>({
+  startToCloseTimeout: '2 minutes',
+  retry: { maximumAttempts: 1 },
+});
+const WEBHOOK_MAX_WAIT_MS = 3_600_000;
+
 const bookkeeping = proxyActivities<Activities>({
   startToCloseTimeout: '10 minutes',
   heartbeatTimeout: '30 seconds',
@@ -94,8 +104,35 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
     status = s;
     showProgress();
     upsertSearchAttributes([{ key: searchAttributes.batchStatus, value: s }]);
+    if (input.webhook) await notify(input.webhook);
     await condition(allHandlersFinished);
     return s;
+  };
+
+  /** Posts the terminal batch until the receiver takes it or the window closes; records how it went. */
+  const notify = async ({ windowMs, firstRetryMs }: { windowMs: number; firstRetryMs: number }) => {
+    const giveUpAt = Date.now() + windowMs;
+    let wait = firstRetryMs;
+    for (let attempt = 1; ; attempt++) {
+      let outcome: { ok: boolean; status: number | null; error: string | null };
+      try {
+        outcome = await webhooks.deliverBatchWebhook.executeWithOptions({ summary: `webhook attempt ${attempt}` }, [input.batchId]);
+      } catch {
+        outcome = { ok: false, status: null, error: 'delivery attempt failed' };
+      }
+      const last = !outcome.ok && Date.now() + wait > giveUpAt;
+      if (outcome.ok || last) {
+        await bookkeeping.recordWebhookOutcome(input.batchId, {
+          status: outcome.ok ? 'delivered' : 'failed',
+          attempts: attempt,
+          last_status: outcome.status,
+          last_error: outcome.error,
+        });
+        return;
+      }
+      await sleep(wait);
+      wait = Math.min(wait * 2, WEBHOOK_MAX_WAIT_MS);
+    }
   };
 
   if (input.phase === 'validate') {

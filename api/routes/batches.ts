@@ -35,6 +35,7 @@ import { requestMeta } from '../request-meta';
 import { defineRoute, type AnyRoute } from '../route';
 import { BatchIdParams, BatchObject, CreateBatchBody, ListBatchesQuery, ResultsQuery, TERMINAL_STATUSES } from '../../schemas/batches';
 import type { AppDeps } from '../deps';
+import { checkCallbackUrl } from '../../webhooks/address';
 
 const isTerminal = (s: string) => (TERMINAL_STATUSES as readonly string[]).includes(s);
 
@@ -102,6 +103,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
           throw new PayloadTooLargeError(`requests: ${body.requests.length} lines, more than the limit of ${settings.maxRequests}`);
         }
         const { model, variant } = upstreams.catalog.resolve(body.model);
+        const callbackUrl = body.callback_url ? (await checkCallbackUrl(body.callback_url, config.webhooks.allowPrivateUrls)).href : null;
         // 404 now, naming what excluded every endpoint, rather than a failed batch later.
         planRoute({
           models: [model],
@@ -164,6 +166,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
           usage: null,
           error: null,
           metadata: body.metadata ? toJsonText(body.metadata) : null,
+          callback_url: callbackUrl,
           meta: { session_id: meta.session_id, user: meta.user, app: meta.app },
         };
         const { chunks } = await createBatch(store, doc, lines, settings.chunkSize);
@@ -182,6 +185,9 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
                 nextChunk: 0,
                 cancelRequested: false,
                 lines: doc.total,
+                ...(callbackUrl && {
+                  webhook: { windowMs: config.webhooks.retryWindowMs, firstRetryMs: config.webhooks.firstRetryMs },
+                }),
               },
             ],
             // What the Web UI lists for this batch; ids and counts only, never the caller's text.

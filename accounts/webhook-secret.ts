@@ -1,0 +1,22 @@
+// Each workspace's webhook signing secret: created on first use (the first writer wins, so two
+// concurrent first uses agree), readable and rotatable by a management key.
+import { NotFoundError } from '../errors';
+import type { Store } from '../store';
+import { newWebhookSecret } from '../webhooks/signature';
+
+export async function webhookSecret(store: Store, workspaceId: string): Promise<string> {
+  await store.workspaces.updateOne(
+    { _id: workspaceId, webhook_secret: { $exists: false } },
+    { $set: { webhook_secret: newWebhookSecret() } },
+  );
+  const ws = await store.workspaces.findOne({ _id: workspaceId }, { projection: { webhook_secret: 1 } });
+  if (!ws?.webhook_secret) throw new NotFoundError('Workspace not found');
+  return ws.webhook_secret;
+}
+
+export async function rotateWebhookSecret(store: Store, workspaceId: string): Promise<string> {
+  const secret = newWebhookSecret();
+  const r = await store.workspaces.updateOne({ _id: workspaceId }, { $set: { webhook_secret: secret } });
+  if (!r.matchedCount) throw new NotFoundError('Workspace not found');
+  return secret;
+}
