@@ -2,6 +2,7 @@
 // records by generation id, and status writes set values rather than add to them; a chunk resumes
 // from the lines its progress document says are stored. A chunk's steps live in batches/: the
 // LineRunner takes one line to a result, the ChunkWriter stores results; runChunk drives them.
+import { setMaxListeners } from 'node:events';
 import { Context } from '@temporalio/activity';
 import { CancelledFailure } from '@temporalio/common';
 import type { Config } from '../config';
@@ -155,6 +156,8 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
       const saved = await progress(store, batchId).findOne({ _id: seqId(chunkIndex) });
       const writer = new ChunkWriter({ store, usage, batch: b, chunkIndex, outageMs: batchSettings.outageMs }, saved);
       const abort = new AbortController();
+      // Every line in flight listens on this one signal: more than Node's default of 10 is expected.
+      setMaxListeners(batchSettings.lineConcurrency + 16, abort.signal);
       ctx.cancelled.catch(() => abort.abort());
       const ws = await store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } });
       const runner = new LineRunner({

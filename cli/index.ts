@@ -9,6 +9,7 @@ import { ensureTools } from '../tools/binaries';
 import { connectTemporal } from '../temporal/client';
 import { startAll } from './start';
 import { addAdminCommands } from './admin';
+import { addBatchCommands } from './batches';
 import { configuredAddresses, runApiRole, runSandboxRole, runWorkerRole, stopOnSignals } from './roles';
 
 function configOrExit(): Config {
@@ -103,6 +104,7 @@ export function buildProgram(): Command {
     });
 
   addAdminCommands(program, configOrExit);
+  addBatchCommands(program);
   return program;
 }
 

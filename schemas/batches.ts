@@ -105,6 +105,15 @@ export const ListBatchesQuery = Type.Object(
   { additionalProperties: false },
 );
 
+export const BatchQuery = Type.Object(
+  {
+    include_results: Type.Optional(
+      Type.Boolean({ description: 'false: a terminal batch without its inline results (for polling progress)', default: true }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
 export const ResultsQuery = Type.Object(
   {
     after: Type.Optional(Type.Integer({ minimum: -1, description: 'Line number; results after it' })),

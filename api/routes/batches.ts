@@ -33,7 +33,15 @@ import { toJsonText } from '../../store/json-text';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
 import { defineRoute, type AnyRoute } from '../route';
-import { BatchIdParams, BatchObject, CreateBatchBody, ListBatchesQuery, ResultsQuery, TERMINAL_STATUSES } from '../../schemas/batches';
+import {
+  BatchIdParams,
+  BatchObject,
+  BatchQuery,
+  CreateBatchBody,
+  ListBatchesQuery,
+  ResultsQuery,
+  TERMINAL_STATUSES,
+} from '../../schemas/batches';
 import type { AppDeps } from '../deps';
 import { checkCallbackUrl } from '../../webhooks/address';
 
@@ -62,9 +70,9 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
   }
 
   /** The batch object; a terminal batch's results stream inline, never held in memory at once. */
-  async function respondWithBatch(ctx: Parameters<AnyRoute['handler']>[0], b: BatchDoc): Promise<void> {
+  async function respondWithBatch(ctx: Parameters<AnyRoute['handler']>[0], b: BatchDoc, withResults = true): Promise<void> {
     const view = batchView(b, await counts(store, b));
-    if (!isTerminal(b.status) || b.status === 'failed') {
+    if (!withResults || !isTerminal(b.status) || b.status === 'failed') {
       ctx.body = view;
       return;
     }
@@ -260,9 +268,11 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
       tag: 'Batches',
       auth: 'any',
       params: BatchIdParams,
-      summary: 'A batch with live counts; terminal batches include their results',
+      query: BatchQuery,
+      summary: 'A batch with live counts; terminal batches include their results unless include_results=false',
       responses: { 200: { description: 'The batch', schema: BatchObject } },
-      handler: async (ctx, { params }) => respondWithBatch(ctx, await owned(params.id, authOf(ctx).workspaceId)),
+      handler: async (ctx, { params, query }) =>
+        respondWithBatch(ctx, await owned(params.id, authOf(ctx).workspaceId), query.include_results !== false),
     }),
     defineRoute({
       method: 'get',

@@ -1,0 +1,202 @@
+// `gateway batches …` against a running gateway, through a pipe and through a real terminal
+// (`script` allocates a pty): create from a file, watch to the end, results, exit codes, memory.
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { expect } from 'chai';
+import { createTenant, startTestGateway, uniqueName, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
+
+const bin = path.resolve(__dirname, '..', '..', 'bin', 'gateway.js');
+
+/** Runs the CLI to its end; with `watchMemory`, also the peak resident memory it reached (kB). */
+function runCli(
+  args: string[],
+  env: NodeJS.ProcessEnv,
+  watchMemory = false,
+): Promise<{ code: number | null; stdout: string; stderr: string; peakKb: number }> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [bin, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    let peakKb = 0;
+    child.stdout.on('data', (c) => (stdout += c));
+    child.stderr.on('data', (c) => (stderr += c));
+    const sampler = watchMemory
+      ? setInterval(() => {
+          try {
+            const hwm = /VmHWM:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${child.pid}/status`, 'utf8'));
+            if (hwm) peakKb = Math.max(peakKb, Number(hwm[1]));
+          } catch {
+            /* exited meanwhile */
+          }
+        }, 10)
+      : null;
+    child.on('close', (code) => {
+      if (sampler) clearInterval(sampler);
+      resolve({ code, stdout, stderr, peakKb });
+    });
+  });
+}
+
+/** A JSONL file of embedding lines, in the OpenAI batch-file shape. */
+function linesFile(dir: string, name: string, n: number, padding = 0): string {
+  const file = path.join(dir, name);
+  const fd = fs.openSync(file, 'w');
+  const pad = 'x'.repeat(padding);
+  for (let i = 0; i < n; i += 1000) {
+    let chunk = '';
+    for (let j = i; j < Math.min(n, i + 1000); j++) {
+      chunk += `${JSON.stringify({ custom_id: `r${j}`, method: 'POST', url: '/v1/embeddings', body: { input: `line ${j} ${pad}`, dimensions: 2 } })}\n`;
+    }
+    fs.writeSync(fd, chunk);
+  }
+  fs.closeSync(fd);
+  return file;
+}
+
+describe('gateway batches (CLI)', function () {
+  this.timeout(240_000);
+  let gw: TestGateway;
+  let t: Tenant;
+  let env: NodeJS.ProcessEnv;
+  let dir: string;
+
+  before(async () => {
+    dir = fs.mkdtempSync(path.join(os.tmpdir(), 'cli-batches-'));
+    const catalog = writeTestCatalog('cli-batches', (c) => {
+      c.providers.push({
+        slug: 'cli-slow',
+        name: 'cli-slow',
+        adapter: 'openai',
+        base_url: `\${SANDBOX_URL}/~run=${uniqueName('cli')},latency=3000/openai/v1`,
+        collects_data: false,
+        zdr: false,
+        max_concurrency: 100,
+        timeout_ms: 30_000,
+      });
+      c.models.push({
+        id: 'test/cli-slow',
+        name: 'slow',
+        kind: 'embedding',
+        family: 'test/cli-slow',
+        version: '1',
+        released: '20260301',
+        context_length: 8192,
+        distillable: true,
+        endpoints: [
+          {
+            provider: 'cli-slow',
+            upstream_model: 'slow-embed',
+            pricing: { prompt: 0.01, completion: 0 },
+            quantization: 'bf16',
+            supported_parameters: ['dimensions'],
+          },
+        ],
+      });
+    });
+    gw = await startTestGateway({ env: { CATALOG_PATH: catalog } });
+    t = await createTenant(gw.store, 50);
+    env = { ...process.env, GATEWAY_URL: gw.url, GATEWAY_API_KEY: t.inferenceKey, LOG_LEVEL: 'silent' };
+  });
+  after(async () => {
+    await gw?.stop();
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('create --file, then watch through a pipe (plain lines, exit 0), get, list and results', async () => {
+    const file = linesFile(dir, 'small.jsonl', 40);
+    fs.appendFileSync(file, '\n'); // a blank line is skipped
+    const created = await runCli(['batches', 'create', '--file', file, '--endpoint', '/v1/embeddings', '--model', 'sandbox/embed-1'], env);
+    expect(created.code, created.stderr).to.equal(0);
+    const id = created.stdout.trim();
+    expect(id).to.match(/^batch_/);
+
+    const watched = await runCli(['batches', 'watch', id, '--interval', '100'], env);
+    expect(watched.code, watched.stderr).to.equal(0);
+    expect(watched.stdout).to.not.include('\r');
+    const lines = watched.stdout.trim().split('\n');
+    expect(lines.at(-1)).to.include(id).and.include('completed').and.include('40/40 (100%)').and.include('failed 0');
+
+    const got = await runCli(['batches', 'get', id], env);
+    expect(JSON.parse(got.stdout)).to.include({ id, status: 'completed', results: null });
+    const listed = await runCli(['batches', 'list', '--json'], env);
+    expect(JSON.parse(listed.stdout).data.map((b: { id: string }) => b.id)).to.include(id);
+
+    const out = path.join(dir, 'results.jsonl');
+    const results = await runCli(['batches', 'results', id, '--out', out], env);
+    expect(results.code, results.stderr).to.equal(0);
+    const rows = fs
+      .readFileSync(out, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    expect(rows.map((r) => r.custom_id)).to.deep.equal(Array.from({ length: 40 }, (_, i) => `r${i}`));
+    expect(rows.every((r) => r.response?.status_code === 200)).to.equal(true);
+  });
+
+  it('watch in a real terminal draws a progress bar that ends at 100%', async () => {
+    const file = linesFile(dir, 'tty.jsonl', 30);
+    const created = await runCli(['batches', 'create', '--file', file, '--endpoint', '/v1/embeddings', '--model', 'sandbox/embed-1'], env);
+    const id = created.stdout.trim();
+    // `script` runs the command on a pseudo-terminal and passes its exit code on (-e). Spawned, not
+    // spawnSync: the gateway answering it runs in this process.
+    const tty = await new Promise<{ status: number | null; stdout: string }>((resolve) => {
+      const child = spawn('script', ['-qefc', `${process.execPath} ${bin} batches watch ${id} --interval 100`, '/dev/null'], {
+        env,
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let stdout = '';
+      child.stdout.on('data', (c) => (stdout += c));
+      child.on('close', (status) => resolve({ status, stdout }));
+    });
+    expect(tty.status, tty.stdout).to.equal(0);
+    expect(tty.stdout).to.include('\r\x1b[2K[');
+    expect(tty.stdout).to.match(/\[█{30}\] 100% {2}30\/30 {2}✓ 30 {2}✗ 0 {2}completed/);
+  });
+
+  it('exit codes: 1 when the batch does not complete (cancelled), 2 without a key, 1 naming the API error or the bad line', async () => {
+    const file = linesFile(dir, 'slow.jsonl', 5);
+    const created = await runCli(['batches', 'create', '--file', file, '--endpoint', '/v1/embeddings', '--model', 'test/cli-slow'], env);
+    const id = created.stdout.trim();
+    const cancelled = await runCli(['batches', 'cancel', id], env);
+    expect(cancelled.code, cancelled.stderr).to.equal(0);
+    expect(cancelled.stdout).to.match(/ (cancelling|cancelled)\n$/);
+    const watched = await runCli(['batches', 'watch', id, '--interval', '100'], env);
+    expect(watched.code).to.equal(1);
+    expect(watched.stdout.trim().split('\n').at(-1)).to.include('cancelled');
+
+    const noKey = await runCli(['batches', 'list'], { ...env, GATEWAY_API_KEY: '' });
+    expect(noKey.code).to.equal(2);
+    expect(noKey.stderr).to.include('GATEWAY_API_KEY');
+    const missing = await runCli(['batches', 'get', 'batch_000000000nothinghere'], env);
+    expect(missing.code).to.equal(1);
+    expect(missing.stderr).to.match(/404: Batch batch_000000000nothinghere not found/);
+    const bad = path.join(dir, 'bad.jsonl');
+    fs.writeFileSync(bad, `${JSON.stringify({ custom_id: 'a', body: { input: 'x' } })}\n{"custom_id": "b", "body": {}}\nnot json\n`);
+    const refused = await runCli(['batches', 'create', '--file', bad, '--endpoint', '/v1/embeddings', '--model', 'sandbox/embed-1'], env);
+    expect(refused.code).to.equal(1);
+    expect(refused.stderr).to.include(`${bad}:3: not a JSON line`);
+    const nothing = await runCli(
+      ['batches', 'create', '--file', path.join(dir, 'absent.jsonl'), '--endpoint', '/v1/embeddings', '--model', 'm'],
+      env,
+    );
+    expect(nothing.code).to.equal(2);
+  });
+
+  it('create --file streams a 50,000-line file: memory does not grow with the file', async () => {
+    const small = linesFile(dir, 'five-thousand.jsonl', 5_000, 500);
+    const big = linesFile(dir, 'fifty-thousand.jsonl', 50_000, 500);
+    expect(fs.statSync(big).size).to.be.greaterThan(25 * 1024 ** 2);
+    const args = (file: string) => ['batches', 'create', '--file', file, '--endpoint', '/v1/embeddings', '--model', 'test/cli-slow'];
+    const a = await runCli(args(small), env, true);
+    expect(a.code, a.stderr).to.equal(0);
+    const b = await runCli(args(big), env, true);
+    expect(b.code, b.stderr).to.equal(0);
+    for (const id of [a.stdout.trim(), b.stdout.trim()]) await runCli(['batches', 'cancel', id], env);
+    const got = JSON.parse((await runCli(['batches', 'get', b.stdout.trim()], env)).stdout);
+    expect(got.request_counts.total).to.equal(50_000);
+    // Ten times the lines (25 MB more file) adds well under what holding the file would take.
+    expect(b.peakKb - a.peakKb, `peak ${a.peakKb} kB for 5,000 lines, ${b.peakKb} kB for 50,000`).to.be.below(12 * 1024);
+  });
+});
