@@ -46,7 +46,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     addr.temporalAddress,
     config.temporal.namespace,
     logger,
-    config.metrics.temporalPort,
+    config.metrics.temporalPort === null ? null : `${config.host}:${config.metrics.temporalPort}`,
   );
   const handoff = new DecisionHandoff();
   // One set of activity functions per process: the worker registers them, inline decisions call them.

@@ -14,7 +14,7 @@ export interface TemporalHandles {
 let runtimeInstalled = false;
 
 /** Routes the SDK's own logs into ours. Must run before the first connection creates the runtime. */
-function installRuntime(logger: Logger, metricsPort: number | null): void {
+function installRuntime(logger: Logger, metricsAddress: string | null): void {
   if (runtimeInstalled) return;
   runtimeInstalled = true;
   // The SDK narrates worker state changes at info; keep only its warnings unless debugging.
@@ -38,7 +38,7 @@ function installRuntime(logger: Logger, metricsPort: number | null): void {
     telemetryOptions: {
       logging: { filter: makeTelemetryFilterString({ core: 'WARN' }), forward: {} },
       // The SDK core's own Prometheus endpoint (worker polls, task and activity latencies), on request.
-      ...(metricsPort === null ? {} : { metrics: { prometheus: { bindAddress: `127.0.0.1:${metricsPort}` } } }),
+      ...(metricsAddress === null ? {} : { metrics: { prometheus: { bindAddress: metricsAddress } } }),
     },
   });
 }
@@ -47,9 +47,10 @@ export async function connectTemporal(
   address: string,
   namespace: string,
   logger: Logger,
-  metricsPort: number | null = null,
+  /** `host:port` for the SDK runtime's Prometheus endpoint, if wanted. */
+  metricsAddress: string | null = null,
 ): Promise<TemporalHandles> {
-  installRuntime(logger, metricsPort);
+  installRuntime(logger, metricsAddress);
   const connection = await NativeConnection.connect({ address });
   const client = new Client({ connection, namespace });
   return { connection, client };

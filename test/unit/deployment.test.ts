@@ -6,6 +6,7 @@ import path from 'node:path';
 import Ajv2019 from 'ajv/dist/2019';
 import { parse } from 'yaml';
 import { loadConfig } from '../../config';
+import { Metrics } from '../../metrics';
 
 const root = path.resolve(__dirname, '..', '..', '..');
 const compose = parse(fs.readFileSync(path.join(root, 'docker-compose.yml'), 'utf8'), { merge: true });
@@ -42,7 +43,7 @@ describe('docker-compose.yml', () => {
   it('pins every image to a version', () => {
     for (const [name, svc] of Object.entries(services)) {
       if (!svc.image) continue;
-      expect(svc.image, name).to.match(/:[0-9][\w.-]*$/);
+      expect(svc.image, name).to.match(/:v?[0-9][\w.-]*$/);
     }
   });
 
@@ -59,6 +60,43 @@ describe('docker-compose.yml', () => {
       expect(() => loadConfig(env)).to.not.throw();
       expect(loadConfig(env).mongo.uri).to.include('replicaSet=rs0');
       expect(loadConfig(env).temporal.address).to.equal('temporal:7233');
+    }
+  });
+
+  it('has Prometheus and Grafana under the monitoring profile, with the files they mount', () => {
+    for (const name of ['prometheus', 'grafana']) {
+      expect(services[name].profiles, name).to.deep.equal(['monitoring']);
+      for (const volume of services[name].volumes as string[]) {
+        const source = volume.split(':')[0];
+        expect(fs.existsSync(path.join(root, source)), `${name} mounts ${source}`).to.equal(true);
+      }
+    }
+    const prometheus = parse(fs.readFileSync(path.join(root, 'deploy', 'prometheus.yml'), 'utf8'));
+    const targets = JSON.stringify(prometheus.scrape_configs);
+    expect(targets).to.include('api:8080').and.include('9464').and.include('9465');
+    expect(loadConfig(services.worker.environment).metrics).to.include({ port: 9464, temporalPort: 9465 });
+  });
+
+  it('draws the dashboard only from metrics the gateway exports', async () => {
+    const dashboard = JSON.parse(fs.readFileSync(path.join(root, 'deploy', 'grafana', 'dashboards', 'gateway.json'), 'utf8'));
+    const exported = new Set<string>();
+    for (const m of await new Metrics(async () => ({})).registry.getMetricsAsJSON()) {
+      exported.add(m.name);
+      if (m.type === ('histogram' as never)) for (const suffix of ['_bucket', '_sum', '_count']) exported.add(`${m.name}${suffix}`);
+    }
+    const titles: string[] = dashboard.panels.map((p: { title: string }) => p.title);
+    expect(titles.join(' | '))
+      .to.match(/Requests/)
+      .and.match(/Latency/)
+      .and.match(/Errors/)
+      .and.match(/Spend/)
+      .and.match(/Batch/);
+    for (const panel of dashboard.panels) {
+      for (const target of panel.targets) {
+        const names = (target.expr as string).match(/\bgateway_[a-z0-9_]+/g) ?? [];
+        expect(names, panel.title).to.not.be.empty;
+        for (const n of names) expect(exported.has(n), `${panel.title}: ${n}`).to.equal(true);
+      }
     }
   });
 });
