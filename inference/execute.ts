@@ -6,9 +6,9 @@ import type { EventSourceMessage } from 'eventsource-parser';
 import type { Endpoint } from '../catalog';
 import { openEndpointStream } from '../providers/adapters';
 import { UpstreamFailure } from '../providers/failure';
-import { optionsFor, planRoute } from '../routing/engine';
+import { optionsFor } from '../routing/engine';
 import { executePlan, type Attempt } from '../routing/execute';
-import { invoke, type Invocation, type Upstreams } from '../routing/upstreams';
+import { invoke, routeFor, type Invocation, type InvokeRequest, type Upstreams } from '../routing/upstreams';
 import type { InferenceOperation, StreamingOperation } from './formats';
 import type { InferencePlan } from './request';
 import { sseEvents } from './sse';
@@ -18,8 +18,8 @@ export interface CallContext {
   signal: AbortSignal;
 }
 
-export function complete(up: Upstreams, operation: InferenceOperation, plan: InferencePlan, ctx: CallContext): Promise<Invocation> {
-  return invoke(up, {
+function requestOf(operation: InferenceOperation, plan: InferencePlan, ctx: CallContext): InvokeRequest {
+  return {
     models: plan.models,
     variant: plan.variant,
     operation,
@@ -28,7 +28,11 @@ export function complete(up: Upstreams, operation: InferenceOperation, plan: Inf
     parameters: plan.parameters,
     body: plan.upstreamBody,
     signal: ctx.signal,
-  });
+  };
+}
+
+export function complete(up: Upstreams, operation: InferenceOperation, plan: InferencePlan, ctx: CallContext): Promise<Invocation> {
+  return invoke(up, requestOf(operation, plan, ctx));
 }
 
 export interface OpenedStream {
@@ -65,17 +69,7 @@ export async function openStream(
   plan: InferencePlan,
   ctx: CallContext,
 ): Promise<OpenedStream> {
-  const route = planRoute({
-    models: plan.models,
-    variant: plan.variant,
-    operation,
-    preferences: plan.preferences,
-    workspace: ctx.workspace,
-    parameters: plan.parameters,
-    stats: up.stats.snapshot(),
-    now: Date.now(),
-    random: Math.random,
-  });
+  const route = routeFor(up, requestOf(operation, plan, ctx));
   const opened = await executePlan(
     route,
     async (e, signal) => {

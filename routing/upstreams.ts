@@ -8,7 +8,7 @@ import { callEndpoint, costOf, type Usage } from '../providers/adapters';
 import { ProviderHttp } from '../providers/http';
 import { ProviderLimiter } from '../providers/limiter';
 import type { Store } from '../store';
-import { optionsFor, planRoute } from './engine';
+import { optionsFor, planRoute, type RoutePlan } from './engine';
 import { executePlan, type Attempt } from './execute';
 import { LiveStats } from './stats';
 import { unobserved, type UpstreamObserver } from '../metrics';
@@ -72,8 +72,9 @@ export interface Invocation {
   attempts: Attempt[];
 }
 
-export async function invoke(up: Upstreams, req: InvokeRequest): Promise<Invocation> {
-  const plan = planRoute({
+/** The endpoints to try for a request, in order, from the live statistics. */
+export function routeFor(up: Upstreams, req: InvokeRequest): RoutePlan {
+  return planRoute({
     models: req.models,
     variant: req.variant,
     operation: req.operation,
@@ -84,6 +85,10 @@ export async function invoke(up: Upstreams, req: InvokeRequest): Promise<Invocat
     now: Date.now(),
     random: Math.random,
   });
+}
+
+export async function invoke(up: Upstreams, req: InvokeRequest): Promise<Invocation> {
+  const plan = routeFor(up, req);
   const { endpoint, response, attempts } = await executePlan(
     plan,
     (e, signal) => {
