@@ -66,7 +66,7 @@ export class Metrics implements UpstreamObserver {
 
   /** `batchCounts` is read at each scrape for the batches-by-status gauge. */
   constructor(batchCounts?: () => Promise<Record<string, number>>) {
-    collectDefaultMetrics({ register: this.registry, prefix: 'gateway_process_' });
+    collectDefaultMetrics({ register: this.registry, prefix: 'gateway_' });
     if (batchCounts) {
       new Gauge({
         name: 'gateway_batches',

@@ -13,7 +13,10 @@ import {
   type Tenant,
   type TestGateway,
 } from './helpers';
+import { spawn } from 'node:child_process';
+import path from 'node:path';
 import { freePort } from '../tools/processes';
+import { stack } from './fixture';
 
 interface Sample {
   labels: Record<string, string>;
@@ -177,6 +180,42 @@ describe('metrics', function () {
 
   it('carries no key and no prompt text in any label', () => {
     for (const secret of [t.inferenceKey, t.managementKey, PROMPT, 'no/such/path']) expect(text).to.not.include(secret);
+  });
+
+  it('a worker alone serves its metrics on METRICS_PORT, and the Temporal SDK its own on TEMPORAL_METRICS_PORT', async function () {
+    this.timeout(60_000);
+    const [port, temporalPort] = [await freePort(), await freePort()];
+    const worker = spawn(process.execPath, [path.resolve(__dirname, '..', '..', 'bin', 'gateway.js'), 'worker'], {
+      env: {
+        ...process.env,
+        MONGODB_URI: stack.mongoUri,
+        MONGODB_DATABASE: uniqueName('db').replace(/-/g, '_'),
+        TEMPORAL_ADDRESS: stack.temporalAddress,
+        TEMPORAL_TASK_QUEUE: uniqueName('tq'),
+        METRICS_PORT: String(port),
+        TEMPORAL_METRICS_PORT: String(temporalPort),
+        LOG_LEVEL: 'warn',
+      },
+      stdio: 'ignore',
+    });
+    try {
+      const scrape = async (at: number) => {
+        for (let i = 0; i < 300; i++) {
+          const r = await fetch(`http://127.0.0.1:${at}/metrics`).catch(() => null);
+          if (r?.ok) return r.text();
+          await new Promise((res) => setTimeout(res, 100));
+        }
+        throw new Error(`nothing on port ${at}`);
+      };
+      expect(await scrape(port))
+        .to.include('gateway_batch_lines_total')
+        .and.include('gateway_process_cpu_seconds_total');
+      // The SDK core's own: worker polls and task slots, named temporal_*.
+      expect(await scrape(temporalPort)).to.match(/^temporal_\w+/m);
+    } finally {
+      worker.kill('SIGTERM');
+      await new Promise((r) => worker.once('exit', r));
+    }
   });
 
   it('with METRICS_TOKEN and METRICS_PORT: its own port, behind the token, and not on the API', async () => {
