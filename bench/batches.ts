@@ -4,46 +4,21 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { DEFAULT_CATALOG_PATH } from '../config';
+import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
 import { benchKey, startStack, writeResult } from './harness';
 
 const CONCURRENCY = 100;
 
 function benchCatalog(dir: string): string {
   const base = JSON.parse(fs.readFileSync(DEFAULT_CATALOG_PATH, 'utf8'));
-  const provider = (slug: string, faults: string) => ({
-    slug,
-    name: slug,
-    adapter: 'openai',
-    base_url: `\${SANDBOX_URL}${faults ? `/~${faults}` : ''}/openai/v1`,
-    collects_data: false,
-    zdr: false,
-    max_concurrency: CONCURRENCY,
-    timeout_ms: 30000,
-  });
+  const provider = (slug: string, faults: string) =>
+    providerEntry(slug, `\${SANDBOX_URL}${faults ? `/~${faults}` : ''}/openai/v1`, { max_concurrency: CONCURRENCY, timeout_ms: 30_000 });
   base.providers.push(provider('bench-0ms', ''), provider('bench-200ms', 'latency=200'));
   for (const [id, p] of [
     ['bench/0ms', 'bench-0ms'],
     ['bench/200ms', 'bench-200ms'],
   ]) {
-    base.models.push({
-      id,
-      name: id,
-      kind: 'chat',
-      family: id,
-      version: '1',
-      released: '20260101',
-      context_length: 1000,
-      distillable: true,
-      endpoints: [
-        {
-          provider: p,
-          upstream_model: 'sandbox-chat',
-          pricing: { prompt: 0.1, completion: 0.1 },
-          quantization: 'bf16',
-          supported_parameters: [],
-        },
-      ],
-    });
+    base.models.push(modelEntry(id, [endpointEntry(p, 0.1, { upstream_model: 'sandbox-chat' })], { context_length: 1000 }));
   }
   const file = path.join(dir, 'bench-catalog.json');
   fs.writeFileSync(file, JSON.stringify(base));

@@ -10,6 +10,7 @@ import path from 'node:path';
 import { request } from 'undici';
 import { createParser } from 'eventsource-parser';
 import { DEFAULT_CATALOG_PATH } from '../config';
+import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
 import { startProcess, freePort, type ManagedProcess } from '../tools/processes';
 import { benchKey, closedLoop, cpuSeconds, startStack, writeResult, type LoadResult, type Stack } from './harness';
 
@@ -27,40 +28,19 @@ type Row = LoadResult & { cpu_ms_per_request: Record<string, number> };
 
 function benchCatalog(): string {
   const catalog = JSON.parse(fs.readFileSync(DEFAULT_CATALOG_PATH, 'utf8'));
-  const provider = (slug: string, faults: string) => ({
-    slug,
-    name: slug,
-    adapter: 'openai',
-    base_url: `\${SANDBOX_URL}/${faults}openai/v1`,
-    collects_data: false,
-    zdr: false,
-    max_concurrency: 1000,
-    timeout_ms: 30_000,
-  });
+  const provider = (slug: string, faults: string) =>
+    providerEntry(slug, `\${SANDBOX_URL}/${faults}openai/v1`, { max_concurrency: 1000, timeout_ms: 30_000 });
   catalog.providers.push(provider('bench', ''), provider('bench-stream', `~max_words=${STREAM_WORDS},chunk_delay=${STREAM_GAP_MS}/`));
   for (const [id, slug] of [
     ['bench/chat', 'bench'],
     ['bench/stream', 'bench-stream'],
   ]) {
-    catalog.models.push({
-      id,
-      name: id,
-      kind: 'chat',
-      family: id,
-      version: '1',
-      released: '20260101',
-      context_length: 8192,
-      distillable: true,
-      endpoints: [
-        {
-          provider: slug,
-          upstream_model: 'bench-model',
-          pricing: { prompt: 0.1, completion: 0.4 },
-          quantization: 'bf16',
-          supported_parameters: ['max_tokens'],
-        },
-      ],
+    const endpoint = endpointEntry(slug, 0.1, {
+      upstream_model: 'bench-model',
+      pricing: { prompt: 0.1, completion: 0.4 },
+      supported_parameters: ['max_tokens'],
     });
+    catalog.models.push(modelEntry(id, [endpoint]));
   }
   const file = path.join(os.tmpdir(), `bench-catalog-${process.pid}.json`);
   fs.writeFileSync(file, JSON.stringify(catalog));

@@ -4,6 +4,7 @@ import { expect } from 'chai';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { batches, createBatch, newBatchId, storeInputs } from '../batches/store';
+import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
 import { batchProgressQuery, batchWorkflow } from '../workflows/batch';
 import { searchAttributes, workflowMetadataQuery } from '../workflows/shared';
 import { startProcess } from '../tools/processes';
@@ -21,40 +22,20 @@ import {
 
 function batchCatalog(): string {
   return writeTestCatalog('batches', (base) => {
-    const provider = (slug: string, faults: string, extra = {}) => ({
-      slug,
-      name: slug,
-      adapter: 'openai',
-      base_url: `\${SANDBOX_URL}/~batchtest=1,${faults}/openai/v1`,
-      collects_data: false,
-      zdr: false,
-      max_concurrency: 50,
-      timeout_ms: 5000,
-      ...extra,
-    });
+    const provider = (slug: string, faults: string, extra = {}) =>
+      providerEntry(slug, `\${SANDBOX_URL}/~batchtest=1,${faults}/openai/v1`, extra);
     base.providers.push(
       provider('batch-broken', 'status=500'),
       provider('batch-slow', 'latency=250', { max_concurrency: 4 }),
       provider('batch-counted', 'counted=1'),
       provider('batch-cancel', 'cancelcheck=1,latency=100', { max_concurrency: 4 }),
     );
-    const model = (id: string, endpoints: [string, number][]) => ({
-      id,
-      name: id,
-      kind: 'chat',
-      family: id,
-      version: '1',
-      released: '20260101',
-      context_length: 1000,
-      distillable: true,
-      endpoints: endpoints.map(([p, price]) => ({
-        provider: p,
-        upstream_model: 'sandbox-chat',
-        pricing: { prompt: price, completion: price },
-        quantization: 'bf16',
-        supported_parameters: [],
-      })),
-    });
+    const model = (id: string, endpoints: [string, number][]) =>
+      modelEntry(
+        id,
+        endpoints.map(([p, price]) => endpointEntry(p, price, { upstream_model: 'sandbox-chat' })),
+        { context_length: 1000 },
+      );
     base.models.push(
       model('test/batch-fallback', [
         ['batch-broken', 0.0001],

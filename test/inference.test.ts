@@ -2,6 +2,7 @@
 // fallbacks before the first byte, failures after it, client disconnects, presets, billing.
 import http from 'node:http';
 import { expect } from 'chai';
+import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, uniqueName, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
 import { parseSse, streamCall } from './inference-helpers';
@@ -9,30 +10,16 @@ import { parseSse, streamCall } from './inference-helpers';
 const run = uniqueName('inf'); // isolates this file's sandbox counters
 
 function provider(slug: string, faults: string, adapter: 'openai' | 'anthropic' = 'openai') {
-  return {
-    slug,
-    name: slug,
-    adapter,
-    base_url: `\${SANDBOX_URL}/~run=${run}${faults ? `,${faults}` : ''}/${adapter}${adapter === 'openai' ? '/v1' : ''}`,
-    collects_data: false,
-    zdr: false,
-    max_concurrency: 50,
-    timeout_ms: 5000,
-  };
+  const url = `\${SANDBOX_URL}/~run=${run}${faults ? `,${faults}` : ''}/${adapter}${adapter === 'openai' ? '/v1' : ''}`;
+  return providerEntry(slug, url, { adapter });
 }
 
 function endpoint(slug: string, prompt = 1) {
-  return {
-    provider: slug,
-    upstream_model: `${slug}-model`,
-    pricing: { prompt, completion: prompt * 4 },
-    quantization: 'bf16',
-    supported_parameters: ['temperature', 'max_tokens'],
-  };
+  return endpointEntry(slug, prompt, { pricing: { prompt, completion: prompt * 4 }, supported_parameters: ['temperature', 'max_tokens'] });
 }
 
 function model(id: string, endpoints: ReturnType<typeof endpoint>[]) {
-  return { id, name: id, kind: 'chat', family: id, version: '1', released: '20260301', context_length: 8192, distillable: true, endpoints };
+  return modelEntry(id, endpoints, { released: '20260301' });
 }
 
 /** Direct calls to the sandbox: what the provider says when asked the same thing. */

@@ -2,6 +2,7 @@
 // a 429 and a thousand unknown paths; labels carry neither keys nor prompts, and stay few.
 import { expect } from 'chai';
 import { getBalance } from '../accounts/credits';
+import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
 import { questions, state } from './decision-sample';
 import {
   call,
@@ -52,35 +53,11 @@ describe('metrics', function () {
   before(async () => {
     const run = uniqueName('metrics');
     const catalog = writeTestCatalog('metrics', (c) => {
-      const provider = (slug: string, faults: string) => ({
-        slug,
-        name: slug,
-        adapter: 'openai',
-        base_url: `\${SANDBOX_URL}/~run=${run}${faults}/openai/v1`,
-        collects_data: false,
-        zdr: false,
-        max_concurrency: 10,
-        timeout_ms: 5000,
-      });
+      const provider = (slug: string, faults: string) =>
+        providerEntry(slug, `\${SANDBOX_URL}/~run=${run}${faults}/openai/v1`, { max_concurrency: 10 });
       c.providers.push(provider('m-broken', ',status=500'), provider('m-good', ''));
-      const endpoint = (slug: string, prompt: number) => ({
-        provider: slug,
-        upstream_model: `${slug}-model`,
-        pricing: { prompt, completion: prompt },
-        quantization: 'bf16',
-        supported_parameters: ['max_tokens'],
-      });
-      c.models.push({
-        id: 'test/metered',
-        name: 'metered',
-        kind: 'chat',
-        family: 'test/metered',
-        version: '1',
-        released: '20260301',
-        context_length: 8192,
-        distillable: true,
-        endpoints: [endpoint('m-broken', 1), endpoint('m-good', 2)],
-      });
+      const endpoint = (slug: string, price: number) => endpointEntry(slug, price, { supported_parameters: ['max_tokens'] });
+      c.models.push(modelEntry('test/metered', [endpoint('m-broken', 1), endpoint('m-good', 2)], { released: '20260301' }));
     });
     gw = await startTestGateway({ env: { CATALOG_PATH: catalog, RATE_LIMIT_REQUESTS: '100', RATE_LIMIT_WINDOW_SECONDS: '3600' } });
     t = await createTenant(gw.store, 20);
