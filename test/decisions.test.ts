@@ -367,14 +367,17 @@ for (const mode of ['inline', 'workflow'] as const)
     if (mode === 'inline')
       describe('cancellation (inline mode)', () => {
         const slow = { model: 'test/dec-slow', state: 'slow', questions: { q: { type: 'noul', instructions: '?' } } };
-        const aborted = async () =>
-          ((await (await fetch(`${stack.sandboxUrl}/_aborted`)).json()) as Record<string, number>)[
+        const counted = (what: '_aborted' | '_calls') => async () =>
+          ((await (await fetch(`${stack.sandboxUrl}/${what}`)).json()) as Record<string, number>)[
             'dec=1,latency=2500,tag=slow|/systemone/v1/systemone'
           ] ?? 0;
+        const aborted = counted('_aborted');
+        const calls = counted('_calls');
 
         it('a client that goes away cancels the provider call, and nothing is billed', async () => {
           const tenant = await createTenant(gw.store, 1);
           const before = await aborted();
+          const callsBefore = await calls();
           const controller = new AbortController();
           const pending = fetch(`${gw.url}/api/v1/systemone`, {
             method: 'POST',
@@ -382,7 +385,8 @@ for (const mode of ['inline', 'workflow'] as const)
             headers: { authorization: `Bearer ${tenant.inferenceKey}`, 'content-type': 'application/json' },
             body: JSON.stringify(slow),
           }).catch((err: Error) => err);
-          await new Promise((r) => setTimeout(r, 300));
+          // Hang up once the provider has the call (not after a guessed delay).
+          for (let i = 0; i < 200 && (await calls()) === callsBefore; i++) await new Promise((r) => setTimeout(r, 10));
           controller.abort();
           expect(await pending).to.be.instanceOf(Error);
           // The sandbox sees its caller hang up long before its 2.5 s answer would have been ready.
