@@ -5,13 +5,17 @@ import type { Store } from '../store';
 import { newWebhookSecret } from '../webhooks/signature';
 
 export async function webhookSecret(store: Store, workspaceId: string): Promise<string> {
+  const read = async () => (await store.workspaces.findOne({ _id: workspaceId }, { projection: { webhook_secret: 1 } }))?.webhook_secret;
+  const existing = await read();
+  if (existing) return existing;
+  // First use: only a workspace without one gets this secret, so concurrent first uses read the same.
   await store.workspaces.updateOne(
     { _id: workspaceId, webhook_secret: { $exists: false } },
     { $set: { webhook_secret: newWebhookSecret() } },
   );
-  const ws = await store.workspaces.findOne({ _id: workspaceId }, { projection: { webhook_secret: 1 } });
-  if (!ws?.webhook_secret) throw new NotFoundError('Workspace not found');
-  return ws.webhook_secret;
+  const made = await read();
+  if (!made) throw new NotFoundError('Workspace not found');
+  return made;
 }
 
 export async function rotateWebhookSecret(store: Store, workspaceId: string): Promise<string> {

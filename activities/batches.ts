@@ -39,6 +39,7 @@ export interface BatchDeps {
   store: Store;
   upstreams: Upstreams;
   batchSettings: Config['batches'];
+  /** The one writer of usage records (group commit). */
   usage: UsageLedger;
   /** Counts the lines this process finishes. */
   metrics?: Metrics;

@@ -14,15 +14,20 @@ export interface AuthContext {
   kind: KeyKind;
 }
 
+/** The token of an `Authorization: Bearer <token>` header, or null when it has another form. */
+export function bearerToken(header: string): string | null {
+  return /^Bearer\s+(\S+)\s*$/i.exec(header)?.[1] ?? null;
+}
+
 export function authenticate(deps: AppDeps, level: Exclude<AuthLevel, 'none'>): Koa.Middleware {
   return async (ctx, next) => {
     const header = ctx.get('authorization');
     // Anthropic's clients send the key as x-api-key; everything else as a bearer token.
     const apiKey = header ? null : ctx.get('x-api-key');
     if (!header && !apiKey) throw new UnauthorizedError('Missing Authentication header: send Authorization: Bearer <API key>');
-    const match = header ? /^Bearer\s+(\S+)\s*$/i.exec(header) : null;
-    if (header && !match) throw new UnauthorizedError("Malformed Authorization header: expected 'Bearer <API key>'");
-    const key = await deps.keys.authenticate(match ? match[1] : apiKey!.trim());
+    const token = header ? bearerToken(header) : null;
+    if (header && !token) throw new UnauthorizedError("Malformed Authorization header: expected 'Bearer <API key>'");
+    const key = await deps.keys.authenticate(token ?? apiKey!.trim());
     if (!key) throw new UnauthorizedError('Invalid or revoked API key');
     const auth: AuthContext = { keyId: key.id, workspaceId: key.workspace_id, kind: key.kind };
     ctx.state.auth = auth;

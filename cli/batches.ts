@@ -29,7 +29,16 @@ function apiFromEnv(): Api {
   return { base: base.endsWith('/api/v1') ? base : `${base}/api/v1`, key };
 }
 
-async function call(api: Api, method: 'GET' | 'POST', path: string, body?: Readable | string): Promise<any> {
+function parseJson(text: string): any {
+  try {
+    return text ? JSON.parse(text) : null;
+  } catch {
+    return null;
+  }
+}
+
+/** A successful answer's body, unread; an error answer as a CliError naming its status and message. */
+async function send(api: Api, method: 'GET' | 'POST', path: string, body?: Readable | string) {
   const res = await request(`${api.base}${path}`, {
     method,
     headers: { authorization: `Bearer ${api.key}`, ...(body !== undefined && { 'content-type': 'application/json' }) },
@@ -38,15 +47,15 @@ async function call(api: Api, method: 'GET' | 'POST', path: string, body?: Reada
     if (err instanceof CliError) throw err; // from reading the file being sent
     throw new CliError(`cannot reach the gateway at ${api.base}: ${err.message}`);
   });
-  const text = await res.body.text();
-  let parsed: any = null;
-  try {
-    parsed = text ? JSON.parse(text) : null;
-  } catch {
-    parsed = null;
+  if (res.statusCode >= 400) {
+    const text = await res.body.text();
+    throw new CliError(`${res.statusCode}: ${parseJson(text)?.error?.message ?? text.slice(0, 300)}`);
   }
-  if (res.statusCode >= 400) throw new CliError(`${res.statusCode}: ${parsed?.error?.message ?? text.slice(0, 300)}`);
-  return parsed;
+  return res.body;
+}
+
+async function call(api: Api, method: 'GET' | 'POST', path: string, body?: Readable | string): Promise<any> {
+  return parseJson(await (await send(api, method, path, body)).text());
 }
 
 /**
@@ -222,20 +231,8 @@ export function addBatchCommands(program: Command): void {
     .action(
       run(async (id: string, opts: { out: string }) => {
         const api = apiFromEnv();
-        const res = await request(`${api.base}/batches/${encodeURIComponent(id)}/results`, {
-          headers: { authorization: `Bearer ${api.key}` },
-        });
-        if (res.statusCode >= 400) {
-          const text = await res.body.text();
-          let message = text.slice(0, 300);
-          try {
-            message = JSON.parse(text).error.message;
-          } catch {
-            /* not the error envelope: show the text */
-          }
-          throw new CliError(`${res.statusCode}: ${message}`);
-        }
-        await pipeline(res.body, opts.out === '-' ? process.stdout : fs.createWriteStream(opts.out));
+        const results = await send(api, 'GET', `/batches/${encodeURIComponent(id)}/results`);
+        await pipeline(results, opts.out === '-' ? process.stdout : fs.createWriteStream(opts.out));
       }),
     );
 

@@ -24,6 +24,11 @@ function configOrExit(): Config {
   }
 }
 
+/** The process's logger, at the configured level and format. */
+function loggerFor(config: Config, name = 'gateway') {
+  return createLogger(config.logLevel, name, { format: config.logFormat });
+}
+
 function fail(err: unknown): never {
   process.stderr.write(`gateway: ${err instanceof Error ? err.message : String(err)}\n`);
   process.exit(1);
@@ -39,7 +44,7 @@ export function buildProgram(): Command {
     )
     .action(async () => {
       const config = configOrExit();
-      await startAll(config, createLogger(config.logLevel, 'gateway', undefined, config.logFormat)).catch(fail);
+      await startAll(config, loggerFor(config)).catch(fail);
     });
 
   program
@@ -48,7 +53,7 @@ export function buildProgram(): Command {
     .option('--with-worker', 'run a worker in the same process', false)
     .action(async (opts: { withWorker: boolean }) => {
       const config = configOrExit();
-      const logger = createLogger(config.logLevel, 'gateway-api', undefined, config.logFormat);
+      const logger = loggerFor(config, 'gateway-api');
       const api = await runApiRole(config, logger, configuredAddresses(config), { withWorker: opts.withWorker }).catch(fail);
       stopOnSignals(logger, [api.stop]);
     });
@@ -58,7 +63,7 @@ export function buildProgram(): Command {
     .description('run a Temporal worker only')
     .action(async () => {
       const config = configOrExit();
-      const logger = createLogger(config.logLevel, 'gateway-worker', undefined, config.logFormat);
+      const logger = loggerFor(config, 'gateway-worker');
       const stop = await runWorkerRole(config, logger, configuredAddresses(config)).catch(fail);
       stopOnSignals(logger, [stop]);
     });
@@ -68,7 +73,7 @@ export function buildProgram(): Command {
     .description('run the sandbox model provider (SANDBOX_PORT)')
     .action(async () => {
       const config = configOrExit();
-      const logger = createLogger(config.logLevel, 'gateway-sandbox', undefined, config.logFormat);
+      const logger = loggerFor(config, 'gateway-sandbox');
       const sandbox = await runSandboxRole(config, logger).catch(fail);
       stopOnSignals(logger, [sandbox.stop]);
     });
@@ -88,11 +93,7 @@ export function buildProgram(): Command {
     .action(async () => {
       const config = configOrExit();
       const { temporalAddress } = configuredAddresses(config);
-      const { connection, client } = await connectTemporal(
-        temporalAddress,
-        config.temporal.namespace,
-        createLogger(config.logLevel, 'gateway', undefined, config.logFormat),
-      ).catch(fail);
+      const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, loggerFor(config)).catch(fail);
       try {
         const result = await runSelfCheck(client, config.temporal.taskQueue);
         process.stdout.write(`${JSON.stringify({ ok: true, ...result })}\n`);

@@ -27,6 +27,10 @@ function port(env: Env, name: string, fallback: number): number {
   return n;
 }
 
+function optionalPort(env: Env, name: string): number | null {
+  return read(env, name) === undefined ? null : port(env, name, 0);
+}
+
 function positiveInt(env: Env, name: string, fallback: number): number {
   const raw = read(env, name);
   if (raw === undefined) return fallback;
@@ -168,9 +172,9 @@ export function loadConfig(env: Env = process.env) {
       /** When set, GET /metrics needs `Authorization: Bearer <token>`. */
       token: read(env, 'METRICS_TOKEN') ?? null,
       /** When set, /metrics is served on this port (by the API or a worker alone) instead of the API's. */
-      port: read(env, 'METRICS_PORT') === undefined ? null : port(env, 'METRICS_PORT', 0),
+      port: optionalPort(env, 'METRICS_PORT'),
       /** When set, the Temporal SDK runtime serves its own Prometheus metrics (worker polls, task latencies) on this port. */
-      temporalPort: read(env, 'TEMPORAL_METRICS_PORT') === undefined ? null : port(env, 'TEMPORAL_METRICS_PORT', 0),
+      temporalPort: optionalPort(env, 'TEMPORAL_METRICS_PORT'),
     },
     inference: {
       /** A stream whose provider has been silent this long gets an SSE comment, so proxies keep it open. */

@@ -41,9 +41,8 @@ export interface OpenedStream {
   first: EventSourceMessage;
   events: AsyncGenerator<EventSourceMessage>;
   attempts: Attempt[];
-  /** When the call was made (performance.now()), and how long its first event took. */
+  /** When the call was made (performance.now()). */
   startedAt: number;
-  firstEventMs: number;
   /** Gives back the provider's concurrency slot, held while the stream runs. */
   release(): void;
 }
@@ -82,7 +81,7 @@ export async function openStream(
         if (first.done) throw new UpstreamFailure('invalid_response', e.provider.slug, 'Provider ended the stream before sending anything');
         const refused = refusalIn(first.value, e.provider.slug);
         if (refused) throw refused;
-        return { events, first: first.value, startedAt, firstEventMs: performance.now() - startedAt };
+        return { events, first: first.value, startedAt };
       } catch (err) {
         res.body.destroy();
         throw up.http.classify(err, e.provider.slug, null, e.provider.timeout_ms);

@@ -34,8 +34,11 @@ export class StreamTally {
 
   /** Usage to bill: what the upstream reported when it finished, else what it produced. */
   usage(inputEstimate: number): Usage {
-    if (this.finished && this.output !== null) return { input_tokens: this.input ?? inputEstimate, output_tokens: this.output };
-    return { input_tokens: this.input ?? inputEstimate, output_tokens: Math.max(this.output ?? 0, this.produced) };
+    const reported = this.finished && this.output !== null;
+    return {
+      input_tokens: this.input ?? inputEstimate,
+      output_tokens: reported ? this.output! : Math.max(this.output ?? 0, this.produced),
+    };
   }
 }
 

@@ -8,7 +8,12 @@ export type Logger = pino.Logger;
 /** `auto`: readable on a terminal, JSON when stdout is a file or a pipe. */
 export type LogFormat = 'auto' | 'json' | 'pretty';
 
-export function createLogger(level: string, name = 'gateway', destination?: pino.DestinationStream, format: LogFormat = 'auto'): Logger {
+/** `destination`: where JSON lines go instead of stdout (tests capture them); `format` applies to stdout only. */
+export function createLogger(
+  level: string,
+  name = 'gateway',
+  { destination, format = 'auto' }: { destination?: pino.DestinationStream; format?: LogFormat } = {},
+): Logger {
   const readable = !destination && (format === 'pretty' || (format === 'auto' && process.stdout.isTTY === true));
   return pino(
     {

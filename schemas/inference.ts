@@ -71,6 +71,7 @@ export const EmbeddingsRequest = Type.Object(
     input: EmbeddingsInput,
     dimensions: Type.Optional(Type.Integer({ minimum: 1, maximum: 65536 })),
     encoding_format: Type.Optional(StringEnum(['float', 'base64'])),
+    stream: Type.Optional(Type.Literal(false, { description: 'Embeddings are not streamed' })),
     user: Type.Optional(EndUser),
   },
   { additionalProperties: true },

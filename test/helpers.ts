@@ -28,7 +28,7 @@ export function capturingLogger(level = 'info'): { logger: Logger; lines: Record
       cb();
     },
   });
-  return { logger: createLogger(level, 'test', sink), lines };
+  return { logger: createLogger(level, 'test', { destination: sink }), lines };
 }
 
 export interface TestGateway {

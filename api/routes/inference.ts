@@ -4,7 +4,7 @@
 // before the client is told the call is done.
 import type Koa from 'koa';
 import type { Endpoint } from '../../catalog';
-import { BadRequestError, GatewayError, UpstreamError } from '../../errors';
+import { GatewayError, UpstreamError } from '../../errors';
 import { costOf, type Usage } from '../../providers/adapters';
 import { UpstreamFailure } from '../../providers/failure';
 import { applyPreset, presetReference } from '../../presets/apply';
@@ -177,7 +177,6 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
       body = applyPreset(given, version, operation);
     }
     const plan = planInference(upstreams.catalog, body, operation);
-    if (plan.stream && operation === 'embeddings') throw new BadRequestError('stream: embeddings are not streamed');
     const requestBytes = ctx.request.length ?? Buffer.byteLength(JSON.stringify(given));
     const { settings } = await workspaces.get(auth.workspaceId);
     const hold = await workspaces.hold(

@@ -8,6 +8,7 @@ import Router from '@koa/router';
 import { UnauthorizedError } from '../../errors';
 import type { Metrics } from '../../metrics';
 import type { Logger } from '../../log';
+import { bearerToken } from '../auth';
 import { errorMiddleware } from '../errors';
 
 const digest = (s: string) => createHash('sha256').update(s).digest();
@@ -16,7 +17,7 @@ export function metricsRoutes(metrics: Metrics, token: string | null): Router {
   const router = new Router();
   router.get('/metrics', async (ctx) => {
     if (token) {
-      const given = /^Bearer\s+(\S+)\s*$/i.exec(ctx.get('authorization'))?.[1] ?? '';
+      const given = bearerToken(ctx.get('authorization')) ?? '';
       if (!timingSafeEqual(digest(given), digest(token))) throw new UnauthorizedError('Metrics need Authorization: Bearer <METRICS_TOKEN>');
     }
     ctx.type = metrics.contentType;
