@@ -18,6 +18,11 @@ export const stack = {
   tmpDir: '',
 };
 
+// Under `mocha --parallel` the global setup runs in the main process and the test files in worker
+// processes forked after it: the workers read the running stack from the environment they inherit.
+const STACK_ENV = 'GATEWAY_TEST_STACK';
+if (process.env[STACK_ENV]) Object.assign(stack, JSON.parse(process.env[STACK_ENV]));
+
 const running: RunningService[] = [];
 let sandbox: ManagedProcess | null = null;
 
@@ -59,6 +64,7 @@ export async function mochaGlobalSetup(): Promise<void> {
   );
   stack.mongoUri = external.mongo ?? mongo!.address;
   stack.temporalAddress = external.temporal ?? temporal!.address;
+  process.env[STACK_ENV] = JSON.stringify(stack);
 }
 
 export async function mochaGlobalTeardown(): Promise<void> {

@@ -1,5 +1,5 @@
 // The Temporal worker: runs workflows/ and the activities built (by `createActivities`) from the store and HTTP clients.
-import { NativeConnection, Worker } from '@temporalio/worker';
+import { bundleWorkflowCode, NativeConnection, Runtime, Worker, type WorkflowBundle } from '@temporalio/worker';
 import type { Activities } from '../activities';
 import type { DecisionHandoff } from '../temporal/decision-handoff';
 
@@ -13,12 +13,17 @@ export interface WorkerOptions {
   handoff: DecisionHandoff;
 }
 
+// Bundling the workflow code (webpack) costs about a second of CPU; a process that runs several
+// workers (the tests) bundles once.
+let bundle: Promise<WorkflowBundle> | null = null;
+
 export async function createWorker(opts: WorkerOptions): Promise<Worker> {
+  bundle ??= bundleWorkflowCode({ workflowsPath: require.resolve('../workflows'), logger: Runtime.instance().logger });
   return Worker.create({
     connection: opts.connection,
     namespace: opts.namespace,
     taskQueue: opts.taskQueue,
-    workflowsPath: require.resolve('../workflows'),
+    workflowBundle: await bundle,
     activities: opts.activities,
     sinks: opts.handoff.sinks(),
     // Heartbeats carry cancellation back to a running chunk: let one reach the server every second,

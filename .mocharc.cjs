@@ -1,0 +1,22 @@
+// The suite against the real stack: one set of services for the whole run (test/fixture.ts), the
+// test files spread over three worker processes (they spend much of their time waiting on
+// processes, timers and the services, so three keep two cores busy). The longest files start
+// first, so that no worker is left running one of them alone at the end.
+const fs = require('node:fs');
+
+const dir = 'dist/test';
+const longest = ['cli', 'batches', 'faults', 'cli-batches', 'fuzz', 'accounts', 'webhooks'].map((n) => `${dir}/${n}.test.js`);
+const all = fs
+  .readdirSync(dir)
+  .filter((f) => f.endsWith('.test.js'))
+  .map((f) => `${dir}/${f}`);
+
+module.exports = {
+  spec: [...longest.filter((f) => all.includes(f)), ...all.filter((f) => !longest.includes(f))],
+  require: [`${dir}/fixture.js`],
+  parallel: true,
+  jobs: 3,
+  timeout: 60_000,
+  exit: true,
+  'enable-source-maps': true,
+};
