@@ -1,11 +1,10 @@
 // Admin commands that work on the database directly: workspaces, keys and credits.
 import type { Command } from 'commander';
-import type { Config } from '../config';
 import { Store } from '../store';
 import { createWorkspace, findWorkspace, listWorkspaces } from '../accounts/workspaces';
 import { createKey, listKeys, revokeKey } from '../accounts/keys';
 import { getBalance, grantCredits } from '../accounts/credits';
-import { configuredAddresses } from './roles';
+import { configuredAddresses, type Config } from '../config';
 
 type Out = (value: unknown, human: string) => void;
 

@@ -1,6 +1,6 @@
 // The long-running roles a gateway process can play: the API (with an in-process worker, which
 // eager workflow start needs), a worker alone, and the sandbox provider. Each returns a stop function.
-import type { Config } from '../config';
+import type { Addresses, Config } from '../config';
 import type { Logger } from '../log';
 import { Store } from '../store';
 import { connectTemporal, pingTemporal } from '../temporal/client';
@@ -20,19 +20,6 @@ import { startMetricsServer } from '../api/routes/metrics';
 import { Metrics } from '../metrics';
 import { createWebhookSender } from '../webhooks/deliver';
 import { batchCountsByStatus } from '../batches/store';
-
-export interface Addresses {
-  mongoUri: string;
-  temporalAddress: string;
-}
-
-/** Where the services are when nothing says otherwise: the embedded stack's default ports. */
-export function configuredAddresses(config: Config): Addresses {
-  return {
-    mongoUri: config.mongo.uri ?? `mongodb://127.0.0.1:${config.mongo.embeddedPort}/`,
-    temporalAddress: config.temporal.address ?? `127.0.0.1:${config.temporal.embeddedPort}`,
-  };
-}
 
 export type Stop = () => Promise<void>;
 

@@ -209,3 +209,16 @@ export function loadConfig(env: Env = process.env) {
 }
 
 export type Config = ReturnType<typeof loadConfig>;
+
+export interface Addresses {
+  mongoUri: string;
+  temporalAddress: string;
+}
+
+/** Where the services are when nothing says otherwise: the embedded stack's default ports. */
+export function configuredAddresses(config: Config): Addresses {
+  return {
+    mongoUri: config.mongo.uri ?? `mongodb://127.0.0.1:${config.mongo.embeddedPort}/`,
+    temporalAddress: config.temporal.address ?? `127.0.0.1:${config.temporal.embeddedPort}`,
+  };
+}
