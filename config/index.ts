@@ -31,10 +31,10 @@ function optionalPort(env: Env, name: string): number | null {
   return read(env, name) === undefined ? null : port(env, name, 0);
 }
 
-function positiveInt(env: Env, name: string, fallback: number): number {
+function positiveInt(env: Env, name: string, fallback: number, min = 1): number {
   const raw = read(env, name);
   if (raw === undefined) return fallback;
-  if (!/^\d+$/.test(raw) || Number(raw) < 1) throw new ConfigError(name, raw, 'a whole number of at least 1');
+  if (!/^\d+$/.test(raw) || Number(raw) < min) throw new ConfigError(name, raw, `a whole number of at least ${min}`);
   return Number(raw);
 }
 
@@ -196,6 +196,8 @@ export function loadConfig(env: Env = process.env) {
        * memory; a provider refusing connections, its lines retried) before giving up on it.
        */
       outageMs: positiveInt(env, 'BATCH_OUTAGE_MS', 5 * 60_000),
+      /** A chunk silent this long (its worker died) is given to another worker; chunks heartbeat every second. */
+      heartbeatTimeoutMs: positiveInt(env, 'BATCH_HEARTBEAT_TIMEOUT_MS', 10_000, 2_000),
     },
     http: {
       bodyLimitBytes: bytes(env, 'BODY_LIMIT', 10 * 1024 ** 2),

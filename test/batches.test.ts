@@ -602,7 +602,8 @@ describe('batches', () => {
   it('survives the worker being killed mid-batch: exactly one result per line', async function () {
     this.timeout(120_000);
     // An API without a worker, and a worker in a process of its own that we can kill.
-    const api = await startTestGateway({ withWorker: false, env: env() });
+    // A chunk whose worker died moves after 3 s of silence rather than the default 10 s.
+    const api = await startTestGateway({ withWorker: false, env: { ...env(), BATCH_HEARTBEAT_TIMEOUT_MS: '3000' } });
     const tenant = await createTenant(api.store, 5);
     const bin = path.resolve(__dirname, '..', '..', 'bin', 'gateway.js');
     const workerEnv = {
@@ -641,6 +642,18 @@ describe('batches', () => {
       expect(new Set(customIds).size).to.equal(60);
       expect(customIds).to.have.length(60);
       expect(await api.store.usage.countDocuments({ batch_id: r.body.id })).to.equal(60); // each line debited once
+      const connection = await Connection.connect({ address: stack.temporalAddress });
+      try {
+        const history = await new Client({ connection }).workflow.getHandle(r.body.id).fetchHistory();
+        const timeouts = (history.events ?? []).flatMap((e) => {
+          const a = e.activityTaskScheduledEventAttributes;
+          return a?.activityType?.name === 'processBatchChunk' ? [Number(a.heartbeatTimeout?.seconds)] : [];
+        });
+        expect(timeouts.length).to.be.greaterThan(0);
+        expect(new Set(timeouts)).to.deep.equal(new Set([3]));
+      } finally {
+        await connection.close();
+      }
     } finally {
       await worker.stop();
       await api.stop();

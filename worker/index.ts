@@ -29,5 +29,9 @@ export async function createWorker(opts: WorkerOptions): Promise<Worker> {
     // Heartbeats carry cancellation back to a running chunk: let one reach the server every second,
     // so a cancelled batch stops calling providers within about a second.
     maxHeartbeatThrottleInterval: '1 second',
+    // A workflow task waits this long on the queue of the worker that last ran the workflow before
+    // any worker may take it. The SDK's 10 s default stalls every batch a killed worker held for 10 s
+    // more; 3 s still covers a busy worker, and a task taken elsewhere only costs a history replay.
+    stickyQueueScheduleToStartTimeout: '3 seconds',
   });
 }

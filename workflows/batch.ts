@@ -31,6 +31,8 @@ export interface BatchWorkflowInput {
   lines?: number;
   /** Lines finished by earlier runs of this batch (continue-as-new). */
   done?: { completed: number; failed: number };
+  /** How long a chunk may go without a heartbeat before it is moved to another worker (absent: 10 s). */
+  heartbeatTimeoutMs?: number;
   /** Present when the batch has a callback URL: how long to keep trying, and the first wait between attempts. */
   webhook?: { windowMs: number; firstRetryMs: number };
 }
@@ -48,8 +50,9 @@ export const batchProgressQuery = defineQuery<BatchProgress>('progress');
 /** Chunks one run schedules before continuing as new, keeping every run's history small. */
 const CHUNKS_PER_RUN = 100;
 
-// Chunk work heartbeats every second; a heartbeat timeout of 10 s moves a crashed worker's chunk
-// to another worker within seconds while leaving room for a slow database write. Cancelling waits
+// Chunk work heartbeats every second; a heartbeat timeout of 10 s (BATCH_HEARTBEAT_TIMEOUT_MS) moves
+// a crashed worker's chunk to another worker within seconds while leaving room for a slow database
+// write. Cancelling waits
 // until the chunk has really stopped (not only asked it to): a chunk that kept running after the
 // batch closed would call providers and write results nobody counts.
 const chunks = proxyActivities<Activities>({
@@ -151,7 +154,13 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
     let scheduled = 0;
     while (next < input.chunks && scheduled < CHUNKS_PER_RUN && !workflowInfo().continueAsNewSuggested) {
       const p: Promise<void> = chunks.processBatchChunk
-        .executeWithOptions({ summary: `chunk ${next + 1} of ${input.chunks}` }, [input.batchId, next])
+        .executeWithOptions(
+          {
+            summary: `chunk ${next + 1} of ${input.chunks}`,
+            ...(input.heartbeatTimeoutMs && { heartbeatTimeout: input.heartbeatTimeoutMs }),
+          },
+          [input.batchId, next],
+        )
         .then((counts) => {
           chunksDone++;
           done.completed += counts.completed;

@@ -188,6 +188,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
                 batchId: id,
                 chunks,
                 window: settings.window,
+                heartbeatTimeoutMs: settings.heartbeatTimeoutMs,
                 expiresAt: expiresAt.getTime(),
                 phase: 'validate',
                 nextChunk: 0,

@@ -48,6 +48,7 @@ describe('config', () => {
     ['TEMPORAL_ADDRESS', 'no-port'],
     ['BODY_LIMIT', 'ten'],
     ['SHUTDOWN_GRACE_MS', '0'],
+    ['BATCH_HEARTBEAT_TIMEOUT_MS', '1000'], // chunks heartbeat every second: a shorter timeout would move healthy chunks
   ];
   for (const [name, value] of invalid) {
     it(`rejects ${name}=${value} with a message naming the variable`, () => {
