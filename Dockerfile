@@ -4,7 +4,8 @@ WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
 COPY . .
-RUN npm run build && npm prune --omit=dev
+# The workflow bundle is built into the image (dist/.cache), so no container spends a second of CPU on webpack at start.
+RUN npm run build && node -e "require('./dist/worker/bundle').workflowBundle()" && npm prune --omit=dev
 
 FROM node:20.19-bookworm-slim
 ENV NODE_ENV=production HOST=0.0.0.0 PORT=8080

@@ -1,7 +1,8 @@
 // The Temporal worker: runs workflows/ and the activities built (by `createActivities`) from the store and HTTP clients.
-import { bundleWorkflowCode, NativeConnection, Runtime, Worker, type WorkflowBundle } from '@temporalio/worker';
+import { NativeConnection, Worker } from '@temporalio/worker';
 import type { Activities } from '../activities';
 import type { DecisionHandoff } from '../temporal/decision-handoff';
+import { workflowBundle } from './bundle';
 
 export interface WorkerOptions {
   connection: NativeConnection;
@@ -13,17 +14,12 @@ export interface WorkerOptions {
   handoff: DecisionHandoff;
 }
 
-// Bundling the workflow code (webpack) costs about a second of CPU; a process that runs several
-// workers (the tests) bundles once.
-let bundle: Promise<WorkflowBundle> | null = null;
-
 export async function createWorker(opts: WorkerOptions): Promise<Worker> {
-  bundle ??= bundleWorkflowCode({ workflowsPath: require.resolve('../workflows'), logger: Runtime.instance().logger });
   return Worker.create({
     connection: opts.connection,
     namespace: opts.namespace,
     taskQueue: opts.taskQueue,
-    workflowBundle: await bundle,
+    workflowBundle: await workflowBundle(),
     activities: opts.activities,
     sinks: opts.handoff.sinks(),
     // Heartbeats carry cancellation back to a running chunk: let one reach the server every second,
