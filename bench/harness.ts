@@ -144,15 +144,23 @@ function percentile(sorted: number[], q: number): number {
   return sorted.length ? sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)] : NaN;
 }
 
+/** Every latency of a closed-loop run, before it is summarised (runs can be merged first). */
+export interface LoadSamples {
+  concurrency: number;
+  latencies: number[];
+  errors: number;
+  seconds: number;
+}
+
 /** `concurrency` workers each sending requests back to back until `total` are done. */
-export async function closedLoop(
+export async function loadSamples(
   url: string,
   body: unknown,
   headers: Record<string, string>,
   concurrency: number,
   total: number,
   check?: (status: number, text: string) => boolean,
-): Promise<LoadResult> {
+): Promise<LoadSamples> {
   const u = new URL(url);
   const pool = new Pool(u.origin, { connections: concurrency, pipelining: 1 });
   const payload = JSON.stringify(body);
@@ -179,18 +187,26 @@ export async function closedLoop(
   );
   const seconds = (performance.now() - started) / 1000;
   await pool.close();
-  latencies.sort((a, b) => a - b);
+  return { concurrency, latencies, errors, seconds };
+}
+
+export function summarize(s: LoadSamples): LoadResult {
+  const latencies = [...s.latencies].sort((a, b) => a - b);
   const r = (x: number) => Math.round(x * 100) / 100;
   return {
-    concurrency,
+    concurrency: s.concurrency,
     requests: latencies.length,
-    errors,
-    seconds: r(seconds),
-    rps: r(latencies.length / seconds),
+    errors: s.errors,
+    seconds: r(s.seconds),
+    rps: r(latencies.length / s.seconds),
     p50_ms: r(percentile(latencies, 0.5)),
     p90_ms: r(percentile(latencies, 0.9)),
     p99_ms: r(percentile(latencies, 0.99)),
   };
+}
+
+export async function closedLoop(...args: Parameters<typeof loadSamples>): Promise<LoadResult> {
+  return summarize(await loadSamples(...args));
 }
 
 export function writeResult(name: string, result: unknown): string {

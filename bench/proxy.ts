@@ -12,11 +12,24 @@ import { createParser } from 'eventsource-parser';
 import { DEFAULT_CATALOG_PATH } from '../config';
 import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
 import { startProcess, freePort, type ManagedProcess } from '../tools/processes';
-import { benchKey, closedLoop, cpuSeconds, startStack, writeResult, type LoadResult, type Stack } from './harness';
+import {
+  benchKey,
+  closedLoop,
+  cpuSeconds,
+  loadSamples,
+  startStack,
+  summarize,
+  writeResult,
+  type LoadResult,
+  type LoadSamples,
+  type Stack,
+} from './harness';
 
 const BARS = { added_p50_ms_at_c1: 1.0, added_ttft_p50_ms: 2, rps_at_c50_at_least_portkey: true, added_p50_at_most_portkey: true };
 const TOTALS: Record<number, number> = { 1: 2000, 50: 10_000, 200: 10_000 };
 const STREAMS = 40;
+/** Rounds each load level is split into, targets taking turns (see measuredInRounds). */
+const ROUNDS = 4;
 /** A streamed answer: words at the provider's pace (one event each). */
 const STREAM_WORDS = 200;
 const STREAM_GAP_MS = 2;
@@ -66,13 +79,43 @@ async function startPortkey(): Promise<{ url: string; process: ManagedProcess }>
   return { url, process: pk };
 }
 
-async function measured(stack: Stack, t: Target, body: object, concurrency: number, total: number): Promise<Row> {
-  const before = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, cpuSeconds(p.pid)]));
-  const run = await closedLoop(t.url, { ...body, model: t.model }, t.headers, concurrency, total, (_s, text) => text.includes('"choices"'));
-  const cpu = Object.fromEntries(
-    Object.entries(stack.processes).map(([n, p]) => [n, Math.round(((cpuSeconds(p.pid) - before[n]) / run.requests) * 1e5) / 100]),
-  );
-  return { ...run, cpu_ms_per_request: cpu };
+/**
+ * Each target in turn, in ROUNDS rounds of total / ROUNDS requests (A B C, B C A, …): the machine's
+ * speed drifts over minutes, and targets measured in one long block each would carry that drift
+ * into the comparison. Latencies and CPU are merged over the rounds.
+ */
+async function measuredInRounds(stack: Stack, targets: Record<string, Target>, body: object, concurrency: number, total: number) {
+  const names = Object.keys(targets);
+  const samples: Record<string, LoadSamples> = {};
+  const cpu: Record<string, Record<string, number>> = {};
+  for (let round = 0; round < ROUNDS; round++) {
+    for (let i = 0; i < names.length; i++) {
+      const name = names[(round + i) % names.length];
+      const t = targets[name];
+      const before = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, cpuSeconds(p.pid)]));
+      const run = await loadSamples(t.url, { ...body, model: t.model }, t.headers, concurrency, Math.ceil(total / ROUNDS), (_s, text) =>
+        text.includes('"choices"'),
+      );
+      for (const [n, p] of Object.entries(stack.processes))
+        cpu[name] = { ...cpu[name], [n]: (cpu[name]?.[n] ?? 0) + cpuSeconds(p.pid) - before[n] };
+      const acc = samples[name];
+      samples[name] = acc
+        ? {
+            concurrency,
+            latencies: acc.latencies.concat(run.latencies),
+            errors: acc.errors + run.errors,
+            seconds: acc.seconds + run.seconds,
+          }
+        : run;
+    }
+  }
+  const rows: Record<string, Row> = {};
+  for (const name of names) {
+    const run = summarize(samples[name]);
+    const perRequest = Object.fromEntries(Object.entries(cpu[name]).map(([n, s]) => [n, Math.round((s / run.requests) * 1e5) / 100]));
+    rows[name] = { ...run, cpu_ms_per_request: perRequest };
+  }
+  return rows;
 }
 
 interface StreamStats {
@@ -91,65 +134,84 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 const p90 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.ceil(xs.length * 0.9) - 1)];
 const round = (x: number) => Math.round(x * 100) / 100;
 
-/** Sequential streamed completions: when the first content arrives, and how fast the rest follows. */
-async function streamed(t: Target): Promise<StreamStats> {
-  const ttft: number[] = [];
-  const tps: number[] = [];
-  let errors = 0;
-  let firstError: string | null = null;
+/** One streamed completion: when the first content arrived, how fast the rest followed, how it was read. */
+async function streamOnce(t: Target): Promise<{ ttft: number; tps: number; events: number; reads: number } | { error: string }> {
+  const t0 = performance.now();
+  const res = await request(t.url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...t.headers },
+    body: JSON.stringify({ model: t.model, messages, max_tokens: STREAM_WORDS, stream: true }),
+  });
+  let first = 0;
+  let last = 0;
+  let count = 0;
+  let inRead = 0;
   let events = 0;
   let reads = 0;
-  for (let i = 0; i < STREAMS; i++) {
-    const t0 = performance.now();
-    const res = await request(t.url, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', ...t.headers },
-      body: JSON.stringify({ model: t.model, messages, max_tokens: STREAM_WORDS, stream: true }),
-    });
-    let first = 0;
-    let last = 0;
-    let count = 0;
-    let inRead = 0;
-    const parser = createParser({
-      onEvent: (e) => {
-        if (e.data === '[DONE]') return;
-        const content = JSON.parse(e.data).choices?.[0]?.delta?.content;
-        if (!content) return;
-        last = performance.now();
-        if (!count) first = last;
-        count++;
-        inRead++;
-      },
-    });
-    const decoder = new TextDecoder();
-    let head = '';
-    for await (const chunk of res.body) {
-      inRead = 0;
-      const text = decoder.decode(chunk, { stream: true });
-      if (head.length < 300) head += text;
-      parser.feed(text);
-      if (inRead) {
-        reads++;
-        events += inRead;
-      }
+  const parser = createParser({
+    onEvent: (e) => {
+      if (e.data === '[DONE]') return;
+      const content = JSON.parse(e.data).choices?.[0]?.delta?.content;
+      if (!content) return;
+      last = performance.now();
+      if (!count) first = last;
+      count++;
+      inRead++;
+    },
+  });
+  const decoder = new TextDecoder();
+  let head = '';
+  for await (const chunk of res.body) {
+    inRead = 0;
+    const text = decoder.decode(chunk, { stream: true });
+    if (head.length < 300) head += text;
+    parser.feed(text);
+    if (inRead) {
+      reads++;
+      events += inRead;
     }
-    if (res.statusCode !== 200 || count < STREAM_WORDS / 2) {
-      errors++;
-      firstError ??= `HTTP ${res.statusCode}: ${head.slice(0, 300)}`;
-      continue;
-    }
-    ttft.push(first - t0);
-    tps.push((count - 1) / ((last - first) / 1000));
   }
-  return {
-    streams: STREAMS,
-    errors,
-    ttft_p50_ms: round(median(ttft)),
-    ttft_p90_ms: round(p90(ttft)),
-    tokens_per_s_p50: Math.round(median(tps)),
-    events_per_read: round(events / Math.max(1, reads)),
-    first_error: firstError,
-  };
+  if (res.statusCode !== 200 || count < STREAM_WORDS / 2) return { error: `HTTP ${res.statusCode}: ${head.slice(0, 300)}` };
+  return { ttft: first - t0, tps: (count - 1) / ((last - first) / 1000), events, reads };
+}
+
+/** STREAMS streamed completions per target, the targets taking turns (as measuredInRounds, against drift). */
+async function streamed(targets: Record<string, Target>): Promise<Record<string, StreamStats>> {
+  const names = Object.keys(targets);
+  const acc = Object.fromEntries(
+    names.map((n) => [n, { ttft: [] as number[], tps: [] as number[], events: 0, reads: 0, errors: 0, firstError: null as string | null }]),
+  );
+  for (let i = 0; i < STREAMS; i++) {
+    for (let j = 0; j < names.length; j++) {
+      const name = names[(i + j) % names.length];
+      const a = acc[name];
+      const r = await streamOnce(targets[name]);
+      if ('error' in r) {
+        a.errors++;
+        a.firstError ??= r.error;
+        continue;
+      }
+      a.ttft.push(r.ttft);
+      a.tps.push(r.tps);
+      a.events += r.events;
+      a.reads += r.reads;
+    }
+  }
+  return Object.fromEntries(
+    names.map((n) => {
+      const a = acc[n];
+      const stats: StreamStats = {
+        streams: STREAMS,
+        errors: a.errors,
+        ttft_p50_ms: round(median(a.ttft)),
+        ttft_p90_ms: round(p90(a.ttft)),
+        tokens_per_s_p50: Math.round(median(a.tps)),
+        events_per_read: round(a.events / Math.max(1, a.reads)),
+        first_error: a.firstError,
+      };
+      return [n, stats];
+    }),
+  );
 }
 
 export async function benchProxy(opts: { levels?: number[] } = {}) {
@@ -175,8 +237,10 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
 
     const rows: Record<string, any>[] = [];
     for (const concurrency of levels) {
-      const row: Record<string, any> = { concurrency };
-      for (const [name, t] of Object.entries(targets)) row[name] = await measured(stack, t, body, concurrency, TOTALS[concurrency] ?? 2000);
+      const row: Record<string, any> = {
+        concurrency,
+        ...(await measuredInRounds(stack, targets, body, concurrency, TOTALS[concurrency] ?? 2000)),
+      };
       for (const name of ['gateway', 'portkey']) row[`${name}_added_p50_ms`] = round(row[name].p50_ms - row.direct.p50_ms);
       rows.push(row);
     }
@@ -189,9 +253,8 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
       gateway: { ...targets.gateway, model: 'bench/stream' },
       portkey: { ...targets.portkey, headers: portkeyHeaders(`~max_words=${STREAM_WORDS},chunk_delay=${STREAM_GAP_MS}/`) },
     };
-    for (const t of Object.values(streamTargets)) await streamed(t); // warm-up
-    const streams: Record<string, any> = {};
-    for (const [name, t] of Object.entries(streamTargets)) streams[name] = await streamed(t);
+    for (const t of Object.values(streamTargets)) await streamOnce(t); // warm-up
+    const streams: Record<string, any> = await streamed(streamTargets);
     for (const name of ['gateway', 'portkey'])
       streams[`${name}_added_ttft_p50_ms`] = round(streams[name].ttft_p50_ms - streams.direct.ttft_p50_ms);
 

@@ -84,7 +84,7 @@ export async function openStream(
         return { events, first: first.value, startedAt };
       } catch (err) {
         res.body.destroy();
-        throw up.http.classify(err, e.provider.slug, null, e.provider.timeout_ms);
+        throw up.http.classify(err, e.provider.slug, e.provider.timeout_ms);
       }
     },
     { limiter: up.limiter, stats: up.stats, observer: up.observer, signal: ctx.signal, holdSlot: true, measure: () => null },

@@ -153,7 +153,7 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
       const f =
         failure === null
           ? new UpstreamFailure('invalid_response', endpoint.provider.slug, 'Provider ended the stream before finishing it')
-          : upstreams.http.classify(failure, endpoint.provider.slug, null, endpoint.provider.timeout_ms);
+          : upstreams.http.classify(failure, endpoint.provider.slug, endpoint.provider.timeout_ms);
       await out.write(format.error(failureToError(f, [...opened.attempts]), served, tally));
     } else if (!billed) {
       await out.write(format.error(new UpstreamError('The call finished but its usage could not be recorded'), served, tally));
