@@ -90,6 +90,9 @@ export class ChunkWriter {
       const stored = await writeResultsOnce(store, batch._id, group);
       await Promise.all(stored.filter((r) => r.ok && r.usage).map((r) => usage.record(lineUsage(batch, r))));
       for (const r of stored) {
+        // Already counted when this group was written before and a later step (the progress
+        // write) failed: the group comes back whole, its lines must not count twice.
+        if (this.done.has(r.line)) continue;
         addToTally(this.tally, r);
         this.done.add(r.line);
       }

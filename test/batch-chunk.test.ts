@@ -178,6 +178,60 @@ describe('batch chunk activity', () => {
     expect(await progress(store, id).findOne({ _id: seqId(0) })).to.include({ completed: 1, n: 1 });
   });
 
+  it('a group written again after its progress write failed counts each line once', async () => {
+    const id = await storeBatch([chat(0), chat(1)]);
+    const batch = (await batches(store).findOne({ _id: id }))!;
+    // The real database, with one failure injected where a dying database would fail: the progress
+    // write, after the results and usage records of the group were stored.
+    let failures = 0;
+    const faulty = Object.create(store) as Store;
+    Object.defineProperty(faulty, 'db', {
+      value: new Proxy(store.db, {
+        get(db, prop) {
+          if (prop !== 'collection') return Reflect.get(db, prop);
+          return (name: string) => {
+            const c = db.collection(name);
+            if (!name.endsWith('_progress')) return c;
+            return new Proxy(c, {
+              get(coll, p) {
+                if (p === 'replaceOne' && failures === 0)
+                  return async () => {
+                    failures++;
+                    throw new Error('connection reset (injected)');
+                  };
+                const v = Reflect.get(coll, p);
+                return typeof v === 'function' ? v.bind(coll) : v;
+              },
+            });
+          };
+        },
+      }),
+    });
+    const writer = new ChunkWriter({ store: faulty, usage: new UsageLedger(store), batch, chunkIndex: 0, outageMs: 60_000 }, null);
+    for (const line of [0, 1]) {
+      writer.add({
+        _id: seqId(line),
+        line,
+        custom_id: `c${line}`,
+        id: `gen-batch-${id.slice(6)}-${line}`,
+        ok: true,
+        provider: 'chunk-counted',
+        response: { status_code: 200, request_id: 'x', body: {} },
+        error: null,
+        usage: { input_tokens: 1, output_tokens: 1, cost: 0.5 },
+      });
+    }
+    await writer.flush();
+    expect(failures).to.equal(1);
+    expect(writer.failing).to.equal(true);
+    expect(writer.backlog).to.equal(2);
+    await writer.flush();
+    expect(writer.backlog).to.equal(0);
+    expect(writer.tally).to.include({ completed: 2, failed: 0, cost: 1 });
+    expect(await progress(store, id).findOne({ _id: seqId(0) })).to.include({ completed: 2, n: 2 });
+    expect(await store.usage.countDocuments({ batch_id: id })).to.equal(2);
+  });
+
   it('the line runner turns a line no endpoint may serve into a failed result (404), not a thrown error', async () => {
     const id = await storeBatch([chat(0)]);
     const batch = (await batches(store).findOne({ _id: id }))!;
