@@ -144,8 +144,6 @@ describe('faults: a running batch survives each process being killed', function 
       CATALOG_PATH: catalogPath,
       BATCH_CHUNK_SIZE: '10',
       BATCH_WINDOW: '2',
-      // A killed gateway's chunks move to the new one after 3 s of silence, not 10.
-      BATCH_HEARTBEAT_TIMEOUT_MS: '3000',
     };
     let gw = await startGatewayProcess('gateway', services, env);
     const store = await Store.connect(services.mongoUri, env.MONGODB_DATABASE);
