@@ -47,31 +47,38 @@ export class ProviderHttp {
   private readonly agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 600_000, connections: 512 });
 
   /**
-   * One JSON answer. The timeout bounds the wait for the answer's headers and then for its body;
-   * undici's own timers do that, which costs less per call than a timeout signal joined to the
-   * caller's (this is every synchronous request's hot path).
+   * A POST whose timeout bounds the wait for the answer's headers and then each silence within its
+   * body. undici's own timers do that, which costs less per call than a timeout signal joined to the
+   * caller's (this is every synchronous request's hot path); failures come back classified.
    */
-  async postJson(url: string, body: unknown, opts: CallOptions): Promise<JsonResponse> {
-    let res;
+  private async post(url: string, body: unknown, accept: string, opts: CallOptions): Promise<Dispatcher.ResponseData> {
     try {
-      res = await request(url, {
+      return await request(url, {
         method: 'POST',
         dispatcher: this.agent,
         signal: opts.signal,
         headersTimeout: opts.timeoutMs,
         bodyTimeout: opts.timeoutMs,
-        headers: { 'content-type': 'application/json', accept: 'application/json', ...opts.headers },
+        headers: { 'content-type': 'application/json', accept, ...opts.headers },
         body: JSON.stringify(body),
       });
     } catch (err) {
       throw this.classify(err, opts.provider, opts.timeoutMs);
     }
-    let text: string;
+  }
+
+  private async textOf(res: Dispatcher.ResponseData, opts: CallOptions): Promise<string> {
     try {
-      text = await res.body.text();
+      return await res.body.text();
     } catch (err) {
       throw this.classify(err, opts.provider, opts.timeoutMs);
     }
+  }
+
+  /** One JSON answer. */
+  async postJson(url: string, body: unknown, opts: CallOptions): Promise<JsonResponse> {
+    const res = await this.post(url, body, 'application/json', opts);
+    const text = await this.textOf(res, opts);
     if (res.statusCode < 200 || res.statusCode >= 300) throw failureOf(res.statusCode, text, res.headers, opts.provider);
     let parsed: any;
     try {
@@ -89,33 +96,11 @@ export class ProviderHttp {
     return { status: res.statusCode, body: parsed, headers: res.headers };
   }
 
-  /**
-   * Opens a streamed call. The timeout bounds the wait for the answer's headers and each silence
-   * within the body, not the whole stream, which may rightly run for minutes.
-   */
+  /** Opens a streamed call; the timeout is per silence, not for the whole stream, which may rightly run for minutes. */
   async postStream(url: string, body: unknown, opts: CallOptions): Promise<StreamResponse> {
-    let res;
-    try {
-      res = await request(url, {
-        method: 'POST',
-        dispatcher: this.agent,
-        signal: opts.signal,
-        headersTimeout: opts.timeoutMs,
-        bodyTimeout: opts.timeoutMs,
-        headers: { 'content-type': 'application/json', accept: 'text/event-stream', ...opts.headers },
-        body: JSON.stringify(body),
-      });
-    } catch (err) {
-      throw this.classify(err, opts.provider, opts.timeoutMs);
-    }
+    const res = await this.post(url, body, 'text/event-stream', opts);
     if (res.statusCode >= 200 && res.statusCode < 300) return { status: res.statusCode, body: res.body };
-    let text = '';
-    try {
-      text = await res.body.text();
-    } catch (err) {
-      throw this.classify(err, opts.provider, opts.timeoutMs);
-    }
-    throw failureOf(res.statusCode, text, res.headers, opts.provider);
+    throw failureOf(res.statusCode, await this.textOf(res, opts), res.headers, opts.provider);
   }
 
   classify(err: unknown, provider: string, timeoutMs: number): UpstreamFailure {
