@@ -6,6 +6,7 @@ import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { Command } from 'commander';
 import { request } from 'undici';
+import { TERMINAL_STATUSES } from '../schemas/batches';
 
 /** A failure the user can act on: printed as one line, exit code 1 (2 for a usage mistake). */
 class CliError extends Error {
@@ -93,7 +94,7 @@ interface BatchView {
   request_counts: { total: number; completed: number; failed: number };
 }
 
-const TERMINAL = new Set(['completed', 'failed', 'expired', 'cancelled']);
+const TERMINAL = new Set<string>(TERMINAL_STATUSES);
 
 function duration(seconds: number): string {
   if (!Number.isFinite(seconds)) return '?';

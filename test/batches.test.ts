@@ -58,6 +58,16 @@ const countedCalls = async () =>
     .filter(([k]) => k.includes('counted=1'))
     .reduce((a, [, n]) => a + n, 0);
 
+/** A Temporal client on the run's server, closed once `use` is done. */
+async function withTemporal<T>(use: (client: Client) => Promise<T>): Promise<T> {
+  const connection = await Connection.connect({ address: stack.temporalAddress });
+  try {
+    return await use(new Client({ connection }));
+  } finally {
+    await connection.close();
+  }
+}
+
 describe('batches', () => {
   let gw: TestGateway;
   let t: Tenant;
@@ -418,9 +428,8 @@ describe('batches', () => {
         chunks,
       });
       await batches(gw.store).insertOne(doc);
-      const connection = await Connection.connect({ address: stack.temporalAddress });
-      try {
-        await new Client({ connection }).workflow.start(batchWorkflow, {
+      await withTemporal(async (client) => {
+        await client.workflow.start(batchWorkflow, {
           workflowId: id,
           taskQueue: gw.config.temporal.taskQueue,
           args: [
@@ -435,9 +444,7 @@ describe('batches', () => {
             },
           ],
         });
-      } finally {
-        await connection.close();
-      }
+      });
       const done = await waitForStatus(gw.url, t.inferenceKey, id, ['expired'], 30_000);
       const ok = done.results.filter((x: any) => x.response);
       const expired = done.results.filter((x: any) => x.error?.type === 'batch_expired');
@@ -538,9 +545,8 @@ describe('batches', () => {
       model: 'test/batch-slow',
       requests: Array.from({ length: 24 }, (_, i) => chatLine(i)),
     });
-    const connection = await Connection.connect({ address: stack.temporalAddress });
-    try {
-      const handle = new Client({ connection }).workflow.getHandle(r.body.id);
+    await withTemporal(async (client) => {
+      const handle = client.workflow.getHandle(r.body.id);
       await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['in_progress']);
       const progress = await handle.query(batchProgressQuery);
       expect(progress).to.include({ status: 'in_progress', chunks: 4 });
@@ -571,9 +577,7 @@ describe('batches', () => {
         return e.activityTaskScheduledEventAttributes && data ? [JSON.parse(Buffer.from(data).toString())] : [];
       });
       expect(summaries.sort()).to.deep.equal(['chunk 1 of 4', 'chunk 2 of 4', 'chunk 3 of 4', 'chunk 4 of 4']);
-    } finally {
-      await connection.close();
-    }
+    });
   });
 
   it('continues as new every 100 chunks, keeping each run small, and still answers every line', async function () {
@@ -587,16 +591,12 @@ describe('batches', () => {
     expect(r.status).to.equal(202);
     const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed'], 100_000);
     expect(done.request_counts).to.deep.equal({ total: 720, completed: 720, failed: 0 });
-    const connection = await Connection.connect({ address: stack.temporalAddress });
-    try {
-      const client = new Client({ connection });
+    await withTemporal(async (client) => {
       const runs = [];
       for await (const w of client.workflow.list({ query: `WorkflowId = '${r.body.id}'` })) runs.push(w);
       expect(runs.map((w) => w.status.name).sort()).to.deep.equal(['COMPLETED', 'CONTINUED_AS_NEW']);
       for (const w of runs) expect(w.historyLength).to.be.lessThan(1000);
-    } finally {
-      await connection.close();
-    }
+    });
   });
 
   it('survives the worker being killed mid-batch: exactly one result per line', async function () {
@@ -642,18 +642,15 @@ describe('batches', () => {
       expect(new Set(customIds).size).to.equal(60);
       expect(customIds).to.have.length(60);
       expect(await api.store.usage.countDocuments({ batch_id: r.body.id })).to.equal(60); // each line debited once
-      const connection = await Connection.connect({ address: stack.temporalAddress });
-      try {
-        const history = await new Client({ connection }).workflow.getHandle(r.body.id).fetchHistory();
+      await withTemporal(async (client) => {
+        const history = await client.workflow.getHandle(r.body.id).fetchHistory();
         const timeouts = (history.events ?? []).flatMap((e) => {
           const a = e.activityTaskScheduledEventAttributes;
           return a?.activityType?.name === 'processBatchChunk' ? [Number(a.heartbeatTimeout?.seconds)] : [];
         });
         expect(timeouts.length).to.be.greaterThan(0);
         expect(new Set(timeouts)).to.deep.equal(new Set([3]));
-      } finally {
-        await connection.close();
-      }
+      });
     } finally {
       await worker.stop();
       await api.stop();

@@ -15,6 +15,7 @@ import {
   workflowInfo,
 } from '@temporalio/workflow';
 import type { Activities } from '../activities';
+import type { DeliveryOutcome } from '../webhooks/deliver';
 import { searchAttributes } from './shared';
 
 export interface BatchWorkflowInput {
@@ -52,9 +53,8 @@ const CHUNKS_PER_RUN = 100;
 
 // Chunk work heartbeats every second; a heartbeat timeout of 10 s (BATCH_HEARTBEAT_TIMEOUT_MS) moves
 // a crashed worker's chunk to another worker within seconds while leaving room for a slow database
-// write. Cancelling waits
-// until the chunk has really stopped (not only asked it to): a chunk that kept running after the
-// batch closed would call providers and write results nobody counts.
+// write. Cancelling waits until the chunk has really stopped (not only asked it to): a chunk that
+// kept running after the batch closed would call providers and write results nobody counts.
 const chunks = proxyActivities<Activities>({
   startToCloseTimeout: '2 hours',
   heartbeatTimeout: '10 seconds',
@@ -117,7 +117,7 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
     const giveUpAt = Date.now() + windowMs;
     let wait = firstRetryMs;
     for (let attempt = 1; ; attempt++) {
-      let outcome: { ok: boolean; status: number | null; error: string | null };
+      let outcome: DeliveryOutcome;
       try {
         outcome = await webhooks.deliverBatchWebhook.executeWithOptions({ summary: `webhook attempt ${attempt}` }, [input.batchId]);
       } catch {
