@@ -198,56 +198,62 @@ function bodyArbitrary(schema: Json): fc.Arbitrary<{ bytes: Uint8Array; headers:
 }
 
 function caseArbitrary(ops: Operation[], keys: { inference: string; management: string }): fc.Arbitrary<Case> {
-  return fc.constantFrom(...ops).chain((op) => {
-    const pathParams = op.params.filter((p) => p.in === 'path');
-    const queryParams = op.params.filter((p) => p.in === 'query');
-    const segment = (p: Operation['params'][number]) =>
-      fc.oneof(
-        { weight: 2, arbitrary: fromSchema(p.schema).map((v) => encodeURIComponent(String(v))) },
-        { weight: 1, arbitrary: hostileSegment },
-      );
-    const query = fc.array(
-      fc.oneof(
-        ...queryParams.map((p) =>
-          fc.oneof(
-            fromSchema(p.schema).map((v) => `${p.name}=${encodeURIComponent(String(v))}`),
-            hostileSegment.map((s) => `${p.name}=${s}`),
-          ),
+  // Built once per operation: building an arbitrary from a large schema costs far more than drawing
+  // a value from it (rebuilt for every case, it took most of this test's CPU). Building draws no randomness,
+  // so a seed replays the same cases either way.
+  const perOperation = new Map(ops.map((op) => [op, operationArbitrary(op, keys)]));
+  return fc.constantFrom(...ops).chain((op) => perOperation.get(op)!);
+}
+
+function operationArbitrary(op: Operation, keys: { inference: string; management: string }): fc.Arbitrary<Case> {
+  const pathParams = op.params.filter((p) => p.in === 'path');
+  const queryParams = op.params.filter((p) => p.in === 'query');
+  const segment = (p: Operation['params'][number]) =>
+    fc.oneof(
+      { weight: 2, arbitrary: fromSchema(p.schema).map((v) => encodeURIComponent(String(v))) },
+      { weight: 1, arbitrary: hostileSegment },
+    );
+  const query = fc.array(
+    fc.oneof(
+      ...queryParams.map((p) =>
+        fc.oneof(
+          fromSchema(p.schema).map((v) => `${p.name}=${encodeURIComponent(String(v))}`),
+          hostileSegment.map((s) => `${p.name}=${s}`),
         ),
-        hostileSegment.map((s) => `${s}=${s}`),
       ),
-      { maxLength: queryParams.length ? 3 : 1 },
-    );
-    const own = op.management ? keys.management : keys.inference;
-    const key = fc.oneof(
-      { weight: 8, arbitrary: fc.constant(own) },
-      { weight: 2, arbitrary: fc.constant(keys.management) },
-      { weight: 1, arbitrary: fc.constantFrom('sk-not-a-key', '') },
-    );
-    const method = fc.oneof(
-      { weight: 9, arbitrary: fc.constant(op.method) },
-      { weight: 1, arbitrary: fc.constantFrom('GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS') },
-    );
-    const body = op.body ? bodyArbitrary(op.body) : fc.constant(null);
-    return fc
-      .record({ segs: fc.tuple(...pathParams.map(segment)), query, key, method, body })
-      .map(({ segs, query: q, key: k, method: m, body: b }) => {
-        let path = op.path;
-        pathParams.forEach((p, i) => {
-          path = path.replace(`{${p.name}}`, (segs as string[])[i]);
-        });
-        const headers: Record<string, string> = { ...(b?.headers ?? {}) };
-        if (op.auth && k) headers.authorization = `Bearer ${k}`;
-        return {
-          op,
-          method: m,
-          url: `/api/v1${path}${q.length ? `?${q.join('&')}` : ''}`,
-          headers,
-          body: m === 'GET' || m === 'OPTIONS' ? null : (b?.bytes ?? null),
-          what: b?.what ?? 'no body',
-        };
+      hostileSegment.map((s) => `${s}=${s}`),
+    ),
+    { maxLength: queryParams.length ? 3 : 1 },
+  );
+  const own = op.management ? keys.management : keys.inference;
+  const key = fc.oneof(
+    { weight: 8, arbitrary: fc.constant(own) },
+    { weight: 2, arbitrary: fc.constant(keys.management) },
+    { weight: 1, arbitrary: fc.constantFrom('sk-not-a-key', '') },
+  );
+  const method = fc.oneof(
+    { weight: 9, arbitrary: fc.constant(op.method) },
+    { weight: 1, arbitrary: fc.constantFrom('GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS') },
+  );
+  const body = op.body ? bodyArbitrary(op.body) : fc.constant(null);
+  return fc
+    .record({ segs: fc.tuple(...pathParams.map(segment)), query, key, method, body })
+    .map(({ segs, query: q, key: k, method: m, body: b }) => {
+      let path = op.path;
+      pathParams.forEach((p, i) => {
+        path = path.replace(`{${p.name}}`, (segs as string[])[i]);
       });
-  });
+      const headers: Record<string, string> = { ...(b?.headers ?? {}) };
+      if (op.auth && k) headers.authorization = `Bearer ${k}`;
+      return {
+        op,
+        method: m,
+        url: `/api/v1${path}${q.length ? `?${q.join('&')}` : ''}`,
+        headers,
+        body: m === 'GET' || m === 'OPTIONS' ? null : (b?.bytes ?? null),
+        what: b?.what ?? 'no body',
+      };
+    });
 }
 
 describe('fuzz: every route, generated from its schemas and then broken', () => {
