@@ -2,7 +2,6 @@
 // The `gateway` command: one entry point for every role and admin task.
 // The roles, the embedded stack and Temporal are loaded only by the commands that run them, so a
 // client command (`gateway batches watch`) starts in a fraction of the time.
-import { selfCheckWorkflow } from '../workflows/self-check';
 import { Command } from 'commander';
 import type { Client } from '@temporalio/client';
 import { ConfigError, configuredAddresses, loadConfig, type Config } from '../config';
@@ -54,7 +53,7 @@ export function buildProgram(): Command {
     .action(async (opts: { withWorker: boolean }) => {
       const config = configOrExit();
       const logger = loggerFor(config, 'gateway-api');
-      const { runApiRole, stopOnSignals } = await import('./roles');
+      const [{ runApiRole }, { stopOnSignals }] = await Promise.all([import('./roles'), import('./signals')]);
       const api = await runApiRole(config, logger, configuredAddresses(config), { withWorker: opts.withWorker }).catch(fail);
       stopOnSignals(logger, [api.stop]);
     });
@@ -65,7 +64,7 @@ export function buildProgram(): Command {
     .action(async () => {
       const config = configOrExit();
       const logger = loggerFor(config, 'gateway-worker');
-      const { runWorkerRole, stopOnSignals } = await import('./roles');
+      const [{ runWorkerRole }, { stopOnSignals }] = await Promise.all([import('./roles'), import('./signals')]);
       const stop = await runWorkerRole(config, logger, configuredAddresses(config)).catch(fail);
       stopOnSignals(logger, [stop]);
     });
@@ -76,9 +75,11 @@ export function buildProgram(): Command {
     .action(async () => {
       const config = configOrExit();
       const logger = loggerFor(config, 'gateway-sandbox');
-      const { runSandboxRole, stopOnSignals } = await import('./roles');
-      const sandbox = await runSandboxRole(config, logger).catch(fail);
-      stopOnSignals(logger, [sandbox.stop]);
+      // Only the sandbox server: this process serves test and bench traffic and loads nothing else.
+      const [{ listenSandbox }, { stopOnSignals }] = await Promise.all([import('../sandbox/server'), import('./signals')]);
+      const sandbox = await listenSandbox('127.0.0.1', config.sandbox.port).catch(fail);
+      logger.info({ url: sandbox.url }, 'sandbox provider listening');
+      stopOnSignals(logger, [sandbox.close]);
     });
 
   program
@@ -114,6 +115,7 @@ export function buildProgram(): Command {
 }
 
 export async function runSelfCheck(client: Client, taskQueue: string): Promise<{ id: string; note: string }> {
+  const { selfCheckWorkflow } = await import('../workflows/self-check');
   const id = `self-check-${Date.now().toString(36)}`;
   return client.workflow.execute(selfCheckWorkflow, {
     taskQueue,

@@ -1,5 +1,6 @@
 // The long-running roles a gateway process can play: the API (with an in-process worker, which
-// eager workflow start needs), a worker alone, and the sandbox provider. Each returns a stop function.
+// eager workflow start needs) and a worker alone. Each returns a stop function. (The sandbox
+// provider's command loads only the sandbox.)
 import type { Addresses, Config } from '../config';
 import type { Logger } from '../log';
 import { Store } from '../store';
@@ -7,7 +8,6 @@ import { connectTemporal, pingTemporal } from '../temporal/client';
 import { createWorker } from '../worker';
 import { startApiServer } from '../api/server';
 import type { AppDeps } from '../api/deps';
-import { listenSandbox } from '../sandbox/server';
 import { RateLimiter } from '../accounts/rate-limit';
 import { WorkspaceCache } from '../accounts/workspace-cache';
 import { KeyCache } from '../accounts/key-cache';
@@ -21,7 +21,7 @@ import { Metrics } from '../metrics';
 import { createWebhookSender } from '../webhooks/deliver';
 import { batchCountsByStatus } from '../batches/store';
 
-export type Stop = () => Promise<void>;
+import type { Stop } from './signals';
 
 /** The store, upstream clients and Temporal connection every role needs, and a worker if asked. */
 async function startCore(config: Config, logger: Logger, addr: Addresses, withWorker: boolean) {
@@ -122,32 +122,4 @@ export async function runApiRole(
       await stop();
     },
   };
-}
-
-export async function runSandboxRole(config: Config, logger: Logger): Promise<{ url: string; stop: Stop }> {
-  const sandbox = await listenSandbox('127.0.0.1', config.sandbox.port);
-  logger.info({ url: sandbox.url }, 'sandbox provider listening');
-  return { url: sandbox.url, stop: sandbox.close };
-}
-
-/** Runs until SIGINT or SIGTERM, then calls every stop function, newest first. */
-export function stopOnSignals(logger: Logger, stops: Stop[]): void {
-  let stopping = false;
-  const handler = (signal: NodeJS.Signals) => {
-    if (stopping) return;
-    stopping = true;
-    logger.info({ signal }, 'shutting down');
-    void (async () => {
-      for (const stop of [...stops].reverse()) {
-        try {
-          await stop();
-        } catch (err) {
-          logger.error({ err }, 'error while stopping');
-        }
-      }
-      process.exit(0);
-    })();
-  };
-  process.on('SIGINT', handler);
-  process.on('SIGTERM', handler);
 }

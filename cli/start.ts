@@ -10,7 +10,8 @@ import { ensureTools } from '../tools/binaries';
 import { startFerretDB, startTemporalServer } from '../tools/services';
 import { startProcess } from '../tools/processes';
 import { Supervisor } from '../tools/supervisor';
-import { runApiRole, stopOnSignals, type Stop } from './roles';
+import { runApiRole } from './roles';
+import { stopOnSignals, type Stop } from './signals';
 import { Store } from '../store';
 import { bootstrapIfEmpty } from '../accounts/bootstrap';
 
