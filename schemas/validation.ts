@@ -15,6 +15,10 @@ function makeAjv(coerce: boolean): Ajv {
     verbose: true,
     coerceTypes: coerce ? 'array' : false,
     useDefaults: coerce,
+    // Ajv's optimising pass over the generated code took 40 % of compiling (every process compiles
+    // every route's schemas at start) and bought nothing measurable: validating a chat completion
+    // body takes 0.6-0.8 µs with it and without it.
+    code: { optimize: false },
   });
   addFormats(ajv);
   return ajv;
