@@ -127,11 +127,13 @@ describe('faults: a running batch survives each process being killed', function 
   });
 
   /**
-   * Starts a gateway on `services`, runs a batch, and once 10 lines are done calls `fault` (which
-   * kills something and starts it again), then checks the batch's outcome.
+   * Starts a gateway on `services` (`settings` added to its environment), runs a batch, and once 10
+   * lines are done calls `fault` (which kills something and starts it again), then checks the
+   * batch's outcome.
    */
   async function survives(
     services: Services,
+    settings: Record<string, string>,
     fault: (
       gw: { proc: ManagedProcess; url: string },
       env: Record<string, string>,
@@ -144,6 +146,7 @@ describe('faults: a running batch survives each process being killed', function 
       CATALOG_PATH: catalogPath,
       BATCH_CHUNK_SIZE: '10',
       BATCH_WINDOW: '2',
+      ...settings,
     };
     let gw = await startGatewayProcess('gateway', services, env);
     const store = await Store.connect(services.mongoUri, env.MONGODB_DATABASE);
@@ -192,7 +195,7 @@ describe('faults: a running batch survives each process being killed', function 
     const dataDir = path.join(stack.tmpDir, uniqueName('ferret-fault'));
     let ferret = await startFerretDB({ binary: stack.tools!.ferretdb, port, dataDir });
     try {
-      await survives({ ...shared(), mongoUri: ferret.address }, async (gw) => {
+      await survives({ ...shared(), mongoUri: ferret.address }, {}, async (gw) => {
         await ferret.process.kill();
         await expectNotReady(gw.url, 'mongodb');
         await new Promise((res) => setTimeout(res, 3000)); // writes in flight fail meanwhile
@@ -209,7 +212,7 @@ describe('faults: a running batch survives each process being killed', function 
     const start = () => startTemporalServer({ binary: stack.tools!.temporal, port, uiPort: null, dbFile, namespace: stack.namespace });
     let temporal = await start();
     try {
-      await survives({ ...shared(), temporalAddress: temporal.address }, async (gw) => {
+      await survives({ ...shared(), temporalAddress: temporal.address }, {}, async (gw) => {
         await temporal.process.kill();
         await expectNotReady(gw.url, 'temporal');
         await new Promise((res) => setTimeout(res, 1000));
@@ -239,7 +242,7 @@ describe('faults: a running batch survives each process being killed', function 
     };
     let sandbox = await start();
     try {
-      await survives({ ...shared(), sandboxUrl: `http://127.0.0.1:${port}` }, async () => {
+      await survives({ ...shared(), sandboxUrl: `http://127.0.0.1:${port}` }, {}, async () => {
         await sandbox.kill();
         await new Promise((res) => setTimeout(res, 2000));
         sandbox = await start();
@@ -250,7 +253,8 @@ describe('faults: a running batch survives each process being killed', function 
   });
 
   it('the gateway itself killed and started again: the batch completes', async () => {
-    await survives(shared(), async (gw, env) => {
+    // The killed worker's chunks move on after 3 s of silence instead of the default 10 s.
+    await survives(shared(), { BATCH_HEARTBEAT_TIMEOUT_MS: '3000' }, async (gw, env) => {
       await gw.proc.kill();
       return startGatewayProcess('gateway-2', shared(), env);
     });
