@@ -220,10 +220,10 @@ describe('provider adapters and execution against the sandbox', () => {
 
   it('cancels an in-flight call through an AbortSignal', async () => {
     const controller = new AbortController();
-    const started = Date.now();
     setTimeout(() => controller.abort(), 100);
     const err = await failure({ preferences: { only: ['slow'] }, signal: controller.signal });
-    expect(Date.now() - started).to.be.lessThan(280); // before the provider's own 300 ms timeout
+    // Aborted, not timed out: the provider's own 300 ms timeout would be a 'timeout' attempt. (No
+    // upper bound on the elapsed time: under load that would measure the machine, not the abort.)
     expect(err.metadata!.attempts).to.deep.equal([
       { provider: 'slow', endpoint: 'slow', kind: 'aborted', status: null, message: 'Request was cancelled' },
     ]);
