@@ -23,9 +23,11 @@ function testCatalogFile(): string {
       ...extra,
     });
     base.providers.push(
-      faulty('s1-slow', 'latency=2500,tag=slow', { timeout_ms: 10_000 }),
+      // Slower than DECISION_TIMEOUT_MS below; s1-timeout's own timeout far below it, so that under
+      // load its 524 is still the provider's (with its metadata), not the decision's.
+      faulty('s1-slow', 'latency=4000,tag=slow', { timeout_ms: 10_000 }),
       faulty('s1-500', 'status=500'),
-      faulty('s1-timeout', 'timeout', { timeout_ms: 300 }),
+      faulty('s1-timeout', 'timeout', { timeout_ms: 200 }),
       faulty('s1-busy', 'overloaded'),
       faulty('s1-429', 'status=429,retry_after=20'),
     );
@@ -70,7 +72,7 @@ for (const mode of ['inline', 'workflow'] as const)
       gw = await startTestGateway({
         env: {
           DECISIONS_EXECUTION: mode,
-          DECISION_TIMEOUT_MS: '1000',
+          DECISION_TIMEOUT_MS: '2000',
           CATALOG_PATH: testCatalogFile(),
           DECISION_MAX_QUESTIONS: '5',
           DECISION_MAX_CHOICES: '4',
@@ -369,7 +371,7 @@ for (const mode of ['inline', 'workflow'] as const)
         const slow = { model: 'test/dec-slow', state: 'slow', questions: { q: { type: 'noul', instructions: '?' } } };
         const counted = (what: '_aborted' | '_calls') => async () =>
           ((await (await fetch(`${stack.sandboxUrl}/${what}`)).json()) as Record<string, number>)[
-            'dec=1,latency=2500,tag=slow|/systemone/v1/systemone'
+            'dec=1,latency=4000,tag=slow|/systemone/v1/systemone'
           ] ?? 0;
         const aborted = counted('_aborted');
         const calls = counted('_calls');
@@ -389,7 +391,7 @@ for (const mode of ['inline', 'workflow'] as const)
           for (let i = 0; i < 200 && (await calls()) === callsBefore; i++) await new Promise((r) => setTimeout(r, 10));
           controller.abort();
           expect(await pending).to.be.instanceOf(Error);
-          // The sandbox sees its caller hang up long before its 2.5 s answer would have been ready.
+          // The sandbox sees its caller hang up long before its 4 s answer would have been ready.
           let seen = before;
           for (let i = 0; i < 100 && seen === before; i++) {
             await new Promise((r) => setTimeout(r, 20));
@@ -403,7 +405,7 @@ for (const mode of ['inline', 'workflow'] as const)
           const before = await aborted();
           const r = await decide(slow);
           expect(r.status).to.equal(524);
-          expect(r.body.error.message).to.equal('Decision did not finish within 1000 ms');
+          expect(r.body.error.message).to.equal('Decision did not finish within 2000 ms');
           let seen = before;
           for (let i = 0; i < 100 && seen === before; i++) {
             await new Promise((resolve) => setTimeout(resolve, 20));
