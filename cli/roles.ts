@@ -20,7 +20,6 @@ import { startMetricsServer } from '../api/routes/metrics';
 import { Metrics } from '../metrics';
 import { createWebhookSender } from '../webhooks/deliver';
 import { batchCountsByStatus } from '../batches/store';
-
 import type { Stop } from './signals';
 
 /** The store, upstream clients and Temporal connection every role needs, and a worker if asked. */
