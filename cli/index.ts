@@ -9,6 +9,8 @@ import { createLogger } from '../log';
 import { ensureTools } from '../tools/binaries';
 import { addAdminCommands } from './admin';
 import { addBatchCommands } from './batches';
+// Light: it needs nothing but the logger's type, so every long-running command shares it.
+import { stopOnSignals } from './signals';
 
 function configOrExit(): Config {
   try {
@@ -53,7 +55,7 @@ export function buildProgram(): Command {
     .action(async (opts: { withWorker: boolean }) => {
       const config = configOrExit();
       const logger = loggerFor(config, 'gateway-api');
-      const [{ runApiRole }, { stopOnSignals }] = await Promise.all([import('./roles'), import('./signals')]);
+      const { runApiRole } = await import('./roles');
       const api = await runApiRole(config, logger, configuredAddresses(config), { withWorker: opts.withWorker }).catch(fail);
       stopOnSignals(logger, [api.stop]);
     });
@@ -64,7 +66,7 @@ export function buildProgram(): Command {
     .action(async () => {
       const config = configOrExit();
       const logger = loggerFor(config, 'gateway-worker');
-      const [{ runWorkerRole }, { stopOnSignals }] = await Promise.all([import('./roles'), import('./signals')]);
+      const { runWorkerRole } = await import('./roles');
       const stop = await runWorkerRole(config, logger, configuredAddresses(config)).catch(fail);
       stopOnSignals(logger, [stop]);
     });
@@ -76,7 +78,7 @@ export function buildProgram(): Command {
       const config = configOrExit();
       const logger = loggerFor(config, 'gateway-sandbox');
       // Only the sandbox server: this process serves test and bench traffic and loads nothing else.
-      const [{ listenSandbox }, { stopOnSignals }] = await Promise.all([import('../sandbox/server'), import('./signals')]);
+      const { listenSandbox } = await import('../sandbox/server');
       const sandbox = await listenSandbox('127.0.0.1', config.sandbox.port).catch(fail);
       logger.info({ url: sandbox.url }, 'sandbox provider listening');
       stopOnSignals(logger, [sandbox.close]);

@@ -133,11 +133,11 @@ describe('faults: a running batch survives each process being killed', function 
    */
   async function survives(
     services: Services,
-    settings: Record<string, string>,
     fault: (
       gw: { proc: ManagedProcess; url: string },
       env: Record<string, string>,
     ) => Promise<{ proc: ManagedProcess; url: string } | void>,
+    settings: Record<string, string> = {},
   ) {
     const env = {
       PORT: String(await freePort()),
@@ -195,7 +195,7 @@ describe('faults: a running batch survives each process being killed', function 
     const dataDir = path.join(stack.tmpDir, uniqueName('ferret-fault'));
     let ferret = await startFerretDB({ binary: stack.tools!.ferretdb, port, dataDir });
     try {
-      await survives({ ...shared(), mongoUri: ferret.address }, {}, async (gw) => {
+      await survives({ ...shared(), mongoUri: ferret.address }, async (gw) => {
         await ferret.process.kill();
         await expectNotReady(gw.url, 'mongodb');
         await new Promise((res) => setTimeout(res, 3000)); // writes in flight fail meanwhile
@@ -212,7 +212,7 @@ describe('faults: a running batch survives each process being killed', function 
     const start = () => startTemporalServer({ binary: stack.tools!.temporal, port, uiPort: null, dbFile, namespace: stack.namespace });
     let temporal = await start();
     try {
-      await survives({ ...shared(), temporalAddress: temporal.address }, {}, async (gw) => {
+      await survives({ ...shared(), temporalAddress: temporal.address }, async (gw) => {
         await temporal.process.kill();
         await expectNotReady(gw.url, 'temporal');
         await new Promise((res) => setTimeout(res, 1000));
@@ -242,7 +242,7 @@ describe('faults: a running batch survives each process being killed', function 
     };
     let sandbox = await start();
     try {
-      await survives({ ...shared(), sandboxUrl: `http://127.0.0.1:${port}` }, {}, async () => {
+      await survives({ ...shared(), sandboxUrl: `http://127.0.0.1:${port}` }, async () => {
         await sandbox.kill();
         await new Promise((res) => setTimeout(res, 2000));
         sandbox = await start();
@@ -254,9 +254,13 @@ describe('faults: a running batch survives each process being killed', function 
 
   it('the gateway itself killed and started again: the batch completes', async () => {
     // The killed worker's chunks move on after 3 s of silence instead of the default 10 s.
-    await survives(shared(), { BATCH_HEARTBEAT_TIMEOUT_MS: '3000' }, async (gw, env) => {
-      await gw.proc.kill();
-      return startGatewayProcess('gateway-2', shared(), env);
-    });
+    await survives(
+      shared(),
+      async (gw, env) => {
+        await gw.proc.kill();
+        return startGatewayProcess('gateway-2', shared(), env);
+      },
+      { BATCH_HEARTBEAT_TIMEOUT_MS: '3000' },
+    );
   });
 });

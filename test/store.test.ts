@@ -12,8 +12,8 @@ describe('store: lookups by _id on the embedded FerretDB', () => {
 
   before(async function () {
     store = await Store.connect(stack.mongoUri, uniqueName('store'));
-    const hello = await store.db.admin().command({ buildInfo: 1 });
-    if (!hello.ferretdbVersion) this.skip(); // a real mongod (MONGODB_URI) indexes _id natively
+    const info = await store.db.admin().command({ buildInfo: 1 });
+    if (!info.ferretdbVersion) this.skip(); // a real mongod (MONGODB_URI) indexes _id natively
   });
   after(async () => {
     await store?.client.close();
