@@ -15,6 +15,9 @@ COPY --from=build /app/dist ./dist
 COPY --from=build /app/bin ./bin
 COPY --from=build /app/catalog/default.json ./catalog/default.json
 COPY package.json ./
+# The API's usage journal (accounts/usage-journal) lives here: docker-compose mounts a volume on it.
+ENV DATA_DIR=/var/lib/gateway
+RUN mkdir -p /var/lib/gateway && chown node:node /var/lib/gateway
 USER node
 EXPOSE 8080
 ENTRYPOINT ["node", "dist/cli/index.js"]

@@ -1,82 +1,191 @@
 // The one writer of usage records (the debit side of the credits ledger), with group commit:
 // records that arrive while a write is in flight wait and go together in the next `insertMany`,
 // so under load many billed calls share one round trip, and a lone call waits for no timer.
-// Each caller's promise settles only once its own record is durably written (or refused), so a
-// client is never answered for a call whose bill could still be lost. A record's `_id` is its
-// generation id: a retried call finds its record already there and is not debited twice.
+// A record's `_id` is its generation id: a retried call finds its record already there and is not
+// debited twice.
+//
+// A caller's promise settles once its record is safe. Without a journal that is once the database
+// has it (or refused it). With a journal (accounts/usage-journal, the API's synchronous calls) it
+// is once the record's line is written locally; the database write follows in the background,
+// retried through an outage, and a record that never got there is adopted from the journal by the
+// next process. Until it is stored, `generation` and `unstoredCost` still see it.
 import { randomBytes } from 'node:crypto';
+import { ServiceUnavailableError } from '../errors';
 import { toJsonText } from '../store/json-text';
 import { insertManyEach, type Store, type UsageDoc } from '../store';
+import type { Segment, UsageJournal } from './usage-journal';
 
 export type UsageRecord = Omit<UsageDoc, 'created_at'> & { created_at?: Date };
 
 interface Pending {
   doc: UsageDoc;
-  resolve: (recorded: boolean) => void;
-  reject: (err: unknown) => void;
+  /** Journaled records: the segment whose line this is; the caller was answered already. */
+  segment?: Segment;
+  resolve?: (recorded: boolean) => void;
+  reject?: (err: unknown) => void;
 }
 
 /** The most records one insert carries. */
 const MAX_GROUP = 1_000;
+/** Journaled records waiting for the database beyond this are refused: memory is not unbounded. */
+const MAX_BACKLOG = 100_000;
+/** After a failed write the next waits this long, doubling up to the cap. */
+const RETRY_FIRST_MS = 100;
+const RETRY_MAX_MS = 5_000;
+/** How often a journaling ledger looks for dead processes' journals. */
+const ADOPT_EVERY_MS = 10_000;
+
+export interface LedgerOptions {
+  /** Told of each record once it is stored (metrics: spend). */
+  onRecorded?: (doc: UsageDoc) => void;
+  journal?: UsageJournal;
+  /** Told of what the background writer could not do (journaling ledgers only). */
+  onTrouble?: (message: string, details: Record<string, unknown>) => void;
+}
 
 export class UsageLedger {
   private queue: Pending[] = [];
   private writing = false;
   /** Round trips made so far, for tests and the benchmark: records ÷ writes is the grouping. */
   writes = 0;
+  /** Journaled records not yet stored, by generation id. */
+  private readonly unstored = new Map<string, UsageDoc>();
+  private readonly unstoredByWorkspace = new Map<string, number>();
+  private retryMs = RETRY_FIRST_MS;
+  private retryTimer: NodeJS.Timeout | null = null;
+  private adopter: NodeJS.Timeout | null = null;
+  private idle: (() => void)[] = [];
+  private closed = false;
 
   constructor(
     private readonly store: Store,
-    /** Told of each record once it is stored (metrics: spend). */
-    private readonly onRecorded: (doc: UsageDoc) => void = () => undefined,
-  ) {}
+    private readonly opts: LedgerOptions = {},
+  ) {
+    if (opts.journal) {
+      this.adoptOrphans();
+      this.adopter = setInterval(() => this.adoptOrphans(), ADOPT_EVERY_MS).unref();
+    }
+  }
 
-  /** Resolves true once written, false when that generation was already recorded. */
+  /** Resolves true once safe (see above), false when that generation was already recorded. */
   record(usage: UsageRecord): Promise<boolean> {
-    return new Promise((resolve, reject) => {
-      // Trace metadata is the caller's own object: stored as its JSON text.
-      this.queue.push({
-        doc: { ...usage, trace: usage.trace && toJsonText(usage.trace), created_at: usage.created_at ?? new Date() } as UsageDoc,
-        resolve,
-        reject,
-      });
-      if (!this.writing) {
-        this.writing = true;
-        // Let records finished in the same turn of the event loop join the first write.
-        setImmediate(() => void this.drain());
+    // Trace metadata is the caller's own object: stored as its JSON text.
+    const doc = { ...usage, trace: usage.trace && toJsonText(usage.trace), created_at: usage.created_at ?? new Date() } as UsageDoc;
+    const { journal } = this.opts;
+    if (!journal) return new Promise((resolve, reject) => this.enqueue({ doc, resolve, reject }));
+    if (this.unstored.size >= MAX_BACKLOG) {
+      return Promise.reject(new ServiceUnavailableError('Usage records cannot be stored right now; try again shortly'));
+    }
+    try {
+      this.enqueue({ doc, segment: journal.append(doc) });
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    this.unstored.set(doc._id, doc);
+    this.unstoredByWorkspace.set(doc.workspace_id, (this.unstoredByWorkspace.get(doc.workspace_id) ?? 0) + doc.cost);
+    return Promise.resolve(true);
+  }
+
+  /** One generation's usage record, if it belongs to the workspace (stored or still on its way). */
+  async generation(workspaceId: string, id: string): Promise<UsageDoc | null> {
+    const doc = this.unstored.get(id) ?? (await this.store.usage.findOne({ _id: id }));
+    return doc && doc.workspace_id === workspaceId ? doc : null;
+  }
+
+  /** What this process has recorded for the workspace that the database does not show yet. */
+  unstoredCost(workspaceId: string): number {
+    return this.unstoredByWorkspace.get(workspaceId) ?? 0;
+  }
+
+  /** Resolves once every record so far is stored (or refused). */
+  flushed(): Promise<void> {
+    if (!this.writing && !this.queue.length) return Promise.resolve();
+    return new Promise((resolve) => this.idle.push(resolve));
+  }
+
+  /** Waits up to `graceMs` for the database to take what is queued; the journal keeps the rest. */
+  async close(graceMs: number): Promise<void> {
+    this.closed = true;
+    if (this.adopter) clearInterval(this.adopter);
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([this.flushed(), new Promise((resolve) => (timer = setTimeout(resolve, graceMs)))]);
+    clearTimeout(timer);
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.queue = [];
+    this.opts.journal?.close();
+  }
+
+  private adoptOrphans(): void {
+    const journal = this.opts.journal!;
+    try {
+      for (const { segment, docs } of journal.adoptOrphans((file, line) =>
+        this.opts.onTrouble?.('unreadable usage journal line skipped', { file, line }),
+      )) {
+        this.opts.onTrouble?.('adopted a usage journal left by a stopped process', { file: segment.file, records: docs.length });
+        // Not counted as unstored: their cost was never part of this process's own spending.
+        for (const doc of docs) this.enqueue({ doc, segment });
       }
-    });
+    } catch (err) {
+      this.opts.onTrouble?.('usage journal could not be scanned', { err });
+    }
+  }
+
+  private enqueue(p: Pending): void {
+    this.queue.push(p);
+    if (!this.writing) {
+      this.writing = true;
+      // Let records finished in the same turn of the event loop join the first write.
+      setImmediate(() => void this.drain());
+    }
   }
 
   private async drain(): Promise<void> {
     while (this.queue.length) {
-      const group = this.queue.splice(0, MAX_GROUP);
+      const group = this.queue.slice(0, MAX_GROUP);
       this.writes++;
+      let outcomes: Awaited<ReturnType<typeof insertManyEach>>;
       try {
-        const outcomes = await insertManyEach(
+        outcomes = await insertManyEach(
           this.store.usage,
           group.map((p) => p.doc),
         );
-        group.forEach((p, i) => {
-          const o = outcomes[i];
-          if (o instanceof Error) p.reject(o);
-          else {
-            if (o === 'inserted') this.onRecorded(p.doc);
-            p.resolve(o === 'inserted');
-          }
-        });
       } catch (err) {
-        for (const p of group) p.reject(err);
+        if (this.opts.journal) {
+          if (this.closed) return; // the journal keeps them for the next start
+          // Keep the group and try again after a pause (not in a loop against the database).
+          this.opts.onTrouble?.('usage records could not be stored; retrying', { err, records: group.length, retry_ms: this.retryMs });
+          this.retryTimer = setTimeout(() => void this.drain(), this.retryMs);
+          this.retryMs = Math.min(this.retryMs * 2, RETRY_MAX_MS);
+          return;
+        }
+        outcomes = group.map(() => err as Error);
       }
+      this.retryMs = RETRY_FIRST_MS;
+      this.queue.splice(0, group.length);
+      group.forEach((p, i) => this.settle(p, outcomes[i]));
     }
     this.writing = false;
+    for (const resolve of this.idle.splice(0)) resolve();
   }
-}
 
-/** One generation's usage record, if it belongs to the workspace. */
-export async function generationOf(store: Store, workspaceId: string, id: string): Promise<UsageDoc | null> {
-  const doc = await store.usage.findOne({ _id: id });
-  return doc && doc.workspace_id === workspaceId ? doc : null;
+  private settle(p: Pending, outcome: 'inserted' | 'existing' | Error): void {
+    if (outcome === 'inserted') this.opts.onRecorded?.(p.doc);
+    if (!p.segment) {
+      if (outcome instanceof Error) p.reject!(outcome);
+      else p.resolve!(outcome === 'inserted');
+      return;
+    }
+    if (outcome instanceof Error) {
+      // The database refused this one record for good: retrying would not help.
+      this.opts.onTrouble?.('usage record refused by the database; dropped', { err: outcome, generation_id: p.doc._id });
+    }
+    if (this.unstored.delete(p.doc._id)) {
+      const left = (this.unstoredByWorkspace.get(p.doc.workspace_id) ?? 0) - p.doc.cost;
+      if (left > 1e-12) this.unstoredByWorkspace.set(p.doc.workspace_id, left);
+      else this.unstoredByWorkspace.delete(p.doc.workspace_id);
+    }
+    this.opts.journal!.confirm(p.segment);
+  }
 }
 
 /** A new generation id: time-ordered, then 80 random bits. */

@@ -54,6 +54,8 @@ export class WorkspaceCache {
     private readonly store: Store,
     readonly ttlMs = 5_000,
     private readonly now: () => number = Date.now,
+    /** This process's spending already settled but not yet in the ledger (journaled usage records). */
+    private readonly unstored: (workspaceId: string) => number = () => 0,
   ) {}
 
   /**
@@ -84,8 +86,9 @@ export class WorkspaceCache {
       // One read per workspace at a time, however many requests are waiting for it.
       pending = (async () => {
         // Spending settled while the read is in flight may be counted twice (in the reading and
-        // as local spending since it): never less than the truth.
-        const committedAtRead = this.localOf(workspaceId).committed;
+        // as local spending since it): never less than the truth. Spending settled but not yet
+        // stored is not in the reading, so it stays counted as spending since.
+        const committedAtRead = this.localOf(workspaceId).committed - this.unstored(workspaceId);
         const started = this.now();
         const [b, ws] = await Promise.all([
           getBalance(this.store, workspaceId),

@@ -1,9 +1,10 @@
 // The long-running roles a gateway process can play: the API (with an in-process worker, which
 // eager workflow start needs) and a worker alone. Each returns a stop function. (The sandbox
 // provider's command loads only the sandbox.)
+import path from 'node:path';
 import type { Addresses, Config } from '../config';
 import type { Logger } from '../log';
-import { Store } from '../store';
+import { Store, type UsageDoc } from '../store';
 import { connectTemporal, pingTemporal } from '../temporal/client';
 import { createWorker } from '../worker';
 import { startApiServer } from '../api/server';
@@ -14,6 +15,7 @@ import { KeyCache } from '../accounts/key-cache';
 import { createUpstreams } from '../routing/upstreams';
 import { DecisionHandoff } from '../temporal/decision-handoff';
 import { UsageLedger } from '../accounts/usage-ledger';
+import { UsageJournal } from '../accounts/usage-journal';
 import { createActivities } from '../activities';
 import { inlineExecution, workflowExecution } from '../api/decision-execution';
 import { startMetricsServer } from '../api/routes/metrics';
@@ -36,7 +38,8 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   );
   const handoff = new DecisionHandoff();
   // One set of activity functions per process: the worker registers them, inline decisions call them.
-  const usage = new UsageLedger(store, (doc) => metrics.spend.inc({ workspace: doc.workspace_id }, doc.cost));
+  const onRecorded = (doc: UsageDoc) => metrics.spend.inc({ workspace: doc.workspace_id }, doc.cost);
+  const usage = new UsageLedger(store, { onRecorded });
   const sender = createWebhookSender(config.webhooks.allowPrivateUrls);
   const activities = createActivities({
     store,
@@ -76,7 +79,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     await sender.close();
     await store.close();
   };
-  return { store, upstreams, client, handoff, activities, usage, metrics, stop };
+  return { store, upstreams, client, handoff, activities, onRecorded, metrics, stop };
 }
 
 export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
@@ -88,8 +91,21 @@ export async function runApiRole(
   logger: Logger,
   addr: Addresses,
   opts: { withWorker: boolean; embedded?: AppDeps['embedded'] },
-): Promise<{ url: string; stop: Stop }> {
-  const { store, upstreams, client, handoff, activities, usage, metrics, stop } = await startCore(config, logger, addr, opts.withWorker);
+): Promise<{ url: string; usage: UsageLedger; stop: Stop }> {
+  const { store, upstreams, client, handoff, activities, onRecorded, metrics, stop } = await startCore(
+    config,
+    logger,
+    addr,
+    opts.withWorker,
+  );
+  // The synchronous routes answer once a call's usage record is in the local journal; the
+  // database write follows in groups (accounts/usage-journal). Decisions and batch lines bill
+  // through the activities' ledger, straight to the database.
+  const usage = new UsageLedger(store, {
+    onRecorded,
+    journal: new UsageJournal(path.join(config.dataDir, 'usage-journal'), config.mongo.database),
+    onTrouble: (message, details) => logger.warn(details, message),
+  });
   const decisions =
     config.decisions.execution === 'workflow'
       ? workflowExecution(client, handoff, config.temporal.taskQueue, config.decisions.workflowConcurrency)
@@ -106,7 +122,7 @@ export async function runApiRole(
       upstreams,
       usage,
       metrics,
-      workspaces: new WorkspaceCache(store, config.credits.balanceCacheMs),
+      workspaces: new WorkspaceCache(store, config.credits.balanceCacheMs, Date.now, (id) => usage.unstoredCost(id)),
       keys: new KeyCache(store, config.auth.keyCacheMs),
       embedded: opts.embedded,
     },
@@ -116,8 +132,10 @@ export async function runApiRole(
   logger.info({ url: api.url, decisions_execution: decisions.mode }, 'API listening');
   return {
     url: api.url,
+    usage,
     stop: async () => {
       await api.close();
+      await usage.close(config.http.shutdownGraceMs);
       await stop();
     },
   };

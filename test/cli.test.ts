@@ -295,7 +295,7 @@ describe('gateway CLI', () => {
       TEMPORAL_ADDRESS: stack.temporalAddress,
       TEMPORAL_TASK_QUEUE: `start-external-${Date.now()}`,
       TOOLS_DIR: '/nonexistent-tools',
-      DATA_DIR: path.join(stack.tmpDir, `unused-${Date.now()}`),
+      DATA_DIR: path.join(stack.tmpDir, `external-${Date.now()}`),
     };
     const { child, said } = await startUntilReady(env, 45_000);
     try {
@@ -307,7 +307,8 @@ describe('gateway CLI', () => {
         .split('\n')
         .filter(Boolean);
       expect(children).to.have.length(1);
-      expect(fs.existsSync(env.DATA_DIR!)).to.equal(false);
+      // DATA_DIR holds only the API's usage journal: no FerretDB or Temporal files.
+      expect(fs.readdirSync(env.DATA_DIR!)).to.deep.equal(['usage-journal']);
     } finally {
       child.kill('SIGTERM');
       await new Promise((r) => child.once('exit', r));

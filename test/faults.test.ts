@@ -68,6 +68,8 @@ async function startGatewayProcess(
     TEMPORAL_ADDRESS: services.temporalAddress,
     SANDBOX_URL: services.sandboxUrl,
     LOG_LEVEL: 'warn',
+    // A restarted gateway of the same name finds its usage journal.
+    DATA_DIR: path.join(stack.tmpDir, `gateway-${name}`),
   });
   const url = `http://127.0.0.1:${port}`;
   await proc.waitUntil(

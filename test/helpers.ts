@@ -12,7 +12,7 @@ import { Store } from '../store';
 import { createWorkspace } from '../accounts/workspaces';
 import { createKey } from '../accounts/keys';
 import { grantCredits } from '../accounts/credits';
-import type { UsageRecord } from '../accounts/usage-ledger';
+import type { UsageLedger, UsageRecord } from '../accounts/usage-ledger';
 import { newBatchId, type BatchDoc } from '../batches/store';
 
 export function uniqueName(prefix: string): string {
@@ -36,6 +36,8 @@ export interface TestGateway {
   config: Config;
   /** A connection of the test's own to the gateway's database. */
   store: Store;
+  /** The API's usage ledger: `flushed()` waits until the records of calls answered so far are stored. */
+  usage: UsageLedger;
   stop(): Promise<void>;
 }
 
@@ -88,6 +90,7 @@ export async function startTestGateway(
     TEMPORAL_TASK_QUEUE: uniqueName('tq'),
     LOG_LEVEL: 'silent',
     SANDBOX_URL: stack.sandboxUrl,
+    DATA_DIR: path.join(stack.tmpDir, uniqueName('gateway-data')),
     ...opts.env,
   });
   const logger = opts.logger ?? createLogger('silent');
@@ -102,6 +105,7 @@ export async function startTestGateway(
     url: api.url,
     config,
     store,
+    usage: api.usage,
     stop: async () => {
       await store.close();
       await api.stop();

@@ -2,12 +2,15 @@
 // duplicate-key storms, exact admission across processes, and usage records group-committed yet
 // durable before the client is answered.
 import { expect } from 'chai';
+import fs from 'node:fs';
 import path from 'node:path';
 import { RateLimiter, blockSizeFor } from '../accounts/rate-limit';
 import { UsageLedger } from '../accounts/usage-ledger';
+import { UsageJournal } from '../accounts/usage-journal';
 import { getBalance } from '../accounts/credits';
-import { Store } from '../store';
+import { Store, type UsageDoc } from '../store';
 import { freePort, startProcess } from '../tools/processes';
+import { startFerretDB } from '../tools/services';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, uniqueName, usageRecord, type TestGateway } from './helpers';
 
@@ -210,6 +213,7 @@ describe('a gateway killed right after answering', () => {
       SANDBOX_URL: stack.sandboxUrl,
       LOG_LEVEL: 'warn',
       DECISIONS_EXECUTION: 'inline',
+      DATA_DIR: path.join(stack.tmpDir, database),
     });
     try {
       const url = `http://127.0.0.1:${port}`;
@@ -246,6 +250,196 @@ describe('a gateway killed right after answering', () => {
     } finally {
       await gateway.stop();
       await store.close();
+    }
+  });
+});
+
+/** A store whose usage inserts wait until `open()` is called (a database that has stopped answering writes). */
+function gatedStore(store: Store): { store: Store; open: () => void } {
+  let open!: () => void;
+  const gate = new Promise<void>((resolve) => (open = resolve));
+  const usage = store.usage;
+  const gated = new Proxy(usage, {
+    get(coll, prop) {
+      if (prop === 'insertMany') return async (...args: Parameters<typeof usage.insertMany>) => (await gate, coll.insertMany(...args));
+      const v = Reflect.get(coll, prop);
+      return typeof v === 'function' ? v.bind(coll) : v;
+    },
+  });
+  const s = Object.create(store) as Store;
+  Object.defineProperty(s, 'usage', { get: () => gated });
+  return { store: s, open };
+}
+
+describe('usage ledger with a journal', () => {
+  let store: Store;
+  let dir: string;
+  const database = uniqueName('journal').replace(/-/g, '_');
+  before(async () => {
+    store = await Store.connect(stack.mongoUri, database);
+  });
+  beforeEach(() => {
+    dir = path.join(stack.tmpDir, uniqueName('journal'));
+  });
+  after(async () => {
+    await store.close();
+  });
+  const usage = (id: string, cost = 0.01) => usageRecord(id, 'ws-journal', 'key-journal', cost);
+  const lines = () =>
+    fs
+      .readdirSync(dir)
+      .filter((f) => f.endsWith('.ndjson'))
+      .flatMap((f) => fs.readFileSync(path.join(dir, f), 'utf8').split('\n').filter(Boolean));
+
+  it('answers once the record is journaled, shows it until stored, then stores it and leaves nothing behind', async () => {
+    const { store: slow, open } = gatedStore(store);
+    const ledger = new UsageLedger(slow, { journal: new UsageJournal(dir, database) });
+    const id = `gen-journal-${Date.now()}`;
+    expect(await ledger.record(usage(id, 0.25))).to.equal(true);
+    // The database has not taken it: the journal has, and the ledger still shows it.
+    expect(await store.usage.countDocuments({ _id: id })).to.equal(0);
+    expect(lines().map((l) => JSON.parse(l)._id)).to.deep.equal([id]);
+    expect((await ledger.generation('ws-journal', id))?.cost).to.equal(0.25);
+    expect(await ledger.generation('ws-other', id)).to.equal(null);
+    expect(ledger.unstoredCost('ws-journal')).to.equal(0.25);
+
+    open();
+    await ledger.flushed();
+    const stored = await store.usage.findOne({ _id: id });
+    expect(stored?.cost).to.equal(0.25);
+    expect(stored?.created_at).to.be.instanceOf(Date);
+    expect(ledger.unstoredCost('ws-journal')).to.equal(0);
+    await ledger.close(1_000);
+    expect(fs.readdirSync(dir)).to.deep.equal([]);
+  });
+
+  it('records left in the journal of a stopped process are stored by the next one, once each, for its own database only', async () => {
+    const { store: stuck } = gatedStore(store);
+    const first = new UsageLedger(stuck, { journal: new UsageJournal(dir, database) });
+    const ids = [1, 2, 3].map((i) => `gen-left-${Date.now()}-${i}`);
+    for (const id of ids) await first.record(usage(id));
+    await store.usage.insertOne({ ...usage(ids[0]), created_at: new Date() } as UsageDoc); // one got through before the stop
+    await first.close(0); // the database never answered: the journal keeps all three
+    expect(lines()).to.have.length(3);
+
+    // A process of another database leaves them alone.
+    const other = new UsageLedger(store, { journal: new UsageJournal(dir, `${database}_other`) });
+    await other.flushed();
+    expect(lines()).to.have.length(3);
+    await other.close(1_000);
+
+    const trouble: string[] = [];
+    const next = new UsageLedger(store, { journal: new UsageJournal(dir, database), onTrouble: (m) => trouble.push(m) });
+    await next.flushed();
+    expect(trouble).to.include('adopted a usage journal left by a stopped process');
+    expect((await store.usage.find({ _id: { $in: ids } }).toArray()).map((d) => d._id).sort()).to.deep.equal([...ids].sort());
+    expect(lines()).to.deep.equal([]);
+    await next.close(1_000);
+    expect(fs.readdirSync(dir)).to.deep.equal([]);
+  });
+
+  it('keeps journaled records through a database outage and stores them when it is back', async () => {
+    const broken = await Store.connect(stack.mongoUri, database);
+    await broken.close(); // every write fails at once, as with the database down
+    let failed!: (message: string) => void;
+    const firstTrouble = new Promise<string>((resolve) => (failed = resolve));
+    const ledger = new UsageLedger(broken, { journal: new UsageJournal(dir, database), onTrouble: (m) => failed(m) });
+    const id = `gen-outage-${Date.now()}`;
+    expect(await ledger.record(usage(id))).to.equal(true);
+    expect(await firstTrouble).to.equal('usage records could not be stored; retrying');
+    await ledger.close(200); // still retrying in the background when it stops
+    expect(lines().map((l) => JSON.parse(l)._id)).to.deep.equal([id]);
+
+    const next = new UsageLedger(store, { journal: new UsageJournal(dir, database) });
+    await next.flushed();
+    expect(await store.usage.countDocuments({ _id: id })).to.equal(1);
+    await next.close(1_000);
+  });
+});
+
+describe('a gateway killed while its database is frozen', () => {
+  it('answered chat calls from its journal, and its next start stores every one of them', async function () {
+    this.timeout(120_000);
+    const database = uniqueName('frozen').replace(/-/g, '_');
+    const ferret = await startFerretDB({
+      binary: stack.tools!.ferretdb,
+      port: await freePort(),
+      dataDir: path.join(stack.tmpDir, database),
+    });
+    const store = await Store.connect(ferret.address, database);
+    const t = await createTenant(store, 10);
+    const env = {
+      ...process.env,
+      MONGODB_URI: ferret.address,
+      MONGODB_DATABASE: database,
+      TEMPORAL_ADDRESS: stack.temporalAddress,
+      SANDBOX_URL: stack.sandboxUrl,
+      LOG_LEVEL: 'warn',
+      RATE_LIMIT_REQUESTS: '100000', // tickets claimed ahead, so admission needs no write while frozen
+      DATA_DIR: path.join(stack.tmpDir, `${database}-gateway`),
+    };
+    const start = async () => {
+      const port = await freePort();
+      const gateway = startProcess('gateway', process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), 'api'], {
+        ...env,
+        PORT: String(port),
+      });
+      const url = `http://127.0.0.1:${port}`;
+      await gateway.waitUntil(
+        async () => {
+          if (!(await fetch(`${url}/readyz`)).ok) throw new Error('not yet');
+        },
+        60_000,
+        'ready',
+      );
+      return { gateway, url };
+    };
+    const chat = (url: string) =>
+      call(`${url}/api/v1/chat/completions`, {
+        key: t.inferenceKey,
+        body: { model: 'sandbox/chat-1', messages: [{ role: 'user', content: 'hello' }], max_tokens: 5 },
+      });
+    let { gateway, url } = await start();
+    try {
+      for (let i = 0; i < 3; i++) expect((await chat(url)).status).to.equal(200); // caches and tickets warm
+      process.kill(ferret.process.pid!, 'SIGSTOP');
+      const answered: string[] = [];
+      for (let i = 0; i < 5; i++) {
+        const r = await chat(url);
+        expect(r.status, JSON.stringify(r.body)).to.equal(200);
+        answered.push(r.headers.get('x-generation-id')!);
+      }
+      await gateway.kill();
+      // Every answered call is in the dead process's journal. (An insert already sent may still
+      // reach the database when it thaws: the next start's copy is then a duplicate, not a second debit.)
+      const journalDir = path.join(env.DATA_DIR, 'usage-journal');
+      const journaled = fs
+        .readdirSync(journalDir)
+        .filter((f) => f.endsWith('.ndjson'))
+        .flatMap((f) => fs.readFileSync(path.join(journalDir, f), 'utf8').split('\n').filter(Boolean))
+        .map((l) => JSON.parse(l)._id as string);
+      expect(journaled).to.include.members(answered);
+      process.kill(ferret.process.pid!, 'SIGCONT');
+
+      ({ gateway, url } = await start());
+      let stored: string[] = [];
+      for (let i = 0; i < 100 && stored.length < answered.length; i++) {
+        stored = (await store.usage.find({ _id: { $in: answered } }).toArray()).map((d) => d._id);
+        if (stored.length < answered.length) await new Promise((r) => setTimeout(r, 50));
+      }
+      expect(stored.sort()).to.deep.equal([...answered].sort());
+      expect(await store.usage.countDocuments({ workspace_id: t.workspaceId })).to.equal(3 + answered.length);
+      const g = await call(`${url}/api/v1/generation?id=${answered[0]}`, { key: t.inferenceKey });
+      expect(g.status).to.equal(200);
+    } finally {
+      try {
+        process.kill(ferret.process.pid!, 'SIGCONT');
+      } catch {
+        /* gone */
+      }
+      await gateway.stop();
+      await store.close();
+      await ferret.process.stop();
     }
   });
 });

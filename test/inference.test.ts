@@ -321,6 +321,7 @@ describe('inference routes', function () {
       expect(g, 'usage recorded').to.not.equal(null);
       expect(g.tokens_completion).to.be.within(3, 199);
       expect(await sandboxCount('_aborted', spec, CHAT)).to.equal(abortedBefore + 1);
+      await gw.usage.flushed();
       expect(await gw.store.usage.countDocuments({ _id: id })).to.equal(1);
     });
   });

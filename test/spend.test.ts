@@ -50,6 +50,19 @@ describe('holds against a workspace balance', () => {
     );
   });
 
+  it('spending settled while its usage record is still on its way to the ledger is not lost by a re-read', async () => {
+    const t = await createTenant(store, 2);
+    let unstored = 0;
+    const cache = new WorkspaceCache(store, 0, Date.now, () => unstored); // TTL 0: every read goes to the ledger
+    const h = await cache.hold(t.workspaceId, 0.1);
+    unstored = 0.5; // journaled, not yet in the database
+    h.settle(0.5);
+    expect((await cache.balance(t.workspaceId)).balance).to.equal(1.5);
+    await new UsageLedger(store).record(usageRecord(`gen-late-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.5));
+    unstored = 0;
+    expect((await cache.balance(t.workspaceId)).balance).to.equal(1.5);
+  });
+
   it("a balance is read from the cache plus this process's own spending: one ledger sum, not one per request", async () => {
     const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
     try {

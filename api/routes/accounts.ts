@@ -2,14 +2,13 @@
 // scoped to the authenticated workspace: another workspace's objects are simply not found.
 import { Type } from '@sinclair/typebox';
 import { createKey, keyOfWorkspace, listKeys, publicKey, revokeKey } from '../../accounts/keys';
-import { generationOf } from '../../accounts/usage-ledger';
 import { NotFoundError } from '../../errors';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
 import { CreateKeyBody, Credits, CurrentKey, Generation, GenerationQuery, KeyIdParams, PublicKey } from '../../schemas/accounts';
 import type { AppDeps } from '../deps';
 
-export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps): AnyRoute[] {
+export function accountRoutes({ store, rateLimiter, keys, workspaces, usage }: AppDeps): AnyRoute[] {
   return [
     defineRoute({
       method: 'get',
@@ -112,7 +111,7 @@ export function accountRoutes({ store, rateLimiter, keys, workspaces }: AppDeps)
       summary: 'Usage and cost of one generation (a decision, or a batch line)',
       responses: { 200: { description: 'Generation', schema: Generation } },
       handler: async (ctx, { query }) => {
-        const doc = await generationOf(store, authOf(ctx).workspaceId, query.id);
+        const doc = await usage.generation(authOf(ctx).workspaceId, query.id);
         if (!doc) throw new NotFoundError(`Generation ${query.id} not found`);
         ctx.body = {
           data: {
