@@ -32,6 +32,8 @@ const MAX_BACKLOG = 100_000;
 /** After a failed write the next waits this long, doubling up to the cap. */
 const RETRY_FIRST_MS = 100;
 const RETRY_MAX_MS = 5_000;
+/** How long a journaled record waits for others to share its insert. */
+const JOURNAL_GROUP_MS = 10;
 /** How often a journaling ledger looks for dead processes' journals. */
 const ADOPT_EVERY_MS = 10_000;
 
@@ -134,8 +136,11 @@ export class UsageLedger {
     this.queue.push(p);
     if (!this.writing) {
       this.writing = true;
-      // Let records finished in the same turn of the event loop join the first write.
-      setImmediate(() => void this.drain());
+      // Let records finished in the same turn of the event loop join the first write. Journaled
+      // records are safe already: they wait a few milliseconds more, so that one insert carries
+      // several even at low concurrency (each insert costs the database ~0.9 ms of CPU).
+      if (this.opts.journal) setTimeout(() => void this.drain(), JOURNAL_GROUP_MS);
+      else setImmediate(() => void this.drain());
     }
   }
 

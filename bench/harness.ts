@@ -79,6 +79,7 @@ export async function startStack(
       LOG_LEVEL: 'warn',
       RATE_LIMIT_REQUESTS: '100000000',
       TEMPORAL_TASK_QUEUE: `bench-${name}`,
+      DATA_DIR: path.join(dataDir, name),
       ...env,
       ...extra,
     });
