@@ -197,33 +197,41 @@ describe('decision usage under load (inline mode)', () => {
   });
 });
 
+/** `gateway api` in a process of its own (so it can be SIGKILLed), once it is ready. */
+async function startApiProcess(env: Record<string, string | undefined>) {
+  const port = await freePort();
+  const gateway = startProcess('gateway', process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), 'api'], {
+    ...process.env,
+    LOG_LEVEL: 'warn',
+    TEMPORAL_ADDRESS: stack.temporalAddress,
+    SANDBOX_URL: stack.sandboxUrl,
+    ...env,
+    PORT: String(port),
+  });
+  const url = `http://127.0.0.1:${port}`;
+  await gateway.waitUntil(
+    async () => {
+      if (!(await fetch(`${url}/readyz`)).ok) throw new Error('not yet');
+    },
+    60_000,
+    'ready',
+  );
+  return { gateway, url };
+}
+
 describe('a gateway killed right after answering', () => {
   it('has written the usage record of every decision it answered', async function () {
     this.timeout(120_000);
     const database = uniqueName('killed').replace(/-/g, '_');
     const store = await Store.connect(stack.mongoUri, database);
     const t = await createTenant(store, 10);
-    const port = await freePort();
-    const gateway = startProcess('gateway', process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), 'api'], {
-      ...process.env,
-      PORT: String(port),
+    const { gateway, url } = await startApiProcess({
       MONGODB_URI: stack.mongoUri,
       MONGODB_DATABASE: database,
-      TEMPORAL_ADDRESS: stack.temporalAddress,
-      SANDBOX_URL: stack.sandboxUrl,
-      LOG_LEVEL: 'warn',
       DECISIONS_EXECUTION: 'inline',
       DATA_DIR: path.join(stack.tmpDir, database),
     });
     try {
-      const url = `http://127.0.0.1:${port}`;
-      await gateway.waitUntil(
-        async () => {
-          if (!(await fetch(`${url}/readyz`)).ok) throw new Error('not yet');
-        },
-        60_000,
-        'ready',
-      );
       const answered: string[] = [];
       let killed = false;
       // Many decisions in flight; the first answer triggers SIGKILL, so the rest die mid-way.
@@ -369,31 +377,12 @@ describe('a gateway killed while its database is frozen', () => {
     const store = await Store.connect(ferret.address, database);
     const t = await createTenant(store, 10);
     const env = {
-      ...process.env,
       MONGODB_URI: ferret.address,
       MONGODB_DATABASE: database,
-      TEMPORAL_ADDRESS: stack.temporalAddress,
-      SANDBOX_URL: stack.sandboxUrl,
-      LOG_LEVEL: 'warn',
       RATE_LIMIT_REQUESTS: '100000', // tickets claimed ahead, so admission needs no write while frozen
       DATA_DIR: path.join(stack.tmpDir, `${database}-gateway`),
     };
-    const start = async () => {
-      const port = await freePort();
-      const gateway = startProcess('gateway', process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), 'api'], {
-        ...env,
-        PORT: String(port),
-      });
-      const url = `http://127.0.0.1:${port}`;
-      await gateway.waitUntil(
-        async () => {
-          if (!(await fetch(`${url}/readyz`)).ok) throw new Error('not yet');
-        },
-        60_000,
-        'ready',
-      );
-      return { gateway, url };
-    };
+    const start = () => startApiProcess(env);
     const chat = (url: string) =>
       call(`${url}/api/v1/chat/completions`, {
         key: t.inferenceKey,
