@@ -100,11 +100,12 @@ export class UsageJournal {
    */
   adoptOrphans(onBadLine: (file: string, line: number) => void): { segment: Segment; docs: UsageDoc[] }[] {
     const adopted: { segment: Segment; docs: UsageDoc[] }[] = [];
-    for (const name of fs.readdirSync(this.dir)) {
+    const names = fs.readdirSync(this.dir); // one listing per scan, however many instances died
+    for (const name of names) {
       if (!name.endsWith('.alive')) continue;
       const instance = name.slice(0, -'.alive'.length);
       if (instance === this.instance || openHere.has(instance) || !this.isDead(path.join(this.dir, name))) continue;
-      for (const seg of fs.readdirSync(this.dir).filter((f) => f.startsWith(`${instance}.`) && f.endsWith('.ndjson'))) {
+      for (const seg of names.filter((f) => f.startsWith(`${instance}.`) && f.endsWith('.ndjson'))) {
         const file = path.join(this.dir, `${this.instance}.adopted-${seg}`);
         try {
           fs.renameSync(path.join(this.dir, seg), file);
