@@ -2,12 +2,17 @@
 // to authenticate (on FerretDB an `_id` lookup is the slowest step before a decision starts).
 // Only live keys are remembered: an unknown or revoked token always reads the store and cannot
 // fill memory. A key revoked through this process is forgotten at once; one revoked elsewhere
-// (another API process, the CLI) is refused here within `ttlMs`.
+// (another API process, the CLI) is refused here within `ttlMs`. A key in use is re-read in the
+// background once past half its TTL, so a busy key never makes a request wait for the store.
 import type { ApiKeyDoc, Store } from '../store';
 import { liveKeyByHash, tokenHash } from './keys';
 
 export class KeyCache {
   private readonly entries = new Map<string, { doc: ApiKeyDoc; at: number }>();
+  /** Reads in flight, by hash: one per key however many requests ask. */
+  private readonly reading = new Map<string, Promise<ApiKeyDoc | null>>();
+  /** Bumped by `forget`, so a read that began before it cannot bring a forgotten key back. */
+  private forgets = 0;
 
   constructor(
     private readonly store: Store,
@@ -21,19 +26,39 @@ export class KeyCache {
     const hash = tokenHash(token);
     if (!hash) return null;
     const hit = this.entries.get(hash);
-    if (hit && this.now() - hit.at < this.ttlMs) return hit.doc;
-    this.entries.delete(hash);
-    const doc = await liveKeyByHash(this.store, hash);
-    if (doc && this.ttlMs > 0) {
-      // A Map iterates in insertion order: when full, drop the key held longest.
-      if (this.entries.size >= this.maxEntries) this.entries.delete(this.entries.keys().next().value as string);
-      this.entries.set(hash, { doc, at: this.now() });
+    const age = hit ? this.now() - hit.at : Infinity;
+    if (hit && age < this.ttlMs) {
+      if (age >= this.ttlMs / 2) this.read(hash).catch(() => undefined); // the next call past the TTL tries again
+      return hit.doc;
     }
-    return doc;
+    this.entries.delete(hash);
+    return this.read(hash);
+  }
+
+  private read(hash: string): Promise<ApiKeyDoc | null> {
+    let pending = this.reading.get(hash);
+    if (pending) return pending;
+    const forgets = this.forgets;
+    pending = liveKeyByHash(this.store, hash)
+      .then((doc) => {
+        if (!doc || this.ttlMs <= 0 || forgets !== this.forgets) {
+          this.entries.delete(hash);
+          return doc;
+        }
+        // A Map iterates in insertion order: when full, drop the key held longest.
+        this.entries.delete(hash);
+        if (this.entries.size >= this.maxEntries) this.entries.delete(this.entries.keys().next().value as string);
+        this.entries.set(hash, { doc, at: this.now() });
+        return doc;
+      })
+      .finally(() => this.reading.delete(hash));
+    this.reading.set(hash, pending);
+    return pending;
   }
 
   /** Forget a key by its public id, e.g. once this process has revoked it. */
   forget(keyId: string): void {
+    this.forgets++;
     for (const [hash, { doc }] of this.entries) if (doc.id === keyId) this.entries.delete(hash);
   }
 

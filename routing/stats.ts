@@ -2,7 +2,9 @@
 // window, measured by whichever process made the call and shared through MongoDB. Each process
 // buffers its measurements and inserts one compact summary every few seconds (inserts only:
 // FerretDB has no atomic read-modify-write); counts are exact, latencies a bounded sample, so a
-// busy window stays cheap to read. Each process rebuilds its snapshot from all summaries.
+// busy window stays cheap to read. Each process rebuilds its snapshot from all summaries when it
+// reads them, off the request path: sorting a busy window's samples took milliseconds, and a call
+// that rebuilt it paid them before its upstream request was sent.
 import { randomBytes } from 'node:crypto';
 import type { EndpointSamplesDoc, Store } from '../store';
 import type { EndpointStat, Percentile, Percentiles, StatsSnapshot } from './engine';
@@ -23,8 +25,6 @@ const PERCENTILES: [Percentile, number][] = [
 ];
 /** Latency and throughput values one summary keeps per endpoint. */
 const SAMPLES_PER_FLUSH = 64;
-/** Routing asks for the snapshot on every call; it is rebuilt at most this often. */
-const SNAPSHOT_TTL_MS = 250;
 
 function percentiles(values: number[]): Percentiles | null {
   if (!values.length) return null;
@@ -47,7 +47,8 @@ export class LiveStats {
   private shared: { at: number; s: Summary }[] = [];
   private timer: NodeJS.Timeout | null = null;
   private running = false;
-  private cached: { at: number; value: StatsSnapshot } | null = null;
+  /** Routing reads this on every call; `refresh` rebuilds it, a failure is added to it at once. */
+  private cached: Map<string, EndpointStat> | null = null;
 
   constructor(
     private readonly store: Store,
@@ -61,7 +62,15 @@ export class LiveStats {
     if (!s.ok) {
       p.failed++;
       p.last_failure = this.now();
-      this.cached = null; // an outage counts at once
+      // An outage counts at once; the next rebuild counts this failure from `pending` instead.
+      const stat = this.cached?.get(endpointKey);
+      this.cached?.set(endpointKey, {
+        latency: stat?.latency ?? null,
+        throughput: stat?.throughput ?? null,
+        requests: stat?.requests ?? 0,
+        failures: (stat?.failures ?? 0) + 1,
+        lastFailureAt: p.last_failure,
+      });
       return;
     }
     p.ok++;
@@ -80,7 +89,6 @@ export class LiveStats {
     try {
       await this.store.endpointSamples.insertOne({ _id: `${this.instance}:${this.seq++}`, at: new Date(at), endpoints });
       this.shared.push(...endpoints.map((s) => ({ at, s })));
-      this.cached = null;
     } catch {
       // Try again next flush, together with whatever was measured while this write failed.
       for (const s of endpoints) {
@@ -103,18 +111,17 @@ export class LiveStats {
     const since = this.now() - this.windowMs;
     const docs = await this.store.endpointSamples.find({ at: { $gte: new Date(since) } }).toArray();
     this.shared = docs.flatMap((d) => (d.endpoints ?? []).map((s) => ({ at: d.at.getTime(), s })));
-    this.cached = null;
+    this.cached = this.build(this.now());
     await this.store.endpointSamples.deleteMany({ at: { $lt: new Date(since - this.windowMs) } }).catch(() => undefined);
   }
 
+  /** As of the last `refresh` (every two seconds), with failures since; built here only before the first. */
   snapshot(): StatsSnapshot {
-    const now = this.now();
-    if (this.cached && now - this.cached.at < SNAPSHOT_TTL_MS) return this.cached.value;
-    this.cached = { at: now, value: this.build(now) };
-    return this.cached.value;
+    this.cached ??= this.build(this.now());
+    return this.cached;
   }
 
-  private build(now: number): StatsSnapshot {
+  private build(now: number): Map<string, EndpointStat> {
     const since = now - this.windowMs;
     const by = new Map<string, Summary[]>();
     const summaries = [...this.shared.filter((x) => x.at >= since).map((x) => x.s), ...this.pending.values()];

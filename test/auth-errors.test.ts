@@ -165,6 +165,41 @@ describe('authenticated-key cache', () => {
     expect(await cache.authenticate(t.managementKey)).to.equal(null);
   });
 
+  it('re-reads a key in use past half its TTL in the background: the call does not wait, the next one sees a revocation', async () => {
+    const t = await createTenant(gw.store);
+    let now = 1_000;
+    const cache = new KeyCache(gw.store, 5_000, 100, () => now);
+    expect((await cache.authenticate(t.inferenceKey))?.id).to.equal(t.inferenceKeyId);
+    await gw.store.apiKeys.updateOne({ id: t.inferenceKeyId }, { $set: { revoked_at: new Date() } });
+    now += 2_499;
+    expect((await cache.authenticate(t.inferenceKey))?.id).to.equal(t.inferenceKeyId);
+    expect(cache.size).to.equal(1); // younger than half the TTL: nothing re-read
+    now += 1;
+    // Answered from memory although the store already says revoked: it did not wait for the read …
+    expect((await cache.authenticate(t.inferenceKey))?.id).to.equal(t.inferenceKeyId);
+    // … which, once back, drops the key, so a call still within the TTL is refused.
+    for (let i = 0; i < 100 && cache.size > 0; i++) await new Promise((r) => setTimeout(r, 20));
+    expect(cache.size).to.equal(0);
+    expect(await cache.authenticate(t.inferenceKey)).to.equal(null);
+
+    // A live key in use is renewed before it runs out, so it never waits for the store: read at
+    // 1,000 ms and renewed at 4,000, it is still trusted at 6,500 (without the renewal it would have
+    // expired at 6,000, been read again, and refused).
+    let clockReads = 0;
+    now = 1_000;
+    const renewing = new KeyCache(gw.store, 5_000, 100, () => (clockReads++, now));
+    expect(await renewing.authenticate(t.managementKey)).to.not.equal(null);
+    now = 4_000;
+    const before = clockReads;
+    expect(await renewing.authenticate(t.managementKey)).to.not.equal(null); // starts the re-read
+    const readAt = clockReads; // the re-read stamps its entry with one more reading of the clock
+    for (let i = 0; i < 100 && clockReads === readAt; i++) await new Promise((r) => setTimeout(r, 20));
+    expect(clockReads - before).to.equal(2);
+    await gw.store.apiKeys.updateOne({ id: t.managementKeyId }, { $set: { revoked_at: new Date() } });
+    now = 6_500;
+    expect((await renewing.authenticate(t.managementKey))?.id).to.equal(t.managementKeyId);
+  });
+
   it('keeps no unknown or malformed tokens, and at most its bound of live ones', async () => {
     const cache = new KeyCache(gw.store, 60_000, 2);
     expect(await cache.authenticate(`sk-gw-v1-${'0'.repeat(64)}`)).to.equal(null);

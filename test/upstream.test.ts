@@ -284,6 +284,32 @@ describe('live endpoint statistics', () => {
     expect(stat.latency).to.include({ p50: 0.1, p99: 0.3 });
   });
 
+  it('are rebuilt when read from the store, not on the calls that route by them; a failure counts at once', async () => {
+    const store = await Store.connect(stack.mongoUri, uniqueName('stats').replace(/-/g, '_'));
+    try {
+      const s = new LiveStats(store);
+      s.record('m@p', { ok: true, latencyMs: 100, outputTokens: 1 });
+      await s.flush();
+      await s.refresh();
+      expect(s.snapshot().get('m@p')).to.include({ requests: 1, failures: 0 });
+      s.record('m@p', { ok: true, latencyMs: 300, outputTokens: 1 }); // waits for the next refresh
+      s.record('m@p', { ok: false, latencyMs: 0, outputTokens: 0 });
+      s.record('n@p', { ok: false, latencyMs: 0, outputTokens: 0 });
+      const stat = s.snapshot().get('m@p')!;
+      expect(stat).to.include({ requests: 1, failures: 1 });
+      expect(stat.latency).to.include({ p50: 0.1, p99: 0.1 });
+      expect(Date.now() - stat.lastFailureAt!).to.be.lessThan(5000);
+      expect(s.snapshot().get('n@p')).to.deep.include({ requests: 0, failures: 1, latency: null });
+      await s.flush();
+      await s.refresh();
+      // The failure is counted once, and the success measured since is in.
+      expect(s.snapshot().get('m@p')).to.include({ requests: 2, failures: 1 });
+      expect(s.snapshot().get('m@p')!.latency).to.include({ p99: 0.3 });
+    } finally {
+      await store.close();
+    }
+  });
+
   it('drop samples older than the window', async () => {
     const store = await Store.connect(stack.mongoUri, uniqueName('stats').replace(/-/g, '_'));
     try {
