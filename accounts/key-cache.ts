@@ -28,7 +28,9 @@ export class KeyCache {
     const hit = this.entries.get(hash);
     const age = hit ? this.now() - hit.at : Infinity;
     if (hit && age < this.ttlMs) {
-      if (age >= this.ttlMs / 2) this.read(hash).catch(() => undefined); // the next call past the TTL tries again
+      // Started once this call has moved on (sending a request is CPU this call would wait for);
+      // a failed re-read is tried again by the next call.
+      if (age >= this.ttlMs / 2) setImmediate(() => this.read(hash).catch(() => undefined));
       return hit.doc;
     }
     this.entries.delete(hash);

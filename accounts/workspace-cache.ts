@@ -66,12 +66,12 @@ export class WorkspaceCache {
   async get(workspaceId: string): Promise<Entry> {
     const e = this.entries.get(workspaceId);
     if (e && this.now() - e.at < e.ttl) return e;
-    const pending = this.load(workspaceId);
     if (e && this.ttlMs > 0) {
-      pending.catch(() => undefined); // the next request after the TTL tries again
+      // Started once this request has moved on; a failed read is tried again by the next one.
+      setImmediate(() => this.load(workspaceId).catch(() => undefined));
       return e;
     }
-    return pending;
+    return this.load(workspaceId);
   }
 
   private localOf(workspaceId: string): Local {

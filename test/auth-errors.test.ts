@@ -2,7 +2,7 @@
 // layer owns (400, 401, 402, 403, 404, 413, 429, 500).
 import { expect } from 'chai';
 import http from 'node:http';
-import type { AddressInfo } from 'node:net';
+import net, { type AddressInfo } from 'node:net';
 import Koa from 'koa';
 import Router from '@koa/router';
 import { Type } from '@sinclair/typebox';
@@ -125,6 +125,36 @@ describe('authentication and the error envelope', () => {
     const r = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: { name: 'x'.repeat(2048) } });
     expect(r.status).to.equal(413);
     expect(r.body).to.deep.equal(envelope(413, 'Request body is larger than the configured limit', null, t.managementKeyId));
+  });
+
+  it('reads a chunked body that came whole with its headers as one that trickles in: as sent under the limit, 413 over it', async () => {
+    const port = Number(new URL(gw.url).port);
+    /** The request, its body in two chunks, written at once or a piece every 30 ms; resolves with the answer. */
+    const exchange = (body: string, trickle: boolean) =>
+      new Promise<string>((resolve, reject) => {
+        const half = Math.floor(body.length / 2);
+        const pieces = [
+          `POST /api/v1/keys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${t.managementKey}\r\n` +
+            'Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n',
+          ...[body.slice(0, half), body.slice(half)].map((c) => `${Buffer.byteLength(c).toString(16)}\r\n${c}\r\n`),
+          '0\r\n\r\n',
+        ];
+        const socket = net.connect(port, '127.0.0.1');
+        let answer = '';
+        socket.on('data', (b) => (answer += b));
+        socket.on('end', () => resolve(answer));
+        socket.on('error', reject);
+        if (!trickle) socket.write(pieces.join(''));
+        else pieces.forEach((p, i) => setTimeout(() => socket.writable && socket.write(p), i * 30));
+      });
+    for (const trickle of [false, true]) {
+      const ok = await exchange(JSON.stringify({ name: `chunked-${trickle}` }), trickle);
+      expect(ok, `trickle ${trickle}`).to.match(/^HTTP\/1\.1 201 /);
+      expect(ok).to.include(`"name":"chunked-${trickle}"`);
+      const big = await exchange(JSON.stringify({ name: 'x'.repeat(2048) }), trickle);
+      expect(big, `trickle ${trickle}`).to.match(/^HTTP\/1\.1 413 /);
+      expect(big).to.include('Request body is larger than the configured limit');
+    }
   });
 
   it('never writes a key to the log', async () => {
@@ -306,7 +336,9 @@ describe('402, 500 and the billable guard', () => {
     now = 5_000;
     // Expired: this request is answered from the earlier reading while one re-read starts...
     await cache.assertCanSpend(t.workspaceId);
-    expect(cache['loading'].size).to.equal(1); // answered while the re-read is still out
+    expect(cache['loading'].size).to.equal(0); // answered before the re-read even started …
+    await new Promise((r) => setImmediate(r));
+    expect(cache['loading'].size).to.equal(1); // … which it then did
     // ...and once it is in, the spending shows.
     let status = 0;
     for (let i = 0; i < 100 && status !== 402; i++) {
