@@ -3,14 +3,17 @@
 // Only live keys are remembered: an unknown or revoked token always reads the store and cannot
 // fill memory. A key revoked through this process is forgotten at once; one revoked elsewhere
 // (another API process, the CLI) is refused here within `ttlMs`. A key in use is re-read in the
-// background once past half its TTL, so a busy key never makes a request wait for the store.
+// background (soon, see soon.ts) once past half its TTL, so a busy key never makes a request wait
+// for the store.
 import type { ApiKeyDoc, Store } from '../store';
 import { liveKeyByHash, tokenHash } from './keys';
+import { Soon } from './soon';
 
 export class KeyCache {
   private readonly entries = new Map<string, { doc: ApiKeyDoc; at: number }>();
   /** Reads in flight, by hash: one per key however many requests ask. */
   private readonly reading = new Map<string, Promise<ApiKeyDoc | null>>();
+  private readonly renewals = new Soon();
   /** Bumped by `forget`, so a read that began before it cannot bring a forgotten key back. */
   private forgets = 0;
 
@@ -28,9 +31,7 @@ export class KeyCache {
     const hit = this.entries.get(hash);
     const age = hit ? this.now() - hit.at : Infinity;
     if (hit && age < this.ttlMs) {
-      // Started once this call has moved on (sending a request is CPU this call would wait for);
-      // a failed re-read is tried again by the next call.
-      if (age >= this.ttlMs / 2) setImmediate(() => this.read(hash).catch(() => undefined));
+      if (age >= this.ttlMs / 2) this.renewals.run(hash, () => this.read(hash));
       return hit.doc;
     }
     this.entries.delete(hash);

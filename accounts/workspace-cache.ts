@@ -14,6 +14,7 @@ import { PaymentRequiredError } from '../errors';
 import type { Store, WorkspaceDoc } from '../store';
 import { getBalance, type Balance } from './credits';
 import { roundUsd } from '../catalog/usd';
+import { Soon } from './soon';
 
 interface Entry {
   credits: number;
@@ -49,6 +50,7 @@ export class WorkspaceCache {
   private readonly entries = new Map<string, Entry>();
   private readonly loading = new Map<string, Promise<Entry>>();
   private readonly local = new Map<string, Local>();
+  private readonly refreshes = new Soon();
 
   constructor(
     private readonly store: Store,
@@ -60,15 +62,14 @@ export class WorkspaceCache {
 
   /**
    * The workspace's entry. A fresh one is returned as is; an expired one is returned too while a
-   * single background read replaces it, so requests never queue behind the database. Only a
+   * single background read (soon, see soon.ts) replaces it, so requests never queue behind the database. Only a
    * workspace never read waits for the store, and every read does with `ttlMs` 0 (no caching).
    */
   async get(workspaceId: string): Promise<Entry> {
     const e = this.entries.get(workspaceId);
     if (e && this.now() - e.at < e.ttl) return e;
     if (e && this.ttlMs > 0) {
-      // Started once this request has moved on; a failed read is tried again by the next one.
-      setImmediate(() => this.load(workspaceId).catch(() => undefined));
+      this.refreshes.run(workspaceId, () => this.load(workspaceId));
       return e;
     }
     return this.load(workspaceId);

@@ -77,7 +77,9 @@ async function startPortkey(): Promise<{ url: string; process: ManagedProcess }>
   const port = await freePort();
   const script = path.join(path.dirname(require.resolve('@portkey-ai/gateway/package.json')), 'build', 'start-server.js');
   // Portkey has no host flag and listens on every interface; the bench only talks to it on loopback.
-  const pk = startProcess('portkey', process.execPath, [script, `--port=${port}`, '--headless'], {
+  // The shim lets its streamed calls run on this Node (see portkey-shim.ts); non-streamed ones are untouched.
+  const shim = path.join(__dirname, 'portkey-shim.js');
+  const pk = startProcess('portkey', process.execPath, ['--require', shim, script, `--port=${port}`, '--headless'], {
     ...process.env,
     NODE_ENV: 'production',
   });
