@@ -54,7 +54,9 @@ export class KeyCache {
         this.entries.set(hash, { doc, at: this.now() });
         return doc;
       })
-      .finally(() => this.reading.delete(hash));
+      .finally(() => {
+        if (this.reading.get(hash) === pending) this.reading.delete(hash);
+      });
     this.reading.set(hash, pending);
     return pending;
   }
@@ -62,6 +64,7 @@ export class KeyCache {
   /** Forget a key by its public id, e.g. once this process has revoked it. */
   forget(keyId: string): void {
     this.forgets++;
+    this.reading.clear(); // a call from now on reads afresh rather than wait for an answer from before
     for (const [hash, { doc }] of this.entries) if (doc.id === keyId) this.entries.delete(hash);
   }
 

@@ -230,6 +230,42 @@ describe('authenticated-key cache', () => {
     expect((await renewing.authenticate(t.managementKey))?.id).to.equal(t.managementKeyId);
   });
 
+  it('refuses a key forgotten while a read of it was in flight, and does not remember that read', async () => {
+    const t = await createTenant(gw.store);
+    // Key reads that have their document but answer only when the gate opens.
+    let open!: () => void;
+    const gate = new Promise<void>((resolve) => (open = resolve));
+    let fetched = 0;
+    const keys = gw.store.apiKeys;
+    const slowKeys = new Proxy(keys, {
+      get(coll, prop) {
+        if (prop === 'findOne')
+          return async (...args: Parameters<typeof keys.findOne>) => {
+            const doc = await coll.findOne(...args);
+            fetched++;
+            await gate;
+            return doc;
+          };
+        const v = Reflect.get(coll, prop);
+        return typeof v === 'function' ? v.bind(coll) : v;
+      },
+    });
+    const store = Object.create(gw.store) as typeof gw.store;
+    Object.defineProperty(store, 'apiKeys', { get: () => slowKeys });
+    const cache = new KeyCache(store, 5_000, 100);
+
+    const before = cache.authenticate(t.inferenceKey); // reads the key while it is live …
+    for (let i = 0; i < 100 && fetched === 0; i++) await new Promise((r) => setTimeout(r, 10));
+    await gw.store.apiKeys.updateOne({ id: t.inferenceKeyId }, { $set: { revoked_at: new Date() } });
+    cache.forget(t.inferenceKeyId); // … and is revoked through this process before that read answers
+    const after = cache.authenticate(t.inferenceKey);
+    for (let i = 0; i < 100 && fetched === 1; i++) await new Promise((r) => setTimeout(r, 10));
+    open();
+    expect((await before)?.id).to.equal(t.inferenceKeyId); // asked before the revocation
+    expect(await after).to.equal(null);
+    expect(cache.size).to.equal(0);
+  });
+
   it('keeps no unknown or malformed tokens, and at most its bound of live ones', async () => {
     const cache = new KeyCache(gw.store, 60_000, 2);
     expect(await cache.authenticate(`sk-gw-v1-${'0'.repeat(64)}`)).to.equal(null);
