@@ -44,14 +44,12 @@ export class KeyCache {
     const forgets = this.forgets;
     pending = liveKeyByHash(this.store, hash)
       .then((doc) => {
-        if (!doc || this.ttlMs <= 0 || forgets !== this.forgets) {
-          this.entries.delete(hash);
-          return doc;
-        }
-        // A Map iterates in insertion order: when full, drop the key held longest.
         this.entries.delete(hash);
-        if (this.entries.size >= this.maxEntries) this.entries.delete(this.entries.keys().next().value as string);
-        this.entries.set(hash, { doc, at: this.now() });
+        if (doc && this.ttlMs > 0 && forgets === this.forgets) {
+          // A Map iterates in insertion order: when full, drop the key held longest.
+          if (this.entries.size >= this.maxEntries) this.entries.delete(this.entries.keys().next().value as string);
+          this.entries.set(hash, { doc, at: this.now() });
+        }
         return doc;
       })
       .finally(() => {

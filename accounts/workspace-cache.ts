@@ -62,8 +62,9 @@ export class WorkspaceCache {
 
   /**
    * The workspace's entry. A fresh one is returned as is; an expired one is returned too while a
-   * single background read (soon, see soon.ts) replaces it, so requests never queue behind the database. Only a
-   * workspace never read waits for the store, and every read does with `ttlMs` 0 (no caching).
+   * single background read (started soon, see soon.ts) replaces it, so requests never queue behind
+   * the database. Only a workspace never read waits for the store, and every read does with `ttlMs`
+   * 0 (no caching).
    */
   async get(workspaceId: string): Promise<Entry> {
     const e = this.entries.get(workspaceId);

@@ -5,7 +5,7 @@
 import { expect } from 'chai';
 import path from 'node:path';
 import { stack } from './fixture';
-import { call, createTenant, uniqueName, writeTestCatalog, type Tenant } from './helpers';
+import { call, createTenant, startGatewayProcess, uniqueName, writeTestCatalog, type Tenant } from './helpers';
 import { freePort, startProcess, type ManagedProcess } from '../tools/processes';
 import { startFerretDB, startTemporalServer } from '../tools/services';
 import { Store } from '../store';
@@ -54,32 +54,17 @@ interface Services {
 }
 
 /** A gateway (API and worker) in a process of its own, so a crash of it is visible as an exit. */
-async function startGatewayProcess(
-  name: string,
-  services: Services,
-  env: Record<string, string>,
-): Promise<{ proc: ManagedProcess; url: string }> {
-  const port = Number(env.PORT) || (await freePort());
-  const proc = startProcess(name, process.execPath, [BIN, 'api', '--with-worker'], {
-    ...process.env,
+function startGateway(name: string, services: Services, env: Record<string, string>): Promise<{ proc: ManagedProcess; url: string }> {
+  const all = {
     ...env,
-    PORT: String(port),
     MONGODB_URI: services.mongoUri,
     TEMPORAL_ADDRESS: services.temporalAddress,
     SANDBOX_URL: services.sandboxUrl,
-    LOG_LEVEL: 'warn',
     // A restarted gateway of the same name finds its usage journal.
     DATA_DIR: path.join(stack.tmpDir, `gateway-${name}`),
-  });
-  const url = `http://127.0.0.1:${port}`;
-  await proc.waitUntil(
-    async () => {
-      if (!(await fetch(`${url}/healthz`)).ok) throw new Error('not yet');
-    },
-    30_000,
-    'answering',
-  );
-  return { proc, url };
+  };
+  // /healthz, not /readyz: a gateway is started here while a dependency may be down.
+  return startGatewayProcess(name, ['api', '--with-worker'], all, '/healthz', 30_000);
 }
 
 /** Polls the batch until it is terminal, tolerating errors while a dependency is down; keeps every count seen. */
@@ -150,7 +135,7 @@ describe('faults: a running batch survives each process being killed', function 
       BATCH_WINDOW: '2',
       ...settings,
     };
-    let gw = await startGatewayProcess('gateway', services, env);
+    let gw = await startGateway('gateway', services, env);
     const store = await Store.connect(services.mongoUri, env.MONGODB_DATABASE);
     try {
       const t: Tenant = await createTenant(store, 10);
@@ -260,7 +245,7 @@ describe('faults: a running batch survives each process being killed', function 
       shared(),
       async (gw, env) => {
         await gw.proc.kill();
-        return startGatewayProcess('gateway-2', shared(), env);
+        return startGateway('gateway-2', shared(), env);
       },
       { BATCH_HEARTBEAT_TIMEOUT_MS: '3000' },
     );

@@ -6,7 +6,7 @@ import { Writable } from 'node:stream';
 import { DEFAULT_CATALOG_PATH, loadConfig, type Config } from '../config';
 import { createLogger, type Logger } from '../log';
 import { runApiRole } from '../cli/roles';
-import { freePort } from '../tools/processes';
+import { freePort, startProcess, type ManagedProcess } from '../tools/processes';
 import { stack } from './fixture';
 import { Store } from '../store';
 import { createWorkspace } from '../accounts/workspaces';
@@ -178,4 +178,53 @@ export function testBatchDoc(t: Tenant, over: Partial<BatchDoc> & Pick<BatchDoc,
     meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
     ...over,
   };
+}
+
+/** `gateway <args>` in a process of its own (so it can be killed), once `probe` answers 2xx. */
+export async function startGatewayProcess(
+  name: string,
+  args: string[],
+  env: NodeJS.ProcessEnv,
+  probe: '/readyz' | '/healthz' = '/readyz',
+  timeoutMs = 60_000,
+): Promise<{ proc: ManagedProcess; url: string }> {
+  const port = Number(env.PORT) || (await freePort());
+  const proc = startProcess(name, process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), ...args], {
+    ...process.env,
+    LOG_LEVEL: 'warn',
+    ...env,
+    PORT: String(port),
+  });
+  const url = `http://127.0.0.1:${port}`;
+  await proc.waitUntil(
+    async () => {
+      if (!(await fetch(`${url}${probe}`)).ok) throw new Error('not yet');
+    },
+    timeoutMs,
+    `answering ${probe}`,
+  );
+  return { proc, url };
+}
+
+/**
+ * `store` with some methods of one collection replaced (a database that is slow or stopped for one
+ * kind of call); everything else is the real collection.
+ */
+export function storeWith<C extends 'usage' | 'apiKeys'>(
+  store: Store,
+  collection: C,
+  replaced: (real: Store[C]) => Record<string, (...args: any[]) => Promise<unknown>>,
+): Store {
+  const real = store[collection];
+  const methods = replaced(real);
+  const proxy = new Proxy(real, {
+    get(coll, prop) {
+      if (typeof prop === 'string' && prop in methods) return methods[prop];
+      const v = Reflect.get(coll, prop);
+      return typeof v === 'function' ? v.bind(coll) : v;
+    },
+  });
+  const s = Object.create(store) as Store;
+  Object.defineProperty(s, collection, { get: () => proxy });
+  return s;
 }

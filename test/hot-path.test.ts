@@ -9,10 +9,10 @@ import { UsageLedger } from '../accounts/usage-ledger';
 import { UsageJournal } from '../accounts/usage-journal';
 import { getBalance } from '../accounts/credits';
 import { Store, type UsageDoc } from '../store';
-import { freePort, startProcess } from '../tools/processes';
+import { freePort } from '../tools/processes';
 import { startFerretDB } from '../tools/services';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, uniqueName, usageRecord, type TestGateway } from './helpers';
+import { call, createTenant, startGatewayProcess, startTestGateway, storeWith, uniqueName, usageRecord, type TestGateway } from './helpers';
 
 /** A store connection that counts the insert commands sent to one collection. */
 async function countingStore(database: string, collection: string): Promise<{ store: Store; inserts: () => number }> {
@@ -199,24 +199,21 @@ describe('decision usage under load (inline mode)', () => {
 
 /** `gateway api` in a process of its own (so it can be SIGKILLed), once it is ready. */
 async function startApiProcess(env: Record<string, string | undefined>) {
-  const port = await freePort();
-  const gateway = startProcess('gateway', process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), 'api'], {
-    ...process.env,
-    LOG_LEVEL: 'warn',
+  const { proc, url } = await startGatewayProcess('gateway', ['api'], {
     TEMPORAL_ADDRESS: stack.temporalAddress,
     SANDBOX_URL: stack.sandboxUrl,
     ...env,
-    PORT: String(port),
   });
-  const url = `http://127.0.0.1:${port}`;
-  await gateway.waitUntil(
-    async () => {
-      if (!(await fetch(`${url}/readyz`)).ok) throw new Error('not yet');
-    },
-    60_000,
-    'ready',
-  );
-  return { gateway, url };
+  return { gateway: proc, url };
+}
+
+/** Generation ids of the records in a usage-journal directory. */
+function journaledIds(dir: string): string[] {
+  return fs
+    .readdirSync(dir)
+    .filter((f) => f.endsWith('.ndjson'))
+    .flatMap((f) => fs.readFileSync(path.join(dir, f), 'utf8').split('\n').filter(Boolean))
+    .map((l) => JSON.parse(l)._id as string);
 }
 
 describe('a gateway killed right after answering', () => {
@@ -266,17 +263,10 @@ describe('a gateway killed right after answering', () => {
 function gatedStore(store: Store): { store: Store; open: () => void } {
   let open!: () => void;
   const gate = new Promise<void>((resolve) => (open = resolve));
-  const usage = store.usage;
-  const gated = new Proxy(usage, {
-    get(coll, prop) {
-      if (prop === 'insertMany') return async (...args: Parameters<typeof usage.insertMany>) => (await gate, coll.insertMany(...args));
-      const v = Reflect.get(coll, prop);
-      return typeof v === 'function' ? v.bind(coll) : v;
-    },
-  });
-  const s = Object.create(store) as Store;
-  Object.defineProperty(s, 'usage', { get: () => gated });
-  return { store: s, open };
+  const gated = storeWith(store, 'usage', (usage) => ({
+    insertMany: async (...args: Parameters<typeof usage.insertMany>) => (await gate, usage.insertMany(...args)),
+  }));
+  return { store: gated, open };
 }
 
 describe('usage ledger with a journal', () => {
@@ -293,11 +283,7 @@ describe('usage ledger with a journal', () => {
     await store.close();
   });
   const usage = (id: string, cost = 0.01) => usageRecord(id, 'ws-journal', 'key-journal', cost);
-  const lines = () =>
-    fs
-      .readdirSync(dir)
-      .filter((f) => f.endsWith('.ndjson'))
-      .flatMap((f) => fs.readFileSync(path.join(dir, f), 'utf8').split('\n').filter(Boolean));
+  const journaled = () => journaledIds(dir);
 
   it('answers once the record is journaled, shows it until stored, then stores it and leaves nothing behind', async () => {
     const { store: slow, open } = gatedStore(store);
@@ -306,7 +292,7 @@ describe('usage ledger with a journal', () => {
     expect(await ledger.record(usage(id, 0.25))).to.equal(true);
     // The database has not taken it: the journal has, and the ledger still shows it.
     expect(await store.usage.countDocuments({ _id: id })).to.equal(0);
-    expect(lines().map((l) => JSON.parse(l)._id)).to.deep.equal([id]);
+    expect(journaled()).to.deep.equal([id]);
     expect((await ledger.generation('ws-journal', id))?.cost).to.equal(0.25);
     expect(await ledger.generation('ws-other', id)).to.equal(null);
     expect(ledger.unstoredCost('ws-journal')).to.equal(0.25);
@@ -328,12 +314,12 @@ describe('usage ledger with a journal', () => {
     for (const id of ids) await first.record(usage(id));
     await store.usage.insertOne({ ...usage(ids[0]), created_at: new Date() } as UsageDoc); // one got through before the stop
     await first.close(0); // the database never answered: the journal keeps all three
-    expect(lines()).to.have.length(3);
+    expect(journaled()).to.have.length(3);
 
     // A process of another database leaves them alone.
     const other = new UsageLedger(store, { journal: new UsageJournal(dir, `${database}_other`) });
     await other.flushed();
-    expect(lines()).to.have.length(3);
+    expect(journaled()).to.have.length(3);
     await other.close(1_000);
 
     const trouble: string[] = [];
@@ -341,7 +327,7 @@ describe('usage ledger with a journal', () => {
     await next.flushed();
     expect(trouble).to.include('adopted a usage journal left by a stopped process');
     expect((await store.usage.find({ _id: { $in: ids } }).toArray()).map((d) => d._id).sort()).to.deep.equal([...ids].sort());
-    expect(lines()).to.deep.equal([]);
+    expect(journaled()).to.deep.equal([]);
     await next.close(1_000);
     expect(fs.readdirSync(dir)).to.deep.equal([]);
   });
@@ -356,7 +342,7 @@ describe('usage ledger with a journal', () => {
     expect(await ledger.record(usage(id))).to.equal(true);
     expect(await firstTrouble).to.equal('usage records could not be stored; retrying');
     await ledger.close(200); // still retrying in the background when it stops
-    expect(lines().map((l) => JSON.parse(l)._id)).to.deep.equal([id]);
+    expect(journaled()).to.deep.equal([id]);
 
     const next = new UsageLedger(store, { journal: new UsageJournal(dir, database) });
     await next.flushed();
@@ -401,13 +387,7 @@ describe('a gateway killed while its database is frozen', () => {
       await gateway.kill();
       // Every answered call is in the dead process's journal. (An insert already sent may still
       // reach the database when it thaws: the next start's copy is then a duplicate, not a second debit.)
-      const journalDir = path.join(env.DATA_DIR, 'usage-journal');
-      const journaled = fs
-        .readdirSync(journalDir)
-        .filter((f) => f.endsWith('.ndjson'))
-        .flatMap((f) => fs.readFileSync(path.join(journalDir, f), 'utf8').split('\n').filter(Boolean))
-        .map((l) => JSON.parse(l)._id as string);
-      expect(journaled).to.include.members(answered);
+      expect(journaledIds(path.join(env.DATA_DIR, 'usage-journal'))).to.include.members(answered);
       process.kill(ferret.process.pid!, 'SIGCONT');
 
       ({ gateway, url } = await start());
