@@ -23,8 +23,8 @@ const UsageOption = Type.Object(
 export const EmbeddingsInput = Type.Union([
   Type.String({ minLength: 1 }),
   Type.Array(Type.String(), { minItems: 1, maxItems: 2048 }),
-  Type.Array(Type.Integer(), { minItems: 1 }),
-  Type.Array(Type.Array(Type.Integer(), { minItems: 1 }), { minItems: 1, maxItems: 2048 }),
+  Type.Array(Type.Integer(), { minItems: 1, maxItems: 8192 }),
+  Type.Array(Type.Array(Type.Integer(), { minItems: 1, maxItems: 8192 }), { minItems: 1, maxItems: 2048 }),
 ]);
 
 const routing = {

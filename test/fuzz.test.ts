@@ -136,6 +136,19 @@ function bodyArbitrary(schema: Json): fc.Arbitrary<{ bytes: Uint8Array; headers:
     },
     {
       weight: 1,
+      // 10⁵ items of one wrong kind anywhere: validation must stay linear and bounded.
+      arbitrary: fc
+        .tuple(valid, fc.nat(), fc.constantFrom('5', 'null', '"x"', '{}', 'true', '[]', '{"type":5}'))
+        .map(([v, i, item]) =>
+          JSON.stringify(setSomewhere(v, i, '@@MANY@@')).replace(
+            '"@@MANY@@"',
+            `[${Array.from({ length: 100_000 }, () => item).join(',')}]`,
+          ),
+        )
+        .map((t) => ({ bytes: utf8(t), headers: json, what: 'large array' })),
+    },
+    {
+      weight: 1,
       arbitrary: fc
         .tuple(valid, fc.nat(), fc.integer({ min: 10, max: 3000 }))
         .map(([v, i, d]) => JSON.stringify(setSomewhere(v, i, '@@DEEP@@')).replace('"@@DEEP@@"', `${'['.repeat(d)}${']'.repeat(d)}`))
@@ -279,6 +292,7 @@ describe('fuzz: every route, generated from its schemas and then broken', () => 
       fc.asyncProperty(caseArbitrary(ops, { inference: t.inferenceKey, management: t.managementKey }), async (c) => {
         const label = `${c.op.method} ${c.op.path} (${c.what})`;
         let res: Response;
+        const started = performance.now();
         try {
           res = await fetch(`${gw.url}${c.url}`, {
             method: c.method,
@@ -290,6 +304,10 @@ describe('fuzz: every route, generated from its schemas and then broken', () => 
           throw new Error(`${label}: no answer to ${c.method} ${c.url.slice(0, 200)}: ${String(err)}`);
         }
         const text = await res.text();
+        const took = performance.now() - started;
+        // A refused body of 10⁵ items costs what a small one does (generous: the suite shares the cores).
+        if (c.what === 'large array' && res.status >= 400 && took > 1000)
+          throw new Error(`${label}: ${res.status} after ${took.toFixed(0)} ms for ${c.method} ${c.url.slice(0, 200)}`);
         seen.set(`${res.status}`, (seen.get(`${res.status}`) ?? 0) + 1);
         if (res.status >= 500) throw new Error(`${label}: ${res.status} for ${c.method} ${c.url.slice(0, 200)}: ${text.slice(0, 300)}`);
         if (res.status >= 400) {

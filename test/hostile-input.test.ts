@@ -66,7 +66,7 @@ describe('hostile input', () => {
   before(async () => {
     gw = await startTestGateway({
       logger: captured.logger,
-      env: { BODY_LIMIT: '1mb', BODY_IDLE_TIMEOUT_MS: '500', BATCH_MAX_BYTES: '40mb' },
+      env: { BODY_LIMIT: '2mb', BODY_IDLE_TIMEOUT_MS: '500', BATCH_MAX_BYTES: '40mb' },
     });
     t = await createTenant(gw.store, 5);
     port = Number(new URL(gw.url).port);
@@ -101,6 +101,55 @@ describe('hostile input', () => {
     const q = await call(`${gw.url}/api/v1/batches?limit=1e309`, { key: t.inferenceKey });
     expect(q.status).to.equal(400);
     expect(q.body.error.message).to.equal('query.limit: must be a finite number');
+  });
+
+  it('10⁵ invalid items in any array: a 400 naming the first within 100 ms, and /healthz answers meanwhile within 50 ms', async function () {
+    this.timeout(60_000);
+    const items = (item: string) => `[${Array.from({ length: 100_000 }, () => item).join(',')}]`;
+    const cases: [string, string, string, RegExp][] = [
+      ['/chat/completions', t.inferenceKey, `{"model":"sandbox/chat-1","messages":${items('5')}}`, /^messages\[0\]: must be object/],
+      ['/chat/completions', t.inferenceKey, `{"model":"sandbox/chat-1","messages":${items('{"content":5}')}}`, /^messages\[0\]/],
+      ['/messages', t.inferenceKey, `{"model":"sandbox/chat-1","max_tokens":5,"messages":${items('5')}}`, /^messages\[0\]: /],
+      ['/responses', t.inferenceKey, `{"model":"sandbox/chat-1","input":"x","tools":${items('5')}}`, /^tools\[0\]: /],
+      [
+        '/systemone',
+        t.inferenceKey,
+        `{"model":"jev-latest","state":"x","questions":{"q":{"type":"score","instructions":"x","criteria":${items('5')}}}}`,
+        /^questions\.q\.criteria(\[0\])?: /,
+      ],
+      ['/embeddings', t.inferenceKey, `{"model":"sandbox/embed-1","input":${items('"x"')}}`, /^input: must NOT have more than 2048 items/],
+      [
+        '/batches',
+        t.inferenceKey,
+        `{"endpoint":"/v1/chat/completions","model":"sandbox/chat-1","requests":${items('5')}}`,
+        /^requests\[0\]: /,
+      ],
+      ['/presets/big/messages', t.managementKey, `{"model":"sandbox/chat-1","messages":${items('5')}}`, /^messages\[0\]: /],
+    ];
+    for (const [path, key, body, message] of cases) {
+      // Warm the route (its error reporter is compiled on its first invalid body).
+      await call(`${gw.url}/api/v1${path}`, { key, body: '{"model":5}' });
+      let worstHealth = 0;
+      let polling = true;
+      const poller = (async () => {
+        while (polling) {
+          const t0 = performance.now();
+          await fetch(`${gw.url}/healthz`).then((r) => r.arrayBuffer());
+          worstHealth = Math.max(worstHealth, performance.now() - t0);
+          await new Promise((r) => setTimeout(r, 2));
+        }
+      })();
+      const t0 = performance.now();
+      const r = await call(`${gw.url}/api/v1${path}`, { key, body });
+      const took = performance.now() - t0;
+      polling = false;
+      await poller;
+      expect(r.status, `${path}: ${JSON.stringify(r.body).slice(0, 200)}`).to.equal(400);
+      expect(r.body.error.message, path).to.match(message);
+      expect(r.body.error.metadata.errors.length, path).to.be.at.most(20);
+      expect(took, `${path}: answered in ${took.toFixed(1)} ms`).to.be.below(100);
+      expect(worstHealth, `${path}: /healthz took ${worstHealth.toFixed(1)} ms`).to.be.below(50);
+    }
   });
 
   it('400 for JSON nested deeper than the limit, 10,000 levels included', async () => {
