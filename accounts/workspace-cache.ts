@@ -3,13 +3,17 @@
 // background once `ttlMs` has passed (or ten times the last read's duration, on a large ledger:
 // FerretDB scans every usage record to sum them), and meanwhile counts its own spending since.
 //
-// Bounding spend: a billable call first holds an estimate of its cost (`hold`), settled to the real
-// cost when it finishes. A call is admitted while what the workspace has left, less this process's
-// holds and its spending since the reading, is positive; so one process overspends by at most the
-// estimate of the last call it admitted. When fewer than LOW_WATER estimates are left, the reading
-// is refreshed before admitting (one read at a time per workspace, however stale the TTL allows),
-// so other processes' spending is seen within one read; what they hold in flight then, up to
-// LOW_WATER estimates each, is the rest of the bound.
+// Bounding spend: a billable call (a synchronous call, a decision, a batch line) first holds an
+// estimate of its cost (`hold`), settled to the real cost when it finishes. A call is admitted
+// while what the workspace has left, less this process's holds and its spending since the reading,
+// is positive. When that is used up by holds of calls still in flight, but the balance itself is
+// not, a call waits for one of them to settle instead of being refused: a 402 always means the
+// balance (as this process sees it) is spent, and its `balance` is that figure, never one that
+// counts estimates. So one process spends at most the credit plus the estimate of the last call it
+// admitted. When fewer than LOW_WATER estimates are left, the reading is refreshed before
+// admitting (one read at a time per workspace), so other processes' stored spending is seen
+// within one read; what they hold in flight then is the rest of the bound: with P processes, at
+// most P × (credit left + one estimate).
 import { PaymentRequiredError } from '../errors';
 import type { Store, WorkspaceDoc } from '../store';
 import { getBalance, type Balance } from './credits';
@@ -34,11 +38,21 @@ interface Local {
   committed: number;
   /** Estimates held by calls in flight. */
   held: number;
+  /** Settled here through `settleUnstored` whose usage records are not in the ledger yet. */
+  unstored: number;
+  /** Calls waiting for a hold to end. */
+  waiters: Set<() => void>;
 }
 
 export interface Hold {
-  /** The call finished and was billed `cost`. */
+  /** The call finished and its usage record is stored (or journaled): it was billed `cost`. */
   settle(cost: number): void;
+  /**
+   * The call finished and was billed `cost`, but its usage record reaches the ledger later (a batch
+   * line's is written with its chunk's next group): call the function returned once it has, or once
+   * it is known never to.
+   */
+  settleUnstored(cost: number): () => void;
   /** The call was not billed. */
   release(): void;
 }
@@ -58,6 +72,8 @@ export class WorkspaceCache {
     private readonly now: () => number = Date.now,
     /** This process's spending already settled but not yet in the ledger (journaled usage records). */
     private readonly unstored: (workspaceId: string) => number = () => 0,
+    /** How long a call waits for holds in flight to end before it is refused. */
+    private readonly holdWaitMs = 15_000,
   ) {}
 
   /**
@@ -78,7 +94,7 @@ export class WorkspaceCache {
 
   private localOf(workspaceId: string): Local {
     let l = this.local.get(workspaceId);
-    if (!l) this.local.set(workspaceId, (l = { committed: 0, held: 0 }));
+    if (!l) this.local.set(workspaceId, (l = { committed: 0, held: 0, unstored: 0, waiters: new Set() }));
     return l;
   }
 
@@ -90,7 +106,8 @@ export class WorkspaceCache {
         // Spending settled while the read is in flight may be counted twice (in the reading and
         // as local spending since it): never less than the truth. Spending settled but not yet
         // stored is not in the reading, so it stays counted as spending since.
-        const committedAtRead = this.localOf(workspaceId).committed - this.unstored(workspaceId);
+        const local = this.localOf(workspaceId);
+        const committedAtRead = local.committed - local.unstored - this.unstored(workspaceId);
         const started = this.now();
         const [b, ws] = await Promise.all([
           getBalance(this.store, workspaceId),
@@ -116,10 +133,15 @@ export class WorkspaceCache {
     return pending;
   }
 
-  private available(workspaceId: string, e: Entry): number {
-    const l = this.localOf(workspaceId);
+  /** The balance as of the reading, less this process's spending since: what a 402 reports. */
+  private left(workspaceId: string, e: Entry): number {
     // Rounded as balances are, so float residue (1 - 0.9 - 0.1) is not money left.
-    return roundUsd(e.balance - (l.committed - e.committedAtRead) - l.held);
+    return roundUsd(e.balance - (this.localOf(workspaceId).committed - e.committedAtRead));
+  }
+
+  /** What is left less the estimates held by calls in flight. */
+  private available(workspaceId: string, e: Entry): number {
+    return roundUsd(this.left(workspaceId, e) - this.localOf(workspaceId).held);
   }
 
   /**
@@ -135,24 +157,68 @@ export class WorkspaceCache {
 
   /** 402 unless something is left: the cheap gate every billable route passes before its body is read. */
   async assertCanSpend(workspaceId: string): Promise<void> {
-    refuseUnlessLeft(this.available(workspaceId, await this.get(workspaceId)));
+    refuseUnlessLeft(this.left(workspaceId, await this.get(workspaceId)));
   }
 
-  /** Holds `estimate` USD for a call about to be made, or 402 when nothing is left. */
-  async hold(workspaceId: string, estimate: number): Promise<Hold> {
-    let e = await this.get(workspaceId);
-    if (this.available(workspaceId, e) < LOW_WATER * estimate) e = await this.load(workspaceId);
-    refuseUnlessLeft(this.available(workspaceId, e));
+  /**
+   * Holds `estimate` USD for a call about to be made. 402 when the balance is spent; while what is
+   * left is only held by calls in flight, waits (up to `holdWaitMs`, or until `signal` aborts) for
+   * one of them to end.
+   */
+  async hold(workspaceId: string, estimate: number, signal?: AbortSignal): Promise<Hold> {
     const l = this.localOf(workspaceId);
+    const deadline = this.now() + this.holdWaitMs;
+    for (;;) {
+      let e = await this.get(workspaceId);
+      if (this.available(workspaceId, e) < LOW_WATER * estimate) e = await this.load(workspaceId);
+      refuseUnlessLeft(this.left(workspaceId, e));
+      if (this.available(workspaceId, e) > 0 || l.held <= 0) break;
+      if (signal?.aborted || this.now() >= deadline) {
+        throw new PaymentRequiredError('Insufficient credits: what is left is held by calls still in flight; try again shortly', {
+          balance: this.left(workspaceId, e),
+        });
+      }
+      await this.holdEnded(l, deadline - this.now(), signal);
+    }
     l.held += estimate;
     let done = false;
     const end = (cost: number) => {
-      if (done) return;
+      if (done) return false;
       done = true;
       l.held -= estimate;
       l.committed += cost;
+      for (const wake of l.waiters) wake();
+      return true;
     };
-    return { settle: end, release: () => end(0) };
+    return {
+      settle: (cost) => void end(cost),
+      release: () => void end(0),
+      settleUnstored: (cost) => {
+        if (!end(cost)) return () => undefined;
+        l.unstored += cost;
+        let stored = false;
+        return () => {
+          if (stored) return;
+          stored = true;
+          l.unstored -= cost;
+        };
+      },
+    };
+  }
+
+  /** Resolves when a hold of the workspace ends, after `ms`, or when `signal` aborts. */
+  private holdEnded(l: Local, ms: number, signal?: AbortSignal): Promise<void> {
+    return new Promise((resolve) => {
+      const wake = () => {
+        clearTimeout(timer);
+        l.waiters.delete(wake);
+        signal?.removeEventListener('abort', wake);
+        resolve();
+      };
+      const timer = setTimeout(wake, ms);
+      l.waiters.add(wake);
+      signal?.addEventListener('abort', wake, { once: true });
+    });
   }
 }
 

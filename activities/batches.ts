@@ -12,6 +12,7 @@ import type { Metrics } from '../metrics';
 import type { DeliveryOutcome, WebhookSender } from '../webhooks/deliver';
 import { webhookSecret } from '../accounts/webhook-secret';
 import type { UsageLedger } from '../accounts/usage-ledger';
+import type { WorkspaceCache } from '../accounts/workspace-cache';
 import {
   addToTally,
   batches,
@@ -41,6 +42,8 @@ export interface BatchDeps {
   batchSettings: Config['batches'];
   /** The one writer of usage records (group commit). */
   usage: UsageLedger;
+  /** Spend admission, shared with the API in the same process: batch lines hold against the balance too. */
+  credits: WorkspaceCache;
   /** Counts the lines this process finishes. */
   metrics?: Metrics;
   /** Sends completion webhooks; a process without it cannot deliver them. */
@@ -68,7 +71,8 @@ async function runChunk(
   const queue = [...lines];
   const worker = async () => {
     for (let line = queue.shift(); line && !signal.aborted && !writer.gaveUp; line = queue.shift()) {
-      writer.add(await runner.run(line));
+      const { result, stored } = await runner.run(line);
+      writer.add(result, stored);
       if (writer.backlog >= 100) void writer.flush();
       // Backpressure: wait when the database falls far behind.
       while (writer.backlog >= 1000 && !signal.aborted && !writer.gaveUp) {
@@ -84,6 +88,7 @@ async function runChunk(
     // Keep what finished, cancelled or not, for as long as the database may come back.
     for (await writer.flush(); writer.backlog && !writer.gaveUp; await writer.flush()) await sleep(1000);
     clearInterval(beater);
+    writer.forgetUnstored();
     beat();
   }
   if (writer.backlog)
@@ -94,7 +99,7 @@ async function runChunk(
   return { completed: writer.tally.completed, failed: writer.tally.failed };
 }
 
-export function createBatchActivities({ store, upstreams, batchSettings, usage, metrics, webhooks }: BatchDeps) {
+export function createBatchActivities({ store, upstreams, batchSettings, usage, credits, metrics, webhooks }: BatchDeps) {
   async function load(batchId: string): Promise<BatchDoc> {
     const b = await batches(store).findOne({ _id: batchId });
     if (!b) throw new Error(`batch ${batchId} not found`);
@@ -166,6 +171,7 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
         upstreams,
         batch: b,
         workspace: ws?.settings,
+        credits,
         lineAttempts: batchSettings.lineAttempts,
         outageMs: batchSettings.outageMs,
         signal: abort.signal,

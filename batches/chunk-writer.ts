@@ -43,6 +43,8 @@ export class ChunkWriter {
   readonly done: Set<number>;
   readonly tally: ChunkTally;
   private readonly pending: ResultDoc[] = [];
+  /** Billed lines whose usage records are not stored yet: told once they are (spend admission). */
+  private readonly unstored = new Map<number, () => void>();
   private failingSince: number | null = null;
   private lastError: unknown = null;
   private writing: Promise<void> = Promise.resolve();
@@ -55,8 +57,15 @@ export class ChunkWriter {
     this.tally = { ...emptyTally(), ...(saved ? pickTally(saved) : {}) };
   }
 
-  add(r: ResultDoc): void {
+  add(r: ResultDoc, stored?: () => void): void {
     this.pending.push(r);
+    if (stored) this.unstored.set(r.line, stored);
+  }
+
+  /** The chunk is over: lines whose records were never stored were not billed either. */
+  forgetUnstored(): void {
+    for (const stored of this.unstored.values()) stored();
+    this.unstored.clear();
   }
 
   get backlog(): number {
@@ -89,6 +98,10 @@ export class ChunkWriter {
     try {
       const stored = await writeResultsOnce(store, batch._id, group);
       await Promise.all(stored.filter((r) => r.ok && r.usage).map((r) => usage.record(lineUsage(batch, r))));
+      for (const r of group) {
+        this.unstored.get(r.line)?.();
+        this.unstored.delete(r.line);
+      }
       for (const r of stored) {
         // Already counted when this group was written before and a later step (the progress
         // write) failed: the group comes back whole, its lines must not count twice.

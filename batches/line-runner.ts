@@ -3,7 +3,9 @@
 // decides whether a whole failed attempt is worth repeating (and waits out a provider that is
 // down), and never throws for an upstream failure: a failed line is a result, not a failed chunk.
 import { CancelledFailure } from '@temporalio/common';
-import { GatewayError, RateLimitedError } from '../errors';
+import { GatewayError, PaymentRequiredError, RateLimitedError } from '../errors';
+import type { Hold, WorkspaceCache } from '../accounts/workspace-cache';
+import { estimateCompletionCost } from '../inference/estimate';
 import { invoke, type Upstreams } from '../routing/upstreams';
 import { applyPreset, presetReference } from '../presets/apply';
 import { getPreset } from '../presets/store';
@@ -21,17 +23,19 @@ function unreachable(err: GatewayError | null): boolean {
 }
 
 function errorType(status: number): string {
-  return status === 429
-    ? 'rate_limited'
-    : status === 524
-      ? 'timeout'
-      : status === 529
-        ? 'overloaded'
-        : status === 404
-          ? 'not_found'
-          : status < 500
-            ? 'invalid_request'
-            : 'upstream_error';
+  return status === 402
+    ? 'insufficient_credits'
+    : status === 429
+      ? 'rate_limited'
+      : status === 524
+        ? 'timeout'
+        : status === 529
+          ? 'overloaded'
+          : status === 404
+            ? 'not_found'
+            : status < 500
+              ? 'invalid_request'
+              : 'upstream_error';
 }
 
 export interface LineRunnerOptions {
@@ -40,10 +44,18 @@ export interface LineRunnerOptions {
   batch: BatchDoc;
   /** The workspace's routing settings. */
   workspace: { only?: string[]; ignore?: string[] } | undefined;
+  /** Spend admission: every line holds its estimate before it is sent, as a synchronous call does. */
+  credits: Pick<WorkspaceCache, 'hold'>;
   lineAttempts: number;
   /** How long a provider refusing connections is waited out. */
   outageMs: number;
   signal: AbortSignal;
+}
+
+/** A line's result; `stored` is to be called once its usage record is in the ledger (billed lines only). */
+export interface LineOutcome {
+  result: ResultDoc;
+  stored?: () => void;
 }
 
 export class LineRunner {
@@ -84,16 +96,47 @@ export class LineRunner {
     }
   }
 
-  async run(line: InputLine): Promise<ResultDoc> {
+  async run(line: InputLine): Promise<LineOutcome> {
     let body: Record<string, unknown>;
     try {
       body = await this.body(line);
     } catch (err) {
       // A preset that is missing (or another workspace's) fails this line alone, never the chunk.
-      if (err instanceof GatewayError && err.status < 500) return this.failure(line, err.status, err.message);
+      if (err instanceof GatewayError && err.status < 500) return { result: this.failure(line, err.status, err.message) };
       throw err;
     }
     const { model: _model, preset: _preset, ...upstreamBody } = body;
+    const { batch, signal } = this.o;
+    let hold: Hold;
+    try {
+      hold = await this.o.credits.hold(batch.workspace_id, this.estimate(line, body), signal);
+    } catch (err) {
+      if (signal.aborted) throw new CancelledFailure('batch line cancelled');
+      // Credit ran out: this line is not sent, and says why; later lines are admitted again once credits are added.
+      if (err instanceof PaymentRequiredError) return { result: this.failure(line, 402, err.message) };
+      throw err;
+    }
+    try {
+      const result = await this.call(line, upstreamBody);
+      if (!result.ok || !result.usage) return { result };
+      return { result, stored: hold.settleUnstored(result.usage.cost) };
+    } finally {
+      hold.release(); // no-op once settled
+    }
+  }
+
+  /** What the line may cost, as a synchronous call of the same body would hold. */
+  private estimate(line: InputLine, body: Record<string, unknown>): number {
+    const cap = body.max_completion_tokens ?? body.max_tokens ?? body.max_output_tokens;
+    return estimateCompletionCost(
+      [this.target.model],
+      this.operation,
+      Buffer.byteLength(line.body),
+      Number.isInteger(cap) ? (cap as number) : null,
+    );
+  }
+
+  private async call(line: InputLine, upstreamBody: Record<string, unknown>): Promise<ResultDoc> {
     const { batch, signal } = this.o;
     const id = lineGenerationId(batch._id, line.line);
     let unreachableSince: number | null = null;

@@ -24,8 +24,14 @@ import { createWebhookSender } from '../webhooks/deliver';
 import { batchCountsByStatus } from '../batches/store';
 import type { Stop } from './signals';
 
-/** The store, upstream clients and Temporal connection every role needs, and a worker if asked. */
-async function startCore(config: Config, logger: Logger, addr: Addresses, withWorker: boolean) {
+/**
+ * The store, upstream clients and Temporal connection every role needs, and a worker if asked.
+ * The API's synchronous routes answer once a call's usage record is in the local journal (`journal`);
+ * the database write follows in groups (accounts/usage-journal). Decisions and batch lines bill
+ * through the activities' ledger, straight to the database. Both spend against one view of each
+ * workspace's balance per process.
+ */
+async function startCore(config: Config, logger: Logger, addr: Addresses, withWorker: boolean, journal: boolean) {
   const store = await Store.connect(addr.mongoUri, config.mongo.database);
   const metrics = new Metrics(() => batchCountsByStatus(store));
   const upstreams = createUpstreams(config, store, undefined, metrics);
@@ -40,12 +46,21 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   // One set of activity functions per process: the worker registers them, inline decisions call them.
   const onRecorded = (doc: UsageDoc) => metrics.spend.inc({ workspace: doc.workspace_id }, doc.cost);
   const usage = new UsageLedger(store, { onRecorded });
+  const journaled = journal
+    ? new UsageLedger(store, {
+        onRecorded,
+        journal: new UsageJournal(path.join(config.dataDir, 'usage-journal'), config.mongo.database),
+        onTrouble: (message, details) => logger.warn(details, message),
+      })
+    : null;
+  const credits = new WorkspaceCache(store, config.credits.balanceCacheMs, Date.now, (id) => journaled?.unstoredCost(id) ?? 0);
   const sender = createWebhookSender(config.webhooks.allowPrivateUrls);
   const activities = createActivities({
     store,
     upstreams,
     batchSettings: config.batches,
     usage,
+    credits,
     metrics,
     webhooks: { sender, timeoutMs: config.webhooks.timeoutMs },
   });
@@ -79,11 +94,11 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     await sender.close();
     await store.close();
   };
-  return { store, upstreams, client, handoff, activities, onRecorded, metrics, stop };
+  return { store, upstreams, client, handoff, activities, journaled, credits, metrics, stop };
 }
 
 export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
-  return (await startCore(config, logger, addr, true)).stop;
+  return (await startCore(config, logger, addr, true, false)).stop;
 }
 
 export async function runApiRole(
@@ -92,20 +107,9 @@ export async function runApiRole(
   addr: Addresses,
   opts: { withWorker: boolean; embedded?: AppDeps['embedded'] },
 ): Promise<{ url: string; usage: UsageLedger; stop: Stop }> {
-  const { store, upstreams, client, handoff, activities, onRecorded, metrics, stop } = await startCore(
-    config,
-    logger,
-    addr,
-    opts.withWorker,
-  );
-  // The synchronous routes answer once a call's usage record is in the local journal; the
-  // database write follows in groups (accounts/usage-journal). Decisions and batch lines bill
-  // through the activities' ledger, straight to the database.
-  const usage = new UsageLedger(store, {
-    onRecorded,
-    journal: new UsageJournal(path.join(config.dataDir, 'usage-journal'), config.mongo.database),
-    onTrouble: (message, details) => logger.warn(details, message),
-  });
+  const core = await startCore(config, logger, addr, opts.withWorker, true);
+  const { store, upstreams, client, handoff, activities, credits, metrics, stop } = core;
+  const usage = core.journaled!;
   const decisions =
     config.decisions.execution === 'workflow'
       ? workflowExecution(client, handoff, config.temporal.taskQueue, config.decisions.workflowConcurrency)
@@ -122,7 +126,7 @@ export async function runApiRole(
       upstreams,
       usage,
       metrics,
-      workspaces: new WorkspaceCache(store, config.credits.balanceCacheMs, Date.now, (id) => usage.unstoredCost(id)),
+      workspaces: credits,
       keys: new KeyCache(store, config.auth.keyCacheMs),
       embedded: opts.embedded,
     },

@@ -1,7 +1,11 @@
 // Token counts worked out from a request's size, for the two times the gateway has no count from
-// the provider: the hold before a call (meant to be at least the real cost: one token per 3 bytes,
-// the priciest endpoint the call could fall back to, the most output allowed) and the bill for a
-// call cut short before the provider reported its prompt tokens (about 4 bytes a token).
+// the provider: the hold before a call and the bill for a call cut short before the provider
+// reported its prompt tokens (about 4 bytes a token).
+//
+// The hold is meant to be at least the real cost, and no more than the call could really cost: one
+// token per 3 bytes of prompt, the priciest endpoint the call could fall back to, and as output the
+// least of what the request allows, what that endpoint can produce, and what the model's context
+// leaves after the prompt. An estimate far above any real cost refuses calls a workspace can pay for.
 import type { CatalogModel } from '../catalog';
 import { costOf } from '../providers/adapters';
 import { servesOperation } from '../routing/engine';
@@ -16,12 +20,18 @@ export function estimateCompletionCost(
   requestBytes: number,
   maxOutputTokens: number | null,
 ): number {
+  const input = Math.ceil(requestBytes / 3);
   let most = 0;
-  for (const e of models.flatMap((m) => m.endpoints)) {
-    if (!servesOperation(e, operation)) continue;
-    const output = operation === 'embeddings' ? 0 : (maxOutputTokens ?? e.entry.max_completion_tokens ?? DEFAULT_MAX_OUTPUT);
-    most = Math.max(most, costOf(e, { input_tokens: Math.ceil(requestBytes / 3), output_tokens: output }));
-  }
+  for (const m of models)
+    for (const e of m.endpoints) {
+      if (!servesOperation(e, operation)) continue;
+      const limit = e.entry.max_completion_tokens ?? DEFAULT_MAX_OUTPUT;
+      const output =
+        operation === 'embeddings'
+          ? 0
+          : Math.max(0, Math.min(maxOutputTokens ?? limit, limit, m.context_length - Math.min(input, m.context_length)));
+      most = Math.max(most, costOf(e, { input_tokens: input, output_tokens: output }));
+    }
   return most;
 }
 

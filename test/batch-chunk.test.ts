@@ -7,6 +7,7 @@ import { loadConfig } from '../config';
 import { Store } from '../store';
 import { createUpstreams } from '../routing/upstreams';
 import { UsageLedger } from '../accounts/usage-ledger';
+import { WorkspaceCache } from '../accounts/workspace-cache';
 import { createActivities } from '../activities';
 import { batches, newBatchId, progress, results, saveProgress, seqId, storeInputs, emptyTally, type ResultDoc } from '../batches/store';
 import { stack } from './fixture';
@@ -67,7 +68,13 @@ describe('batch chunk activity', () => {
     });
     store = await Store.connect(stack.mongoUri, config.mongo.database);
     upstreams = createUpstreams(config, store);
-    activities = createActivities({ store, upstreams, batchSettings: config.batches, usage: new UsageLedger(store) });
+    activities = createActivities({
+      store,
+      upstreams,
+      batchSettings: config.batches,
+      usage: new UsageLedger(store),
+      credits: new WorkspaceCache(store),
+    });
     t = await createTenant(store, 10);
   });
   after(async () => {
@@ -168,7 +175,7 @@ describe('batch chunk activity', () => {
     expect(writer.backlog).to.equal(1);
     expect(writer.gaveUp).to.equal(false);
     // The database is back.
-    Object.assign(opts, { store, usage: new UsageLedger(store) });
+    Object.assign(opts, { store, usage: new UsageLedger(store), credits: new WorkspaceCache(store) });
     await writer.flush();
     expect(writer.backlog).to.equal(0);
     expect(writer.failing).to.equal(false);
@@ -240,12 +247,14 @@ describe('batch chunk activity', () => {
       upstreams,
       batch: { ...batch, provider_only: ['chunk-counted'] },
       workspace: { ignore: ['chunk-counted'] },
+      credits: new WorkspaceCache(store),
       lineAttempts: 1,
       outageMs: 1,
       signal: new AbortController().signal,
     });
-    const r = await runner.run({ line: 0, custom_id: 'c0', body: JSON.stringify(chat(0)) }).catch((err) => err);
-    expect(r).to.not.be.instanceOf(Error);
+    const outcome = await runner.run({ line: 0, custom_id: 'c0', body: JSON.stringify(chat(0)) }).catch((err) => err);
+    expect(outcome).to.not.be.instanceOf(Error);
+    const r = outcome.result;
     expect(r.ok).to.equal(false);
     expect(r.error).to.include({ code: 404, type: 'not_found' });
   });

@@ -8,6 +8,7 @@ import { Store } from '../store';
 import { connectTemporal, type TemporalHandles } from '../temporal/client';
 import { DecisionHandoff } from '../temporal/decision-handoff';
 import { UsageLedger } from '../accounts/usage-ledger';
+import { WorkspaceCache } from '../accounts/workspace-cache';
 import { createActivities } from '../activities';
 import { createWorker } from '../worker';
 import { createUpstreams } from '../routing/upstreams';
@@ -43,7 +44,13 @@ describe('decision hand-off from the in-process worker', () => {
       connection: temporal.connection,
       namespace: stack.namespace,
       taskQueue,
-      activities: createActivities({ store, upstreams, batchSettings: config.batches, usage: new UsageLedger(store) }),
+      activities: createActivities({
+        store,
+        upstreams,
+        batchSettings: config.batches,
+        usage: new UsageLedger(store),
+        credits: new WorkspaceCache(store),
+      }),
       handoff: local,
     });
     running = worker.run();

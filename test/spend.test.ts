@@ -8,7 +8,7 @@ import { estimateDecisionCost } from '../decisions/estimate';
 import { Catalog } from '../catalog';
 import { DEFAULT_CATALOG_PATH } from '../config';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, uniqueName, usageRecord } from './helpers';
+import { call, createTenant, startTestGateway, uniqueName, usageRecord, waitForStatus, writeTestCatalog } from './helpers';
 
 const question = { q: { type: 'noul', instructions: 'Is this a complaint?' } };
 
@@ -21,7 +21,7 @@ describe('holds against a workspace balance', () => {
     await store.close();
   });
 
-  it('admits while something is left, counting held and settled spending, then 402', async () => {
+  it('admits while something is left, counting held and settled spending; waits while the rest is only held; 402 once spent', async () => {
     const t = await createTenant(store, 1);
     const cache = new WorkspaceCache(store, 60_000);
     const ledger = new UsageLedger(store);
@@ -33,21 +33,53 @@ describe('holds against a workspace balance', () => {
     const a = await cache.hold(t.workspaceId, 0.4);
     const b = await cache.hold(t.workspaceId, 0.4);
     const c = await cache.hold(t.workspaceId, 0.4); // 0.2 was left: admitted, the one estimate of overspend
-    await cache.hold(t.workspaceId, 0.4).then(
-      () => expect.fail('admitted past the balance'),
-      (err) => expect(err.status).to.equal(402),
-    );
-    a.release(); // that call billed nothing
+    // Nothing is spent yet: the next call is not refused, it waits for a hold to end.
+    let admitted = false;
+    const waiting = cache.hold(t.workspaceId, 0.4).then((h) => ((admitted = true), h));
+    await new Promise((r) => setTimeout(r, 50));
+    expect(admitted, 'admitted past what holds leave').to.equal(false);
+    a.release(); // that call billed nothing: 1 - 0.8 held = 0.2 left, so the waiting call goes in
+    const d = await waiting;
     await bill(b, 0.1); // and that one cost less than it held
-    const d = await cache.hold(t.workspaceId, 0.4); // 1 - 0.1 - 0.4 (c) = 0.5 left
     await bill(c, 0.4);
     await bill(d, 0.4);
     // 0.9 spent: 0.1 is left, enough for one more call of 0.1 and no further.
     await bill(await cache.hold(t.workspaceId, 0.1), 0.1);
-    await cache.hold(t.workspaceId, 0.1).then(
+    const refused = await cache.hold(t.workspaceId, 0.1).then(
       () => expect.fail('admitted with nothing left'),
-      (err) => expect(err.status).to.equal(402),
+      (err) => err,
     );
+    expect(refused.status).to.equal(402);
+    // The balance reported is the real one, not one less the estimates held.
+    expect(refused.metadata.balance).to.equal(0);
+  });
+
+  it('a call waiting for holds is refused after the wait allowance, naming the real balance', async () => {
+    const t = await createTenant(store, 1);
+    const cache = new WorkspaceCache(store, 60_000, Date.now, () => 0, 100);
+    const h = await cache.hold(t.workspaceId, 5); // one call holds more than the balance
+    const started = Date.now();
+    const err = await cache.hold(t.workspaceId, 5).then(
+      () => expect.fail('admitted past the hold'),
+      (e) => e,
+    );
+    expect(Date.now() - started).to.be.at.least(90);
+    expect(err.status).to.equal(402);
+    expect(err.message).to.match(/held by calls still in flight/);
+    expect(err.metadata.balance).to.equal(1);
+    h.release();
+    (await cache.hold(t.workspaceId, 5)).release();
+  });
+
+  it('spending settled before its usage record is stored (a batch line) counts until the record is in the ledger', async () => {
+    const t = await createTenant(store, 2);
+    const cache = new WorkspaceCache(store, 0); // TTL 0: every read goes to the ledger
+    const h = await cache.hold(t.workspaceId, 0.1);
+    const stored = h.settleUnstored(0.5);
+    expect((await cache.balance(t.workspaceId)).balance).to.equal(1.5);
+    await new UsageLedger(store).record(usageRecord(`gen-line-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.5));
+    stored();
+    expect((await cache.balance(t.workspaceId)).balance).to.equal(1.5);
   });
 
   it('spending settled while its usage record is still on its way to the ledger is not lost by a re-read', async () => {
@@ -151,3 +183,133 @@ for (const mode of ['inline', 'workflow'] as const)
       }
     });
   });
+
+describe('credits under concurrent calls and batches', () => {
+  // A model whose every call costs exactly $0.001 (a per-request price), as the estimate says.
+  const perCall = 0.001;
+  let catalogPath: string;
+  before(() => {
+    catalogPath = writeTestCatalog('spend', (c) => {
+      c.models.push({
+        id: 'test/penny',
+        name: 'penny',
+        kind: 'chat',
+        family: 'test/penny',
+        version: '1',
+        released: '20260101',
+        context_length: 8192,
+        distillable: true,
+        endpoints: [
+          {
+            provider: 'sandbox-alpha',
+            upstream_model: 'sandbox-chat',
+            pricing: { prompt: 0, completion: 0, request: perCall },
+            quantization: 'bf16',
+            supported_parameters: ['max_tokens'],
+          },
+        ],
+      });
+    });
+  });
+
+  it('120 concurrent uncapped calls on a $0.01 workspace: no 402 while the balance lasts, and a 402 names the real balance', async function () {
+    this.timeout(60_000);
+    const gw = await startTestGateway({ withWorker: false, env: { CATALOG_PATH: catalogPath } });
+    try {
+      // Uncapped, each call holds what 16,384 output tokens would cost on the priciest endpoint
+      // (~$0.02, twice the credit); each really costs a few hundred-thousandths of a dollar.
+      const body = { model: 'sandbox/chat-1', messages: [{ role: 'user', content: 'hello' }] };
+      const rich = await createTenant(gw.store, 1);
+      const one = await call(`${gw.url}/api/v1/chat/completions`, { key: rich.inferenceKey, body });
+      expect(one.status).to.equal(200);
+      const t = await createTenant(gw.store, 0.01);
+      const answers = await Promise.all(
+        Array.from({ length: 120 }, () => call(`${gw.url}/api/v1/chat/completions`, { key: t.inferenceKey, body })),
+      );
+      const statuses = answers.map((a) => a.status);
+      expect(
+        statuses.filter((s) => s !== 200),
+        JSON.stringify(answers.find((a) => a.status !== 200)?.body),
+      ).to.deep.equal([]);
+
+      // A workspace with credit for exactly four calls of a model that costs $0.001 a call: refused
+      // only once that is spent, and the 402 names the real balance.
+      const poor = await createTenant(gw.store, 4 * perCall);
+      const later = await Promise.all(
+        Array.from({ length: 30 }, () =>
+          call(`${gw.url}/api/v1/chat/completions`, { key: poor.inferenceKey, body: { ...body, model: 'test/penny' } }),
+        ),
+      );
+      const ok = later.filter((a) => a.status === 200);
+      const refused = later.filter((a) => a.status === 402);
+      expect(ok.length + refused.length).to.equal(30);
+      expect(ok.length).to.equal(4);
+      for (const r of refused) expect(r.body.error.metadata.balance, JSON.stringify(r.body)).to.equal(0);
+    } finally {
+      await gw.stop();
+    }
+  });
+
+  const batchOf = (n: number) => ({
+    endpoint: '/v1/chat/completions',
+    model: 'test/penny',
+    requests: Array.from({ length: n }, (_, i) => ({ custom_id: `r${i}`, body: { messages: [{ role: 'user', content: `line ${i}` }] } })),
+  });
+
+  async function runBatch(url: string, t: Awaited<ReturnType<typeof createTenant>>, n: number) {
+    const created = await call(`${url}/api/v1/batches`, { key: t.inferenceKey, body: batchOf(n) });
+    expect(created.status, JSON.stringify(created.body)).to.equal(202);
+    return waitForStatus(url, t.inferenceKey, created.body.id, ['completed', 'failed'], 120_000);
+  }
+
+  it('a 2,000-line batch on $0.01 spends at most the credit plus one estimate; the lines past it fail with 402', async function () {
+    this.timeout(180_000);
+    const gw = await startTestGateway({ env: { CATALOG_PATH: catalogPath } });
+    try {
+      const t = await createTenant(gw.store, 0.01);
+      const done = await runBatch(gw.url, t, 2000);
+      expect(done.status).to.equal('completed');
+      const spent = (await gw.store.usage.find({ workspace_id: t.workspaceId }).toArray()).reduce((a, u) => a + u.cost, 0);
+      expect(spent).to.be.at.most(0.01 + perCall + 1e-9);
+      expect(done.request_counts.completed).to.be.within(9, 11);
+      expect(done.request_counts.failed).to.equal(2000 - done.request_counts.completed);
+      const results = await fetch(`${gw.url}/api/v1/batches/${done.id}/results`, {
+        headers: { authorization: `Bearer ${t.inferenceKey}` },
+      });
+      const lines = (await results.text())
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l));
+      expect(lines).to.have.length(2000);
+      const refused = lines.filter((l) => l.error);
+      expect(refused).to.have.length(done.request_counts.failed);
+      for (const l of refused) expect(l.error).to.include({ type: 'insufficient_credits', code: 402 });
+      expect(refused[0].error.message).to.match(/Insufficient credits/);
+    } finally {
+      await gw.stop();
+    }
+  });
+
+  it('with two processes running its lines, a batch spends at most the credit plus one estimate per process', async function () {
+    this.timeout(180_000);
+    const first = await startTestGateway({ env: { CATALOG_PATH: catalogPath } });
+    const second = await startTestGateway({
+      env: {
+        CATALOG_PATH: catalogPath,
+        MONGODB_DATABASE: first.config.mongo.database,
+        TEMPORAL_TASK_QUEUE: first.config.temporal.taskQueue,
+      },
+    });
+    try {
+      const t = await createTenant(first.store, 0.01);
+      // Two batches at once, one created through each process; both processes' workers run chunks of both.
+      const [a, b] = await Promise.all([runBatch(first.url, t, 1000), runBatch(second.url, t, 1000)]);
+      const spent = (await first.store.usage.find({ workspace_id: t.workspaceId }).toArray()).reduce((x, u) => x + u.cost, 0);
+      expect(spent).to.be.at.most(2 * (0.01 + perCall) + 1e-9);
+      expect(a.request_counts.completed + b.request_counts.completed).to.be.at.least(9);
+    } finally {
+      await second.stop();
+      await first.stop();
+    }
+  });
+});

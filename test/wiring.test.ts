@@ -6,6 +6,7 @@ import { connectTemporal, type TemporalHandles } from '../temporal/client';
 import { createWorker } from '../worker';
 import { DecisionHandoff } from '../temporal/decision-handoff';
 import { UsageLedger } from '../accounts/usage-ledger';
+import { WorkspaceCache } from '../accounts/workspace-cache';
 import { createActivities } from '../activities';
 import { runSelfCheck } from '../cli';
 import { createLogger } from '../log';
@@ -35,7 +36,13 @@ describe('Temporal + MongoDB wiring', () => {
       connection: temporal.connection,
       namespace: stack.namespace,
       taskQueue,
-      activities: createActivities({ store, upstreams, batchSettings: config.batches, usage: new UsageLedger(store) }),
+      activities: createActivities({
+        store,
+        upstreams,
+        batchSettings: config.batches,
+        usage: new UsageLedger(store),
+        credits: new WorkspaceCache(store),
+      }),
       handoff: new DecisionHandoff(),
     });
     const result = await worker.runUntil(runSelfCheck(temporal.client, taskQueue));

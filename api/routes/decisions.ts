@@ -2,6 +2,7 @@
 // call the provider, compute the answers, record usage) to the configured execution mode
 // (api/decision-execution): in-process by default, or as a short Temporal workflow.
 import { estimateDecisionCost } from '../../decisions/estimate';
+import type { Hold } from '../../accounts/workspace-cache';
 import { newGenerationId } from '../../accounts/usage-ledger';
 import { BadRequestError, PayloadTooLargeError, UpstreamTimeoutError, type GatewayError } from '../../errors';
 import { presetReference } from '../../presets/apply';
@@ -55,9 +56,15 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
         if (model.kind !== 'decision') throw new BadRequestError(`model: ${model.id} is a ${model.kind} model, not a decision model`);
         const { settings } = await workspaces.get(auth.workspaceId);
         // Hold what the call may cost before making it, so concurrent calls cannot overspend.
-        const hold = await workspaces.hold(auth.workspaceId, estimateDecisionCost(model, { questions: body.questions, stateBytes }));
         const generationId = newGenerationId('gen-dec-');
         const { signal, timedOut, done } = requestSignal(ctx, limits.timeoutMs);
+        let hold: Hold;
+        try {
+          hold = await workspaces.hold(auth.workspaceId, estimateDecisionCost(model, { questions: body.questions, stateBytes }), signal);
+        } catch (err) {
+          done();
+          throw err;
+        }
         try {
           const result = await decisions.run(
             { generationId, workspaceId: auth.workspaceId, keyId: auth.keyId, request: body, meta, workspace: settings },

@@ -179,17 +179,21 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
     const plan = planInference(upstreams.catalog, body, operation);
     const requestBytes = ctx.request.length ?? Buffer.byteLength(JSON.stringify(given));
     const { settings } = await workspaces.get(auth.workspaceId);
-    const hold = await workspaces.hold(
-      auth.workspaceId,
-      estimateCompletionCost(plan.models, operation, requestBytes, plan.maxOutputTokens),
-    );
     const { signal, done } = requestSignal(ctx, null);
-    const call: Call = { operation, plan, auth, meta, generationId: newGenerationId(), requestBytes, workspace: settings, signal };
     try {
-      const cost = plan.stream ? await stream(ctx, call as Call & { operation: StreamingOperation }) : await answer(ctx, call);
-      hold.settle(cost);
+      const hold = await workspaces.hold(
+        auth.workspaceId,
+        estimateCompletionCost(plan.models, operation, requestBytes, plan.maxOutputTokens),
+        signal,
+      );
+      const call: Call = { operation, plan, auth, meta, generationId: newGenerationId(), requestBytes, workspace: settings, signal };
+      try {
+        const cost = plan.stream ? await stream(ctx, call as Call & { operation: StreamingOperation }) : await answer(ctx, call);
+        hold.settle(cost);
+      } finally {
+        hold.release(); // no-op once settled
+      }
     } finally {
-      hold.release(); // no-op once settled
       done();
     }
   }
