@@ -25,6 +25,8 @@ import {
   seqId,
   sumProgress,
   writeResultsOnce,
+  writePages,
+  resultsOf,
   type BatchDoc,
   type BatchStatus,
   type InputLine,
@@ -189,6 +191,20 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
       // Only what this run finished: a resumed chunk's earlier lines were counted where they ran.
       metrics?.batchLines.inc({ outcome: 'completed' }, counts.completed - before.completed);
       metrics?.batchLines.inc({ outcome: 'failed' }, counts.failed - before.failed);
+      // Every line is done: store the chunk's results as pages, what readers read. Lines an
+      // earlier attempt finished are read back by _id (at most a chunk's worth).
+      const earlier = await resultsOf(
+        store,
+        batchId,
+        chunk.lines.filter((l) => !writer.storedResult(l.line)).map((l) => l.line),
+      );
+      const byLine = new Map(earlier.map((r) => [r.line, r]));
+      await writePages(
+        store,
+        b,
+        chunkIndex,
+        chunk.lines.map((l) => writer.storedResult(l.line) ?? byLine.get(l.line)!),
+      );
       return counts;
     },
 
@@ -235,9 +251,26 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
               usage: null,
             }));
           // A result stored by a chunk that died before saving its progress is kept, counted and billed.
-          for (const r of await writeResultsOnce(store, batchId, missing)) {
+          const closing = await writeResultsOnce(store, batchId, missing);
+          for (const r of closing) {
             addToTally(t, r);
             if (r.ok && r.usage) await usage.record(lineUsage(b, r));
+          }
+          // The chunk is complete now: page it, unless it paged itself when it finished.
+          if (chunk && missing.length) {
+            const byLine = new Map(closing.map((r) => [r.line, r]));
+            const rest = await resultsOf(
+              store,
+              batchId,
+              chunk.lines.filter((l) => !byLine.has(l.line)).map((l) => l.line),
+            );
+            for (const r of rest) byLine.set(r.line, r);
+            await writePages(
+              store,
+              b,
+              i,
+              chunk.lines.map((l) => byLine.get(l.line)!),
+            );
           }
           Context.current().heartbeat(i);
         }

@@ -6,6 +6,7 @@ import { Type } from '@sinclair/typebox';
 import { MethodNotAllowedError, NotFoundError } from '../errors';
 import { errorMiddleware } from './errors';
 import { requestContext } from './request-context';
+import { clientClosed } from './request-signal';
 import { healthRoutes } from './routes/health';
 import { metricsRoutes } from './routes/metrics';
 import { httpMetrics } from './http-metrics';
@@ -66,7 +67,9 @@ export function createApp(deps: AppDeps): Koa {
   app.silent = true; // errorMiddleware logs; Koa's default stderr printing would duplicate it
   // What errorMiddleware cannot see: a failure while a streamed body (batch results) is being sent.
   app.on('error', (err: Error, ctx?: Koa.Context) => {
-    (ctx?.state.log ?? deps.logger).error({ err, path: ctx?.path }, 'error after the response began');
+    const log = ctx?.state.log ?? deps.logger;
+    if (ctx && clientClosed(ctx)) log.info({ reason: err.message, path: ctx.path }, 'client closed the request');
+    else log.error({ err, path: ctx?.path }, 'error after the response began');
   });
   app.use(httpMetrics(deps.metrics));
   app.use(requestContext(deps.logger));

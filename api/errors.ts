@@ -2,6 +2,10 @@
 import type Koa from 'koa';
 import { GatewayError, InternalError, RateLimitedError, errorFromStatus } from '../errors';
 import type { Logger } from '../log';
+import { clientClosed } from './request-signal';
+
+/** Not an HTTP status a client sees: what the metrics and the log count a request whose client left as. */
+export const CLIENT_CLOSED = 499;
 
 export interface ErrorEnvelope {
   error: { code: number; message: string; metadata: Record<string, unknown> | null };
@@ -31,8 +35,14 @@ export function errorMiddleware(): Koa.Middleware {
     try {
       await next();
     } catch (raw) {
-      const err = normalize(raw);
       const log: Logger = ctx.state.log;
+      if (clientClosed(ctx)) {
+        // Whatever failed after the client left (its cancelled upstream call, a write) is not an error of ours.
+        log.info({ reason: raw instanceof Error ? raw.message : String(raw) }, 'client closed the request');
+        ctx.status = CLIENT_CLOSED;
+        return;
+      }
+      const err = normalize(raw);
       if (err.status >= 500 && !(raw instanceof GatewayError)) {
         // Details stay in the log; the client gets the generic message.
         log.error({ err: raw }, 'unhandled error');

@@ -21,3 +21,8 @@ export function requestSignal(
   });
   return { signal: controller.signal, timedOut: () => timedOut, done: () => timer && clearTimeout(timer) };
 }
+
+/** The client went away before its answer was written (nginx's 499 "client closed request"). */
+export function clientClosed(ctx: Koa.Context | Koa.ParameterizedContext): boolean {
+  return !ctx.res.writableFinished && (ctx.res.destroyed || ctx.req.socket?.destroyed === true);
+}

@@ -43,6 +43,8 @@ export class ChunkWriter {
   readonly done: Set<number>;
   readonly tally: ChunkTally;
   private readonly pending: ResultDoc[] = [];
+  /** What is stored for each line this run wrote (the first write of a line wins): the chunk's pages. */
+  private readonly stored = new Map<number, ResultDoc>();
   /** Billed lines whose usage records are not stored yet: told once they are (spend admission). */
   private readonly unstored = new Map<number, () => void>();
   private failingSince: number | null = null;
@@ -66,6 +68,11 @@ export class ChunkWriter {
   forgetUnstored(): void {
     for (const stored of this.unstored.values()) stored();
     this.unstored.clear();
+  }
+
+  /** What is stored for a line this run wrote, if it did. */
+  storedResult(line: number): ResultDoc | undefined {
+    return this.stored.get(line);
   }
 
   get backlog(): number {
@@ -103,6 +110,7 @@ export class ChunkWriter {
         this.unstored.delete(r.line);
       }
       for (const r of stored) {
+        this.stored.set(r.line, r);
         // Already counted when this group was written before and a later step (the progress
         // write) failed: the group comes back whole, its lines must not count twice.
         if (this.done.has(r.line)) continue;

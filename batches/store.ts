@@ -2,7 +2,9 @@
 // live in collections of their own (`batch_<id>_inputs`, `batch_<id>_results`), so reading one
 // batch never scans another's lines (FerretDB scans whole collections for anything but `_id`),
 // and deleting a batch is dropping its collections. Results are keyed by line number and written
-// once; live counts come from small per-chunk progress documents.
+// once; live counts come from small per-chunk progress documents. Once a chunk is finished its
+// results are also stored as pages of RESULTS_PAGE_LINES lines (`batch_<id>_pages`), which is what
+// readers read: any page of results costs one or two reads by `_id`, whatever the batch's size.
 import { randomBytes } from 'node:crypto';
 import type { Collection, Document } from 'mongodb';
 import { insertManyNew, type Store } from '../store';
@@ -28,6 +30,8 @@ export interface BatchDoc extends Document {
   provider_only: string[] | null;
   total: number;
   chunks: number;
+  /** The first line of each chunk (chunks hold consecutive lines): where a results page is found. */
+  chunk_starts?: number[];
   provider: string | null;
   usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number; cost: number } | null;
   error: { message: string } | null;
@@ -200,7 +204,7 @@ export function batches(store: Store): Collection<BatchDoc> {
  * Stores the input lines in chunks of at most `chunkSize` lines and MAX_CHUNK_BYTES of bodies.
  * Idempotent: a retried write of a chunk changes nothing.
  */
-export async function storeInputs(store: Store, batchId: string, lines: InputLine[], chunkSize: number): Promise<number> {
+export async function storeInputs(store: Store, batchId: string, lines: InputLine[], chunkSize: number): Promise<number[]> {
   const chunks: InputChunkDoc[] = [];
   let current: InputLine[] = [];
   let bytes = 0;
@@ -216,7 +220,7 @@ export async function storeInputs(store: Store, batchId: string, lines: InputLin
   if (current.length) chunks.push({ _id: seqId(chunks.length), lines: current });
   // The driver splits an insert into messages under the server's size limit.
   for (let i = 0; i < chunks.length; i += 20) await insertManyNew(inputs(store, batchId), chunks.slice(i, i + 20));
-  return chunks.length;
+  return chunks.map((c) => c.lines[0].line);
 }
 
 /** The chunks' tallies added up. */
@@ -241,7 +245,7 @@ export async function counts(store: Store, b: BatchDoc): Promise<{ completed: nu
 }
 
 async function dropBatchData(store: Store, batchId: string): Promise<void> {
-  for (const coll of [inputs(store, batchId), results(store, batchId), progress(store, batchId)]) {
+  for (const coll of [inputs(store, batchId), results(store, batchId), progress(store, batchId), pages(store, batchId)]) {
     await coll.drop().catch(() => undefined); // already gone, or never created
   }
 }
@@ -276,7 +280,7 @@ export function batchView(b: BatchDoc, c: { completed: number; failed: number })
   };
 }
 
-export function resultLine(r: ResultDoc) {
+function resultLine(r: ResultDoc) {
   return { id: r.id, custom_id: r.custom_id, response: r.response, error: r.error };
 }
 
@@ -289,8 +293,8 @@ export async function findBatch(store: Store, workspaceId: string, id: string): 
 /** Stores a new batch: its input chunks, then its document. A batch that cannot be stored leaves nothing behind. */
 export async function createBatch(store: Store, doc: BatchDoc, lines: InputLine[], chunkSize: number): Promise<BatchDoc> {
   try {
-    const chunks = await storeInputs(store, doc._id, lines, chunkSize);
-    const stored = { ...doc, chunks };
+    const starts = await storeInputs(store, doc._id, lines, chunkSize);
+    const stored = { ...doc, chunks: starts.length, chunk_starts: starts };
     await batches(store).insertOne(stored);
     return stored;
   } catch (err) {
@@ -325,11 +329,112 @@ export async function listBatches(
     .toArray();
 }
 
-/** A batch's results in line order, from after line `after` and at most `limit` of them when given. */
-export function resultsInOrder(store: Store, batchId: string, opts: { after?: number; limit?: number } = {}) {
+/** A batch's results in line order, read from its results collection (batches stored before pages). */
+function resultsInOrder(store: Store, batchId: string, opts: { after?: number; limit?: number } = {}) {
   const filter = opts.after !== undefined && opts.after >= 0 ? { _id: { $gt: seqId(opts.after) } } : {};
   const cursor = results(store, batchId).find(filter).sort({ _id: 1 });
   return opts.limit ? cursor.limit(opts.limit) : cursor;
+}
+
+/** Lines per page of stored results. */
+const RESULTS_PAGE_LINES = 100;
+/** A page larger than this is not stored: its lines are read one by one. */
+const MAX_PAGE_BYTES = 8 * 1024 * 1024;
+
+/** A page of a finished chunk's results: each line's result object as JSON text, from line `first` on. */
+export interface PageDoc extends Document {
+  _id: string; // seqId(chunk).seqId(page within the chunk)
+  first: number;
+  lines: string[];
+}
+
+export function pages(store: Store, batchId: string): Collection<PageDoc> {
+  return store.db.collection<PageDoc>(`${batchId}_pages`);
+}
+
+const pageId = (chunk: number, page: number) => `${seqId(chunk)}.${seqId(page)}`;
+
+/** The chunk holding line `n`, and the bounds of the page it is on. */
+function locate(starts: number[], total: number, n: number) {
+  let lo = 0;
+  let hi = starts.length - 1;
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >> 1;
+    if (starts[mid] <= n) lo = mid;
+    else hi = mid - 1;
+  }
+  const chunkEnd = lo + 1 < starts.length ? starts[lo + 1] : total;
+  const page = Math.floor((n - starts[lo]) / RESULTS_PAGE_LINES);
+  const first = starts[lo] + page * RESULTS_PAGE_LINES;
+  return { chunk: lo, page, first, end: Math.min(first + RESULTS_PAGE_LINES, chunkEnd), chunkEnd };
+}
+
+/**
+ * Stores a finished chunk's results (every line of it, in order) as pages. Idempotent: a page
+ * stored already is kept, and it holds the same results (each line's first stored result wins).
+ */
+export async function writePages(store: Store, b: BatchDoc, chunkIndex: number, chunkResults: ResultDoc[]): Promise<void> {
+  const start = b.chunk_starts?.[chunkIndex];
+  if (start === undefined || chunkResults.some((r, i) => r?.line !== start + i)) return;
+  const docs: PageDoc[] = [];
+  for (let i = 0; i < chunkResults.length; i += RESULTS_PAGE_LINES) {
+    const lines = chunkResults.slice(i, i + RESULTS_PAGE_LINES).map((r) => JSON.stringify(resultLine(r)));
+    if (lines.reduce((n, l) => n + l.length, 0) > MAX_PAGE_BYTES) continue;
+    docs.push({ _id: pageId(chunkIndex, i / RESULTS_PAGE_LINES), first: start + i, lines });
+  }
+  await insertManyNew(pages(store, b._id), docs);
+}
+
+/** Stored results of some lines, read one by one by `_id` (a bounded number of them). */
+export async function resultsOf(store: Store, batchId: string, lines: number[]): Promise<ResultDoc[]> {
+  const found = await Promise.all(lines.map((n) => results(store, batchId).findOne({ _id: seqId(n) })));
+  return found.filter((r): r is ResultDoc => r !== null);
+}
+
+/**
+ * A batch's results in line order after line `after`, at most `limit` of them, each as its result
+ * object's JSON text. A finished chunk's are read a page at a time; an unfinished chunk's done
+ * lines (its progress document says which) one by one, at most `limit` of them.
+ */
+export async function* resultTexts(
+  store: Store,
+  b: BatchDoc,
+  opts: { after?: number; limit?: number } = {},
+): AsyncGenerator<{ line: number; text: string }> {
+  let left = opts.limit ?? Infinity;
+  if (!b.chunk_starts) {
+    for await (const r of resultsInOrder(store, b._id, opts)) yield { line: r.line, text: JSON.stringify(resultLine(r)) };
+    return;
+  }
+  let next = Math.max(0, (opts.after ?? -1) + 1);
+  let done = null as { chunk: number; lines: Set<number> } | null;
+  while (next < b.total && left > 0) {
+    const at = locate(b.chunk_starts, b.total, next);
+    const page = await pages(store, b._id).findOne({ _id: pageId(at.chunk, at.page) });
+    if (page) {
+      for (let i = next - page.first; i < page.lines.length && left > 0; i++, left--) yield { line: page.first + i, text: page.lines[i] };
+      next = at.end;
+      continue;
+    }
+    if (done?.chunk !== at.chunk) {
+      const saved: Pick<ProgressDoc, 'done'> | null = await progress(store, b._id).findOne(
+        { _id: seqId(at.chunk) },
+        { projection: { done: 1 } },
+      );
+      done = { chunk: at.chunk, lines: new Set(saved?.done ?? []) };
+    }
+    if (!done.lines.size) {
+      next = at.chunkEnd; // nothing of this chunk is done yet
+      continue;
+    }
+    const want: number[] = [];
+    for (let n = next; n < at.end && want.length < left; n++) if (done.lines.has(n)) want.push(n);
+    for (const r of await resultsOf(store, b._id, want)) {
+      yield { line: r.line, text: JSON.stringify(resultLine(r)) };
+      left--;
+    }
+    next = at.end;
+  }
 }
 
 export async function deleteBatch(store: Store, id: string): Promise<void> {

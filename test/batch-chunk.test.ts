@@ -9,7 +9,19 @@ import { createUpstreams } from '../routing/upstreams';
 import { UsageLedger } from '../accounts/usage-ledger';
 import { WorkspaceCache } from '../accounts/workspace-cache';
 import { createActivities } from '../activities';
-import { batches, newBatchId, progress, results, saveProgress, seqId, storeInputs, emptyTally, type ResultDoc } from '../batches/store';
+import {
+  batches,
+  newBatchId,
+  pages,
+  progress,
+  resultTexts,
+  results,
+  saveProgress,
+  seqId,
+  storeInputs,
+  emptyTally,
+  type ResultDoc,
+} from '../batches/store';
 import { stack } from './fixture';
 import { addPresetVersion } from '../presets/store';
 import { ChunkWriter } from '../batches/chunk-writer';
@@ -85,8 +97,8 @@ describe('batch chunk activity', () => {
   async function storeBatch(bodies: Record<string, unknown>[]): Promise<string> {
     const id = newBatchId();
     const lines = bodies.map((body, i) => ({ line: i, custom_id: `c${i}`, body: JSON.stringify(body) }));
-    const chunks = await storeInputs(store, id, lines, 100);
-    const doc = testBatchDoc(t, { _id: id, model: 'test/chunk-counted', total: lines.length, chunks });
+    const starts = await storeInputs(store, id, lines, 100);
+    const doc = testBatchDoc(t, { _id: id, model: 'test/chunk-counted', total: lines.length, chunks: starts.length, chunk_starts: starts });
     await batches(store).insertOne(doc);
     return id;
   }
@@ -120,6 +132,64 @@ describe('batch chunk activity', () => {
     expect((await countedCalls(tag)) - mid, 'only the four unstored lines are called again').to.equal(4);
     expect(out).to.deep.equal({ completed: 10, failed: 0 });
     expect(await results(store, id).countDocuments({})).to.equal(10);
+  });
+
+  it('a finished chunk stores its results as pages: any page of results is one or two reads by _id, never a scan', async () => {
+    // 330 lines in chunks of 100 (the last of 30): pages of 100 lines within each chunk.
+    const id = await storeBatch(Array.from({ length: 330 }, (_, i) => chat(i)));
+    const b = (await batches(store).findOne({ _id: id }))!;
+    expect(b.chunk_starts).to.deep.equal([0, 100, 200, 300]);
+    // Chunk 3 has not run: reading it finds nothing, without a scan.
+    for (const c of [0, 1, 2]) await new MockActivityEnvironment().run(activities.processBatchChunk, id, c);
+    expect(await pages(store, id).countDocuments({})).to.equal(3);
+
+    const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
+    try {
+      const finds: Record<string, unknown>[] = [];
+      watched.client.on('commandStarted', (e) => {
+        if (e.commandName === 'find') finds.push(e.command.filter as Record<string, unknown>);
+      });
+      const read = async (opts: { after?: number; limit?: number }) => {
+        finds.length = 0;
+        const out: number[] = [];
+        for await (const r of resultTexts(watched, b, opts)) {
+          expect(JSON.parse(r.text).custom_id).to.equal(`c${r.line}`);
+          out.push(r.line);
+        }
+        // Every read is an _id equality: FerretDB answers it from the index, whatever is stored.
+        for (const f of finds) expect(Object.keys(f), JSON.stringify(f)).to.deep.equal(['_id']);
+        for (const f of finds) expect(typeof f._id, JSON.stringify(f)).to.equal('string');
+        return out;
+      };
+      const range = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
+      expect(await read({ after: -1, limit: 100 })).to.deep.equal(range(0, 100));
+      expect(finds).to.have.length(1);
+      // A page across a page boundary: two page reads.
+      expect(await read({ after: 149, limit: 100 })).to.deep.equal(range(150, 100));
+      expect(finds).to.have.length(2);
+      // Into the unfinished chunk: its missing page and its progress are read, and nothing of it is done.
+      expect(await read({ after: 279, limit: 100 })).to.deep.equal(range(280, 20));
+      expect(finds).to.have.length(3);
+
+      // An unfinished chunk's done lines are read one by one (the page comes when it finishes).
+      await saveProgress(store, id, 3, { ...emptyTally(), completed: 2 }, [300, 302]);
+      const partial = (['300', '302'] as const).map((n) => ({
+        _id: seqId(Number(n)),
+        line: Number(n),
+        custom_id: `c${n}`,
+        id: `gen-${n}`,
+        ok: false,
+        provider: null,
+        response: null,
+        error: { type: 'x', message: 'x' },
+        usage: null,
+      }));
+      await results(store, id).insertMany(partial as ResultDoc[]);
+      expect(await read({ after: 295, limit: 10 })).to.deep.equal([296, 297, 298, 299, 300, 302]);
+      expect(await read({})).to.have.length(302);
+    } finally {
+      await watched.close();
+    }
   });
 
   it('a stored tally is never replaced by a smaller one', async () => {

@@ -1,6 +1,7 @@
 // Batches end to end against the real stack: lifecycle per endpoint, validation, failures inside a
 // batch, fallback, cancel, expiry, list paging and filters, delete rules, isolation, durability.
 import { expect } from 'chai';
+import http from 'node:http';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { batches, createBatch, newBatchId, storeInputs } from '../batches/store';
@@ -354,6 +355,50 @@ describe('batches', () => {
       ).to.deep.equal([5, 6, 7]);
     });
 
+    it('a workspace may have 4 result streams open at once (429 past that), without holding back another workspace', async function () {
+      this.timeout(60_000);
+      const other = await createTenant(gw.store, 10);
+      // Results long enough (megabytes) that a stream the client does not read stays open.
+      const r = await create({
+        endpoint: '/v1/chat/completions',
+        model: 'sandbox/chat-1',
+        requests: Array.from({ length: 1000 }, (_, i) => chatLine(i, { max_tokens: 600 })),
+      });
+      expect(r.status, JSON.stringify(r.body)).to.equal(202);
+      await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed']);
+      const url = new URL(`${gw.url}/api/v1/batches/${r.body.id}/results`);
+      const open: http.ClientRequest[] = [];
+      const start = () =>
+        new Promise<http.IncomingMessage>((resolve, reject) => {
+          const req = http.get(url, { headers: { authorization: `Bearer ${t.inferenceKey}` } }, (res) => {
+            res.pause(); // read nothing: the stream stays open
+            resolve(res);
+          });
+          req.on('error', reject);
+          open.push(req);
+        });
+      try {
+        for (let i = 0; i < 4; i++) expect((await start()).statusCode).to.equal(200);
+        const fifth = await call(url.toString(), { key: t.inferenceKey });
+        expect(fifth.status).to.equal(429);
+        expect(fifth.body.error.message).to.match(/At most 4 reads of batch results/);
+        expect(fifth.headers.get('retry-after')).to.equal('1');
+        // Another workspace is not held back.
+        expect((await get('/batches', other.inferenceKey)).status).to.equal(200);
+        // One stream closed by its client: the slot is free again.
+        open.shift()!.destroy();
+        let again = await call(`${url}?limit=5`, { key: t.inferenceKey });
+        for (let i = 0; again.status === 429 && i < 50; i++) {
+          await new Promise((res) => setTimeout(res, 20));
+          again = await call(`${url}?limit=5`, { key: t.inferenceKey });
+        }
+        expect(again.status).to.equal(200);
+        expect(again.body.trim().split('\n')).to.have.length(5);
+      } finally {
+        for (const req of open) req.destroy();
+      }
+    });
+
     it('cancel: cancelling, then cancelled; finished lines keep results, the rest get batch_cancelled', async () => {
       const r = await create({
         endpoint: '/v1/chat/completions',
@@ -414,7 +459,8 @@ describe('batches', () => {
         custom_id: chatLine(i).custom_id,
         body: JSON.stringify(chatLine(i).body),
       }));
-      const chunks = await storeInputs(gw.store, id, lines, 7);
+      const starts = await storeInputs(gw.store, id, lines, 7);
+      const chunks = starts.length;
       const now = new Date();
       const doc = testBatchDoc(t, {
         _id: id,
@@ -426,6 +472,7 @@ describe('batches', () => {
         expires_at: new Date(now.getTime() + 2000),
         total: 80,
         chunks,
+        chunk_starts: starts,
       });
       await batches(gw.store).insertOne(doc);
       await withTemporal(async (client) => {
@@ -499,8 +546,24 @@ describe('batches', () => {
     });
 
     it('400 for bad list parameters', async () => {
-      for (const q of ['limit=0', 'limit=101', 'limit=x', 'status=done', 'created_after=yesterday', 'after=nope', 'colour=red']) {
-        const r = await get(`/batches?${q}`, tenant.inferenceKey);
+      for (const q of [
+        'limit=0',
+        'limit=101',
+        'limit=x',
+        'status=done',
+        'created_after=yesterday',
+        'after=nope',
+        'colour=red',
+        // Outside the range of dates: these matched everything or nothing.
+        'created_after=99999999999999',
+        'created_before=99999999999999',
+        'created_after=-271822-01-01T00:00:00Z',
+        'created_before=%2B275761-01-01T00:00:00Z',
+        // A well-formed cursor that is no batch of this workspace (it restarted the list), or another's.
+        'after=batch_zzzzzzzzzzzz0000000000000000',
+        `after=${ids[0]}`,
+      ]) {
+        const r = await get(`/batches?${q}`, q === `after=${ids[0]}` ? t.inferenceKey : tenant.inferenceKey);
         expect(r.status, q).to.equal(400);
         expect(r.body.error.code).to.equal(400);
       }
@@ -534,7 +597,7 @@ describe('batches', () => {
       expect((await get(`/batches/${finished}`, tenant.inferenceKey)).status).to.equal(404);
       expect(await gw.store.usage.countDocuments({ batch_id: finished })).to.equal(usageBefore);
       const names = (await gw.store.db.listCollections().toArray()).map((c) => c.name);
-      expect(names).to.not.include(`${finished}_results`).and.not.include(`${finished}_inputs`);
+      expect(names.filter((n) => n.startsWith(`${finished}_`))).to.deep.equal([]);
       await call(`${gw.url}/api/v1/batches/${running.body.id}/cancel`, { method: 'POST', key: tenant.inferenceKey });
     });
   });

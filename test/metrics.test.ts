@@ -6,6 +6,7 @@ import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
 import { questions, state } from './decision-sample';
 import {
   call,
+  capturingLogger,
   createTenant,
   startTestGateway,
   uniqueName,
@@ -49,17 +50,22 @@ describe('metrics', function () {
   let gw: TestGateway;
   let t: Tenant;
   let text: string;
+  const captured = capturingLogger('info');
 
   before(async () => {
     const run = uniqueName('metrics');
     const catalog = writeTestCatalog('metrics', (c) => {
       const provider = (slug: string, faults: string) =>
         providerEntry(slug, `\${SANDBOX_URL}/~run=${run}${faults}/openai/v1`, { max_concurrency: 10 });
-      c.providers.push(provider('m-broken', ',status=500'), provider('m-good', ''));
+      c.providers.push(provider('m-broken', ',status=500'), provider('m-good', ''), provider('m-slow', ',latency=3000'));
       const endpoint = (slug: string, price: number) => endpointEntry(slug, price, { supported_parameters: ['max_tokens'] });
       c.models.push(modelEntry('test/metered', [endpoint('m-broken', 1), endpoint('m-good', 2)], { released: '20260301' }));
+      c.models.push(modelEntry('test/slow-metered', [endpoint('m-slow', 1)], { released: '20260301' }));
     });
-    gw = await startTestGateway({ env: { CATALOG_PATH: catalog, RATE_LIMIT_REQUESTS: '100', RATE_LIMIT_WINDOW_SECONDS: '3600' } });
+    gw = await startTestGateway({
+      logger: captured.logger,
+      env: { CATALOG_PATH: catalog, RATE_LIMIT_REQUESTS: '100', RATE_LIMIT_WINDOW_SECONDS: '3600' },
+    });
     t = await createTenant(gw.store, 20);
     const api = `${gw.url}/api/v1`;
 
@@ -76,6 +82,16 @@ describe('metrics', function () {
     });
     expect(chat.status, JSON.stringify(chat.body)).to.equal(200);
     expect(chat.body.provider).to.equal('m-good');
+    // A client that gives up on a slow call: counted as closed by the client (499), logged at info.
+    const gaveUp = await fetch(`${api}/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${t.inferenceKey}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'test/slow-metered', messages: [{ role: 'user', content: 'x' }], max_tokens: 4 }),
+      signal: AbortSignal.timeout(300),
+    }).catch((err: Error) => err);
+    expect(gaveUp).to.be.instanceOf(Error);
+    for (let i = 0; i < 100 && !captured.lines.some((l) => l.msg === 'client closed the request'); i++)
+      await new Promise((r) => setTimeout(r, 20));
     const batch = await call(`${api}/batches`, {
       key: t.inferenceKey,
       body: {
@@ -119,6 +135,15 @@ describe('metrics', function () {
     expect(valueOf(text, 'gateway_http_request_duration_seconds_count', { route: '/api/v1/batches/:id', status: '200' })).to.be.at.least(1);
     expect(valueOf(text, 'gateway_http_request_duration_seconds_count', { route: '/api/v1/credits', status: '429' })).to.equal(2);
     expect(valueOf(text, 'gateway_http_request_duration_seconds_count', { route: 'unmatched', status: '404' })).to.equal(1000);
+  });
+
+  it('counts a call its client gave up on as 499, not as an upstream failure, and logs it at info', () => {
+    expect(valueOf(text, 'gateway_http_request_duration_seconds_count', { route: '/api/v1/chat/completions', status: '499' })).to.equal(1);
+    expect(valueOf(text, 'gateway_http_request_duration_seconds_count', { route: '/api/v1/chat/completions', status: '502' })).to.equal(0);
+    const closed = captured.lines.filter((l) => l.msg === 'client closed the request');
+    expect(closed).to.have.length(1);
+    expect(closed[0].level).to.equal(30);
+    expect(captured.lines.filter((l) => (l.level as number) >= 50)).to.deep.equal([]);
   });
 
   it('keeps the label set small under a thousand distinct unknown paths', () => {

@@ -192,6 +192,12 @@ describe('batch completion webhooks', function () {
         'https://169.254.169.254/latest/meta-data',
         'https://[::1]/hook',
         'https://[::ffff:127.0.0.1]/hook',
+        // IPv6 forms that carry a loopback IPv4 address: compatible, NAT64, SIIT, 6to4.
+        'https://[::127.0.0.1]/',
+        'https://[::7f00:1]/',
+        'https://[64:ff9b::127.0.0.1]/',
+        'https://[::ffff:0:127.0.0.1]/',
+        'https://[2002:7f00:1::]/',
         'https://user:pw@example.com/hook',
         'ftp://example.com/hook',
         'not a url',

@@ -1,7 +1,8 @@
 // Where a webhook may go. A callback URL must be https, and it may not reach the gateway's own
 // network: a URL whose host resolves to a loopback, private, link-local (cloud metadata), shared,
 // multicast or unspecified address is refused, at create time and again at every connection (so
-// a DNS answer that changes after the check cannot redirect a delivery inward). Operators who want
+// a DNS answer that changes after the check cannot redirect a delivery inward). An IPv6 address
+// that carries an IPv4 one (mapped, compatible, NAT64, 6to4, Teredo) is judged by that address too. Operators who want
 // callbacks inside their own network set WEBHOOKS_ALLOW_PRIVATE_URLS=true, which also allows http.
 import dns from 'node:dns';
 import net from 'node:net';
@@ -30,10 +31,52 @@ for (const [range, bits] of [
 ] as const)
   blocked.addSubnet(range, bits, 'ipv6');
 
+/** The 8 groups of an IPv6 address (a trailing dotted quad included), or null if it is not one. */
+function ipv6Groups(address: string): number[] | null {
+  if (!net.isIPv6(address)) return null;
+  let text = address.replace(/%.*$/, '');
+  const quad = /(\d+)\.(\d+)\.(\d+)\.(\d+)$/.exec(text);
+  if (quad) {
+    const [a, b, c, d] = quad.slice(1).map(Number);
+    text = `${text.slice(0, quad.index)}${((a << 8) | b).toString(16)}:${((c << 8) | d).toString(16)}`;
+  }
+  const [head, tail] = text.includes('::') ? text.split('::') : [text, null];
+  const part = (x: string) => (x ? x.split(':').map((g) => parseInt(g, 16)) : []);
+  const left = part(head);
+  const right = tail === null ? [] : part(tail);
+  return [...left, ...Array(8 - left.length - right.length).fill(0), ...right];
+}
+
+const dotted = (hi: number, lo: number) => `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
+
+/**
+ * The IPv4 address an IPv6 one carries, by the forms that reach it: IPv4-mapped (::ffff:0:0/96),
+ * SIIT (::ffff:0:0:0/96), IPv4-compatible (::/96), NAT64 (64:ff9b::/96 and 64:ff9b:1::/48), 6to4
+ * (2002::/16) and Teredo (2001::/32, the client address). Null when it carries none.
+ */
+function embeddedIPv4(g: number[]): string | null {
+  const zeros = (from: number, to: number) => g.slice(from, to).every((x) => x === 0);
+  if (zeros(0, 5) && g[5] === 0xffff) return dotted(g[6], g[7]);
+  if (zeros(0, 4) && g[4] === 0xffff && g[5] === 0) return dotted(g[6], g[7]);
+  if (zeros(0, 6) && (g[6] !== 0 || g[7] > 1)) return dotted(g[6], g[7]); // not :: or ::1
+  if (g[0] === 0x64 && g[1] === 0xff9b && (zeros(2, 6) || g[2] === 1)) return dotted(g[6], g[7]);
+  if (g[0] === 0x2002) return dotted(g[1], g[2]);
+  if (g[0] === 0x2001 && g[1] === 0) return dotted(g[6] ^ 0xffff, g[7] ^ 0xffff);
+  return null;
+}
+
 function isPrivateAddress(address: string): boolean {
-  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address);
-  if (mapped) return blocked.check(mapped[1], 'ipv4');
-  return blocked.check(address, net.isIPv6(address) ? 'ipv6' : 'ipv4');
+  const groups = ipv6Groups(address);
+  if (!groups) return blocked.check(address, 'ipv4');
+  const inner = embeddedIPv4(groups);
+  if (inner !== null && blocked.check(inner, 'ipv4')) return true;
+  return blocked.check(address.replace(/%.*$/, ''), 'ipv6');
+}
+
+/** The host of `url` when it is an IP address that may not receive webhooks; null otherwise. */
+export function refusedAddress(url: URL, allowPrivate: boolean): string | null {
+  const host = url.hostname.replace(/^\[(.*)\]$/, '$1');
+  return !allowPrivate && net.isIP(host) && isPrivateAddress(host) ? host : null;
 }
 
 /** The parsed URL when it may receive webhooks; a 400 naming the reason otherwise. */

@@ -1,7 +1,7 @@
 // One delivery attempt of a signed webhook: POST, no redirects followed, bounded by a timeout.
 // The outcome is returned, never thrown: whether and when to try again is the workflow's choice.
 import { Agent, request } from 'undici';
-import { guardedLookup } from './address';
+import { guardedLookup, refusedAddress } from './address';
 import { signWebhook } from './signature';
 
 export interface DeliveryOutcome {
@@ -20,6 +20,9 @@ export function createWebhookSender(allowPrivate: boolean): WebhookSender {
   const agent = new Agent({ connect: { lookup: guardedLookup(allowPrivate) }, keepAliveTimeout: 10_000 });
   return {
     async send({ url, secret, id, body, timeoutMs }) {
+      // An address written in the URL is connected to without a lookup: checked here instead.
+      const refused = refusedAddress(new URL(url), allowPrivate);
+      if (refused) return { ok: false, status: null, error: `refused: ${refused} is a private, loopback or link-local address` };
       const timestamp = Math.floor(Date.now() / 1000);
       try {
         const res = await request(url, {

@@ -8,6 +8,7 @@ import {
   ConflictError,
   NotFoundError,
   PayloadTooLargeError,
+  RateLimitedError,
   ServiceUnavailableError,
   UnprocessableError,
 } from '../../errors';
@@ -24,8 +25,7 @@ import {
   markNotStarted,
   MAX_CHUNK_BYTES,
   newBatchId,
-  resultLine,
-  resultsInOrder,
+  resultTexts,
   type BatchDoc,
 } from '../../batches/store';
 import { OPERATION_OF } from '../../batches/lines';
@@ -45,6 +45,8 @@ import {
 import type { AppDeps } from '../deps';
 import { checkCallbackUrl } from '../../webhooks/address';
 
+const MAX_DATE_MS = 8.64e15;
+
 const isTerminal = (s: string) => (TERMINAL_STATUSES as readonly string[]).includes(s);
 
 /**
@@ -56,12 +58,42 @@ function timeBound(name: 'created_after' | 'created_before', raw: string | undef
   const seconds = /^\d+$/.test(raw);
   const ms = seconds ? Number(raw) * 1000 : Date.parse(raw);
   if (!Number.isFinite(ms)) throw new BadRequestError(`${name}: must be an ISO 8601 timestamp or unix seconds`);
+  // Past ±8.64e15 ms a JavaScript Date is invalid, and a filter on it matched everything or nothing.
+  if (Math.abs(ms) + 1000 > MAX_DATE_MS) throw new BadRequestError(`${name}: is outside the range of dates (years -271821 to 275760)`);
   if (name === 'created_after') return seconds ? { $gte: new Date(ms + 1000) } : { $gt: new Date(ms) };
   return { $lt: new Date(ms) };
 }
 
+/**
+ * Result streams one workspace may have open at once in this process. A page of results costs one
+ * or two reads, but a whole batch's results is a long stream: this keeps one workspace's downloads
+ * from holding the database connections every other workspace's requests need.
+ */
+const MAX_RESULT_READS = 4;
+
 export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): AnyRoute[] {
   const settings = config.batches;
+  const resultReads = new Map<string, number>();
+
+  /** The stream of a workspace's results, counted while it is open; 429 past MAX_RESULT_READS. */
+  function resultStream(workspaceId: string, body: AsyncIterable<string>): Readable {
+    const open = resultReads.get(workspaceId) ?? 0;
+    if (open >= MAX_RESULT_READS) {
+      throw new RateLimitedError(
+        `At most ${MAX_RESULT_READS} reads of batch results at once per workspace; retry when one has finished`,
+        1,
+      );
+    }
+    resultReads.set(workspaceId, open + 1);
+    const stream = Readable.from(body);
+    // 'close' comes however the stream ends: read to the end, failed, or the client went away.
+    stream.once('close', () => {
+      const left = resultReads.get(workspaceId)! - 1;
+      if (left) resultReads.set(workspaceId, left);
+      else resultReads.delete(workspaceId);
+    });
+    return stream;
+  }
 
   async function owned(id: string, workspaceId: string): Promise<BatchDoc> {
     const b = await findBatch(store, workspaceId, id);
@@ -78,19 +110,19 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
     }
     const marker = `results-of-${b._id}`;
     const [head, tail] = JSON.stringify({ ...view, results: marker }).split(`"${marker}"`);
-    const cursor = resultsInOrder(store, b._id);
-    ctx.type = 'application/json';
-    ctx.body = Readable.from(
+    ctx.body = resultStream(
+      b.workspace_id,
       (async function* () {
         yield `${head}[`;
         let first = true;
-        for await (const r of cursor) {
-          yield `${first ? '' : ','}${JSON.stringify(resultLine(r))}`;
+        for await (const r of resultTexts(store, b)) {
+          yield `${first ? '' : ','}${r.text}`;
           first = false;
         }
         yield `]${tail}`;
       })(),
     );
+    ctx.type = 'application/json';
   }
 
   return [
@@ -246,6 +278,10 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
       },
       handler: async (ctx, { query }) => {
         const created = { ...timeBound('created_after', query.created_after), ...timeBound('created_before', query.created_before) };
+        // A cursor must be a batch of this workspace (one read by _id): an unknown one would restart the list.
+        if (query.after && !(await findBatch(store, authOf(ctx).workspaceId, query.after))) {
+          throw new BadRequestError(`after: ${query.after} is not a batch of this workspace (use the last_id of a previous page)`);
+        }
         const page = await listBatches(store, authOf(ctx).workspaceId, {
           before: query.after,
           statuses: query.status,
@@ -285,14 +321,16 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
       summary: 'Results so far as JSON Lines, in line order, streamed; page with after (a line number) and limit',
       responses: { 200: { description: 'One result per line', contentType: 'application/jsonl' } },
       handler: async (ctx, { params, query }) => {
-        await owned(params.id, authOf(ctx).workspaceId);
-        const cursor = resultsInOrder(store, params.id, { after: query.after, limit: query.limit });
-        ctx.type = 'application/jsonl';
-        ctx.body = Readable.from(
+        const b = await owned(params.id, authOf(ctx).workspaceId);
+        ctx.body = resultStream(
+          b.workspace_id,
           (async function* () {
-            for await (const r of cursor) yield `${JSON.stringify({ line: r.line, ...resultLine(r) })}\n`;
+            // Each text is a result object's JSON: the line number goes first, as `{"line":N,…}`.
+            for await (const r of resultTexts(store, b, { after: query.after, limit: query.limit }))
+              yield `{"line":${r.line},${r.text.slice(1)}\n`;
           })(),
         );
+        ctx.type = 'application/jsonl';
       },
     }),
     defineRoute({
