@@ -3,12 +3,17 @@ import type { Logger } from '../log';
 
 export type Stop = () => Promise<void>;
 
-/** Runs until SIGINT or SIGTERM, then calls every stop function, newest first. */
-export function stopOnSignals(logger: Logger, stops: Stop[]): void {
+/**
+ * Runs until SIGINT or SIGTERM, then calls every stop function, newest first. `first` runs at once,
+ * before any of them: what must not happen during the shutdown (restarting a child the same signal
+ * stopped, as a signal to the whole process group does) is ended there.
+ */
+export function stopOnSignals(logger: Logger, stops: Stop[], first?: () => void): void {
   let stopping = false;
   const handler = (signal: NodeJS.Signals) => {
     if (stopping) return;
     stopping = true;
+    first?.();
     logger.info({ signal }, 'shutting down');
     void (async () => {
       for (const stop of [...stops].reverse()) {

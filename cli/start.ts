@@ -8,29 +8,38 @@ import type { Config } from '../config';
 import type { Logger } from '../log';
 import { ensureTools } from '../tools/binaries';
 import { startFerretDB, startTemporalServer } from '../tools/services';
-import { startProcess } from '../tools/processes';
+import { startProcess, type ManagedProcess } from '../tools/processes';
 import { Supervisor } from '../tools/supervisor';
+import { RunRecord } from '../tools/run-file';
 import { runApiRole } from './roles';
 import { stopOnSignals, type Stop } from './signals';
 import { Store } from '../store';
 import { bootstrapIfEmpty } from '../accounts/bootstrap';
 
-/** Fails with a clear message when a port we are about to use is already taken (a gateway left running?). */
-async function assertPortsFree(ports: [string, string, number][]): Promise<void> {
+/**
+ * Fails with a clear message when a port we are about to use is already taken (a gateway left
+ * running?). A port is given a few seconds to be let go of first, as a process that just died does.
+ */
+async function assertPortsFree(ports: [string, string, number][], waitMs = 3_000): Promise<void> {
+  const deadline = Date.now() + waitMs;
   for (const [setting, host, port] of ports) {
-    await new Promise<void>((resolve, reject) => {
-      const probe = net.createServer();
-      probe.once('error', (err: NodeJS.ErrnoException) =>
-        reject(
-          new Error(
-            err.code === 'EADDRINUSE'
-              ? `port ${port} (${setting}) is already in use on ${host}: is another gateway still running? Stop it, or set ${setting} to a free port`
-              : `cannot use port ${port} (${setting}) on ${host}: ${err.message}`,
-          ),
-        ),
+    for (;;) {
+      const err = await new Promise<NodeJS.ErrnoException | null>((resolve) => {
+        const probe = net.createServer();
+        probe.once('error', resolve);
+        probe.listen(port, host, () => probe.close(() => resolve(null)));
+      });
+      if (!err) break;
+      if (err.code === 'EADDRINUSE' && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 100));
+        continue;
+      }
+      throw new Error(
+        err.code === 'EADDRINUSE'
+          ? `port ${port} (${setting}) is already in use on ${host}: is another gateway still running? Stop it, or set ${setting} to a free port`
+          : `cannot use port ${port} (${setting}) on ${host}: ${err.message}`,
       );
-      probe.listen(port, host, () => probe.close(() => resolve()));
-    });
+    }
   }
 }
 
@@ -38,9 +47,15 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   // Progress goes through the logger too: one format per destination.
   const say = (line: string) => logger.info(line);
   const stops: Stop[] = [];
-  stopOnSignals(logger, stops);
+  let supervisor: Supervisor | null = null;
+  stopOnSignals(logger, stops, () => supervisor?.halt());
   const embeddedMongo = !config.mongo.uri;
   const embeddedTemporal = !config.temporal.address;
+  // Whatever an earlier run left (its gateway killed a moment ago, its children still dying) is
+  // stopped and waited for first: the ports and data files are ours before anything starts.
+  const run = new RunRecord(config.dataDir);
+  const cleared = await run.clearLeftovers();
+  if (cleared.length) say(`stopped what an earlier run left running: ${cleared.join(', ')}`);
   await assertPortsFree([
     ...(embeddedMongo ? [['FERRETDB_PORT', '127.0.0.1', config.mongo.embeddedPort] as [string, string, number]] : []),
     ...(embeddedTemporal
@@ -54,7 +69,7 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   ]);
   const tools = await ensureTools(config.toolsDir, { temporal: embeddedTemporal, ferretdb: embeddedMongo }, say);
 
-  const supervisor = new Supervisor(logger, (part, message) => {
+  supervisor = new Supervisor(logger, (part, message) => {
     logger.fatal({ part }, 'embedded process keeps crashing; stopping the gateway');
     say(message);
     void (async () => {
@@ -62,7 +77,16 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
       process.exit(1);
     })();
   });
-  stops.push(() => supervisor.stop());
+  stops.push(async () => {
+    await supervisor!.stop();
+    run.remove();
+  });
+  /** Starts a part and records its pid, so a later start can clear it if this run dies. */
+  const recorded = (name: string, command: string, start: () => Promise<ManagedProcess>) => async (): Promise<ManagedProcess> => {
+    const p = await start();
+    run.child(name, p.pid, command);
+    return p;
+  };
 
   const mongoUri = embeddedMongo ? `mongodb://127.0.0.1:${config.mongo.embeddedPort}/` : config.mongo.uri!;
   const temporalAddress = embeddedTemporal ? `127.0.0.1:${config.temporal.embeddedPort}` : config.temporal.address!;
@@ -72,41 +96,52 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
       supervisor
         .keep(
           'ferretdb',
-          async () => (await startFerretDB({ binary: tools.ferretdb, port: config.mongo.embeddedPort, dataDir: ferretDir })).process,
+          recorded(
+            'ferretdb',
+            tools.ferretdb,
+            async () => (await startFerretDB({ binary: tools.ferretdb, port: config.mongo.embeddedPort, dataDir: ferretDir })).process,
+          ),
         )
         .then(() => say(`FerretDB (MongoDB wire protocol) on ${mongoUri} — data in ${ferretDir}`)),
     embeddedTemporal &&
       supervisor
         .keep(
           'temporal',
-          async () =>
-            (
-              await startTemporalServer({
-                binary: tools.temporal,
-                port: config.temporal.embeddedPort,
-                uiPort: config.temporal.uiPort,
-                dbFile: path.join(config.dataDir, 'temporal.db'),
-                namespace: config.temporal.namespace,
-              })
-            ).process,
+          recorded(
+            'temporal',
+            tools.temporal,
+            async () =>
+              (
+                await startTemporalServer({
+                  binary: tools.temporal,
+                  port: config.temporal.embeddedPort,
+                  uiPort: config.temporal.uiPort,
+                  dbFile: path.join(config.dataDir, 'temporal.db'),
+                  namespace: config.temporal.namespace,
+                })
+              ).process,
+          ),
         )
         .then(() => say(`Temporal dev server on ${temporalAddress} — Web UI http://127.0.0.1:${config.temporal.uiPort}`)),
   ]);
 
   // The sandbox provider runs in its own process, as a real upstream would.
   const sandboxUrl = `http://127.0.0.1:${config.sandbox.port}`;
-  await supervisor.keep('sandbox', async () => {
-    const sandbox = startProcess('sandbox', process.execPath, [path.join(__dirname, 'index.js'), 'sandbox'], process.env);
-    await sandbox.waitUntil(
-      async () => {
-        const res = await fetch(`${sandboxUrl}/healthz`);
-        if (!res.ok) throw new Error(`status ${res.status}`);
-      },
-      15_000,
-      `answering on ${sandboxUrl}`,
-    );
-    return sandbox;
-  });
+  await supervisor.keep(
+    'sandbox',
+    recorded('sandbox', 'sandbox', async () => {
+      const sandbox = startProcess('sandbox', process.execPath, [path.join(__dirname, 'index.js'), 'sandbox'], process.env);
+      await sandbox.waitUntil(
+        async () => {
+          const res = await fetch(`${sandboxUrl}/healthz`);
+          if (!res.ok) throw new Error(`status ${res.status}`);
+        },
+        15_000,
+        `answering on ${sandboxUrl}`,
+      );
+      return sandbox;
+    }),
+  );
   say(`sandbox provider on ${sandboxUrl}`);
 
   const store = await Store.connect(mongoUri, config.mongo.database);

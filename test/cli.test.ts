@@ -80,8 +80,10 @@ async function until<T>(what: string, f: () => Promise<T | undefined> | T | unde
 async function startUntilReady(
   env: NodeJS.ProcessEnv,
   timeoutMs: number,
+  /** In a process group of its own, so that a test can signal the whole group. */
+  detached = false,
 ): Promise<{ child: ReturnType<typeof spawn>; said: string[]; complained: string[] }> {
-  const child = spawn(process.execPath, [bin, 'start'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [bin, 'start'], { env, stdio: ['ignore', 'pipe', 'pipe'], detached });
   const said: string[] = [];
   const complained: string[] = [];
   readline.createInterface({ input: child.stderr! }).on('line', (l) => complained.push(l));
@@ -247,10 +249,19 @@ describe('gateway CLI', () => {
       await until('FerretDB back', async () => (await readyz())?.status === 200 && (await readyz())?.body.embedded.ferretdb === 'ok');
       expect((await fetch(`http://127.0.0.1:${env.PORT}/api/v1/models`)).status).to.equal(401); // answering, and asking for a key
 
-      // A second start while this one runs is refused, naming the port.
+      // A second start on the same data while this one runs is refused, naming it; on other data, naming the port.
       const second = spawnSync(process.execPath, [bin, 'start'], { env, encoding: 'utf8', timeout: 30_000 });
       expect(second.status).to.equal(1);
-      expect(second.stderr).to.match(/port \d+ \((FERRETDB_PORT|TEMPORAL_PORT|TEMPORAL_UI_PORT|SANDBOX_PORT|PORT)\) is already in use/);
+      expect(second.stderr).to.include(`another gateway (pid ${gateway}) is running with this DATA_DIR`);
+      const otherData = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-other-'));
+      const third = spawnSync(process.execPath, [bin, 'start'], {
+        env: { ...env, DATA_DIR: otherData },
+        encoding: 'utf8',
+        timeout: 30_000,
+      });
+      fs.rmSync(otherData, { recursive: true, force: true });
+      expect(third.status).to.equal(1);
+      expect(third.stderr).to.match(/port \d+ \((FERRETDB_PORT|TEMPORAL_PORT|TEMPORAL_UI_PORT|SANDBOX_PORT|PORT)\) is already in use/);
 
       // kill -9 of the gateway: every process it started goes with it.
       const family = descendants(gateway).map((p) => p.pid);
@@ -278,6 +289,50 @@ describe('gateway CLI', () => {
       expect(kills).to.be.at.least(5);
       expect(output).to.match(/sandbox exited 5 times within 60 s/);
     } finally {
+      spawnSync('pkill', ['-9', '-f', dataDir]);
+      fs.rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
+  it('`gateway start` first stops what a killed earlier run left holding its ports; SIGTERM to the process group restarts nothing', async function () {
+    this.timeout(120_000);
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-leftover-'));
+    const env = await embeddedStackEnv(dataDir);
+    // An earlier run whose gateway is gone but whose FerretDB still holds the port (as for a moment after a SIGKILL).
+    const dead = spawnSync(process.execPath, ['-e', 'process.pid']).pid;
+    const marker = `leftover-ferretdb-${path.basename(dataDir)}`;
+    const leftover = spawn(
+      process.execPath,
+      ['-e', `require('net').createServer().listen(${env.FERRETDB_PORT}, '127.0.0.1', () => console.log('listening'))`, marker],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    await new Promise((r) => leftover.stdout!.once('data', r));
+    fs.writeFileSync(
+      path.join(dataDir, 'run.json'),
+      JSON.stringify({ pid: dead, children: { ferretdb: { pid: leftover.pid, command: marker } } }),
+    );
+    try {
+      const { child, said } = await startUntilReady(env, 90_000, true);
+      expect(said.join('\n')).to.include(`stopped what an earlier run left running: ferretdb (pid ${leftover.pid})`);
+      expect(alive(leftover.pid!)).to.equal(false);
+      expect((await fetch(`http://127.0.0.1:${env.PORT}/readyz`)).status).to.equal(200);
+
+      // SIGTERM to the whole process group, as a service manager or a terminal's Ctrl-C sends it: every
+      // child gets it at once, and none is restarted while the gateway shuts down.
+      const family = descendants(child.pid!).map((p) => p.pid);
+      const started = Date.now();
+      const exited = new Promise((r) => child.once('exit', r));
+      let output = '';
+      child.stdout!.on('data', (b) => (output += b));
+      child.stderr!.on('data', (b) => (output += b));
+      process.kill(-child.pid!, 'SIGTERM');
+      expect(await exited).to.equal(0);
+      expect(output).to.not.include('restarting').and.not.include('is back');
+      expect(Date.now() - started, 'the stop took too long').to.be.below(12_000);
+      for (const pid of family) expect(alive(pid), `child ${pid} still running`).to.equal(false);
+      expect(fs.existsSync(path.join(dataDir, 'run.json')), 'a clean stop leaves no run record').to.equal(false);
+    } finally {
+      leftover.kill('SIGKILL');
       spawnSync('pkill', ['-9', '-f', dataDir]);
       fs.rmSync(dataDir, { recursive: true, force: true });
     }

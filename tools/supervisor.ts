@@ -77,6 +77,11 @@ export class Supervisor {
     return Object.fromEntries([...this.parts].map(([name, p]) => [name, p.state]));
   }
 
+  /** No restarts from here on: the gateway is shutting down, and its children may be going already. */
+  halt(): void {
+    this.stopping = true;
+  }
+
   /** Stops every part (no restarts from here on). */
   async stop(): Promise<void> {
     this.stopping = true;
