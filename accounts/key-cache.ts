@@ -4,10 +4,20 @@
 // fill memory. A key revoked through this process is forgotten at once; one revoked elsewhere
 // (another API process, the CLI) is refused here within `ttlMs`. A key in use is re-read in the
 // background (soon, see soon.ts) once past half its TTL, so a busy key never makes a request wait
-// for the store.
+// for the store. Through a database outage a known key keeps working: when its re-read fails with
+// the database unreachable, or takes longer than READ_PATIENCE_MS, the key as last read is served
+// (for up to STALE_MAX_MS), so inference goes on while billing goes to the journal. Revocations
+// made elsewhere during the outage are seen once the database answers again.
 import type { ApiKeyDoc, Store } from '../store';
+import { isDatabaseUnavailable } from '../store';
+import { ServiceUnavailableError } from '../errors';
 import { liveKeyByHash, tokenHash } from './keys';
 import { Soon } from './soon';
+
+/** How long a key last read live may be served while the database cannot answer. */
+const STALE_MAX_MS = 3_600_000;
+/** How long an expired key's re-read is waited for before the key as last read is served. */
+const READ_PATIENCE_MS = 1_000;
 
 export class KeyCache {
   private readonly entries = new Map<string, { doc: ApiKeyDoc; at: number }>();
@@ -16,6 +26,8 @@ export class KeyCache {
   private readonly renewals = new Soon();
   /** Bumped by `forget`, so a read that began before it cannot bring a forgotten key back. */
   private forgets = 0;
+  /** Until then, expired keys are served as last read without waiting (a read just failed or stalled). */
+  private unavailableUntil = 0;
 
   constructor(
     private readonly store: Store,
@@ -34,13 +46,42 @@ export class KeyCache {
       if (age >= this.ttlMs / 2) this.renewals.run(hash, () => this.read(hash));
       return hit.doc;
     }
+    if (hit && age < STALE_MAX_MS) return this.readOrStale(hash, hit.doc);
     this.entries.delete(hash);
     return this.read(hash);
+  }
+
+  /** A fresh read of an expired key; the key as last read when the database cannot answer in time. */
+  private async readOrStale(hash: string, stale: ApiKeyDoc): Promise<ApiKeyDoc | null> {
+    // The database just failed to answer: do not make every request wait to find that out again.
+    if (this.now() < this.unavailableUntil) {
+      this.renewals.run(hash, () => this.read(hash));
+      return stale;
+    }
+    let timer: NodeJS.Timeout | undefined;
+    const patience = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), READ_PATIENCE_MS)));
+    const reading = this.read(hash);
+    try {
+      const doc = await Promise.race([reading, patience]);
+      if (doc !== 'late') return doc;
+      reading.catch(() => undefined); // it goes on: its answer refreshes the cache, or is dropped
+      this.unavailableUntil = this.now() + READ_PATIENCE_MS;
+      return stale;
+    } catch (err) {
+      if (!isDatabaseUnavailable(err) && !(err instanceof ServiceUnavailableError)) throw err;
+      this.unavailableUntil = this.now() + READ_PATIENCE_MS;
+      return stale;
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   private read(hash: string): Promise<ApiKeyDoc | null> {
     let pending = this.reading.get(hash);
     if (pending) return pending;
+    // The database failed its last check: a key not in memory is refused at once, not after a timeout.
+    if (!this.store.reachable)
+      return Promise.reject(new ServiceUnavailableError('The database is unavailable right now; try again shortly'));
     const forgets = this.forgets;
     pending = liveKeyByHash(this.store, hash)
       .then((doc) => {

@@ -7,12 +7,21 @@
 // the next claim starts while half of the held tickets are left, so under steady load requests do
 // not wait on the database at all, and a process that keeps running dry claims more blocks per write.
 //
+// Through a database outage the limiter fails open: a request that would wait for a claim the
+// database cannot answer (an unreachable-database error, or no answer within CLAIM_PATIENCE_MS) is
+// admitted, and so are the next ones for a moment, without waiting; limits apply again once claims
+// go through. A limit protects capacity; refusing every request while the database is away would
+// take the gateway down with it.
+//
 // The price of blocks: a process that stops receiving requests for a key may leave the tickets it
 // still holds unused until the window ends: at most a claim and a half, about 1/40 of the limit,
 // and none for limits under 128 (single-ticket blocks, never claimed ahead). Under load on every process (the case a limit is for) every ticket is used and
 // admission is exact.
 import type { AnyBulkWriteOperation } from 'mongodb';
-import { insertManyEach, type RateTicketDoc, type Store } from '../store';
+import { insertManyEach, isDatabaseUnavailable, type RateTicketDoc, type Store } from '../store';
+
+/** How long a request waits for a claim before the database counts as away and the request is admitted. */
+const CLAIM_PATIENCE_MS = 1_000;
 
 export interface RateDecision {
   allowed: boolean;
@@ -51,6 +60,8 @@ export class RateLimiter {
   private readonly keys = new Map<string, KeyWindow>();
   /** Writes made to claim blocks, for tests and the benchmark. */
   claimWrites = 0;
+  /** Until then requests that would wait for a claim are admitted at once (the database is away). */
+  private unavailableUntil = 0;
 
   constructor(
     private readonly store: Store,
@@ -91,7 +102,27 @@ export class RateLimiter {
       }
       if (s.claiming && !waited && s.claimed.length) s.perClaim = Math.min(this.maxPerClaim, s.perClaim * 2);
       waited = true;
-      await this.claimSoon(keyId, s);
+      if (this.now() < this.unavailableUntil || !this.store.reachable || !(await this.claimed(keyId, s))) {
+        void this.claimSoon(keyId, s);
+        return { allowed: true, limit: this.limit, remaining: 0, resetAt, retryAfterSeconds: 0 };
+      }
+    }
+  }
+
+  /** Waits for a claim: false (admit, fail open) when the database is away or does not answer in time. */
+  private async claimed(keyId: string, s: KeyWindow): Promise<boolean> {
+    let timer: NodeJS.Timeout | undefined;
+    const patience = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), CLAIM_PATIENCE_MS)));
+    try {
+      const done = await Promise.race([this.claimSoon(keyId, s).then(() => true), patience]);
+      if (!done) this.unavailableUntil = this.now() + CLAIM_PATIENCE_MS;
+      return done;
+    } catch (err) {
+      if (!isDatabaseUnavailable(err)) throw err;
+      this.unavailableUntil = this.now() + CLAIM_PATIENCE_MS;
+      return false;
+    } finally {
+      clearTimeout(timer);
     }
   }
 

@@ -3,6 +3,12 @@
 // write(2) of a line (microseconds) instead of an insert (0.3-0.6 ms on the embedded FerretDB).
 // The usage ledger then writes the records to the database in groups and confirms them here.
 //
+// A stream in progress also journals checkpoints: what it has produced so far, as the usage record
+// it would be billed if it ended now. A checkpoint never goes to the database from a live process
+// (the stream's own record supersedes it); a dead process's checkpoints are billed by the adopter
+// for each stream whose final record is not in the journal, so a stream cut by a crash is billed
+// for what it produced, as one whose client went away is.
+//
 // Files, in one directory that may be shared by several processes (a volume):
 //   <instance>.alive         this process is alive: {pid, host, database}; touched every few seconds
 //   <instance>.<n>.ndjson    segments of records in Extended JSON, one per line; a segment is deleted
@@ -27,6 +33,16 @@ const SEGMENT_RECORDS = 1_000;
 const ALIVE_EVERY_MS = 5_000;
 /** An instance whose `.alive` file is older than this is dead. */
 const STALE_MS = 30_000;
+
+/** Marks a checkpoint's line. */
+const CHECKPOINT = '_checkpoint';
+
+/** True for a checkpoint read back from a journal (the marker is removed). */
+export function takeCheckpointMark(doc: UsageDoc): boolean {
+  if (!(CHECKPOINT in doc)) return false;
+  delete (doc as Record<string, unknown>)[CHECKPOINT];
+  return true;
+}
 
 /** Instances open in this process: never adopted by another journal of the same process (tests). */
 const openHere = new Set<string>();
@@ -67,14 +83,18 @@ export class UsageJournal {
     }, ALIVE_EVERY_MS).unref();
   }
 
-  /** Writes the record's line; once this returns, the record survives this process dying. */
-  append(doc: UsageDoc): Segment {
+  /**
+   * Writes the record's line; once this returns, the record survives this process dying. A
+   * checkpoint (see above) holds its segment like an unconfirmed record until it is released
+   * with `confirm`, when a newer checkpoint or the stream's own record has been written.
+   */
+  append(doc: UsageDoc, checkpoint = false): Segment {
     if (!this.current) {
       const file = path.join(this.dir, `${this.instance}.${this.next++}.ndjson`);
       this.current = { file, fd: fs.openSync(file, 'a'), records: 0, unconfirmed: 0 };
     }
     const segment = this.current;
-    fs.writeSync(segment.fd!, `${BSON.EJSON.stringify(doc, { relaxed: true })}\n`);
+    fs.writeSync(segment.fd!, `${BSON.EJSON.stringify(checkpoint ? { ...doc, [CHECKPOINT]: true } : doc, { relaxed: true })}\n`);
     segment.records++;
     segment.unconfirmed++;
     if (segment.records >= SEGMENT_RECORDS) this.closeSegment(segment);

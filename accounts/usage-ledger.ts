@@ -13,7 +13,7 @@ import { randomBytes } from 'node:crypto';
 import { ServiceUnavailableError } from '../errors';
 import { toJsonText } from '../store/json-text';
 import { insertManyEach, type Store, type UsageDoc } from '../store';
-import type { Segment, UsageJournal } from './usage-journal';
+import { takeCheckpointMark, type Segment, type UsageJournal } from './usage-journal';
 
 export type UsageRecord = Omit<UsageDoc, 'created_at'> & { created_at?: Date };
 
@@ -117,15 +117,49 @@ export class UsageLedger {
     this.opts.journal?.close();
   }
 
+  /**
+   * A stream's checkpoints: `save` journals what it has produced so far (replacing the previous
+   * checkpoint), `end` drops the last once the stream's own record is written. Null without a journal.
+   */
+  checkpoints(): { save(usage: UsageRecord): void; end(): void } | null {
+    const { journal } = this.opts;
+    if (!journal) return null;
+    let last: Segment | null = null;
+    const release = () => {
+      if (last) journal.confirm(last);
+      last = null;
+    };
+    return {
+      save: (usage) => {
+        const doc = { ...usage, trace: usage.trace && toJsonText(usage.trace), created_at: usage.created_at ?? new Date() } as UsageDoc;
+        try {
+          const next = journal.append(doc, true);
+          release();
+          last = next;
+        } catch (err) {
+          this.opts.onTrouble?.('stream checkpoint could not be journaled', { err, generation_id: usage._id });
+        }
+      },
+      end: release,
+    };
+  }
+
   private adoptOrphans(): void {
     const journal = this.opts.journal!;
     try {
-      for (const { segment, docs } of journal.adoptOrphans((file, line) =>
-        this.opts.onTrouble?.('unreadable usage journal line skipped', { file, line }),
-      )) {
+      const adopted = journal.adoptOrphans((file, line) => this.opts.onTrouble?.('unreadable usage journal line skipped', { file, line }));
+      // A dead process's streams: bill the last checkpoint of each whose own record is not there.
+      const lines = adopted.flatMap(({ segment, docs }) => docs.map((doc) => ({ doc, segment, checkpoint: takeCheckpointMark(doc) })));
+      const finals = new Set(lines.filter((l) => !l.checkpoint).map((l) => l.doc._id));
+      const lastCheckpoint = new Map<string, (typeof lines)[number]>();
+      for (const l of lines) if (l.checkpoint && !finals.has(l.doc._id)) lastCheckpoint.set(l.doc._id, l);
+      for (const { segment, docs } of adopted) {
         this.opts.onTrouble?.('adopted a usage journal left by a stopped process', { file: segment.file, records: docs.length });
+      }
+      for (const l of lines) {
         // Not counted as unstored: their cost was never part of this process's own spending.
-        for (const doc of docs) this.enqueue({ doc, segment });
+        if (!l.checkpoint || lastCheckpoint.get(l.doc._id) === l) this.enqueue({ doc: l.doc, segment: l.segment });
+        else journal.confirm(l.segment); // superseded: nothing to store
       }
     } catch (err) {
       this.opts.onTrouble?.('usage journal could not be scanned', { err });

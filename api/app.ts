@@ -7,6 +7,7 @@ import { MethodNotAllowedError, NotFoundError } from '../errors';
 import { errorMiddleware } from './errors';
 import { requestContext } from './request-context';
 import { clientClosed } from './request-signal';
+import { metricsExposure } from '../config';
 import { healthRoutes } from './routes/health';
 import { metricsRoutes } from './routes/metrics';
 import { httpMetrics } from './http-metrics';
@@ -83,7 +84,7 @@ export function createApp(deps: AppDeps): Koa {
   const api = new Router({ prefix: API_PREFIX });
   mountRoutes(api, apiRoutes(deps), deps);
   const routers = [healthRoutes(deps), api];
-  if (deps.config.metrics.port === null) routers.unshift(metricsRoutes(deps.metrics, deps.config.metrics.token));
+  if (metricsExposure(deps.config).where === 'api') routers.unshift(metricsRoutes(deps.metrics, deps.config.metrics.token));
   for (const router of routers) {
     app.use(router.routes() as Koa.Middleware);
     app.use(allowedMethods(router));

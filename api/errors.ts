@@ -1,6 +1,7 @@
 // The one place where a thrown value becomes an HTTP status and the interface's error envelope.
 import type Koa from 'koa';
-import { GatewayError, InternalError, RateLimitedError, errorFromStatus } from '../errors';
+import { GatewayError, InternalError, RateLimitedError, ServiceUnavailableError, errorFromStatus } from '../errors';
+import { isDatabaseUnavailable } from '../store';
 import type { Logger } from '../log';
 import { clientClosed } from './request-signal';
 
@@ -12,9 +13,13 @@ export interface ErrorEnvelope {
   user_id: string | null;
 }
 
-/** Errors Koa and the router throw carry an HTTP status: a client error keeps it, anything else is a 500. */
+/**
+ * Errors Koa and the router throw carry an HTTP status: a client error keeps it. A database that
+ * cannot be reached is a 503 (try again shortly); anything else is a 500.
+ */
 function normalize(err: unknown): GatewayError {
   if (err instanceof GatewayError) return err;
+  if (isDatabaseUnavailable(err)) return new ServiceUnavailableError('The database is unavailable right now; try again shortly');
   const e = err as { status?: number; expose?: boolean; message?: string };
   if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && e.expose)
     return errorFromStatus(e.status, short(e.message ?? 'Bad request'));
@@ -43,9 +48,11 @@ export function errorMiddleware(): Koa.Middleware {
         return;
       }
       const err = normalize(raw);
-      if (err.status >= 500 && !(raw instanceof GatewayError)) {
+      if (err.status >= 500 && !(raw instanceof GatewayError) && !isDatabaseUnavailable(raw)) {
         // Details stay in the log; the client gets the generic message.
         log.error({ err: raw }, 'unhandled error');
+      } else if (isDatabaseUnavailable(raw)) {
+        log.warn({ reason: (raw as Error).message.slice(0, 300) }, 'database unavailable');
       } else {
         log.debug({ status: err.status, message: short(err.message) }, 'request failed');
       }

@@ -9,7 +9,7 @@ import { benchKey, startStack, writeResult } from './harness';
 
 const CONCURRENCY = 100;
 
-function benchCatalog(dir: string): string {
+export function benchCatalog(dir: string): string {
   const base = JSON.parse(fs.readFileSync(DEFAULT_CATALOG_PATH, 'utf8'));
   const provider = (slug: string, faults: string) =>
     providerEntry(slug, `\${SANDBOX_URL}${faults ? `/~${faults}` : ''}/openai/v1`, { max_concurrency: CONCURRENCY, timeout_ms: 30_000 });
@@ -30,7 +30,7 @@ function peakRssMb(pid: number | undefined): number {
   return m ? Math.round(Number(m[1]) / 1024) : NaN;
 }
 
-async function runBatch(url: string, key: string, model: string, lines: number) {
+export async function runBatch(url: string, key: string, model: string, lines: number) {
   const requests = Array.from({ length: lines }, (_, i) => ({
     custom_id: `line-${i}`,
     body: { messages: [{ role: 'user', content: `Summarise item ${i} in five words.` }], max_tokens: 8 },

@@ -1,14 +1,17 @@
-// `npm run bench [decisions|batches|proxy …]`: runs the named benchmarks (all by default) and writes
+// `npm run bench [decisions|batches|proxy|results …]`: runs the named benchmarks (all by default) and writes
 // their results as JSON under bench/results/.
 import { benchDecisions } from './decisions';
 import { benchBatches } from './batches';
 import { benchProxy } from './proxy';
+import { benchResults } from './results';
 
 const all: Record<string, () => Promise<unknown>> = {
   // BENCH_LEVELS=1,50 runs only those concurrency levels.
   decisions: () => benchDecisions({ levels: process.env.BENCH_LEVELS?.split(',').map(Number) }),
   batches: () => benchBatches(),
   proxy: () => benchProxy({ levels: process.env.BENCH_LEVELS?.split(',').map(Number) }),
+  // BENCH_RESULT_LINES sets the batch's size (100,000 by default).
+  results: () => benchResults(),
 };
 
 async function main() {

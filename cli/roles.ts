@@ -2,7 +2,7 @@
 // eager workflow start needs) and a worker alone. Each returns a stop function. (The sandbox
 // provider's command loads only the sandbox.)
 import path from 'node:path';
-import type { Addresses, Config } from '../config';
+import { metricsExposure, type Addresses, type Config } from '../config';
 import type { Logger } from '../log';
 import { Store, type UsageDoc } from '../store';
 import { connectTemporal, pingTemporal } from '../temporal/client';
@@ -40,7 +40,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     addr.temporalAddress,
     config.temporal.namespace,
     logger,
-    config.metrics.temporalPort === null ? null : `${config.host}:${config.metrics.temporalPort}`,
+    config.metrics.temporalPort === null ? null : `${config.metrics.host}:${config.metrics.temporalPort}`,
   );
   const handoff = new DecisionHandoff();
   // One set of activity functions per process: the worker registers them, inline decisions call them.
@@ -67,8 +67,15 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   const metricsServer =
     config.metrics.port === null
       ? null
-      : await startMetricsServer(metrics, { token: config.metrics.token, host: config.host, port: config.metrics.port, logger });
-  if (metricsServer) logger.info({ url: metricsServer.url }, 'metrics listening');
+      : await startMetricsServer(metrics, { token: config.metrics.token, host: config.metrics.host, port: config.metrics.port, logger });
+  if (metricsServer)
+    logger.info({ url: metricsServer.url, protected_by: metricsExposure(config).protectedBy ?? 'nothing' }, 'metrics listening');
+  if (metricsServer && !metricsExposure(config).protectedBy) {
+    logger.warn(
+      { url: metricsServer.url },
+      'metrics are open to the network without METRICS_TOKEN: they name every workspace and its spend; set METRICS_TOKEN, or METRICS_HOST=127.0.0.1',
+    );
+  }
   let stopWorker: Stop = async () => undefined;
   if (withWorker) {
     const worker = await createWorker({
@@ -134,6 +141,12 @@ export async function runApiRole(
     config.port,
   );
   logger.info({ url: api.url, decisions_execution: decisions.mode }, 'API listening');
+  if (metricsExposure(config).where === 'none') {
+    logger.warn(
+      { host: config.host },
+      'GET /metrics is not served: the API listens beyond loopback and METRICS_TOKEN is not set (the metrics name every workspace and its spend); set METRICS_TOKEN, or METRICS_PORT (bound to METRICS_HOST, 127.0.0.1 by default)',
+    );
+  }
   return {
     url: api.url,
     usage,

@@ -4,7 +4,7 @@
 // crashing. Each runs under a watchdog, so none outlives this process.
 import net from 'node:net';
 import path from 'node:path';
-import type { Config } from '../config';
+import { metricsExposure, type Config } from '../config';
 import type { Logger } from '../log';
 import { ensureTools } from '../tools/binaries';
 import { startFerretDB, startTemporalServer } from '../tools/services';
@@ -122,7 +122,11 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
               ).process,
           ),
         )
-        .then(() => say(`Temporal dev server on ${temporalAddress} — Web UI http://127.0.0.1:${config.temporal.uiPort}`)),
+        .then(() =>
+          say(
+            `Temporal dev server on ${temporalAddress} — Web UI http://127.0.0.1:${config.temporal.uiPort} (loopback only: it has no authentication; to reach it from elsewhere, put an authenticating proxy in front)`,
+          ),
+        ),
   ]);
 
   // The sandbox provider runs in its own process, as a real upstream would.
@@ -158,6 +162,18 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   say(`worker polling task queue "${config.temporal.taskQueue}"`);
   say(
     `API on ${api.url}/api/v1 (health: ${api.url}/readyz) — decisions run ${config.decisions.execution === 'inline' ? 'inline, in the API process' : 'as Temporal workflows'} (DECISIONS_EXECUTION)`,
+  );
+  const metrics = metricsExposure(config);
+  say(
+    metrics.where === 'none'
+      ? 'metrics: not served (the API listens beyond loopback without METRICS_TOKEN); set METRICS_TOKEN or METRICS_PORT'
+      : `metrics on ${metrics.where === 'api' ? api.url : `http://${config.metrics.host}:${config.metrics.port}`}/metrics (${
+          metrics.protectedBy === 'token'
+            ? 'behind METRICS_TOKEN'
+            : metrics.protectedBy === 'loopback'
+              ? 'loopback only; set METRICS_TOKEN before exposing it: it names every workspace and its spend'
+              : 'OPEN to the network: set METRICS_TOKEN'
+        })`,
   );
   say(`ready — Ctrl-C stops everything`);
 }

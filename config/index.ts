@@ -173,6 +173,8 @@ export function loadConfig(env: Env = process.env) {
       token: read(env, 'METRICS_TOKEN') ?? null,
       /** When set, /metrics is served on this port (by the API or a worker alone) instead of the API's. */
       port: optionalPort(env, 'METRICS_PORT'),
+      /** Where the METRICS_PORT server listens: loopback unless an operator opens it (the metrics name every workspace's spend). */
+      host: read(env, 'METRICS_HOST') ?? '127.0.0.1',
       /** When set, the Temporal SDK runtime serves its own Prometheus metrics (worker polls, task latencies) on this port. */
       temporalPort: optionalPort(env, 'TEMPORAL_METRICS_PORT'),
     },
@@ -223,4 +225,21 @@ export function configuredAddresses(config: Config): Addresses {
     mongoUri: config.mongo.uri ?? `mongodb://127.0.0.1:${config.mongo.embeddedPort}/`,
     temporalAddress: config.temporal.address ?? `127.0.0.1:${config.temporal.embeddedPort}`,
   };
+}
+
+/** True for an address only this machine can reach. */
+function isLoopback(host: string): boolean {
+  return host === 'localhost' || host === '::1' || host === '[::1]' || /^127\.\d+\.\d+\.\d+$/.test(host);
+}
+
+/**
+ * Where /metrics is served, if anywhere: on METRICS_PORT (bound to METRICS_HOST), or on the API.
+ * The metrics name every workspace's spend, so the API serves them only while it listens on
+ * loopback or they need METRICS_TOKEN; an API open to the network without a token does not.
+ */
+export function metricsExposure(config: Config): { where: 'own-port' | 'api' | 'none'; protectedBy: 'token' | 'loopback' | null } {
+  const protectedBy = (host: string) => (config.metrics.token ? 'token' : isLoopback(host) ? 'loopback' : null);
+  if (config.metrics.port !== null) return { where: 'own-port', protectedBy: protectedBy(config.metrics.host) };
+  const api = protectedBy(config.host);
+  return api ? { where: 'api', protectedBy: api } : { where: 'none', protectedBy: null };
 }

@@ -93,16 +93,32 @@ export interface RateTicketDoc extends Document {
 }
 
 export class Store {
+  /** False from a failed check of the server until a check succeeds: requests can fail fast meanwhile. */
+  private answering = true;
+
   private constructor(
     readonly client: MongoClient,
     readonly db: Db,
-  ) {}
+  ) {
+    client.on('serverHeartbeatFailed', () => (this.answering = false));
+    client.on('serverHeartbeatSucceeded', () => (this.answering = true));
+  }
+
+  /** Whether the database answered its last check (every 2 s). */
+  get reachable(): boolean {
+    return this.answering;
+  }
 
   static async connect(uri: string, database: string, options: MongoClientOptions = {}): Promise<Store> {
     const client = new MongoClient(uri, {
       ...options,
-      serverSelectionTimeoutMS: 5_000,
-      connectTimeoutMS: 5_000,
+      // A database that stops answering (down, frozen) is noticed within seconds: the monitor checks
+      // every 2 s and gives up on a check after 2 s, which fails the operations waiting on it, so
+      // what needs the database answers a 503 soon instead of hanging (the key cache, rate limiter
+      // and usage journal carry the rest of the request path through the outage).
+      heartbeatFrequencyMS: 2_000,
+      serverSelectionTimeoutMS: 3_000,
+      connectTimeoutMS: 2_000,
       // FerretDB has no sessions/transactions; a standalone needs no retryable-write txn numbers.
       retryWrites: false,
       appName: 'inference-gateway',
@@ -181,6 +197,21 @@ async function withTimeout<T>(p: Promise<T>, ms: number, message: string): Promi
 }
 
 /** True for a unique-index violation (E11000), which FerretDB also reports on insert. */
+/** Errors that say the database cannot be reached right now (down, frozen, restarting), not that a request was wrong. */
+const UNAVAILABLE = new Set([
+  'MongoServerSelectionError',
+  'MongoNetworkError',
+  'MongoNetworkTimeoutError',
+  'MongoPoolClearedError',
+  'MongoTopologyClosedError',
+  'MongoNotConnectedError',
+  'MongoOperationTimeoutError',
+]);
+
+export function isDatabaseUnavailable(err: unknown): boolean {
+  return typeof (err as Error)?.name === 'string' && UNAVAILABLE.has((err as Error).name);
+}
+
 export function isDuplicateKey(err: unknown): boolean {
   return (err as { code?: number })?.code === 11000;
 }

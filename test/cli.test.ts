@@ -167,8 +167,9 @@ describe('gateway CLI', () => {
         // Not a terminal: every line is JSON, progress included.
         for (const line of said) expect(() => JSON.parse(line), line).to.not.throw();
         expect(said.join('\n'))
-          .to.include(`Web UI http://127.0.0.1:${env.TEMPORAL_UI_PORT}`)
-          .and.include(`sandbox provider on http://127.0.0.1:${env.SANDBOX_PORT}`);
+          .to.include(`Web UI http://127.0.0.1:${env.TEMPORAL_UI_PORT} (loopback only: it has no authentication`)
+          .and.include(`sandbox provider on http://127.0.0.1:${env.SANDBOX_PORT}`)
+          .and.include(`metrics on http://127.0.0.1:${env.PORT}/metrics (loopback only; set METRICS_TOKEN before exposing it`);
         // The first start on an empty database prints a management key once; later starts do not.
         const printedKey = said.join('\n').match(/sk-gw-v1-[0-9a-f]{64}/)?.[0];
         if (round === 1) {
@@ -362,8 +363,9 @@ describe('gateway CLI', () => {
         .split('\n')
         .filter(Boolean);
       expect(children).to.have.length(1);
-      // DATA_DIR holds only the API's usage journal: no FerretDB or Temporal files.
-      expect(fs.readdirSync(env.DATA_DIR!)).to.deep.equal(['usage-journal']);
+      // DATA_DIR holds only the API's usage journal and the run record (the sandbox's pid): no FerretDB or Temporal files.
+      expect(fs.readdirSync(env.DATA_DIR!).sort()).to.deep.equal(['run.json', 'usage-journal']);
+      expect(Object.keys(JSON.parse(fs.readFileSync(path.join(env.DATA_DIR!, 'run.json'), 'utf8')).children)).to.deep.equal(['sandbox']);
     } finally {
       child.kill('SIGTERM');
       await new Promise((r) => child.once('exit', r));

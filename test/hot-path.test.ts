@@ -12,7 +12,18 @@ import { Store, type UsageDoc } from '../store';
 import { freePort } from '../tools/processes';
 import { startFerretDB } from '../tools/services';
 import { stack } from './fixture';
-import { call, createTenant, startGatewayProcess, startTestGateway, storeWith, uniqueName, usageRecord, type TestGateway } from './helpers';
+import {
+  call,
+  createTenant,
+  startGatewayProcess,
+  startTestGateway,
+  storeWith,
+  uniqueName,
+  usageRecord,
+  writeTestCatalog,
+  type TestGateway,
+} from './helpers';
+import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
 
 /** A store connection that counts the insert commands sent to one collection. */
 async function countingStore(database: string, collection: string): Promise<{ store: Store; inserts: () => number }> {
@@ -259,6 +270,88 @@ describe('a gateway killed right after answering', () => {
   });
 });
 
+describe('a gateway killed mid-stream', () => {
+  it('bills each cut stream for what it produced, from its journaled checkpoint, at the next start', async function () {
+    this.timeout(120_000);
+    const database = uniqueName('cut').replace(/-/g, '_');
+    const store = await Store.connect(stack.mongoUri, database);
+    const t = await createTenant(store, 10);
+    const catalog = writeTestCatalog('cut', (c) => {
+      c.providers.push(providerEntry('slow-stream', '${SANDBOX_URL}/~chunk_delay=20,max_words=400/openai/v1', { max_concurrency: 100 }));
+      c.models.push(modelEntry('test/slow-stream', [endpointEntry('slow-stream', 1, { supported_parameters: ['max_tokens'] })]));
+    });
+    const env = {
+      MONGODB_URI: stack.mongoUri,
+      MONGODB_DATABASE: database,
+      CATALOG_PATH: catalog,
+      DATA_DIR: path.join(stack.tmpDir, `${database}-gateway`),
+    };
+    let { gateway, url } = await startApiProcess(env);
+    try {
+      // 20 streams, each read until it has delivered a few hundred bytes of content.
+      const ids = await Promise.all(
+        Array.from({ length: 20 }, async () => {
+          const res = await fetch(`${url}/api/v1/chat/completions`, {
+            method: 'POST',
+            headers: { authorization: `Bearer ${t.inferenceKey}`, 'content-type': 'application/json' },
+            body: JSON.stringify({ model: 'test/slow-stream', stream: true, messages: [{ role: 'user', content: 'tell me' }] }),
+          });
+          expect(res.status).to.equal(200);
+          const reader = res.body!.getReader();
+          let seen = 0;
+          while (seen < 2_000) seen += (await reader.read()).value?.length ?? 0;
+          reader.read().catch(() => undefined); // the rest is cut by the kill
+          return res.headers.get('x-generation-id')!;
+        }),
+      );
+      await new Promise((r) => setTimeout(r, 100));
+      await gateway.kill();
+      expect(await store.usage.countDocuments({ _id: { $in: ids } }), 'nothing billed before the restart').to.equal(0);
+
+      ({ gateway, url } = await startApiProcess(env));
+      let billed: UsageDoc[] = [];
+      for (let i = 0; i < 100 && billed.length < ids.length; i++) {
+        billed = await store.usage.find({ _id: { $in: ids } }).toArray();
+        if (billed.length < ids.length) await new Promise((r) => setTimeout(r, 50));
+      }
+      expect(billed.map((d) => d._id).sort()).to.deep.equal([...ids].sort());
+      for (const d of billed) {
+        expect(d.output_tokens, JSON.stringify(d)).to.be.greaterThan(0);
+        expect(d.cost).to.be.greaterThan(0);
+        expect((d.details as { ending: string }).ending).to.equal('gateway_stopped');
+      }
+    } finally {
+      await gateway.stop();
+      await store.close();
+    }
+  });
+
+  it('a stream that finishes is billed once, by its own record: its checkpoints are dropped', async function () {
+    this.timeout(60_000);
+    const database = uniqueName('whole').replace(/-/g, '_');
+    const dir = path.join(stack.tmpDir, `${database}-journal`);
+    const gw = await startTestGateway({ withWorker: false, env: { MONGODB_DATABASE: database, DATA_DIR: dir } });
+    try {
+      const t = await createTenant(gw.store, 10);
+      const res = await fetch(`${gw.url}/api/v1/chat/completions`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${t.inferenceKey}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'sandbox/chat-1', stream: true, messages: [{ role: 'user', content: 'hello' }] }),
+      });
+      await res.text();
+      await gw.usage.flushed();
+      const id = res.headers.get('x-generation-id')!;
+      const [doc] = await gw.store.usage.find({ _id: id }).toArray();
+      expect((doc.details as { ending: string }).ending).to.equal('completed');
+      expect(await gw.store.usage.countDocuments({ _id: id })).to.equal(1);
+    } finally {
+      await gw.stop();
+    }
+    // Nothing left in the journal once closed: the record is stored and the checkpoint released.
+    expect(fs.readdirSync(path.join(dir, 'usage-journal')).filter((f) => f.endsWith('.ndjson'))).to.deep.equal([]);
+  });
+});
+
 /** A store whose usage inserts wait until `open()` is called (a database that has stopped answering writes). */
 function gatedStore(store: Store): { store: Store; open: () => void } {
   let open!: () => void;
@@ -352,6 +445,65 @@ describe('usage ledger with a journal', () => {
 });
 
 describe('a gateway killed while its database is frozen', () => {
+  it('while the database is frozen: known keys are served (past their cache time too), rate limits fail open, what needs the database is a quick 503, nothing a 500', async function () {
+    this.timeout(120_000);
+    const database = uniqueName('outage').replace(/-/g, '_');
+    const ferret = await startFerretDB({
+      binary: stack.tools!.ferretdb,
+      port: await freePort(),
+      dataDir: path.join(stack.tmpDir, database),
+    });
+    const store = await Store.connect(ferret.address, database);
+    const t = await createTenant(store, 10);
+    const { gateway, url } = await startApiProcess({
+      MONGODB_URI: ferret.address,
+      MONGODB_DATABASE: database,
+      KEY_CACHE_MS: '1000',
+      RATE_LIMIT_REQUESTS: '60', // single-ticket blocks: every request claims one from the database
+      DATA_DIR: path.join(stack.tmpDir, `${database}-gateway`),
+    });
+    const chat = (key: string, extra: Record<string, unknown> = {}) =>
+      call(`${url}/api/v1/chat/completions`, {
+        key,
+        body: { model: 'sandbox/chat-1', messages: [{ role: 'user', content: 'hello' }], max_tokens: 5, ...extra },
+      });
+    try {
+      for (let i = 0; i < 3; i++) expect((await chat(t.inferenceKey)).status).to.equal(200);
+      process.kill(ferret.process.pid!, 'SIGSTOP');
+      await new Promise((r) => setTimeout(r, 1500)); // the key's cache time has passed
+      const started = Date.now();
+      const answers = await Promise.all(Array.from({ length: 40 }, () => chat(t.inferenceKey)));
+      const took = Date.now() - started;
+      expect(
+        answers.map((a) => a.status),
+        JSON.stringify(answers.find((a) => a.status !== 200)?.body),
+      ).to.deep.equal(answers.map(() => 200));
+      expect(took, `40 calls took ${took} ms`).to.be.below(10_000);
+      // An unknown key, and a preset, need the database: a 503 in the envelope, not a 500.
+      for (const [key, extra] of [
+        ['sk-gw-v1-' + '0'.repeat(64), {}],
+        [t.inferenceKey, { model: '@preset/none' }],
+      ] as const) {
+        const asked = Date.now();
+        const r = await chat(key, extra);
+        expect(r.status, JSON.stringify(r.body)).to.equal(503);
+        expect(r.body.error.code).to.equal(503);
+        expect(r.body.error.message).to.match(/database is unavailable/);
+        // Found out by the driver's own checks (every 2 s, given up after 2 s), not after a long timeout.
+        expect(Date.now() - asked).to.be.below(8_000);
+      }
+    } finally {
+      try {
+        process.kill(ferret.process.pid!, 'SIGCONT');
+      } catch {
+        /* gone */
+      }
+      await gateway.stop();
+      await store.close();
+      await ferret.process.stop();
+    }
+  });
+
   it('answered chat calls from its journal, and its next start stores every one of them', async function () {
     this.timeout(120_000);
     const database = uniqueName('frozen').replace(/-/g, '_');

@@ -220,6 +220,18 @@ describe('metrics', function () {
     }
   });
 
+  it('an API listening beyond loopback without METRICS_TOKEN does not serve /metrics (it names every workspace and its spend)', async () => {
+    const open = await startTestGateway({ withWorker: false, env: { HOST: '0.0.0.0' } });
+    try {
+      const port = new URL(open.url).port;
+      const r = await fetch(`http://127.0.0.1:${port}/metrics`);
+      expect(r.status).to.equal(404);
+      expect(await r.text()).to.not.include('gateway_spend');
+    } finally {
+      await open.stop();
+    }
+  });
+
   it('with METRICS_TOKEN and METRICS_PORT: its own port, behind the token, and not on the API', async () => {
     const port = await freePort();
     const guarded = await startTestGateway({ withWorker: false, env: { METRICS_TOKEN: 'scrape-secret', METRICS_PORT: String(port) } });

@@ -36,7 +36,8 @@ export async function startTemporalServer(opts: TemporalServerOptions): Promise<
     '--log-level',
     'warn',
   ];
-  args.push(...(opts.uiPort === null ? ['--headless'] : ['--ui-port', String(opts.uiPort)]));
+  // The Web UI has no authentication: loopback, like the server itself.
+  args.push(...(opts.uiPort === null ? ['--headless'] : ['--ui-ip', '127.0.0.1', '--ui-port', String(opts.uiPort)]));
   if (opts.dbFile) {
     fs.mkdirSync(path.dirname(opts.dbFile), { recursive: true });
     // WAL with synchronous=normal: no corruption on a crash, far fewer fsyncs per workflow step

@@ -10,7 +10,7 @@ import { UpstreamFailure } from '../../providers/failure';
 import { applyPreset, presetReference } from '../../presets/apply';
 import { getPreset } from '../../presets/store';
 import { failureToError } from '../../routing/execute';
-import { newGenerationId } from '../../accounts/usage-ledger';
+import { newGenerationId, type UsageRecord } from '../../accounts/usage-ledger';
 import type { RequestMeta } from '../../accounts/attribution';
 import {
   finishBody,
@@ -42,6 +42,9 @@ import type { AppDeps } from '../deps';
 
 type Body = Record<string, any>;
 
+/** How often a stream journals what it has produced so far (the first time as soon as it has produced any). */
+const CHECKPOINT_EVERY_MS = 1_000;
+
 /** How a call ended, as its usage record keeps it. */
 type Ending = 'completed' | 'client_closed' | 'upstream_failed';
 
@@ -59,25 +62,28 @@ interface Call {
 export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
   const { store, upstreams, workspaces, usage, config } = deps;
 
+  /** The usage record of a call. */
+  const usageOf = (call: Call, endpoint: Endpoint, u: Usage, cost: number, details: Record<string, unknown>): UsageRecord => ({
+    _id: call.generationId,
+    workspace_id: call.auth.workspaceId,
+    key_id: call.auth.keyId,
+    kind: 'completion',
+    model: endpoint.model.canonicalId,
+    provider: endpoint.provider.slug,
+    input_tokens: u.input_tokens,
+    output_tokens: u.output_tokens,
+    cost,
+    session_id: call.meta.session_id,
+    user: call.meta.user,
+    trace: call.meta.trace,
+    app: call.meta.app,
+    batch_id: null,
+    details: { operation: call.operation, ...details },
+  });
+
   /** Records what the call cost; resolves once the record is durable. */
   const bill = (call: Call, endpoint: Endpoint, u: Usage, cost: number, details: Record<string, unknown>) =>
-    usage.record({
-      _id: call.generationId,
-      workspace_id: call.auth.workspaceId,
-      key_id: call.auth.keyId,
-      kind: 'completion',
-      model: endpoint.model.canonicalId,
-      provider: endpoint.provider.slug,
-      input_tokens: u.input_tokens,
-      output_tokens: u.output_tokens,
-      cost,
-      session_id: call.meta.session_id,
-      user: call.meta.user,
-      trace: call.meta.trace,
-      app: call.meta.app,
-      batch_id: null,
-      details: { operation: call.operation, ...details },
-    });
+    usage.record(usageOf(call, endpoint, u, cost, details));
 
   async function answer(ctx: Koa.ParameterizedContext, call: Call): Promise<number> {
     const r = await complete(upstreams, call.operation, call.plan, call);
@@ -116,6 +122,16 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
     /** The stream's last words wait until its usage is recorded. */
     const held: string[] = [];
     let failure: unknown = null;
+    // What the stream has produced so far, journaled now and then: billed if this process dies mid-stream.
+    const checkpoints = usage.checkpoints();
+    let checkpointAt = -Infinity;
+    const checkpoint = () => {
+      const u = tally.usage(promptTokensEstimate(call.requestBytes));
+      if (!u.output_tokens) return;
+      const details = { stream: true, ending: 'gateway_stopped', attempts: opened.attempts.length + 1 };
+      checkpoints!.save(usageOf(call, endpoint, u, costOf(endpoint, u), details));
+      checkpointAt = performance.now();
+    };
     try {
       for (let event = opened.first; ;) {
         const text = format.relay(event, served, tally, relay);
@@ -123,6 +139,7 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
           if (tally.finished) held.push(text);
           else await out.write(text);
         }
+        if (checkpoints && !tally.finished && performance.now() - checkpointAt >= CHECKPOINT_EVERY_MS) checkpoint();
         const next = await opened.events.next();
         if (next.done) break;
         event = next.value;
@@ -144,6 +161,7 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
     let billed = true;
     try {
       await bill(call, endpoint, u, cost, { stream: true, ending, attempts: opened.attempts.length + 1 });
+      checkpoints?.end();
     } catch (err) {
       billed = false;
       ctx.state.log.error({ err, generation_id: call.generationId }, 'usage record of a stream could not be written');

@@ -5,7 +5,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import Ajv2019 from 'ajv/dist/2019';
 import { parse } from 'yaml';
-import { loadConfig } from '../../config';
+import { loadConfig, metricsExposure } from '../../config';
 import { Metrics } from '../../metrics';
 
 const root = path.resolve(__dirname, '..', '..', '..');
@@ -38,6 +38,33 @@ describe('docker-compose.yml', () => {
     expect(services.worker.image).to.equal(services.api.image);
     expect(services.api.command).to.deep.equal(['api']);
     expect(services.worker.command).to.deep.equal(['worker']);
+  });
+
+  it("publishes only the API beyond loopback: the Temporal API and UI, Prometheus and Grafana have no authentication, the metrics name every workspace's spend", () => {
+    for (const [name, service] of Object.entries(services))
+      for (const port of (service.ports ?? []) as string[])
+        if (name !== 'api') expect(port, `${name} publishes ${port}`).to.match(/^127\.0\.0\.1:/);
+    expect(services.api.ports).to.deep.equal(['8080:8080']);
+    for (const name of ['api', 'worker']) {
+      const config = loadConfig(Object.fromEntries(Object.entries(services[name].environment).map(([k, v]) => [k, String(v)])));
+      // The metrics' own port, reached inside the compose network only (never published).
+      expect(metricsExposure(config).where, name).to.equal('own-port');
+      expect(JSON.stringify(services[name].ports ?? [])).to.not.include(String(config.metrics.port));
+    }
+  });
+
+  it('serves /metrics on an API open to the network only behind METRICS_TOKEN, and binds its own port to loopback by default', () => {
+    expect(metricsExposure(loadConfig({}))).to.deep.equal({ where: 'api', protectedBy: 'loopback' });
+    expect(metricsExposure(loadConfig({ HOST: '0.0.0.0' }))).to.deep.equal({ where: 'none', protectedBy: null });
+    expect(metricsExposure(loadConfig({ HOST: '0.0.0.0', METRICS_TOKEN: 't' }))).to.deep.equal({ where: 'api', protectedBy: 'token' });
+    expect(metricsExposure(loadConfig({ HOST: '0.0.0.0', METRICS_PORT: '9464' }))).to.deep.equal({
+      where: 'own-port',
+      protectedBy: 'loopback',
+    });
+    expect(metricsExposure(loadConfig({ METRICS_PORT: '9464', METRICS_HOST: '0.0.0.0' }))).to.deep.equal({
+      where: 'own-port',
+      protectedBy: null,
+    });
   });
 
   it('pins every image to a version', () => {
@@ -73,7 +100,7 @@ describe('docker-compose.yml', () => {
     }
     const prometheus = parse(fs.readFileSync(path.join(root, 'deploy', 'prometheus.yml'), 'utf8'));
     const targets = JSON.stringify(prometheus.scrape_configs);
-    expect(targets).to.include('api:8080').and.include('9464').and.include('9465');
+    expect(targets).to.include('api:9464').and.include('9464').and.include('9465');
     expect(loadConfig(services.worker.environment).metrics).to.include({ port: 9464, temporalPort: 9465 });
   });
 

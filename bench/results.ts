@@ -1,0 +1,92 @@
+// Reading a large batch's results: a 100,000-line batch is run, then pages of 100 results are read
+// at random offsets (beside reads of the batch object, the cheapest read by _id, as the baseline
+// measured in the same run), and another workspace's decisions are timed alone and while 40
+// readers page through the results as fast as they are let (429s waited out).
+import fs from 'node:fs';
+import path from 'node:path';
+import { benchCatalog, runBatch } from './batches';
+import { benchKey, closedLoop, startStack, writeResult } from './harness';
+
+const LINES = Number(process.env.BENCH_RESULT_LINES ?? 100_000);
+const PAGE = 100;
+const READERS = 40;
+
+const decision = {
+  model: 'jev-1.13',
+  state: 'I was charged twice for my subscription this month',
+  questions: { urgent: { type: 'noul', instructions: 'Does this need action today?' } },
+};
+
+function percentiles(ms: number[]) {
+  const s = [...ms].sort((a, b) => a - b);
+  const at = (q: number) => Math.round(s[Math.min(s.length - 1, Math.ceil(q * s.length) - 1)] * 100) / 100;
+  return { n: s.length, p50_ms: at(0.5), p99_ms: at(0.99) };
+}
+
+async function timed(url: string, key: string): Promise<{ ms: number; status: number; lines: number }> {
+  const t0 = performance.now();
+  const res = await fetch(url, { headers: { authorization: `Bearer ${key}` } });
+  const text = await res.text();
+  return { ms: performance.now() - t0, status: res.status, lines: text.split('\n').filter(Boolean).length };
+}
+
+export async function benchResults() {
+  const tmp = fs.mkdtempSync(path.join(process.env.TMPDIR ?? '/tmp', 'bench-results-'));
+  const stack = await startStack({ CATALOG_PATH: benchCatalog(tmp), BATCH_MAX_REQUESTS: String(LINES), BODY_LIMIT: '50mb' });
+  try {
+    const reader = await benchKey(stack);
+    const other = await benchKey(stack);
+    const batch = await runBatch(stack.gatewayUrl, reader, 'bench/0ms', LINES);
+    console.log(JSON.stringify({ batch: batch.id, status: batch.status, seconds: Math.round(batch.seconds) }));
+    const base = `${stack.gatewayUrl}/api/v1/batches/${batch.id}`;
+    const offset = () => Math.floor(Math.random() * (LINES - PAGE)) - 1;
+
+    const pages: number[] = [];
+    const objects: number[] = [];
+    for (let i = 0; i < 300; i++) {
+      const page = await timed(`${base}/results?after=${offset()}&limit=${PAGE}`, reader);
+      if (page.status !== 200 || page.lines !== PAGE) throw new Error(`page read: ${page.status}, ${page.lines} lines`);
+      pages.push(page.ms);
+      objects.push((await timed(`${base}?include_results=false`, reader)).ms);
+    }
+
+    const decisions = () => closedLoop(`${stack.gatewayUrl}/api/v1/systemone`, decision, { authorization: `Bearer ${other}` }, 1, 300);
+    const alone = await decisions();
+    let reading = true;
+    let reads = 0;
+    let refused = 0;
+    const readers = Array.from({ length: READERS }, async () => {
+      while (reading) {
+        const r = await timed(`${base}/results?after=${offset()}&limit=${PAGE}`, reader);
+        if (r.status === 429) {
+          refused++;
+          await new Promise((res) => setTimeout(res, 20));
+        } else reads++;
+      }
+    });
+    const contended = await decisions();
+    reading = false;
+    await Promise.all(readers);
+
+    const result = {
+      benchmark: 'results',
+      at: new Date().toISOString(),
+      lines: LINES,
+      page_lines: PAGE,
+      page_read: percentiles(pages),
+      baseline_batch_object_read: percentiles(objects),
+      decisions_alone: alone,
+      decisions_with_readers: { ...contended, readers: READERS, pages_read_meanwhile: reads, refused_429: refused },
+      verdicts: {
+        page_p50_at_most_20ms: percentiles(pages).p50_ms <= 20,
+        other_workspace_decision_p99_at_most_100ms_with_40_readers: contended.p99_ms <= 100,
+      },
+    };
+    console.log(JSON.stringify(result, null, 2));
+    console.log(`results: ${writeResult('results', result)}`);
+    return result;
+  } finally {
+    await stack.stop();
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+}
