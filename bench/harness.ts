@@ -111,10 +111,10 @@ export async function startStack(
 }
 
 /** A workspace with ample credits in the stack's database, and an inference key for it. */
-export async function benchKey(stack: Stack): Promise<string> {
+export async function benchKey(stack: Stack, workspace = 'bench'): Promise<string> {
   const store = await Store.connect(stack.mongoUri, 'gateway');
   try {
-    const ws = await createWorkspace(store, 'bench');
+    const ws = await createWorkspace(store, workspace);
     await grantCredits(store, ws._id, 1_000_000);
     return (await createKey(store, ws._id, { kind: 'inference' })).key;
   } finally {

@@ -35,7 +35,7 @@ export async function benchResults() {
   const stack = await startStack({ CATALOG_PATH: benchCatalog(tmp), BATCH_MAX_REQUESTS: String(LINES), BODY_LIMIT: '50mb' });
   try {
     const reader = await benchKey(stack);
-    const other = await benchKey(stack);
+    const other = await benchKey(stack, 'bench-other');
     const batch = await runBatch(stack.gatewayUrl, reader, 'bench/0ms', LINES);
     console.log(JSON.stringify({ batch: batch.id, status: batch.status, seconds: Math.round(batch.seconds) }));
     const base = `${stack.gatewayUrl}/api/v1/batches/${batch.id}`;

@@ -75,8 +75,8 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
   const settings = config.batches;
   const resultReads = new Map<string, number>();
 
-  /** The stream of a workspace's results, counted while it is open; 429 past MAX_RESULT_READS. */
-  function resultStream(workspaceId: string, body: AsyncIterable<string>): Readable {
+  /** Counts a result stream of the workspace as open (429 past MAX_RESULT_READS); the function returned ends it. */
+  function claimResultRead(workspaceId: string): () => void {
     const open = resultReads.get(workspaceId) ?? 0;
     if (open >= MAX_RESULT_READS) {
       throw new RateLimitedError(
@@ -85,13 +85,20 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
       );
     }
     resultReads.set(workspaceId, open + 1);
-    const stream = Readable.from(body);
-    // 'close' comes however the stream ends: read to the end, failed, or the client went away.
-    stream.once('close', () => {
+    let ended = false;
+    return () => {
+      if (ended) return;
+      ended = true;
       const left = resultReads.get(workspaceId)! - 1;
       if (left) resultReads.set(workspaceId, left);
       else resultReads.delete(workspaceId);
-    });
+    };
+  }
+
+  /** A result stream, counted until it closes: read to the end, failed, or the client went away. */
+  function resultStream(release: () => void, body: AsyncIterable<string>): Readable {
+    const stream = Readable.from(body);
+    stream.once('close', release);
     return stream;
   }
 
@@ -111,7 +118,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
     const marker = `results-of-${b._id}`;
     const [head, tail] = JSON.stringify({ ...view, results: marker }).split(`"${marker}"`);
     ctx.body = resultStream(
-      b.workspace_id,
+      claimResultRead(b.workspace_id),
       (async function* () {
         yield `${head}[`;
         let first = true;
@@ -321,9 +328,17 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
       summary: 'Results so far as JSON Lines, in line order, streamed; page with after (a line number) and limit',
       responses: { 200: { description: 'One result per line', contentType: 'application/jsonl' } },
       handler: async (ctx, { params, query }) => {
-        const b = await owned(params.id, authOf(ctx).workspaceId);
+        // Claimed before the batch is read: a refused reader costs the database nothing.
+        const release = claimResultRead(authOf(ctx).workspaceId);
+        let b: BatchDoc;
+        try {
+          b = await owned(params.id, authOf(ctx).workspaceId);
+        } catch (err) {
+          release();
+          throw err;
+        }
         ctx.body = resultStream(
-          b.workspace_id,
+          release,
           (async function* () {
             // Each text is a result object's JSON: the line number goes first, as `{"line":N,…}`.
             for await (const r of resultTexts(store, b, { after: query.after, limit: query.limit }))
