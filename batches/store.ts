@@ -3,8 +3,10 @@
 // batch never scans another's lines (FerretDB scans whole collections for anything but `_id`),
 // and deleting a batch is dropping its collections. Results are keyed by line number and written
 // once; live counts come from small per-chunk progress documents. Once a chunk is finished its
-// results are also stored as pages of RESULTS_PAGE_LINES lines (`batch_<id>_pages`), which is what
-// readers read: any page of results costs one or two reads by `_id`, whatever the batch's size.
+// results are also stored as pages of RESULTS_PAGE_LINES lines, which is what readers read: any
+// page of results costs one or two reads by `_id`, whatever the batch's size. Pages of every batch
+// share one collection (`batch_pages`, `_id` = `<batch id>:<chunk>.<page>`): a collection per batch
+// costs FerretDB more the more there are.
 import { randomBytes } from 'node:crypto';
 import type { Collection, Document } from 'mongodb';
 import { insertManyNew, type Store } from '../store';
@@ -245,7 +247,7 @@ export async function counts(store: Store, b: BatchDoc): Promise<{ completed: nu
 }
 
 async function dropBatchData(store: Store, batchId: string): Promise<void> {
-  for (const coll of [inputs(store, batchId), results(store, batchId), progress(store, batchId), pages(store, batchId)]) {
+  for (const coll of [inputs(store, batchId), results(store, batchId), progress(store, batchId)]) {
     await coll.drop().catch(() => undefined); // already gone, or never created
   }
 }
@@ -343,16 +345,25 @@ const MAX_PAGE_BYTES = 8 * 1024 * 1024;
 
 /** A page of a finished chunk's results: each line's result object as JSON text, from line `first` on. */
 export interface PageDoc extends Document {
-  _id: string; // seqId(chunk).seqId(page within the chunk)
+  _id: string; // <batch id>:seqId(chunk).seqId(page within the chunk)
   first: number;
   lines: string[];
 }
 
-export function pages(store: Store, batchId: string): Collection<PageDoc> {
-  return store.db.collection<PageDoc>(`${batchId}_pages`);
+export function pages(store: Store): Collection<PageDoc> {
+  return store.db.collection<PageDoc>('batch_pages');
 }
 
-const pageId = (chunk: number, page: number) => `${seqId(chunk)}.${seqId(page)}`;
+const pageId = (batchId: string, chunk: number, page: number) => `${batchId}:${seqId(chunk)}.${seqId(page)}`;
+
+/** The `_id` of every page a batch can have (pages of unfinished chunks do not exist). */
+function pageIds(b: BatchDoc): string[] {
+  const starts = b.chunk_starts ?? [];
+  return starts.flatMap((start, c) => {
+    const lines = (c + 1 < starts.length ? starts[c + 1] : b.total) - start;
+    return Array.from({ length: Math.ceil(lines / RESULTS_PAGE_LINES) }, (_, p) => pageId(b._id, c, p));
+  });
+}
 
 /** The chunk holding line `n`, and the bounds of the page it is on. */
 function locate(starts: number[], total: number, n: number) {
@@ -380,9 +391,9 @@ export async function writePages(store: Store, b: BatchDoc, chunkIndex: number, 
   for (let i = 0; i < chunkResults.length; i += RESULTS_PAGE_LINES) {
     const lines = chunkResults.slice(i, i + RESULTS_PAGE_LINES).map((r) => JSON.stringify(resultLine(r)));
     if (lines.reduce((n, l) => n + l.length, 0) > MAX_PAGE_BYTES) continue;
-    docs.push({ _id: pageId(chunkIndex, i / RESULTS_PAGE_LINES), first: start + i, lines });
+    docs.push({ _id: pageId(b._id, chunkIndex, i / RESULTS_PAGE_LINES), first: start + i, lines });
   }
-  await insertManyNew(pages(store, b._id), docs);
+  await insertManyNew(pages(store), docs);
 }
 
 /** Stored results of some lines, read one by one by `_id` (a bounded number of them). */
@@ -410,7 +421,7 @@ export async function* resultTexts(
   let done = null as { chunk: number; lines: Set<number> } | null;
   while (next < b.total && left > 0) {
     const at = locate(b.chunk_starts, b.total, next);
-    const page = await pages(store, b._id).findOne({ _id: pageId(at.chunk, at.page) });
+    const page = await pages(store).findOne({ _id: pageId(b._id, at.chunk, at.page) });
     if (page) {
       for (let i = next - page.first; i < page.lines.length && left > 0; i++, left--) yield { line: page.first + i, text: page.lines[i] };
       next = at.end;
@@ -437,7 +448,15 @@ export async function* resultTexts(
   }
 }
 
-export async function deleteBatch(store: Store, id: string): Promise<void> {
-  await dropBatchData(store, id);
-  await batches(store).deleteOne({ _id: id });
+/** Removes a batch with its inputs, results and pages (pages by `_id`, a thousand per write). */
+export async function deleteBatch(store: Store, b: BatchDoc): Promise<void> {
+  await dropBatchData(store, b._id);
+  const ids = pageIds(b);
+  for (let i = 0; i < ids.length; i += 1000) {
+    await pages(store).bulkWrite(
+      ids.slice(i, i + 1000).map((_id) => ({ deleteOne: { filter: { _id } } })),
+      { ordered: false },
+    );
+  }
+  await batches(store).deleteOne({ _id: b._id });
 }

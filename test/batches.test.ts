@@ -592,12 +592,15 @@ describe('batches', () => {
       await waitForStatus(gw.url, tenant.inferenceKey, finished, ['completed']);
       const usageBefore = await gw.store.usage.countDocuments({ batch_id: finished });
       expect(usageBefore).to.equal(1);
+      const pagesOf = () => gw.store.db.collection('batch_pages').countDocuments({ _id: { $regex: `^${finished}:` } as never });
+      expect(await pagesOf()).to.equal(1);
       const del = await call(`${gw.url}/api/v1/batches/${finished}`, { method: 'DELETE', key: tenant.inferenceKey });
       expect(del.body).to.deep.equal({ id: finished, object: 'batch.deleted', deleted: true });
       expect((await get(`/batches/${finished}`, tenant.inferenceKey)).status).to.equal(404);
       expect(await gw.store.usage.countDocuments({ batch_id: finished })).to.equal(usageBefore);
       const names = (await gw.store.db.listCollections().toArray()).map((c) => c.name);
       expect(names.filter((n) => n.startsWith(`${finished}_`))).to.deep.equal([]);
+      expect(await pagesOf()).to.equal(0);
       await call(`${gw.url}/api/v1/batches/${running.body.id}/cancel`, { method: 'POST', key: tenant.inferenceKey });
     });
   });

@@ -380,7 +380,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
         const b = await owned(params.id, authOf(ctx).workspaceId);
         if (!isTerminal(b.status))
           throw new ConflictError(`Batch ${b._id} is ${b.status}; only completed, failed, expired or cancelled batches can be deleted`);
-        await deleteBatch(store, b._id);
+        await deleteBatch(store, b);
         ctx.body = { id: b._id, object: 'batch.deleted', deleted: true };
       },
     }),
