@@ -145,12 +145,15 @@ export class WorkspaceCache {
   }
 
   /**
-   * Credits, usage and balance as of the last reading plus this process's own spending since, so
-   * a caller sees its own calls at once and other processes' within the cache period. Reading the
-   * ledger sum on every request took seconds under load.
+   * Credits, usage and balance as of a reading no older than the cache period plus this process's
+   * own spending since, so a caller sees its own calls at once and other processes' within the
+   * cache period. Reading the ledger sum on every request took seconds under load.
    */
   async balance(workspaceId: string): Promise<Balance> {
-    const e = await this.get(workspaceId);
+    // Never a reading older than the cache period (a slow ledger's longer trust is for the 402
+    // gate, which only needs a bound): after a quiet spell the caller waits for a fresh one.
+    let e = await this.get(workspaceId);
+    if (this.ttlMs > 0 && this.now() - e.at >= this.ttlMs) e = await this.load(workspaceId);
     const since = this.localOf(workspaceId).committed - e.committedAtRead;
     return { total_credits: e.credits, total_usage: roundUsd(e.usage + since), balance: roundUsd(e.balance - since) };
   }

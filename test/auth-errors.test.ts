@@ -399,6 +399,21 @@ describe('402, 500 and the billable guard', () => {
     expect(cache['loading'].size).to.equal(0);
   });
 
+  it('GET /credits and GET /key never answer from a reading older than the cache period: after a quiet spell, they wait for a fresh one', async () => {
+    let now = 0;
+    const cache = new WorkspaceCache(gw.store, 5_000, () => now);
+    const t = await createTenant(gw.store, 1);
+    expect((await cache.balance(t.workspaceId)).balance).to.equal(1);
+    // A slow ledger: the 402 gate trusts this reading for ten times the read, 20 s here.
+    cache['entries'].get(t.workspaceId)!.ttl = 20_000;
+    // Another process spends.
+    await new UsageLedger(gw.store).record(usageRecord(`gen-quiet-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.25));
+    now = 4_999;
+    expect((await cache.balance(t.workspaceId)).balance, 'within the period: the reading').to.equal(1);
+    now = 5_000;
+    expect((await cache.balance(t.workspaceId)).balance, 'past it: a fresh reading, not the old one').to.equal(0.75);
+  });
+
   it('500 with a generic message; the details only in the log', async () => {
     const r = await call(`${url}/boom`);
     expect(r.status).to.equal(500);

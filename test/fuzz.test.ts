@@ -331,9 +331,7 @@ describe('fuzz: every route, generated from its schemas and then broken', () => 
     // Nothing half-written: every batch's collections belong to a stored batch, every preset has a version.
     const names = (await gw.store.db.listCollections({}, { nameOnly: true }).toArray()).map((c) => c.name);
     const batchIds = new Set(
-      names
-        .filter((n) => /^batch_.*_(inputs|results|progress)$/.test(n))
-        .map((n) => n.replace(/_(inputs|results|progress)$/, '')),
+      names.filter((n) => /^batch_.*_(inputs|results|progress)$/.test(n)).map((n) => n.replace(/_(inputs|results|progress)$/, '')),
     );
     for (const id of batchIds)
       expect(await gw.store.db.collection('batches').countDocuments({ _id: id as never }), `collections of ${id} without a batch`).to.equal(
