@@ -8,7 +8,6 @@ import { Store } from '../store';
 import { createUpstreams } from '../routing/upstreams';
 import { UsageLedger } from '../accounts/usage-ledger';
 import { WorkspaceCache } from '../accounts/workspace-cache';
-import { createActivities } from '../activities';
 import {
   batches,
   newBatchId,
@@ -26,7 +25,7 @@ import { stack } from './fixture';
 import { addPresetVersion } from '../presets/store';
 import { ChunkWriter } from '../batches/chunk-writer';
 import { LineRunner } from '../batches/line-runner';
-import { createTenant, testBatchDoc, uniqueName, writeTestCatalog, type Tenant } from './helpers';
+import { createTenant, testActivities, testBatchDoc, uniqueName, writeTestCatalog, type Tenant } from './helpers';
 
 const countedCalls = async (tag: string) =>
   Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
@@ -36,7 +35,7 @@ const countedCalls = async (tag: string) =>
 describe('batch chunk activity', () => {
   let store: Store;
   let upstreams: ReturnType<typeof createUpstreams>;
-  let activities: ReturnType<typeof createActivities>;
+  let activities: ReturnType<typeof testActivities>;
   let t: Tenant;
   const tag = uniqueName('c');
 
@@ -80,13 +79,7 @@ describe('batch chunk activity', () => {
     });
     store = await Store.connect(stack.mongoUri, config.mongo.database);
     upstreams = createUpstreams(config, store);
-    activities = createActivities({
-      store,
-      upstreams,
-      batchSettings: config.batches,
-      usage: new UsageLedger(store),
-      credits: new WorkspaceCache(store),
-    });
+    activities = testActivities(store, upstreams, config);
     t = await createTenant(store, 10);
   });
   after(async () => {

@@ -7,9 +7,6 @@ import type { Worker } from '@temporalio/worker';
 import { Store } from '../store';
 import { connectTemporal, type TemporalHandles } from '../temporal/client';
 import { DecisionHandoff } from '../temporal/decision-handoff';
-import { UsageLedger } from '../accounts/usage-ledger';
-import { WorkspaceCache } from '../accounts/workspace-cache';
-import { createActivities } from '../activities';
 import { createWorker } from '../worker';
 import { createUpstreams } from '../routing/upstreams';
 import { loadConfig } from '../config';
@@ -17,7 +14,7 @@ import { createLogger } from '../log';
 import type { DecisionJob } from '../activities';
 import { decisionWorkflow } from '../workflows/decision';
 import { stack } from './fixture';
-import { uniqueName } from './helpers';
+import { testActivities, uniqueName } from './helpers';
 
 const request = {
   model: 'jev-1.13',
@@ -44,13 +41,7 @@ describe('decision hand-off from the in-process worker', () => {
       connection: temporal.connection,
       namespace: stack.namespace,
       taskQueue,
-      activities: createActivities({
-        store,
-        upstreams,
-        batchSettings: config.batches,
-        usage: new UsageLedger(store),
-        credits: new WorkspaceCache(store),
-      }),
+      activities: testActivities(store, upstreams, config),
       handoff: local,
     });
     running = worker.run();

@@ -12,7 +12,10 @@ import { Store } from '../store';
 import { createWorkspace } from '../accounts/workspaces';
 import { createKey } from '../accounts/keys';
 import { grantCredits } from '../accounts/credits';
-import type { UsageLedger, UsageRecord } from '../accounts/usage-ledger';
+import { UsageLedger, type UsageRecord } from '../accounts/usage-ledger';
+import { WorkspaceCache } from '../accounts/workspace-cache';
+import { createActivities } from '../activities';
+import type { Upstreams } from '../routing/upstreams';
 import { newBatchId, type BatchDoc } from '../batches/store';
 
 export function uniqueName(prefix: string): string {
@@ -227,4 +230,15 @@ export function storeWith<C extends 'usage' | 'apiKeys'>(
   const s = Object.create(store) as Store;
   Object.defineProperty(s, collection, { get: () => proxy });
   return s;
+}
+
+/** The activity functions as a process builds them, on the test's own store and upstream clients. */
+export function testActivities(store: Store, upstreams: Upstreams, config: Config) {
+  return createActivities({
+    store,
+    upstreams,
+    batchSettings: config.batches,
+    usage: new UsageLedger(store),
+    credits: new WorkspaceCache(store),
+  });
 }

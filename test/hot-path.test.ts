@@ -444,19 +444,40 @@ describe('usage ledger with a journal', () => {
   });
 });
 
+/** A FerretDB of the test's own (so it can be frozen with SIGSTOP), with a store and a funded tenant on it. */
+async function ownDatabase(name: string) {
+  const database = uniqueName(name).replace(/-/g, '_');
+  const ferret = await startFerretDB({ binary: stack.tools!.ferretdb, port: await freePort(), dataDir: path.join(stack.tmpDir, database) });
+  const store = await Store.connect(ferret.address, database);
+  const t = await createTenant(store, 10);
+  const signal = (sig: NodeJS.Signals) => {
+    try {
+      process.kill(ferret.process.pid!, sig);
+    } catch {
+      /* gone */
+    }
+  };
+  return {
+    database,
+    address: ferret.address,
+    store,
+    t,
+    freeze: () => signal('SIGSTOP'),
+    thaw: () => signal('SIGCONT'),
+    close: async () => {
+      signal('SIGCONT');
+      await store.close();
+      await ferret.process.stop();
+    },
+  };
+}
+
 describe('a gateway killed while its database is frozen', () => {
   it('while the database is frozen: known keys are served (past their cache time too), rate limits fail open, what needs the database is a quick 503, nothing a 500', async function () {
     this.timeout(120_000);
-    const database = uniqueName('outage').replace(/-/g, '_');
-    const ferret = await startFerretDB({
-      binary: stack.tools!.ferretdb,
-      port: await freePort(),
-      dataDir: path.join(stack.tmpDir, database),
-    });
-    const store = await Store.connect(ferret.address, database);
-    const t = await createTenant(store, 10);
+    const { database, address, t, freeze, close } = await ownDatabase('outage');
     const { gateway, url } = await startApiProcess({
-      MONGODB_URI: ferret.address,
+      MONGODB_URI: address,
       MONGODB_DATABASE: database,
       KEY_CACHE_MS: '1000',
       RATE_LIMIT_REQUESTS: '60', // single-ticket blocks: every request claims one from the database
@@ -469,7 +490,7 @@ describe('a gateway killed while its database is frozen', () => {
       });
     try {
       for (let i = 0; i < 3; i++) expect((await chat(t.inferenceKey)).status).to.equal(200);
-      process.kill(ferret.process.pid!, 'SIGSTOP');
+      freeze();
       await new Promise((r) => setTimeout(r, 1500)); // the key's cache time has passed
       const started = Date.now();
       const answers = await Promise.all(Array.from({ length: 40 }, () => chat(t.inferenceKey)));
@@ -493,29 +514,16 @@ describe('a gateway killed while its database is frozen', () => {
         expect(Date.now() - asked).to.be.below(8_000);
       }
     } finally {
-      try {
-        process.kill(ferret.process.pid!, 'SIGCONT');
-      } catch {
-        /* gone */
-      }
       await gateway.stop();
-      await store.close();
-      await ferret.process.stop();
+      await close();
     }
   });
 
   it('answered chat calls from its journal, and its next start stores every one of them', async function () {
     this.timeout(120_000);
-    const database = uniqueName('frozen').replace(/-/g, '_');
-    const ferret = await startFerretDB({
-      binary: stack.tools!.ferretdb,
-      port: await freePort(),
-      dataDir: path.join(stack.tmpDir, database),
-    });
-    const store = await Store.connect(ferret.address, database);
-    const t = await createTenant(store, 10);
+    const { database, address, store, t, freeze, thaw, close } = await ownDatabase('frozen');
     const env = {
-      MONGODB_URI: ferret.address,
+      MONGODB_URI: address,
       MONGODB_DATABASE: database,
       RATE_LIMIT_REQUESTS: '100000', // tickets claimed ahead, so admission needs no write while frozen
       DATA_DIR: path.join(stack.tmpDir, `${database}-gateway`),
@@ -529,7 +537,7 @@ describe('a gateway killed while its database is frozen', () => {
     let { gateway, url } = await start();
     try {
       for (let i = 0; i < 3; i++) expect((await chat(url)).status).to.equal(200); // caches and tickets warm
-      process.kill(ferret.process.pid!, 'SIGSTOP');
+      freeze();
       const answered: string[] = [];
       for (let i = 0; i < 5; i++) {
         const r = await chat(url);
@@ -540,7 +548,7 @@ describe('a gateway killed while its database is frozen', () => {
       // Every answered call is in the dead process's journal. (An insert already sent may still
       // reach the database when it thaws: the next start's copy is then a duplicate, not a second debit.)
       expect(journaledIds(path.join(env.DATA_DIR, 'usage-journal'))).to.include.members(answered);
-      process.kill(ferret.process.pid!, 'SIGCONT');
+      thaw();
 
       ({ gateway, url } = await start());
       let stored: string[] = [];
@@ -553,14 +561,8 @@ describe('a gateway killed while its database is frozen', () => {
       const g = await call(`${url}/api/v1/generation?id=${answered[0]}`, { key: t.inferenceKey });
       expect(g.status).to.equal(200);
     } finally {
-      try {
-        process.kill(ferret.process.pid!, 'SIGCONT');
-      } catch {
-        /* gone */
-      }
       await gateway.stop();
-      await store.close();
-      await ferret.process.stop();
+      await close();
     }
   });
 });

@@ -5,15 +5,12 @@ import { Store } from '../store';
 import { connectTemporal, type TemporalHandles } from '../temporal/client';
 import { createWorker } from '../worker';
 import { DecisionHandoff } from '../temporal/decision-handoff';
-import { UsageLedger } from '../accounts/usage-ledger';
-import { WorkspaceCache } from '../accounts/workspace-cache';
-import { createActivities } from '../activities';
 import { runSelfCheck } from '../cli';
 import { createLogger } from '../log';
 import { stack } from './fixture';
 import { createUpstreams } from '../routing/upstreams';
 import { loadConfig } from '../config';
-import { uniqueName } from './helpers';
+import { testActivities, uniqueName } from './helpers';
 
 describe('Temporal + MongoDB wiring', () => {
   let store: Store;
@@ -36,13 +33,7 @@ describe('Temporal + MongoDB wiring', () => {
       connection: temporal.connection,
       namespace: stack.namespace,
       taskQueue,
-      activities: createActivities({
-        store,
-        upstreams,
-        batchSettings: config.batches,
-        usage: new UsageLedger(store),
-        credits: new WorkspaceCache(store),
-      }),
+      activities: testActivities(store, upstreams, config),
       handoff: new DecisionHandoff(),
     });
     const result = await worker.runUntil(runSelfCheck(temporal.client, taskQueue));
