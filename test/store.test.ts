@@ -37,6 +37,22 @@ describe('store: lookups by _id on the embedded FerretDB', () => {
     expect(await planOf({ workspace_id: t.workspaceId })).to.match(/SCAN/);
   });
 
+  it('a filter with _id and other conditions is answered from the _id index too, and still applies the conditions', async () => {
+    const t = await createTenant(store);
+    const ledger = new UsageLedger(store);
+    const id = newGenerationId();
+    await ledger.record(usageRecord(id, t.workspaceId, t.inferenceKeyId, 0.5));
+    expect(await planOf({ _id: id, cost: { $lte: 1 } })).to.match(/SEARCH \S+ USING INDEX \S+__id_/);
+    expect(await store.usage.countDocuments({ _id: id, cost: { $lte: 1 } })).to.equal(1);
+    expect(await store.usage.countDocuments({ _id: id, cost: { $lte: 0.1 } })).to.equal(0);
+    // A conditional replace (the batch progress guard) writes only when its condition holds.
+    const coll = store.db.collection<{ _id: string; n: number }>(uniqueName('guarded'));
+    await coll.insertOne({ _id: 'p', n: 5 });
+    expect((await coll.replaceOne({ _id: 'p', n: { $lte: 3 } }, { n: 3 })).matchedCount).to.equal(0);
+    expect((await coll.replaceOne({ _id: 'p', $or: [{ n: { $lte: 6 } }, { n: { $exists: false } }] }, { n: 6 })).matchedCount).to.equal(1);
+    expect((await coll.findOne({ _id: 'p' }))?.n).to.equal(6);
+  });
+
   it('updates and deletes by _id reach the one document they name', async () => {
     const coll = store.db.collection<{ _id: string; n: number }>(uniqueName('docs'));
     await coll.insertMany(Array.from({ length: 20 }, (_, n) => ({ _id: `d${n}`, n })));

@@ -20,6 +20,19 @@ const FERRETDB_ID_LOOKUP_PATCH = {
   file: path.join('internal', 'backends', 'sqlite', 'metadata', 'metadata.go'),
   from: `IDColumn = DefaultColumn + "->'$._id'"`,
   to: 'IDColumn = DefaultColumn + `->"_id"`',
+  count: 1,
+};
+/**
+ * It also pushes `_id` equality down to SQL only when `_id` is the filter's one key, so a
+ * conditional write (`{_id, n: {$lte: …}}`, a guard against an older writer) scanned the table.
+ * The build pushes `_id` equality down whatever else the filter holds: the handler applies the
+ * whole filter to what SQL returns anyway, and SQL returns at most the one document of that `_id`.
+ */
+const FERRETDB_ID_AND_MORE_PATCH = {
+  file: path.join('internal', 'backends', 'sqlite', 'collection.go'),
+  from: 'if params.Filter.Len() == 1 {',
+  to: 'if params.Filter.Len() > 0 {',
+  count: 2, // Query and Explain
 };
 
 export class ToolBuildError extends Error {}
@@ -34,8 +47,8 @@ type Progress = (line: string) => void;
 function toolPaths(toolsDir: string): ToolPaths {
   return {
     temporal: path.join(toolsDir, `temporal-${TEMPORAL_CLI_VERSION}`),
-    // The suffix names the patch, so a binary built without it is never reused.
-    ferretdb: path.join(toolsDir, `ferretdb-${FERRETDB_VERSION}-id-index`),
+    // The suffix names the patches, so a binary built without them is never reused.
+    ferretdb: path.join(toolsDir, `ferretdb-${FERRETDB_VERSION}-id-index-2`),
   };
 }
 
@@ -141,7 +154,7 @@ async function buildFerretDB(target: string, progress: Progress): Promise<void> 
     fs.cpSync(info.Dir, src, { recursive: true });
     spawnSync('chmod', ['-R', 'u+w', src]);
     fs.writeFileSync(path.join(src, 'build', 'version', 'version.txt'), `${FERRETDB_VERSION}\n`);
-    patchIdLookup(src);
+    for (const patch of [FERRETDB_ID_LOOKUP_PATCH, FERRETDB_ID_AND_MORE_PATCH]) applyPatch(src, patch);
     await runGo(['build', '-v', '-buildvcs=false', '-o', path.join(work, 'ferretdb'), './cmd/ferretdb'], {
       cwd: src,
       label: 'ferretdb build',
@@ -153,13 +166,13 @@ async function buildFerretDB(target: string, progress: Progress): Promise<void> 
   }
 }
 
-function patchIdLookup(src: string): void {
-  const file = path.join(src, FERRETDB_ID_LOOKUP_PATCH.file);
+function applyPatch(src: string, patch: { file: string; from: string; to: string; count: number }): void {
+  const file = path.join(src, patch.file);
   const text = fs.readFileSync(file, 'utf8');
-  if (!text.includes(FERRETDB_ID_LOOKUP_PATCH.from)) {
-    throw new ToolBuildError(`FerretDB ${FERRETDB_VERSION}: ${FERRETDB_ID_LOOKUP_PATCH.file} no longer holds the line the build patches`);
+  if (text.split(patch.from).length - 1 !== patch.count) {
+    throw new ToolBuildError(`FerretDB ${FERRETDB_VERSION}: ${patch.file} no longer holds the line the build patches (${patch.from})`);
   }
-  fs.writeFileSync(file, text.replace(FERRETDB_ID_LOOKUP_PATCH.from, FERRETDB_ID_LOOKUP_PATCH.to));
+  fs.writeFileSync(file, text.split(patch.from).join(patch.to));
 }
 
 /** Returns the paths of the binaries that are needed, building any that are missing. */
