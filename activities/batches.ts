@@ -18,10 +18,11 @@ import {
   batches,
   batchView,
   counts,
-  inputs,
+  readChunk,
+  readProgress,
+  doneLines,
   lineBody,
   lineGenerationId,
-  progress,
   seqId,
   sumProgress,
   writeResultsOnce,
@@ -115,7 +116,7 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
       const examples: string[] = [];
       let invalid = 0;
       for (let i = 0; i < b.chunks; i++) {
-        const chunk = await inputs(store, batchId).findOne({ _id: seqId(i) });
+        const chunk = await readChunk(store, b, i);
         for (const line of chunk?.lines ?? []) {
           const problem = lineProblem(b.endpoint, lineBody(line));
           if (problem) {
@@ -157,11 +158,11 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
     async processBatchChunk(batchId: string, chunkIndex: number): Promise<{ completed: number; failed: number }> {
       const ctx = Context.current();
       const b = await load(batchId);
-      const chunk = await inputs(store, batchId).findOne({ _id: seqId(chunkIndex) });
+      const chunk = await readChunk(store, b, chunkIndex);
       if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
       // Resume from this chunk's progress document: written after every stored group of results,
       // it is never behind the last heartbeat Temporal kept (older after a server restart).
-      const saved = await progress(store, batchId).findOne({ _id: seqId(chunkIndex) });
+      const saved = await readProgress(store, b, chunkIndex);
       const writer = new ChunkWriter({ store, usage, batch: b, chunkIndex, outageMs: batchSettings.outageMs }, saved);
       const abort = new AbortController();
       // Every line in flight listens on this one signal: more than Node's default of 10 is expected.
@@ -195,7 +196,7 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
       // earlier attempt finished are read back by _id (at most a chunk's worth).
       const earlier = await resultsOf(
         store,
-        batchId,
+        b,
         chunk.lines.filter((l) => !writer.storedResult(l.line)).map((l) => l.line),
       );
       const byLine = new Map(earlier.map((r) => [r.line, r]));
@@ -221,22 +222,16 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
       const b = await load(batchId);
       // Every chunk has stopped (the workflow waits for cancelled chunks to finish), so the chunks'
       // progress documents hold every stored result: their tallies, and which lines are done.
-      const t = await sumProgress(store, batchId);
+      const t = await sumProgress(store, b);
       if (status === 'expired' || status === 'cancelled') {
-        const have = new Set(
-          (
-            await progress(store, batchId)
-              .find({}, { projection: { done: 1 } })
-              .toArray()
-          ).flatMap((d) => d.done ?? []),
-        );
+        const have = await doneLines(store, b);
         const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
         const message =
           status === 'expired'
             ? 'The batch expired before this request was processed'
             : 'The batch was cancelled before this request was processed';
         for (let i = 0; i < b.chunks; i++) {
-          const chunk = await inputs(store, batchId).findOne({ _id: seqId(i) });
+          const chunk = await readChunk(store, b, i);
           const missing: ResultDoc[] = (chunk?.lines ?? [])
             .filter((l) => !have.has(l.line))
             .map((l) => ({
@@ -251,7 +246,7 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
               usage: null,
             }));
           // A result stored by a chunk that died before saving its progress is kept, counted and billed.
-          const closing = await writeResultsOnce(store, batchId, missing);
+          const closing = await writeResultsOnce(store, b, missing);
           for (const r of closing) {
             addToTally(t, r);
             if (r.ok && r.usage) await usage.record(lineUsage(b, r));
@@ -261,7 +256,7 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
             const byLine = new Map(closing.map((r) => [r.line, r]));
             const rest = await resultsOf(
               store,
-              batchId,
+              b,
               chunk.lines.filter((l) => !byLine.has(l.line)).map((l) => l.line),
             );
             for (const r of rest) byLine.set(r.line, r);

@@ -103,7 +103,7 @@ export class ChunkWriter {
     const group = this.pending.splice(0);
     const { store, usage, batch, chunkIndex } = this.o;
     try {
-      const stored = await writeResultsOnce(store, batch._id, group);
+      const stored = await writeResultsOnce(store, batch, group);
       await Promise.all(stored.filter((r) => r.ok && r.usage).map((r) => usage.record(lineUsage(batch, r))));
       for (const r of group) {
         this.unstored.get(r.line)?.();
@@ -117,7 +117,7 @@ export class ChunkWriter {
         addToTally(this.tally, r);
         this.done.add(r.line);
       }
-      await saveProgress(store, batch._id, chunkIndex, this.tally, [...this.done]);
+      await saveProgress(store, batch, chunkIndex, this.tally, [...this.done]);
       this.failingSince = null;
     } catch (err) {
       // Every step is idempotent, so writing the whole group again is safe.

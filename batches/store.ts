@@ -1,12 +1,16 @@
-// Batch storage. The batch document lives in `batches`; a batch's input chunks and its results
-// live in collections of their own (`batch_<id>_inputs`, `batch_<id>_results`), so reading one
-// batch never scans another's lines (FerretDB scans whole collections for anything but `_id`),
-// and deleting a batch is dropping its collections. Results are keyed by line number and written
-// once; live counts come from small per-chunk progress documents. Once a chunk is finished its
-// results are also stored as pages of RESULTS_PAGE_LINES lines, which is what readers read: any
-// page of results costs one or two reads by `_id`, whatever the batch's size. Pages of every batch
-// share one collection (`batch_pages`, `_id` = `<batch id>:<chunk>.<page>`): a collection per batch
-// costs FerretDB more the more there are.
+// Batch storage. The batch document lives in `batches`; a batch's input chunks, results (one
+// document per line, written once: the first write of a line wins) and per-chunk progress live in
+// collections shared by every batch (`batch_inputs`, `batch_results`, `batch_progress`), each
+// document's `_id` the batch id and its own key (`<batch id>:<seqId>`), so every read and write is by
+// `_id` and a new batch creates no collection: on FerretDB each collection is a table with catalogue
+// entries that every later operation pays for, and on MongoDB thousands of collections are an
+// anti-pattern too. Batches stored before (no `layout`) keep their collections of their own
+// (`<batch id>_inputs`, …) and are read there: both layouts are read, nothing is migrated.
+//
+// Once a chunk is finished its results are also stored as pages of RESULTS_PAGE_LINES lines
+// (`batch_pages`), which is what readers read: any page of results costs one or two reads by `_id`,
+// whatever the batch's size. Deleting a batch removes its documents by `_id`, a thousand per write,
+// in the background behind a durable marker (`batch_deletions`), so nothing is left behind.
 import { randomBytes } from 'node:crypto';
 import type { Collection, Document } from 'mongodb';
 import { insertManyNew, type Store } from '../store';
@@ -34,6 +38,8 @@ export interface BatchDoc extends Document {
   chunks: number;
   /** The first line of each chunk (chunks hold consecutive lines): where a results page is found. */
   chunk_starts?: number[];
+  /** `shared`: lines in the collections every batch shares; absent: collections of the batch's own. */
+  layout?: 'shared';
   provider: string | null;
   usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number; cost: number } | null;
   error: { message: string } | null;
@@ -98,29 +104,46 @@ export function newBatchId(now = Date.now()): string {
   return `batch_${now.toString(36).padStart(9, '0')}${randomBytes(8).toString('hex')}`;
 }
 
-export function inputs(store: Store, batchId: string): Collection<InputChunkDoc> {
-  return store.db.collection<InputChunkDoc>(`${batchId}_inputs`);
+/** What storage needs to know of a batch: its id and where its lines live. */
+export type BatchRef = Pick<BatchDoc, '_id' | 'layout'>;
+
+/** A batch's collection of one kind, and the `_id` of its document with a given key. */
+function place<T extends Document>(store: Store, b: BatchRef, kind: 'inputs' | 'results' | 'progress') {
+  const shared = b.layout === 'shared';
+  return {
+    coll: store.db.collection<T>(shared ? `batch_${kind}` : `${b._id}_${kind}`),
+    id: (key: string) => (shared ? `${b._id}:${key}` : key),
+  };
 }
 
-export function results(store: Store, batchId: string): Collection<ResultDoc> {
-  return store.db.collection<ResultDoc>(`${batchId}_results`);
+/** A stored document with its batch-local `_id` back (the key the rest of the code uses). */
+const local = <T extends { _id: string }>(doc: T): T => ({ ...doc, _id: doc._id.slice(doc._id.lastIndexOf(':') + 1) });
+
+/** One input chunk. */
+export async function readChunk(store: Store, b: BatchRef, chunkIndex: number): Promise<InputChunkDoc | null> {
+  const { coll, id } = place<InputChunkDoc>(store, b, 'inputs');
+  return coll.findOne({ _id: id(seqId(chunkIndex)) });
 }
 
 /**
  * Writes results that may already be stored (a retried chunk, a late write racing a close) in one
  * unordered insert, and returns what is stored for each line: the first write of a line wins.
  */
-export async function writeResultsOnce(store: Store, batchId: string, docs: ResultDoc[]): Promise<ResultDoc[]> {
-  const dup = await insertManyNew(results(store, batchId), docs);
-  if (!dup.size) return docs;
-  const earlier = new Map(
-    (
-      await results(store, batchId)
-        .find({ _id: { $in: [...dup] } })
-        .toArray()
-    ).map((d) => [d._id, d]),
+export async function writeResultsOnce(store: Store, b: BatchRef, docs: ResultDoc[]): Promise<ResultDoc[]> {
+  const { coll, id } = place<ResultDoc>(store, b, 'results');
+  const dup = await insertManyNew(
+    coll,
+    docs.map((d) => ({ ...d, _id: id(d._id) })),
   );
-  return docs.map((r) => earlier.get(r._id) ?? r);
+  if (!dup.size) return docs;
+  // Rare (a retry): read the earlier ones back one by one, by _id.
+  const earlier = await resultsOf(
+    store,
+    b,
+    docs.filter((d) => dup.has(id(d._id))).map((d) => d.line),
+  );
+  const byLine = new Map(earlier.map((r) => [r.line, r]));
+  return docs.map((r) => byLine.get(r.line) ?? r);
 }
 
 /** A chunk's tally so far: what it finished, what that cost, and who served it. */
@@ -171,23 +194,38 @@ export function pickTally(d: ChunkTally): ChunkTally {
 
 /**
  * Saves a chunk's tally unless a larger one is already stored (an older attempt of the same chunk
- * still running), so the counts clients see never go backwards.
+ * still running), so the counts clients see never go backwards. (The filter names the `_id`: an
+ * indexed lookup, FerretDB's included with the build's patch.)
  */
-export async function saveProgress(store: Store, batchId: string, chunkIndex: number, tally: ChunkTally, done: number[]): Promise<void> {
+export async function saveProgress(store: Store, b: BatchRef, chunkIndex: number, tally: ChunkTally, done: number[]): Promise<void> {
+  const { coll, id } = place<ProgressDoc>(store, b, 'progress');
   const n = tally.completed + tally.failed;
-  const doc: ProgressDoc = { _id: seqId(chunkIndex), ...pickTally(tally), done, n };
+  const doc: ProgressDoc = { _id: id(seqId(chunkIndex)), ...pickTally(tally), done, n };
   try {
-    await progress(store, batchId).replaceOne({ _id: doc._id, $or: [{ n: { $lte: n } }, { n: { $exists: false } }] }, doc, {
-      upsert: true,
-    });
+    await coll.replaceOne({ _id: doc._id, $or: [{ n: { $lte: n } }, { n: { $exists: false } }] }, doc, { upsert: true });
   } catch (err) {
     // The filter missed because a larger tally is stored, and the upsert hit its _id: keep that one.
     if ((err as { code?: number }).code !== 11000) throw err;
   }
 }
 
-export function progress(store: Store, batchId: string): Collection<ProgressDoc> {
-  return store.db.collection<ProgressDoc>(`${batchId}_progress`);
+/** One chunk's progress document, if it has one yet. */
+export async function readProgress(store: Store, b: BatchRef, chunkIndex: number): Promise<ProgressDoc | null> {
+  const { coll, id } = place<ProgressDoc>(store, b, 'progress');
+  const d = await coll.findOne({ _id: id(seqId(chunkIndex)) });
+  return d && local(d);
+}
+
+/** Every chunk's progress document (by `_id`, one per chunk; a batch's own collection is read whole). */
+async function allProgress(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks'>): Promise<ProgressDoc[]> {
+  if (b.layout !== 'shared') return place<ProgressDoc>(store, b, 'progress').coll.find({}).toArray();
+  const docs = await Promise.all(Array.from({ length: b.chunks }, (_, i) => readProgress(store, b, i)));
+  return docs.filter((d): d is ProgressDoc => d !== null);
+}
+
+/** Every line whose result is stored, by the chunks' progress documents. */
+export async function doneLines(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks'>): Promise<Set<number>> {
+  return new Set((await allProgress(store, b)).flatMap((d) => d.done ?? []));
 }
 
 /** How many batches are in each status (for metrics, read at scrape time). */
@@ -202,33 +240,37 @@ export function batches(store: Store): Collection<BatchDoc> {
   return store.db.collection<BatchDoc>('batches');
 }
 
-/**
- * Stores the input lines in chunks of at most `chunkSize` lines and MAX_CHUNK_BYTES of bodies.
- * Idempotent: a retried write of a chunk changes nothing.
- */
-export async function storeInputs(store: Store, batchId: string, lines: InputLine[], chunkSize: number): Promise<number[]> {
-  const chunks: InputChunkDoc[] = [];
+/** The input lines cut into chunks of at most `chunkSize` lines and MAX_CHUNK_BYTES of bodies. */
+function chunked(lines: InputLine[], chunkSize: number): InputLine[][] {
+  const chunks: InputLine[][] = [];
   let current: InputLine[] = [];
   let bytes = 0;
   for (const l of lines) {
     if (current.length && (current.length >= chunkSize || bytes + l.body.length > MAX_CHUNK_BYTES)) {
-      chunks.push({ _id: seqId(chunks.length), lines: current });
+      chunks.push(current);
       current = [];
       bytes = 0;
     }
     current.push(l);
     bytes += l.body.length;
   }
-  if (current.length) chunks.push({ _id: seqId(chunks.length), lines: current });
+  if (current.length) chunks.push(current);
+  return chunks;
+}
+
+/** Stores the input lines in chunks; returns each chunk's first line. Idempotent: a retried write changes nothing. */
+export async function storeInputs(store: Store, b: BatchRef, lines: InputLine[], chunkSize: number): Promise<number[]> {
+  const { coll, id } = place<InputChunkDoc>(store, b, 'inputs');
+  const chunks = chunked(lines, chunkSize).map((ls, i) => ({ _id: id(seqId(i)), lines: ls }));
   // The driver splits an insert into messages under the server's size limit.
-  for (let i = 0; i < chunks.length; i += 20) await insertManyNew(inputs(store, batchId), chunks.slice(i, i + 20));
+  for (let i = 0; i < chunks.length; i += 20) await insertManyNew(coll, chunks.slice(i, i + 20));
   return chunks.map((c) => c.lines[0].line);
 }
 
 /** The chunks' tallies added up. */
-export async function sumProgress(store: Store, batchId: string): Promise<ChunkTally> {
+export async function sumProgress(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks'>): Promise<ChunkTally> {
   const total = emptyTally();
-  for (const d of await progress(store, batchId).find({}).toArray()) {
+  for (const d of await allProgress(store, b)) {
     total.completed += d.completed;
     total.failed += d.failed;
     total.input_tokens += d.input_tokens ?? 0;
@@ -242,14 +284,41 @@ export async function sumProgress(store: Store, batchId: string): Promise<ChunkT
 /** Counts for a reader: final once closed, else the sum of the chunks' progress documents. */
 export async function counts(store: Store, b: BatchDoc): Promise<{ completed: number; failed: number }> {
   if (b.final_counts) return b.final_counts;
-  const t = await sumProgress(store, b._id);
+  const t = await sumProgress(store, b);
   return { completed: t.completed, failed: t.failed };
 }
 
-async function dropBatchData(store: Store, batchId: string): Promise<void> {
-  for (const coll of [inputs(store, batchId), results(store, batchId), progress(store, batchId)]) {
-    await coll.drop().catch(() => undefined); // already gone, or never created
+/** Deletes documents by `_id`, a thousand per write. */
+async function deleteIds(coll: Collection<{ _id: string }>, ids: string[]): Promise<void> {
+  for (let i = 0; i < ids.length; i += 1000) {
+    await coll.bulkWrite(
+      ids.slice(i, i + 1000).map((_id) => ({ deleteOne: { filter: { _id } } })),
+      { ordered: false },
+    );
   }
+}
+
+/** Removes a batch's inputs, results, progress and pages: what `chunks` and `total` say it can have. */
+async function dropBatchData(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks' | 'total' | 'chunk_starts'>): Promise<void> {
+  if (b.layout !== 'shared') {
+    for (const kind of ['inputs', 'results', 'progress'] as const) {
+      await place(store, b, kind)
+        .coll.drop()
+        .catch(() => undefined); // already gone, or never created
+    }
+  } else {
+    const chunkKeys = Array.from({ length: b.chunks }, (_, i) => seqId(i));
+    for (const kind of ['inputs', 'progress'] as const) {
+      const { coll, id } = place<{ _id: string }>(store, b, kind);
+      await deleteIds(coll, chunkKeys.map(id));
+    }
+    const { coll, id } = place<{ _id: string }>(store, b, 'results');
+    await deleteIds(
+      coll,
+      Array.from({ length: b.total }, (_, n) => id(seqId(n))),
+    );
+  }
+  await deleteIds(pages(store) as unknown as Collection<{ _id: string }>, pageIds(b));
 }
 
 const unix = (d: Date | null) => (d ? Math.floor(d.getTime() / 1000) : null);
@@ -294,13 +363,14 @@ export async function findBatch(store: Store, workspaceId: string, id: string): 
 
 /** Stores a new batch: its input chunks, then its document. A batch that cannot be stored leaves nothing behind. */
 export async function createBatch(store: Store, doc: BatchDoc, lines: InputLine[], chunkSize: number): Promise<BatchDoc> {
+  const b: BatchDoc = { ...doc, layout: 'shared' };
   try {
-    const starts = await storeInputs(store, doc._id, lines, chunkSize);
-    const stored = { ...doc, chunks: starts.length, chunk_starts: starts };
+    const starts = await storeInputs(store, b, lines, chunkSize);
+    const stored = { ...b, chunks: starts.length, chunk_starts: starts };
     await batches(store).insertOne(stored);
     return stored;
   } catch (err) {
-    await dropBatchData(store, doc._id).catch(() => undefined);
+    await dropBatchData(store, { ...b, chunks: chunked(lines, chunkSize).length, total: 0 }).catch(() => undefined);
     throw err;
   }
 }
@@ -331,10 +401,10 @@ export async function listBatches(
     .toArray();
 }
 
-/** A batch's results in line order, read from its results collection (batches stored before pages). */
-function resultsInOrder(store: Store, batchId: string, opts: { after?: number; limit?: number } = {}) {
+/** A batch's results in line order, read from its own results collection (batches stored before pages). */
+function resultsInOrder(store: Store, b: BatchRef, opts: { after?: number; limit?: number } = {}) {
   const filter = opts.after !== undefined && opts.after >= 0 ? { _id: { $gt: seqId(opts.after) } } : {};
-  const cursor = results(store, batchId).find(filter).sort({ _id: 1 });
+  const cursor = place<ResultDoc>(store, b, 'results').coll.find(filter).sort({ _id: 1 });
   return opts.limit ? cursor.limit(opts.limit) : cursor;
 }
 
@@ -357,7 +427,7 @@ export function pages(store: Store): Collection<PageDoc> {
 const pageId = (batchId: string, chunk: number, page: number) => `${batchId}:${seqId(chunk)}.${seqId(page)}`;
 
 /** The `_id` of every page a batch can have (pages of unfinished chunks do not exist). */
-function pageIds(b: BatchDoc): string[] {
+function pageIds(b: Pick<BatchDoc, '_id' | 'chunk_starts' | 'total'>): string[] {
   const starts = b.chunk_starts ?? [];
   return starts.flatMap((start, c) => {
     const lines = (c + 1 < starts.length ? starts[c + 1] : b.total) - start;
@@ -397,9 +467,10 @@ export async function writePages(store: Store, b: BatchDoc, chunkIndex: number, 
 }
 
 /** Stored results of some lines, read one by one by `_id` (a bounded number of them). */
-export async function resultsOf(store: Store, batchId: string, lines: number[]): Promise<ResultDoc[]> {
-  const found = await Promise.all(lines.map((n) => results(store, batchId).findOne({ _id: seqId(n) })));
-  return found.filter((r): r is ResultDoc => r !== null);
+export async function resultsOf(store: Store, b: BatchRef, lines: number[]): Promise<ResultDoc[]> {
+  const { coll, id } = place<ResultDoc>(store, b, 'results');
+  const found = await Promise.all(lines.map((n) => coll.findOne({ _id: id(seqId(n)) })));
+  return found.filter((r): r is ResultDoc => r !== null).map(local);
 }
 
 /**
@@ -414,7 +485,7 @@ export async function* resultTexts(
 ): AsyncGenerator<{ line: number; text: string }> {
   let left = opts.limit ?? Infinity;
   if (!b.chunk_starts) {
-    for await (const r of resultsInOrder(store, b._id, opts)) yield { line: r.line, text: JSON.stringify(resultLine(r)) };
+    for await (const r of resultsInOrder(store, b, opts)) yield { line: r.line, text: JSON.stringify(resultLine(r)) };
     return;
   }
   let next = Math.max(0, (opts.after ?? -1) + 1);
@@ -428,10 +499,7 @@ export async function* resultTexts(
       continue;
     }
     if (done?.chunk !== at.chunk) {
-      const saved: Pick<ProgressDoc, 'done'> | null = await progress(store, b._id).findOne(
-        { _id: seqId(at.chunk) },
-        { projection: { done: 1 } },
-      );
+      const saved = await readProgress(store, b, at.chunk);
       done = { chunk: at.chunk, lines: new Set(saved?.done ?? []) };
     }
     if (!done.lines.size) {
@@ -440,7 +508,7 @@ export async function* resultTexts(
     }
     const want: number[] = [];
     for (let n = next; n < at.end && want.length < left; n++) if (done.lines.has(n)) want.push(n);
-    for (const r of await resultsOf(store, b._id, want)) {
+    for (const r of await resultsOf(store, b, want)) {
       yield { line: r.line, text: JSON.stringify(resultLine(r)) };
       left--;
     }
@@ -448,15 +516,40 @@ export async function* resultTexts(
   }
 }
 
-/** Removes a batch with its inputs, results and pages (pages by `_id`, a thousand per write). */
+/** What a deletion still has to remove (the batch's document is gone already). */
+interface DeletionDoc extends Document {
+  _id: string; // the batch id
+  batch: BatchRef & Pick<BatchDoc, 'chunks' | 'total' | 'chunk_starts'>;
+}
+
+function deletions(store: Store): Collection<DeletionDoc> {
+  return store.db.collection<DeletionDoc>('batch_deletions');
+}
+
+/**
+ * Deletes a batch: a durable marker first, then its document (from then on it is not found), then
+ * its lines in the background (`purgeDeleted`), which any process finishes if this one stops.
+ */
 export async function deleteBatch(store: Store, b: BatchDoc): Promise<void> {
-  await dropBatchData(store, b._id);
-  const ids = pageIds(b);
-  for (let i = 0; i < ids.length; i += 1000) {
-    await pages(store).bulkWrite(
-      ids.slice(i, i + 1000).map((_id) => ({ deleteOne: { filter: { _id } } })),
-      { ordered: false },
-    );
-  }
+  const batch = { _id: b._id, layout: b.layout, chunks: b.chunks, total: b.total, chunk_starts: b.chunk_starts };
+  await deletions(store)
+    .insertOne({ _id: b._id, batch })
+    .catch((err) => {
+      if ((err as { code?: number }).code !== 11000) throw err; // already being deleted
+    });
   await batches(store).deleteOne({ _id: b._id });
+}
+
+/**
+ * Removes the lines of deleted batches, at most `max` batches per call, and their markers once
+ * done. Idempotent: several processes may work on one deletion. The marker collection holds only
+ * deletions still in progress, so reading it whole is bounded.
+ */
+export async function purgeDeleted(store: Store, max = 5): Promise<number> {
+  const pending = await deletions(store).find({}).limit(max).toArray();
+  for (const d of pending) {
+    await dropBatchData(store, d.batch);
+    await deletions(store).deleteOne({ _id: d._id });
+  }
+  return pending.length;
 }

@@ -21,7 +21,10 @@ import { inlineExecution, workflowExecution } from '../api/decision-execution';
 import { startMetricsServer } from '../api/routes/metrics';
 import { Metrics } from '../metrics';
 import { createWebhookSender } from '../webhooks/deliver';
-import { batchCountsByStatus } from '../batches/store';
+import { batchCountsByStatus, purgeDeleted } from '../batches/store';
+
+/** How often a process looks for batch deletions left unfinished. */
+const PURGE_EVERY_MS = 30_000;
 import type { Stop } from './signals';
 
 /**
@@ -93,7 +96,14 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
       await running.catch(() => undefined);
     };
   }
+  // Deleted batches' lines are removed in the background; this finishes deletions a process stopped in the middle of.
+  const purger = setInterval(
+    () => void purgeDeleted(store).catch((err) => logger.warn({ err }, 'batch lines not deleted yet')),
+    PURGE_EVERY_MS,
+  );
+  purger.unref();
   const stop: Stop = async () => {
+    clearInterval(purger);
     await metricsServer?.close();
     await stopWorker();
     await connection.close();

@@ -12,9 +12,12 @@ import {
   batches,
   newBatchId,
   pages,
-  progress,
+  counts,
+  deleteBatch,
+  purgeDeleted,
+  readChunk,
+  readProgress,
   resultTexts,
-  results,
   saveProgress,
   seqId,
   storeInputs,
@@ -87,10 +90,20 @@ describe('batch chunk activity', () => {
     await store.close();
   });
 
+  /** A batch in the shared collections, as the API stores one. */
+  const ref = (id: string) => ({ _id: id, layout: 'shared' as const });
+  /** Its stored results (a scan of the shared collection: fine in a test). */
+  const storedResults = async (id: string) =>
+    await store.db
+      .collection<ResultDoc>('batch_results')
+      .find({ _id: { $regex: `^${id}:` } })
+      .toArray();
+  const progressOf = (id: string, chunk = 0) => readProgress(store, ref(id), chunk);
+
   async function storeBatch(bodies: Record<string, unknown>[]): Promise<string> {
     const id = newBatchId();
     const lines = bodies.map((body, i) => ({ line: i, custom_id: `c${i}`, body: JSON.stringify(body) }));
-    const starts = await storeInputs(store, id, lines, 100);
+    const starts = await storeInputs(store, ref(id), lines, 100);
     const doc = testBatchDoc(t, { _id: id, model: 'test/chunk-counted', total: lines.length, chunks: starts.length, chunk_starts: starts });
     await batches(store).insertOne(doc);
     return id;
@@ -104,12 +117,12 @@ describe('batch chunk activity', () => {
     const before = await countedCalls(tag);
     await first.run(activities.processBatchChunk, id, 0);
     expect((await countedCalls(tag)) - before).to.equal(10);
-    const stored = await progress(store, id).findOne({ _id: seqId(0) });
+    const stored = await progressOf(id);
     expect(stored).to.include({ completed: 10, failed: 0, n: 10 });
 
     // Rewind to an attempt that died having stored six lines, while the last heartbeat Temporal
     // kept says two (as after a server restart).
-    await results(store, id).deleteMany({ _id: { $in: [6, 7, 8, 9].map(seqId) } });
+    await store.db.collection('batch_results').deleteMany({ _id: { $in: [6, 7, 8, 9].map((n) => `${id}:${seqId(n)}`) } as never });
     const six = {
       ...emptyTally(),
       completed: 6,
@@ -117,14 +130,16 @@ describe('batch chunk activity', () => {
       output_tokens: stored!.output_tokens,
       cost: stored!.cost,
     };
-    await progress(store, id).replaceOne({ _id: seqId(0) }, { _id: seqId(0), ...six, done: [0, 1, 2, 3, 4, 5], n: 6 });
+    await store.db
+      .collection('batch_progress')
+      .replaceOne({ _id: `${id}:${seqId(0)}` as never }, { ...six, done: [0, 1, 2, 3, 4, 5], n: 6 });
 
     const retry = new MockActivityEnvironment({ heartbeatDetails: { done: [0, 1], completed: 2, failed: 0 } });
     const mid = await countedCalls(tag);
     const out = await retry.run(activities.processBatchChunk, id, 0);
     expect((await countedCalls(tag)) - mid, 'only the four unstored lines are called again').to.equal(4);
     expect(out).to.deep.equal({ completed: 10, failed: 0 });
-    expect(await results(store, id).countDocuments({})).to.equal(10);
+    expect(await storedResults(id)).to.have.length(10);
   });
 
   it('a finished chunk stores its results as pages: any page of results is one or two reads by _id, never a scan', async () => {
@@ -165,7 +180,7 @@ describe('batch chunk activity', () => {
       expect(finds).to.have.length(3);
 
       // An unfinished chunk's done lines are read one by one (the page comes when it finishes).
-      await saveProgress(store, id, 3, { ...emptyTally(), completed: 2 }, [300, 302]);
+      await saveProgress(store, ref(id), 3, { ...emptyTally(), completed: 2 }, [300, 302]);
       const partial = (['300', '302'] as const).map((n) => ({
         _id: seqId(Number(n)),
         line: Number(n),
@@ -177,7 +192,7 @@ describe('batch chunk activity', () => {
         error: { type: 'x', message: 'x' },
         usage: null,
       }));
-      await results(store, id).insertMany(partial as ResultDoc[]);
+      await store.db.collection('batch_results').insertMany(partial.map((r) => ({ ...r, _id: `${id}:${r._id}` })) as never[]);
       expect(await read({ after: 295, limit: 10 })).to.deep.equal([296, 297, 298, 299, 300, 302]);
       expect(await read({})).to.have.length(302);
     } finally {
@@ -185,13 +200,51 @@ describe('batch chunk activity', () => {
     }
   });
 
+  it('a batch stored before the shared collections (collections of its own) is still read, counted and deleted', async () => {
+    const id = newBatchId();
+    const old = { _id: id }; // no layout: its lines live in collections named after it
+    const lines = [0, 1, 2].map((i) => ({ line: i, custom_id: `c${i}`, body: JSON.stringify(chat(i)) }));
+    await storeInputs(store, old, lines, 100);
+    await store.db.collection(`${id}_results`).insertMany(
+      lines.map((l) => ({
+        _id: seqId(l.line),
+        line: l.line,
+        custom_id: l.custom_id,
+        id: `gen-${l.line}`,
+        ok: true,
+        provider: 'p',
+        response: { status_code: 200, request_id: 'r', body: { n: l.line } },
+        error: null,
+        usage: null,
+      })) as never[],
+    );
+    await saveProgress(store, old, 0, { ...emptyTally(), completed: 3 }, [0, 1, 2]);
+    const b = testBatchDoc(t, { _id: id, layout: undefined, model: 'test/chunk-counted', total: 3, chunks: 1, status: 'completed' });
+    await batches(store).insertOne(b);
+    const texts: { line: number; text: string }[] = [];
+    for await (const r of resultTexts(store, b, { after: 0 })) texts.push(r);
+    expect(texts.map((r) => [r.line, JSON.parse(r.text).response.body.n])).to.deep.equal([
+      [1, 1],
+      [2, 2],
+    ]);
+    expect(await counts(store, b)).to.deep.equal({ completed: 3, failed: 0 });
+    expect((await readChunk(store, b, 0))?.lines).to.have.length(3);
+
+    await deleteBatch(store, b);
+    expect(await purgeDeleted(store, 100)).to.be.at.least(1);
+    const names = (await store.db.listCollections({}, { nameOnly: true }).toArray()).map((c) => c.name);
+    expect(names.filter((n) => n.startsWith(id))).to.deep.equal([]);
+    expect(await batches(store).countDocuments({ _id: id })).to.equal(0);
+    expect(await store.db.collection('batch_deletions').countDocuments({ _id: id as never })).to.equal(0);
+  });
+
   it('a stored tally is never replaced by a smaller one', async () => {
     const id = newBatchId();
-    await saveProgress(store, id, 0, { ...emptyTally(), completed: 5 }, [0, 1, 2, 3, 4]);
-    await saveProgress(store, id, 0, { ...emptyTally(), completed: 2 }, [0, 1]); // an older attempt, still running
-    expect(await progress(store, id).findOne({ _id: seqId(0) })).to.include({ completed: 5, n: 5 });
-    await saveProgress(store, id, 0, { ...emptyTally(), completed: 6 }, [0, 1, 2, 3, 4, 5]);
-    expect(await progress(store, id).findOne({ _id: seqId(0) })).to.include({ completed: 6, n: 6 });
+    await saveProgress(store, ref(id), 0, { ...emptyTally(), completed: 5 }, [0, 1, 2, 3, 4]);
+    await saveProgress(store, ref(id), 0, { ...emptyTally(), completed: 2 }, [0, 1]); // an older attempt, still running
+    expect(await progressOf(id)).to.include({ completed: 5, n: 5 });
+    await saveProgress(store, ref(id), 0, { ...emptyTally(), completed: 6 }, [0, 1, 2, 3, 4, 5]);
+    expect(await progressOf(id)).to.include({ completed: 6, n: 6 });
   });
 
   it("a line naming a missing preset (or another workspace's) fails alone with a clear error", async () => {
@@ -207,7 +260,7 @@ describe('batch chunk activity', () => {
     const env = new MockActivityEnvironment();
     const out = await env.run(activities.processBatchChunk, id, 0);
     expect(out).to.deep.equal({ completed: 2, failed: 2 });
-    const byLine = new Map((await results(store, id).find({}).toArray()).map((r) => [r.line, r]));
+    const byLine = new Map((await storedResults(id)).map((r) => [r.line, r]));
     expect(byLine.get(1)!.error).to.deep.include({ type: 'not_found', code: 404, message: 'Preset "no-such-preset" not found' });
     expect(byLine.get(2)!.error).to.deep.include({ type: 'not_found', code: 404, message: 'Preset "theirs" not found' });
     expect(byLine.get(0)!.ok).to.equal(true);
@@ -243,9 +296,9 @@ describe('batch chunk activity', () => {
     expect(writer.backlog).to.equal(0);
     expect(writer.failing).to.equal(false);
     expect([...writer.done]).to.deep.equal([0]);
-    expect(await results(store, id).countDocuments({})).to.equal(1);
+    expect(await storedResults(id)).to.have.length(1);
     expect(await store.usage.countDocuments({ batch_id: id })).to.equal(1);
-    expect(await progress(store, id).findOne({ _id: seqId(0) })).to.include({ completed: 1, n: 1 });
+    expect(await progressOf(id)).to.include({ completed: 1, n: 1 });
   });
 
   it('a group written again after its progress write failed counts each line once', async () => {
@@ -298,7 +351,7 @@ describe('batch chunk activity', () => {
     await writer.flush();
     expect(writer.backlog).to.equal(0);
     expect(writer.tally).to.include({ completed: 2, failed: 0, cost: 1 });
-    expect(await progress(store, id).findOne({ _id: seqId(0) })).to.include({ completed: 2, n: 2 });
+    expect(await progressOf(id)).to.include({ completed: 2, n: 2 });
     expect(await store.usage.countDocuments({ batch_id: id })).to.equal(2);
   });
 

@@ -420,7 +420,10 @@ describe('batches', () => {
       expect(ok.length + cancelled.length).to.equal(40);
       const diag = JSON.stringify({
         types: done.results.map((x: any) => x.error?.type ?? 'ok'),
-        progress: await gw.store.db.collection(`${r.body.id}_progress`).find({}).toArray(),
+        progress: await gw.store.db
+          .collection('batch_progress')
+          .find({ _id: { $regex: `^${r.body.id}:` } as never })
+          .toArray(),
       });
       expect(done.request_counts, diag).to.deep.equal({ total: 40, completed: ok.length, failed: cancelled.length });
       const again = await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
@@ -441,11 +444,12 @@ describe('batches', () => {
         await new Promise((res) => setTimeout(res, 50));
       await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
       const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['cancelled'], 30_000);
-      const [callsAtClose, resultsAtClose] = [await calls(), await gw.store.db.collection(`${r.body.id}_results`).countDocuments({})];
+      const results = () => gw.store.db.collection('batch_results').countDocuments({ _id: { $regex: `^${r.body.id}:` } as never });
+      const [callsAtClose, resultsAtClose] = [await calls(), await results()];
       // Long enough for a chunk that had not seen the cancel to make a few more calls (100 ms each).
       await new Promise((res) => setTimeout(res, 1500));
       expect(await calls(), 'provider calls after the batch was cancelled').to.equal(callsAtClose);
-      expect(await gw.store.db.collection(`${r.body.id}_results`).countDocuments({})).to.equal(resultsAtClose);
+      expect(await results()).to.equal(resultsAtClose);
       expect(resultsAtClose).to.equal(60);
       expect(done.request_counts.completed + done.request_counts.failed).to.equal(60);
       expect(await gw.store.usage.countDocuments({ batch_id: r.body.id })).to.equal(done.request_counts.completed);
@@ -459,7 +463,7 @@ describe('batches', () => {
         custom_id: chatLine(i).custom_id,
         body: JSON.stringify(chatLine(i).body),
       }));
-      const starts = await storeInputs(gw.store, id, lines, 7);
+      const starts = await storeInputs(gw.store, { _id: id, layout: 'shared' }, lines, 7);
       const chunks = starts.length;
       const now = new Date();
       const doc = testBatchDoc(t, {
@@ -592,15 +596,28 @@ describe('batches', () => {
       await waitForStatus(gw.url, tenant.inferenceKey, finished, ['completed']);
       const usageBefore = await gw.store.usage.countDocuments({ batch_id: finished });
       expect(usageBefore).to.equal(1);
-      const pagesOf = () => gw.store.db.collection('batch_pages').countDocuments({ _id: { $regex: `^${finished}:` } as never });
-      expect(await pagesOf()).to.equal(1);
+      // Every document of the batch, in the collections batches share (and any of its own).
+      const left = async () => {
+        const counts = await Promise.all(
+          ['batch_inputs', 'batch_results', 'batch_progress', 'batch_pages', 'batch_deletions'].map((c) =>
+            gw.store.db.collection(c).countDocuments({ _id: { $regex: `^${finished}` } as never }),
+          ),
+        );
+        const own = (await gw.store.db.listCollections().toArray()).map((c) => c.name).filter((n) => n.startsWith(`${finished}_`));
+        return { inputs: counts[0], results: counts[1], progress: counts[2], pages: counts[3], marker: counts[4], own: own.length };
+      };
+      expect(await left()).to.deep.equal({ inputs: 1, results: 1, progress: 1, pages: 1, marker: 0, own: 0 });
       const del = await call(`${gw.url}/api/v1/batches/${finished}`, { method: 'DELETE', key: tenant.inferenceKey });
       expect(del.body).to.deep.equal({ id: finished, object: 'batch.deleted', deleted: true });
       expect((await get(`/batches/${finished}`, tenant.inferenceKey)).status).to.equal(404);
       expect(await gw.store.usage.countDocuments({ batch_id: finished })).to.equal(usageBefore);
-      const names = (await gw.store.db.listCollections().toArray()).map((c) => c.name);
-      expect(names.filter((n) => n.startsWith(`${finished}_`))).to.deep.equal([]);
-      expect(await pagesOf()).to.equal(0);
+      // Its lines go in the background, behind a marker that goes last.
+      let remaining = await left();
+      for (let i = 0; i < 100 && Object.values(remaining).some(Boolean); i++) {
+        await new Promise((r) => setTimeout(r, 50));
+        remaining = await left();
+      }
+      expect(remaining).to.deep.equal({ inputs: 0, results: 0, progress: 0, pages: 0, marker: 0, own: 0 });
       await call(`${gw.url}/api/v1/batches/${running.body.id}/cancel`, { method: 'POST', key: tenant.inferenceKey });
     });
   });

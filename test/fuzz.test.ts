@@ -328,15 +328,20 @@ describe('fuzz: every route, generated from its schemas and then broken', () => 
     expect([...seen.keys()].filter((s) => s.startsWith('2')).length, JSON.stringify(Object.fromEntries(seen))).to.be.greaterThan(0);
     expect(seen.get('400') ?? 0).to.be.greaterThan(runs / 10);
 
-    // Nothing half-written: every batch's collections belong to a stored batch, every preset has a version.
-    const names = (await gw.store.db.listCollections({}, { nameOnly: true }).toArray()).map((c) => c.name);
-    const batchIds = new Set(
-      names.filter((n) => /^batch_.*_(inputs|results|progress)$/.test(n)).map((n) => n.replace(/_(inputs|results|progress)$/, '')),
+    // Nothing half-written: every batch's input chunks belong to a stored batch, every preset has a version.
+    const owners = new Set(
+      (
+        await gw.store.db
+          .collection('batch_inputs')
+          .find({}, { projection: { _id: 1 } })
+          .toArray()
+      ).map((d) => String(d._id).split(':')[0]),
     );
-    for (const id of batchIds)
-      expect(await gw.store.db.collection('batches').countDocuments({ _id: id as never }), `collections of ${id} without a batch`).to.equal(
-        1,
-      );
+    for (const id of owners)
+      expect(
+        await gw.store.db.collection('batches').countDocuments({ _id: id as never }),
+        `input chunks of ${id} without a batch`,
+      ).to.equal(1);
     for (const p of await gw.store.presets.find({}).toArray())
       expect(await gw.store.presetVersions.countDocuments({ preset_id: p._id }), `preset ${p.slug} without a version`).to.be.greaterThan(0);
   });

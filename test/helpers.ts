@@ -179,6 +179,7 @@ export function testBatchDoc(t: Tenant, over: Partial<BatchDoc> & Pick<BatchDoc,
     error: null,
     metadata: null,
     meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
+    layout: 'shared',
     ...over,
   };
 }

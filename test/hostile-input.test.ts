@@ -285,7 +285,7 @@ describe('hostile input', () => {
       body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: big },
     });
     expect(rb.status, JSON.stringify(rb.body).slice(0, 300)).to.equal(202);
-    expect(await gw.store.db.collection(`${rb.body.id}_inputs`).countDocuments({})).to.be.at.least(3);
+    expect(await gw.store.db.collection('batch_inputs').countDocuments({ _id: { $regex: `^${rb.body.id}:` } as never })).to.be.at.least(3);
     await call(`${gw.url}/api/v1/batches/${rb.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
   });
 
@@ -304,10 +304,21 @@ describe('hostile input', () => {
     ];
     for (const body of refusals)
       expect((await call(`${gw.url}/api/v1/batches`, { key: t.inferenceKey, body })).status).to.be.within(400, 499);
-    // Only a batch's own collections count: shared ones (endpoint statistics) may appear meanwhile.
+    // No collection of a batch's own (only the ones every batch shares may appear meanwhile)...
+    const shared = ['batch_inputs', 'batch_results', 'batch_progress', 'batch_pages', 'batch_deletions'];
     const after = (await gw.store.db.listCollections({}, { nameOnly: true }).toArray())
       .map((c) => c.name)
-      .filter((n) => !before.has(n) && n.startsWith('batch_'));
+      .filter((n) => !before.has(n) && n.startsWith('batch_') && !shared.includes(n));
     expect(after).to.deep.equal([]);
+    // ...and no input chunk without its batch.
+    const owners = new Set(
+      (
+        await gw.store.db
+          .collection('batch_inputs')
+          .find({}, { projection: { _id: 1 } })
+          .toArray()
+      ).map((d) => String(d._id).split(':')[0]),
+    );
+    for (const id of owners) expect(await gw.store.db.collection('batches').countDocuments({ _id: id as never }), id).to.equal(1);
   });
 });

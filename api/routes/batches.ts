@@ -20,6 +20,7 @@ import {
   counts,
   createBatch,
   deleteBatch,
+  purgeDeleted,
   findBatch,
   listBatches,
   markNotStarted,
@@ -381,6 +382,8 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
         if (!isTerminal(b.status))
           throw new ConflictError(`Batch ${b._id} is ${b.status}; only completed, failed, expired or cancelled batches can be deleted`);
         await deleteBatch(store, b);
+        // Its lines go in the background; a deletion this process does not finish, another does (cli/roles).
+        void purgeDeleted(store).catch((err) => ctx.state.log.warn({ err, batch_id: b._id }, 'batch lines not deleted yet'));
         ctx.body = { id: b._id, object: 'batch.deleted', deleted: true };
       },
     }),
