@@ -1,9 +1,10 @@
-// `npm run bench [decisions|batches|proxy|results …]`: runs the named benchmarks (all by default) and writes
+// `npm run bench [decisions|batches|proxy|results|growth …]`: runs the named benchmarks (all by default) and writes
 // their results as JSON under bench/results/.
 import { benchDecisions } from './decisions';
 import { benchBatches } from './batches';
 import { benchProxy } from './proxy';
 import { benchResults } from './results';
+import { benchGrowth } from './growth';
 
 const all: Record<string, () => Promise<unknown>> = {
   // BENCH_LEVELS=1,50 runs only those concurrency levels.
@@ -12,6 +13,8 @@ const all: Record<string, () => Promise<unknown>> = {
   proxy: () => benchProxy({ levels: process.env.BENCH_LEVELS?.split(',').map(Number) }),
   // BENCH_RESULT_LINES sets the batch's size (100,000 by default).
   results: () => benchResults(),
+  // BENCH_GROWTH_BATCHES sets how many batches are stored before the second measurement (2,000 by default).
+  growth: () => benchGrowth(),
 };
 
 async function main() {
