@@ -1,6 +1,6 @@
 // The MongoDB connection and the collections the gateway keeps. FerretDB (the embedded default)
 // has no transactions and scans everything but `_id` lookups, so writes are idempotent by `_id`.
-import { MongoClient, type Db, type Document, type Collection, type MongoClientOptions } from 'mongodb';
+import { MongoClient, MongoNetworkError, type Db, type Document, type Collection, type MongoClientOptions } from 'mongodb';
 
 export interface ProbeDoc extends Document {
   _id: string;
@@ -200,16 +200,16 @@ async function withTimeout<T>(p: Promise<T>, ms: number, message: string): Promi
 /** Errors that say the database cannot be reached right now (down, frozen, restarting), not that a request was wrong. */
 const UNAVAILABLE = new Set([
   'MongoServerSelectionError',
-  'MongoNetworkError',
-  'MongoNetworkTimeoutError',
-  'MongoPoolClearedError',
   'MongoTopologyClosedError',
   'MongoNotConnectedError',
   'MongoOperationTimeoutError',
+  'MongoWaitQueueTimeoutError',
+  'MongoServerClosedError',
 ]);
 
 export function isDatabaseUnavailable(err: unknown): boolean {
-  return typeof (err as Error)?.name === 'string' && UNAVAILABLE.has((err as Error).name);
+  // MongoNetworkError covers timeouts and a pool cleared under an operation (PoolClearedOnNetworkError).
+  return err instanceof MongoNetworkError || (typeof (err as Error)?.name === 'string' && UNAVAILABLE.has((err as Error).name));
 }
 
 export function isDuplicateKey(err: unknown): boolean {

@@ -1,0 +1,26 @@
+// Which driver errors mean "the database cannot be reached now" (a 503, and a known key served as
+// last read) rather than a defect (a 500). A pool cleared under an operation when the server stopped
+// answering is a MongoNetworkError subclass named PoolClearedOnNetworkError: seen as a 500 before.
+import { expect } from 'chai';
+import { MongoNetworkError, MongoNetworkTimeoutError, MongoServerError, MongoServerSelectionError } from 'mongodb';
+import { isDatabaseUnavailable } from '../../store';
+
+describe('database errors', () => {
+  it('tells an unreachable database from any other error', () => {
+    class PoolClearedOnNetworkError extends MongoNetworkError {
+      override get name() {
+        return 'PoolClearedOnNetworkError';
+      }
+    }
+    for (const err of [
+      new MongoNetworkError('connection reset'),
+      new MongoNetworkTimeoutError('timed out'),
+      new PoolClearedOnNetworkError('pool cleared'),
+      new MongoServerSelectionError('no server', { type: 'Unknown', servers: new Map() } as never),
+      Object.assign(new Error('waited'), { name: 'MongoWaitQueueTimeoutError' }),
+    ])
+      expect(isDatabaseUnavailable(err), err.name).to.equal(true);
+    for (const err of [new MongoServerError({ message: 'E11000 duplicate key', code: 11000 }), new Error('boom'), null, 'text'])
+      expect(isDatabaseUnavailable(err), String(err)).to.equal(false);
+  });
+});
