@@ -207,9 +207,14 @@ const UNAVAILABLE = new Set([
   'MongoServerClosedError',
 ]);
 
-export function isDatabaseUnavailable(err: unknown): boolean {
+export function isDatabaseUnavailable(err: unknown, depth = 0): boolean {
+  if (!err || typeof err !== 'object' || depth > 3) return false;
   // MongoNetworkError covers timeouts and a pool cleared under an operation (PoolClearedOnNetworkError).
-  return err instanceof MongoNetworkError || (typeof (err as Error)?.name === 'string' && UNAVAILABLE.has((err as Error).name));
+  if (err instanceof MongoNetworkError || UNAVAILABLE.has((err as Error).name)) return true;
+  // A bulk write (insertMany) that lost its connection wraps the network error, with no write errors.
+  const e = err as { cause?: unknown; errorResponse?: unknown; writeErrors?: unknown[] };
+  if (e.writeErrors?.length) return false;
+  return isDatabaseUnavailable(e.cause, depth + 1) || isDatabaseUnavailable(e.errorResponse, depth + 1);
 }
 
 export function isDuplicateKey(err: unknown): boolean {

@@ -2,8 +2,18 @@
 // last read) rather than a defect (a 500). A pool cleared under an operation when the server stopped
 // answering is a MongoNetworkError subclass named PoolClearedOnNetworkError: seen as a 500 before.
 import { expect } from 'chai';
-import { MongoNetworkError, MongoNetworkTimeoutError, MongoServerError, MongoServerSelectionError } from 'mongodb';
+import { MongoBulkWriteError, MongoNetworkError, MongoNetworkTimeoutError, MongoServerError, MongoServerSelectionError } from 'mongodb';
 import { isDatabaseUnavailable } from '../../store';
+
+const emptyResult = {
+  insertedCount: 0,
+  matchedCount: 0,
+  modifiedCount: 0,
+  deletedCount: 0,
+  upsertedCount: 0,
+  upsertedIds: {},
+  insertedIds: {},
+} as never;
 
 describe('database errors', () => {
   it('tells an unreachable database from any other error', () => {
@@ -18,9 +28,16 @@ describe('database errors', () => {
       new PoolClearedOnNetworkError('pool cleared'),
       new MongoServerSelectionError('no server', { type: 'Unknown', servers: new Map() } as never),
       Object.assign(new Error('waited'), { name: 'MongoWaitQueueTimeoutError' }),
+      // insertMany wraps a lost connection in a bulk write error with no write errors (seen in CI).
+      new MongoBulkWriteError(new PoolClearedOnNetworkError('interrupted'), emptyResult),
     ])
       expect(isDatabaseUnavailable(err), err.name).to.equal(true);
-    for (const err of [new MongoServerError({ message: 'E11000 duplicate key', code: 11000 }), new Error('boom'), null, 'text'])
+    const duplicate = new MongoServerError({ message: 'E11000 duplicate key', code: 11000 });
+    const refused = new MongoBulkWriteError(
+      { message: 'refused', code: 2, writeErrors: [{ index: 0, code: 2, errmsg: 'refused' }] } as never,
+      emptyResult,
+    );
+    for (const err of [duplicate, refused, new Error('boom'), null, 'text'])
       expect(isDatabaseUnavailable(err), String(err)).to.equal(false);
   });
 });
