@@ -165,12 +165,12 @@ export class WorkspaceCache {
 
   /**
    * Holds `estimate` USD for a call about to be made. 402 when the balance is spent; while what is
-   * left is only held by calls in flight, waits (up to `holdWaitMs`, or until `signal` aborts) for
-   * one of them to end.
+   * left is only held by calls in flight, waits (up to `waitMs`, `holdWaitMs` unless given, or until
+   * `signal` aborts) for one of them to end.
    */
-  async hold(workspaceId: string, estimate: number, signal?: AbortSignal): Promise<Hold> {
+  async hold(workspaceId: string, estimate: number, signal?: AbortSignal, waitMs = this.holdWaitMs): Promise<Hold> {
     const l = this.localOf(workspaceId);
-    const deadline = this.now() + this.holdWaitMs;
+    const deadline = this.now() + waitMs;
     for (;;) {
       let e = await this.get(workspaceId);
       if (this.available(workspaceId, e) < LOW_WATER * estimate) e = await this.load(workspaceId);
@@ -181,7 +181,7 @@ export class WorkspaceCache {
           balance: this.left(workspaceId, e),
         });
       }
-      await this.holdEnded(l, deadline - this.now(), signal);
+      await this.holdEnded(l, Math.min(deadline - this.now(), 60_000), signal);
     }
     l.held += estimate;
     let done = false;

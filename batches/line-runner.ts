@@ -109,7 +109,8 @@ export class LineRunner {
     const { batch, signal } = this.o;
     let hold: Hold;
     try {
-      hold = await this.o.credits.hold(batch.workspace_id, this.estimate(line, body), signal);
+      // A line has no client waiting on it: it waits for credit held by other lines as long as it takes.
+      hold = await this.o.credits.hold(batch.workspace_id, this.estimate(line, body), signal, Infinity);
     } catch (err) {
       if (signal.aborted) throw new CancelledFailure('batch line cancelled');
       // Credit ran out: this line is not sent, and says why; later lines are admitted again once credits are added.

@@ -71,6 +71,19 @@ describe('holds against a workspace balance', () => {
     (await cache.hold(t.workspaceId, 5)).release();
   });
 
+  it('a batch line waits for credit held by other lines as long as it takes (no client is waiting on it)', async () => {
+    const t = await createTenant(store, 1);
+    const cache = new WorkspaceCache(store, 60_000, Date.now, () => 0, 50);
+    const first = await cache.hold(t.workspaceId, 5);
+    let admitted = false;
+    const line = cache.hold(t.workspaceId, 5, undefined, Infinity).then((h) => ((admitted = true), h));
+    await new Promise((r) => setTimeout(r, 200)); // four times a synchronous call's wait
+    expect(admitted).to.equal(false);
+    first.release();
+    (await line).release();
+    expect(admitted).to.equal(true);
+  });
+
   it('spending settled before its usage record is stored (a batch line) counts until the record is in the ledger', async () => {
     const t = await createTenant(store, 2);
     const cache = new WorkspaceCache(store, 0); // TTL 0: every read goes to the ledger
