@@ -25,7 +25,7 @@ export function benchCatalog(dir: string): string {
   return file;
 }
 
-function peakRssMb(pid: number | undefined): number {
+export function peakRssMb(pid: number | undefined): number {
   const m = /VmHWM:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
   return m ? Math.round(Number(m[1]) / 1024) : NaN;
 }

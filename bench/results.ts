@@ -4,7 +4,7 @@
 // readers page through the results as fast as they are let (429s waited out).
 import fs from 'node:fs';
 import path from 'node:path';
-import { benchCatalog, runBatch } from './batches';
+import { benchCatalog, peakRssMb, runBatch } from './batches';
 import { benchKey, closedLoop, startStack, writeResult } from './harness';
 
 const LINES = Number(process.env.BENCH_RESULT_LINES ?? 100_000);
@@ -37,7 +37,11 @@ export async function benchResults() {
     const reader = await benchKey(stack);
     const other = await benchKey(stack, 'bench-other');
     const batch = await runBatch(stack.gatewayUrl, reader, 'bench/0ms', LINES);
-    console.log(JSON.stringify({ batch: batch.id, status: batch.status, seconds: Math.round(batch.seconds) }));
+    // The worker's high-water mark after the whole batch (it runs in the gateway process).
+    const workerPeakRssMb = peakRssMb(stack.processes.gateway.pid);
+    console.log(
+      JSON.stringify({ batch: batch.id, status: batch.status, seconds: Math.round(batch.seconds), worker_peak_rss_mb: workerPeakRssMb }),
+    );
     const base = `${stack.gatewayUrl}/api/v1/batches/${batch.id}`;
     const offset = () => Math.floor(Math.random() * (LINES - PAGE)) - 1;
 
@@ -72,6 +76,8 @@ export async function benchResults() {
       benchmark: 'results',
       at: new Date().toISOString(),
       lines: LINES,
+      batch_seconds: Math.round(batch.seconds * 10) / 10,
+      worker_peak_rss_mb: workerPeakRssMb,
       page_lines: PAGE,
       page_read: percentiles(pages),
       baseline_batch_object_read: percentiles(objects),
