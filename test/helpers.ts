@@ -243,3 +243,14 @@ export function testActivities(store: Store, upstreams: Upstreams, config: Confi
     credits: new WorkspaceCache(store),
   });
 }
+
+/** Batches that have input chunks stored but no batch document (a scan: tests only). Should be none. */
+export async function batchesWithoutDocument(store: Store): Promise<string[]> {
+  const chunks = await store.db
+    .collection('batch_inputs')
+    .find({}, { projection: { _id: 1 } })
+    .toArray();
+  const owners = [...new Set(chunks.map((d) => String(d._id).split(':')[0]))];
+  const stored = await Promise.all(owners.map((id) => store.db.collection('batches').countDocuments({ _id: id as never })));
+  return owners.filter((_, i) => stored[i] === 0);
+}
