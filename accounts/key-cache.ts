@@ -9,7 +9,6 @@
 // (for up to STALE_MAX_MS), so inference goes on while billing goes to the journal. Revocations
 // made elsewhere during the outage are seen once the database answers again.
 import type { ApiKeyDoc, Store } from '../store';
-import { isDatabaseUnavailable } from '../store';
 import { ServiceUnavailableError } from '../errors';
 import { liveKeyByHash, tokenHash } from './keys';
 import { Soon } from './soon';
@@ -26,8 +25,6 @@ export class KeyCache {
   private readonly renewals = new Soon();
   /** Bumped by `forget`, so a read that began before it cannot bring a forgotten key back. */
   private forgets = 0;
-  /** Until then, expired keys are served as last read without waiting (a read just failed or stalled). */
-  private unavailableUntil = 0;
 
   constructor(
     private readonly store: Store,
@@ -53,27 +50,12 @@ export class KeyCache {
 
   /** A fresh read of an expired key; the key as last read when the database cannot answer in time. */
   private async readOrStale(hash: string, stale: ApiKeyDoc): Promise<ApiKeyDoc | null> {
-    // The database just failed to answer: do not make every request wait to find that out again.
-    if (this.now() < this.unavailableUntil) {
+    if (this.store.away) {
       this.renewals.run(hash, () => this.read(hash));
       return stale;
     }
-    let timer: NodeJS.Timeout | undefined;
-    const patience = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), READ_PATIENCE_MS)));
-    const reading = this.read(hash);
-    try {
-      const doc = await Promise.race([reading, patience]);
-      if (doc !== 'late') return doc;
-      reading.catch(() => undefined); // it goes on: its answer refreshes the cache, or is dropped
-      this.unavailableUntil = this.now() + READ_PATIENCE_MS;
-      return stale;
-    } catch (err) {
-      if (!isDatabaseUnavailable(err) && !(err instanceof ServiceUnavailableError)) throw err;
-      this.unavailableUntil = this.now() + READ_PATIENCE_MS;
-      return stale;
-    } finally {
-      clearTimeout(timer);
-    }
+    const fresh = await this.store.patiently(this.read(hash), READ_PATIENCE_MS);
+    return fresh ? fresh.value : stale;
   }
 
   private read(hash: string): Promise<ApiKeyDoc | null> {

@@ -18,7 +18,7 @@
 // and none for limits under 128 (single-ticket blocks, never claimed ahead). Under load on every process (the case a limit is for) every ticket is used and
 // admission is exact.
 import type { AnyBulkWriteOperation } from 'mongodb';
-import { insertManyEach, isDatabaseUnavailable, type RateTicketDoc, type Store } from '../store';
+import { insertManyEach, type RateTicketDoc, type Store } from '../store';
 
 /** How long a request waits for a claim before the database counts as away and the request is admitted. */
 const CLAIM_PATIENCE_MS = 1_000;
@@ -60,8 +60,6 @@ export class RateLimiter {
   private readonly keys = new Map<string, KeyWindow>();
   /** Writes made to claim blocks, for tests and the benchmark. */
   claimWrites = 0;
-  /** Until then requests that would wait for a claim are admitted at once (the database is away). */
-  private unavailableUntil = 0;
 
   constructor(
     private readonly store: Store,
@@ -102,27 +100,10 @@ export class RateLimiter {
       }
       if (s.claiming && !waited && s.claimed.length) s.perClaim = Math.min(this.maxPerClaim, s.perClaim * 2);
       waited = true;
-      if (this.now() < this.unavailableUntil || !this.store.reachable || !(await this.claimed(keyId, s))) {
+      if (this.store.away || !(await this.store.patiently(this.claimSoon(keyId, s), CLAIM_PATIENCE_MS))) {
         void this.claimSoon(keyId, s);
         return { allowed: true, limit: this.limit, remaining: 0, resetAt, retryAfterSeconds: 0 };
       }
-    }
-  }
-
-  /** Waits for a claim: false (admit, fail open) when the database is away or does not answer in time. */
-  private async claimed(keyId: string, s: KeyWindow): Promise<boolean> {
-    let timer: NodeJS.Timeout | undefined;
-    const patience = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), CLAIM_PATIENCE_MS)));
-    try {
-      const done = await Promise.race([this.claimSoon(keyId, s).then(() => true), patience]);
-      if (!done) this.unavailableUntil = this.now() + CLAIM_PATIENCE_MS;
-      return done;
-    } catch (err) {
-      if (!isDatabaseUnavailable(err)) throw err;
-      this.unavailableUntil = this.now() + CLAIM_PATIENCE_MS;
-      return false;
-    } finally {
-      clearTimeout(timer);
     }
   }
 

@@ -71,8 +71,7 @@ export class UsageLedger {
 
   /** Resolves true once safe (see above), false when that generation was already recorded. */
   record(usage: UsageRecord): Promise<boolean> {
-    // Trace metadata is the caller's own object: stored as its JSON text.
-    const doc = { ...usage, trace: usage.trace && toJsonText(usage.trace), created_at: usage.created_at ?? new Date() } as UsageDoc;
+    const doc = toDoc(usage);
     const { journal } = this.opts;
     if (!journal) return new Promise((resolve, reject) => this.enqueue({ doc, resolve, reject }));
     if (this.unstored.size >= MAX_BACKLOG) {
@@ -131,9 +130,8 @@ export class UsageLedger {
     };
     return {
       save: (usage) => {
-        const doc = { ...usage, trace: usage.trace && toJsonText(usage.trace), created_at: usage.created_at ?? new Date() } as UsageDoc;
         try {
-          const next = journal.append(doc, true);
+          const next = journal.append(toDoc(usage), true);
           release();
           last = next;
         } catch (err) {
@@ -225,6 +223,11 @@ export class UsageLedger {
     }
     this.opts.journal!.confirm(p.segment);
   }
+}
+
+/** The document of a usage record; trace metadata is the caller's own object, stored as its JSON text. */
+function toDoc(usage: UsageRecord): UsageDoc {
+  return { ...usage, trace: usage.trace && toJsonText(usage.trace), created_at: usage.created_at ?? new Date() } as UsageDoc;
 }
 
 /** A new generation id: time-ordered, then 80 random bits. */

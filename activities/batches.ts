@@ -26,8 +26,7 @@ import {
   seqId,
   sumProgress,
   writeResultsOnce,
-  writePages,
-  resultsOf,
+  pageChunk,
   type BatchDoc,
   type BatchStatus,
   type InputLine,
@@ -192,19 +191,13 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
       // Only what this run finished: a resumed chunk's earlier lines were counted where they ran.
       metrics?.batchLines.inc({ outcome: 'completed' }, counts.completed - before.completed);
       metrics?.batchLines.inc({ outcome: 'failed' }, counts.failed - before.failed);
-      // Every line is done: store the chunk's results as pages, what readers read. Lines an
-      // earlier attempt finished are read back by _id (at most a chunk's worth).
-      const earlier = await resultsOf(
-        store,
-        b,
-        chunk.lines.filter((l) => !writer.storedResult(l.line)).map((l) => l.line),
-      );
-      const byLine = new Map(earlier.map((r) => [r.line, r]));
-      await writePages(
+      // Every line is done: store the chunk's results as pages, what readers read.
+      await pageChunk(
         store,
         b,
         chunkIndex,
-        chunk.lines.map((l) => writer.storedResult(l.line) ?? byLine.get(l.line)!),
+        chunk.lines,
+        chunk.lines.flatMap((l) => writer.storedResult(l.line) ?? []),
       );
       return counts;
     },
@@ -252,21 +245,7 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
             if (r.ok && r.usage) await usage.record(lineUsage(b, r));
           }
           // The chunk is complete now: page it, unless it paged itself when it finished.
-          if (chunk && missing.length) {
-            const byLine = new Map(closing.map((r) => [r.line, r]));
-            const rest = await resultsOf(
-              store,
-              b,
-              chunk.lines.filter((l) => !byLine.has(l.line)).map((l) => l.line),
-            );
-            for (const r of rest) byLine.set(r.line, r);
-            await writePages(
-              store,
-              b,
-              i,
-              chunk.lines.map((l) => byLine.get(l.line)!),
-            );
-          }
+          if (chunk && missing.length) await pageChunk(store, b, i, chunk.lines, closing);
           Context.current().heartbeat(i);
         }
       }

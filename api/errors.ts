@@ -48,11 +48,11 @@ export function errorMiddleware(): Koa.Middleware {
         return;
       }
       const err = normalize(raw);
-      if (err.status >= 500 && !(raw instanceof GatewayError) && !isDatabaseUnavailable(raw)) {
+      if (isDatabaseUnavailable(raw)) {
+        log.warn({ reason: (raw as Error).message.slice(0, 300) }, 'database unavailable');
+      } else if (err.status >= 500 && !(raw instanceof GatewayError)) {
         // Details stay in the log; the client gets the generic message.
         log.error({ err: raw }, 'unhandled error');
-      } else if (isDatabaseUnavailable(raw)) {
-        log.warn({ reason: (raw as Error).message.slice(0, 300) }, 'database unavailable');
       } else {
         log.debug({ status: err.status, message: short(err.message) }, 'request failed');
       }

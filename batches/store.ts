@@ -12,7 +12,7 @@
 // whatever the batch's size. Deleting a batch removes its documents by `_id`, a thousand per write,
 // in the background behind a durable marker (`batch_deletions`), so nothing is left behind.
 import { randomBytes } from 'node:crypto';
-import type { Collection, Document } from 'mongodb';
+import type { Collection, Document, Filter } from 'mongodb';
 import { insertManyNew, type Store } from '../store';
 import { fromJsonText } from '../store/json-text';
 import type { BATCH_ENDPOINTS, BATCH_STATUSES } from '../schemas/batches';
@@ -289,10 +289,10 @@ export async function counts(store: Store, b: BatchDoc): Promise<{ completed: nu
 }
 
 /** Deletes documents by `_id`, a thousand per write. */
-async function deleteIds(coll: Collection<{ _id: string }>, ids: string[]): Promise<void> {
+async function deleteIds<T extends { _id: string }>(coll: Collection<T>, ids: string[]): Promise<void> {
   for (let i = 0; i < ids.length; i += 1000) {
     await coll.bulkWrite(
-      ids.slice(i, i + 1000).map((_id) => ({ deleteOne: { filter: { _id } } })),
+      ids.slice(i, i + 1000).map((_id) => ({ deleteOne: { filter: { _id } as Filter<T> } })),
       { ordered: false },
     );
   }
@@ -318,7 +318,7 @@ async function dropBatchData(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks'
       Array.from({ length: b.total }, (_, n) => id(seqId(n))),
     );
   }
-  await deleteIds(pages(store) as unknown as Collection<{ _id: string }>, pageIds(b));
+  await deleteIds(pages(store), pageIds(b));
 }
 
 const unix = (d: Date | null) => (d ? Math.floor(d.getTime() / 1000) : null);
@@ -426,11 +426,14 @@ export function pages(store: Store): Collection<PageDoc> {
 
 const pageId = (batchId: string, chunk: number, page: number) => `${batchId}:${seqId(chunk)}.${seqId(page)}`;
 
+/** Where chunk `c` ends: the next chunk's first line, or the batch's end. */
+const chunkEnd = (starts: number[], total: number, c: number) => (c + 1 < starts.length ? starts[c + 1] : total);
+
 /** The `_id` of every page a batch can have (pages of unfinished chunks do not exist). */
 function pageIds(b: Pick<BatchDoc, '_id' | 'chunk_starts' | 'total'>): string[] {
   const starts = b.chunk_starts ?? [];
   return starts.flatMap((start, c) => {
-    const lines = (c + 1 < starts.length ? starts[c + 1] : b.total) - start;
+    const lines = chunkEnd(starts, b.total, c) - start;
     return Array.from({ length: Math.ceil(lines / RESULTS_PAGE_LINES) }, (_, p) => pageId(b._id, c, p));
   });
 }
@@ -444,30 +447,40 @@ function locate(starts: number[], total: number, n: number) {
     if (starts[mid] <= n) lo = mid;
     else hi = mid - 1;
   }
-  const chunkEnd = lo + 1 < starts.length ? starts[lo + 1] : total;
+  const end = chunkEnd(starts, total, lo);
   const page = Math.floor((n - starts[lo]) / RESULTS_PAGE_LINES);
   const first = starts[lo] + page * RESULTS_PAGE_LINES;
-  return { chunk: lo, page, first, end: Math.min(first + RESULTS_PAGE_LINES, chunkEnd), chunkEnd };
+  return { chunk: lo, page, first, end: Math.min(first + RESULTS_PAGE_LINES, end), chunkEnd: end };
 }
 
 /**
- * Stores a finished chunk's results (every line of it, in order) as pages. Idempotent: a page
- * stored already is kept, and it holds the same results (each line's first stored result wins).
+ * Stores a finished chunk's results as pages: `known` are those at hand (what this run wrote), the
+ * rest are read back by `_id` (at most a chunk's worth). Idempotent: a page stored already is kept,
+ * and it holds the same results (each line's first stored result wins).
  */
-export async function writePages(store: Store, b: BatchDoc, chunkIndex: number, chunkResults: ResultDoc[]): Promise<void> {
+export async function pageChunk(store: Store, b: BatchDoc, chunkIndex: number, lines: InputLine[], known: ResultDoc[]): Promise<void> {
   const start = b.chunk_starts?.[chunkIndex];
-  if (start === undefined || chunkResults.some((r, i) => r?.line !== start + i)) return;
+  if (start === undefined) return;
+  const byLine = new Map(known.map((r) => [r.line, r]));
+  for (const r of await resultsOf(
+    store,
+    b,
+    lines.filter((l) => !byLine.has(l.line)).map((l) => l.line),
+  ))
+    byLine.set(r.line, r);
+  const chunkResults = lines.map((l) => byLine.get(l.line));
+  if (chunkResults.some((r, i) => r?.line !== start + i)) return; // a line without its result: not finished
   const docs: PageDoc[] = [];
   for (let i = 0; i < chunkResults.length; i += RESULTS_PAGE_LINES) {
-    const lines = chunkResults.slice(i, i + RESULTS_PAGE_LINES).map((r) => JSON.stringify(resultLine(r)));
-    if (lines.reduce((n, l) => n + l.length, 0) > MAX_PAGE_BYTES) continue;
-    docs.push({ _id: pageId(b._id, chunkIndex, i / RESULTS_PAGE_LINES), first: start + i, lines });
+    const texts = chunkResults.slice(i, i + RESULTS_PAGE_LINES).map((r) => JSON.stringify(resultLine(r!)));
+    if (texts.reduce((n, l) => n + l.length, 0) > MAX_PAGE_BYTES) continue;
+    docs.push({ _id: pageId(b._id, chunkIndex, i / RESULTS_PAGE_LINES), first: start + i, lines: texts });
   }
   await insertManyNew(pages(store), docs);
 }
 
 /** Stored results of some lines, read one by one by `_id` (a bounded number of them). */
-export async function resultsOf(store: Store, b: BatchRef, lines: number[]): Promise<ResultDoc[]> {
+async function resultsOf(store: Store, b: BatchRef, lines: number[]): Promise<ResultDoc[]> {
   const { coll, id } = place<ResultDoc>(store, b, 'results');
   const found = await Promise.all(lines.map((n) => coll.findOne({ _id: id(seqId(n)) })));
   return found.filter((r): r is ResultDoc => r !== null).map(local);

@@ -71,9 +71,9 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     config.metrics.port === null
       ? null
       : await startMetricsServer(metrics, { token: config.metrics.token, host: config.metrics.host, port: config.metrics.port, logger });
-  if (metricsServer)
-    logger.info({ url: metricsServer.url, protected_by: metricsExposure(config).protectedBy ?? 'nothing' }, 'metrics listening');
-  if (metricsServer && !metricsExposure(config).protectedBy) {
+  const { protectedBy } = metricsExposure(config);
+  if (metricsServer) logger.info({ url: metricsServer.url, protected_by: protectedBy ?? 'nothing' }, 'metrics listening');
+  if (metricsServer && !protectedBy) {
     logger.warn(
       { url: metricsServer.url },
       'metrics are open to the network without METRICS_TOKEN: they name every workspace and its spend; set METRICS_TOKEN, or METRICS_HOST=127.0.0.1',

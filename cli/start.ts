@@ -163,17 +163,17 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   say(
     `API on ${api.url}/api/v1 (health: ${api.url}/readyz) — decisions run ${config.decisions.execution === 'inline' ? 'inline, in the API process' : 'as Temporal workflows'} (DECISIONS_EXECUTION)`,
   );
+  // Not served at all (an API beyond loopback without a token): the API role has said so already.
   const metrics = metricsExposure(config);
-  say(
-    metrics.where === 'none'
-      ? 'metrics: not served (the API listens beyond loopback without METRICS_TOKEN); set METRICS_TOKEN or METRICS_PORT'
-      : `metrics on ${metrics.where === 'api' ? api.url : `http://${config.metrics.host}:${config.metrics.port}`}/metrics (${
-          metrics.protectedBy === 'token'
-            ? 'behind METRICS_TOKEN'
-            : metrics.protectedBy === 'loopback'
-              ? 'loopback only; set METRICS_TOKEN before exposing it: it names every workspace and its spend'
-              : 'OPEN to the network: set METRICS_TOKEN'
-        })`,
-  );
+  if (metrics.where !== 'none') {
+    const url = metrics.where === 'api' ? api.url : `http://${config.metrics.host}:${config.metrics.port}`;
+    const guard =
+      metrics.protectedBy === 'token'
+        ? 'behind METRICS_TOKEN'
+        : metrics.protectedBy === 'loopback'
+          ? 'loopback only; set METRICS_TOKEN before exposing it: it names every workspace and its spend'
+          : 'OPEN to the network: set METRICS_TOKEN';
+    say(`metrics on ${url}/metrics (${guard})`);
+  }
   say(`ready — Ctrl-C stops everything`);
 }

@@ -109,6 +109,36 @@ export class Store {
     return this.answering;
   }
 
+  /** Until then the database counts as away: an operation just failed to reach it, or stalled. */
+  private awayUntil = 0;
+
+  /** The database failed its last check, or an operation waited on `patiently` just did not get through. */
+  get away(): boolean {
+    return !this.answering || Date.now() < this.awayUntil;
+  }
+
+  /**
+   * Waits up to `ms` for `op`: its value, or null when it could not reach the database or has not
+   * answered by then (it goes on, its outcome dropped). Then the database counts as away for `ms`,
+   * so a caller with a fallback (a key as last read, a rate limit failing open) takes it at once
+   * instead of each request waiting to find out again. Any other error is thrown.
+   */
+  async patiently<T>(op: Promise<T>, ms: number): Promise<{ value: T } | null> {
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<null>((resolve) => (timer = setTimeout(() => resolve(null), ms)));
+    try {
+      const out = await Promise.race([op.then((value) => ({ value })), late]);
+      if (out) return out;
+      op.catch(() => undefined);
+    } catch (err) {
+      if (!isDatabaseUnavailable(err)) throw err;
+    } finally {
+      clearTimeout(timer);
+    }
+    this.awayUntil = Date.now() + ms;
+    return null;
+  }
+
   static async connect(uri: string, database: string, options: MongoClientOptions = {}): Promise<Store> {
     const client = new MongoClient(uri, {
       ...options,

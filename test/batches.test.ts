@@ -426,6 +426,12 @@ describe('batches', () => {
           .toArray(),
       });
       expect(done.request_counts, diag).to.deep.equal({ total: 40, completed: ok.length, failed: cancelled.length });
+      // Every chunk ends with its page (chunks here are shorter than a page): the ones the cancel cut
+      // short are paged by the close, so readers read pages, not lines.
+      const stored = await gw.store.db.collection('batches').findOne({ _id: r.body.id });
+      expect(await gw.store.db.collection('batch_pages').countDocuments({ _id: { $regex: `^${r.body.id}:` } as never })).to.equal(
+        stored!.chunks,
+      );
       const again = await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
       expect(again.status).to.equal(409);
     });
