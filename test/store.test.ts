@@ -63,4 +63,40 @@ describe('store: lookups by _id on the embedded FerretDB', () => {
     expect(docs.find((d) => d._id === 'd3')?.n).to.equal(103);
     expect(docs.find((d) => d._id === 'd5')?.n).to.equal(5);
   });
+
+  it('a range of plain strings on _id is answered from the _id index, in _id order, and exactly', async () => {
+    const coll = store.db.collection<{ _id: string; n: number }>(uniqueName('ranges'));
+    const ids = ['a:1', 'a:2', 'a:3', 'a:30', 'a:4', 'a;', 'a', 'a:', 'b:1', 'a:2"x', 'a:2\\', 'a:<', 'a:\u2028'];
+    await coll.insertMany(ids.map((_id, n) => ({ _id, n })));
+    await coll.insertOne({ _id: 7 as unknown as string, n: 99 }); // not a string: never in a string range
+    async function plan(filter: Record<string, unknown>): Promise<string> {
+      const res = await store.db.command({ explain: { find: coll.collectionName, filter, limit: 2 } });
+      return JSON.stringify(res.queryPlanner);
+    }
+    expect(await plan({ _id: { $gte: 'a:', $lt: 'a:~' } })).to.match(/SEARCH \S+ USING INDEX \S+__id_ \(<expr>>\? AND <expr><\?\)/);
+    expect(await plan({ _id: { $gt: 'a:2', $lte: 'a:~' }, n: { $lt: 5 } })).to.match(/USING INDEX \S+__id_/);
+    // A bound holding characters JSON escapes is not pushed down: the collection is scanned, still right.
+    expect(await plan({ _id: { $gte: 'a"', $lt: 'a:~' } })).to.match(/SCAN/);
+
+    const found = async (filter: Record<string, unknown>, limit = 0) => (await coll.find(filter).limit(limit).toArray()).map((d) => d._id);
+    // In _id order without a sort (the index's order), and a limit stops the walk.
+    expect(await found({ _id: { $gte: 'a:', $lt: 'a:~' } })).to.deep.equal([
+      'a:',
+      'a:1',
+      'a:2',
+      'a:2"x',
+      'a:2\\',
+      'a:3',
+      'a:30',
+      'a:4',
+      'a:<',
+    ]);
+    expect(await found({ _id: { $gt: 'a:2', $lt: 'a:~' } }, 3)).to.deep.equal(['a:2"x', 'a:2\\', 'a:3']);
+    expect(await found({ _id: { $gt: 'a:1', $lte: 'a:3' } })).to.deep.equal(['a:2', 'a:2"x', 'a:2\\', 'a:3']);
+    expect(await found({ _id: { $gte: 'a:3' } }, 3)).to.deep.equal(['a:3', 'a:30', 'a:4']);
+    // Other conditions still apply; so does the same query through deleteMany.
+    expect(await found({ _id: { $gte: 'a:', $lt: 'a:~' }, n: { $gte: 3, $lte: 4 } })).to.deep.equal(['a:30', 'a:4']);
+    expect((await coll.deleteMany({ _id: { $gte: 'a:', $lt: 'a:3' } })).deletedCount).to.equal(3 + 2); // a:, a:1, a:2 and the two escaped a:2…
+    expect(await coll.countDocuments({})).to.equal(ids.length + 1 - 5);
+  });
 });

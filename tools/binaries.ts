@@ -35,6 +35,73 @@ const FERRETDB_ID_AND_MORE_PATCH = {
   count: 2, // Query and Explain
 };
 
+/**
+ * And it pushes nothing else down: a range on `_id` (`{_id: {$gte: a, $lt: b}}`, how the gateway
+ * reads a workspace's running totals and lists its batches newest first) scanned the table. The
+ * build pushes a range of plain strings down as a range of the index's JSON texts; it returns those
+ * in `_id` order, lazily, so a `limit` stops the index walk. Bounds are pushed down only when made of
+ * plain characters (letters, digits, `_-.:~`); the SQL range is then a superset of every plain
+ * string `_id` in range (the handler applies the whole filter to what it returns). A stored `_id`
+ * holding characters JSON escapes could be missed by such a range; the gateway's never do.
+ */
+const FERRETDB_ID_RANGE_PATCHES = [
+  {
+    file: path.join('internal', 'backends', 'sqlite', 'collection.go'),
+    from: '\t\tswitch v.(type) {\n\t\tcase string, types.ObjectID:',
+    to: '\t\tswitch v.(type) {\n\t\tcase *types.Document:\n\t\t\twhereClause, args = idRangeWhere(v.(*types.Document))\n\t\tcase string, types.ObjectID:',
+    count: 2, // Query and Explain
+  },
+  {
+    file: path.join('internal', 'backends', 'sqlite', 'collection.go'),
+    from: '\torderByClause := prepareOrderByClause(params.Sort)\n',
+    to: '\tfilterPushdown = whereClause != ""\n\torderByClause := prepareOrderByClause(params.Sort)\n',
+    count: 1, // Explain
+  },
+  {
+    file: path.join('internal', 'backends', 'sqlite', 'collection.go'),
+    from: '// Stats implements backends.Collection interface.\n',
+    to: `// idRangeWhere is the gateway build's pushdown of a plain-string _id range (see tools/binaries.ts).
+func idRangeWhere(d *types.Document) (string, []any) {
+\tplain := func(s string) bool {
+\t\tfor i := 0; i < len(s); i++ {
+\t\t\tc := s[i]
+\t\t\tif !(c >= '0' && c <= '9' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || strings.IndexByte("_-.:~", c) >= 0) {
+\t\t\t\treturn false
+\t\t\t}
+\t\t}
+\t\treturn true
+\t}
+\tvar conds []string
+\tvar args []any
+\tfor _, k := range d.Keys() {
+\t\tv, _ := d.Get(k)
+\t\ts, ok := v.(string)
+\t\tif !ok || !plain(s) {
+\t\t\treturn "", nil
+\t\t}
+\t\tswitch k {
+\t\tcase "$gt", "$gte":
+\t\t\tconds = append(conds, metadata.IDColumn+" >= ?")
+\t\t\targs = append(args, "\\""+s)
+\t\tcase "$lt", "$lte":
+\t\t\tconds = append(conds, metadata.IDColumn+" <= ?")
+\t\t\targs = append(args, "\\""+s+"\\"")
+\t\tdefault:
+\t\t\treturn "", nil
+\t\t}
+\t}
+\tif len(conds) == 0 {
+\t\treturn "", nil
+\t}
+\treturn " WHERE " + strings.Join(conds, " AND "), args
+}
+
+// Stats implements backends.Collection interface.
+`,
+    count: 1,
+  },
+];
+
 export class ToolBuildError extends Error {}
 
 export interface ToolPaths {
@@ -48,7 +115,7 @@ function toolPaths(toolsDir: string): ToolPaths {
   return {
     temporal: path.join(toolsDir, `temporal-${TEMPORAL_CLI_VERSION}`),
     // The suffix names the patches, so a binary built without them is never reused.
-    ferretdb: path.join(toolsDir, `ferretdb-${FERRETDB_VERSION}-id-index-2`),
+    ferretdb: path.join(toolsDir, `ferretdb-${FERRETDB_VERSION}-id-index-3`),
   };
 }
 
@@ -154,7 +221,7 @@ async function buildFerretDB(target: string, progress: Progress): Promise<void> 
     fs.cpSync(info.Dir, src, { recursive: true });
     spawnSync('chmod', ['-R', 'u+w', src]);
     fs.writeFileSync(path.join(src, 'build', 'version', 'version.txt'), `${FERRETDB_VERSION}\n`);
-    for (const patch of [FERRETDB_ID_LOOKUP_PATCH, FERRETDB_ID_AND_MORE_PATCH]) applyPatch(src, patch);
+    for (const patch of [FERRETDB_ID_LOOKUP_PATCH, FERRETDB_ID_AND_MORE_PATCH, ...FERRETDB_ID_RANGE_PATCHES]) applyPatch(src, patch);
     await runGo(['build', '-v', '-buildvcs=false', '-o', path.join(work, 'ferretdb'), './cmd/ferretdb'], {
       cwd: src,
       label: 'ferretdb build',
