@@ -14,6 +14,7 @@ import { ServiceUnavailableError } from '../errors';
 import { toJsonText } from '../store/json-text';
 import { insertManyEach, type Store, type UsageDoc } from '../store';
 import { takeCheckpointMark, type Segment, type UsageJournal } from './usage-journal';
+import { TotalsWriter } from './usage-totals';
 
 export type UsageRecord = Omit<UsageDoc, 'created_at'> & { created_at?: Date };
 
@@ -58,11 +59,14 @@ export class UsageLedger {
   private adopter: NodeJS.Timeout | null = null;
   private idle: (() => void)[] = [];
   private closed = false;
+  /** This ledger's running totals per workspace (what makes a balance a few reads). */
+  private readonly totals: TotalsWriter;
 
   constructor(
     private readonly store: Store,
     private readonly opts: LedgerOptions = {},
   ) {
+    this.totals = new TotalsWriter(store);
     if (opts.journal) {
       this.adoptOrphans();
       this.adopter = setInterval(() => this.adoptOrphans(), ADOPT_EVERY_MS).unref();
@@ -177,23 +181,36 @@ export class UsageLedger {
   }
 
   private async drain(): Promise<void> {
+    do {
+      if (!(await this.writeQueued())) return; // a retry is scheduled
+      // Idle: the totals lose their pending groups (a reader then needs no lookup). A failure here
+      // costs nothing but that lookup, and the next group's write tries again.
+      await this.totals.settle().catch((err: unknown) => this.opts.onTrouble?.('usage totals could not be settled', { err }));
+    } while (this.queue.length);
+    this.writing = false;
+    for (const resolve of this.idle.splice(0)) resolve();
+  }
+
+  /** Writes the queue in groups; false when a journaled write failed and was scheduled again. */
+  private async writeQueued(): Promise<boolean> {
     while (this.queue.length) {
       const group = this.queue.slice(0, MAX_GROUP);
+      const docs = group.map((p) => p.doc);
       this.writes++;
       let outcomes: Awaited<ReturnType<typeof insertManyEach>>;
       try {
-        outcomes = await insertManyEach(
-          this.store.usage,
-          group.map((p) => p.doc),
-        );
+        await this.totals.begin(docs);
+        outcomes = await insertManyEach(this.store.usage, docs);
+        this.totals.inserted(docs, outcomes);
       } catch (err) {
+        this.totals.failed(docs);
         if (this.opts.journal) {
-          if (this.closed) return; // the journal keeps them for the next start
+          if (this.closed) return false; // the journal keeps them for the next start
           // Keep the group and try again after a pause (not in a loop against the database).
           this.opts.onTrouble?.('usage records could not be stored; retrying', { err, records: group.length, retry_ms: this.retryMs });
           this.retryTimer = setTimeout(() => void this.drain(), this.retryMs);
           this.retryMs = Math.min(this.retryMs * 2, RETRY_MAX_MS);
-          return;
+          return false;
         }
         outcomes = group.map(() => err as Error);
       }
@@ -201,8 +218,7 @@ export class UsageLedger {
       this.queue.splice(0, group.length);
       group.forEach((p, i) => this.settle(p, outcomes[i]));
     }
-    this.writing = false;
-    for (const resolve of this.idle.splice(0)) resolve();
+    return true;
   }
 
   private settle(p: Pending, outcome: 'inserted' | 'existing' | Error): void {

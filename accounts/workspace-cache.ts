@@ -1,7 +1,7 @@
 // Per-process, short-lived view of each workspace's balance and routing settings, and the spend
-// this process holds against it. The ledger stays the truth: a process re-reads it in the
-// background once `ttlMs` has passed (or ten times the last read's duration, on a large ledger:
-// FerretDB scans every usage record to sum them), and meanwhile counts its own spending since.
+// this process holds against it. The ledger stays the truth: a process re-reads it (a few reads by
+// `_id`, accounts/credits) in the background once `ttlMs` has passed, and meanwhile counts its own
+// spending since.
 //
 // Bounding spend: a billable call (a synchronous call, a decision, a batch line) first holds an
 // estimate of its cost (`hold`), settled to the real cost when it finishes. A call is admitted
@@ -26,10 +26,10 @@ interface Entry {
   balance: number;
   settings: WorkspaceDoc['settings'];
   at: number;
-  /** How long this reading is trusted: the TTL, or ten times what the read took if that is longer. */
-  ttl: number;
   /** `committed` of this workspace's Local when the reading began. */
   committedAtRead: number;
+  /** `settles` of this workspace's Local when the reading began. */
+  settlesAtRead: number;
 }
 
 /** This process's own spending on a workspace. */
@@ -42,6 +42,8 @@ interface Local {
   unstored: number;
   /** Calls waiting for a hold to end. */
   waiters: Set<() => void>;
+  /** How many calls have settled here: a reading taken meanwhile may count some twice. */
+  settles: number;
 }
 
 export interface Hold {
@@ -84,7 +86,7 @@ export class WorkspaceCache {
    */
   async get(workspaceId: string): Promise<Entry> {
     const e = this.entries.get(workspaceId);
-    if (e && this.now() - e.at < e.ttl) return e;
+    if (e && this.now() - e.at < this.ttlMs) return e;
     if (e && this.ttlMs > 0) {
       this.refreshes.run(workspaceId, () => this.load(workspaceId));
       return e;
@@ -94,7 +96,7 @@ export class WorkspaceCache {
 
   private localOf(workspaceId: string): Local {
     let l = this.local.get(workspaceId);
-    if (!l) this.local.set(workspaceId, (l = { committed: 0, held: 0, unstored: 0, waiters: new Set() }));
+    if (!l) this.local.set(workspaceId, (l = { committed: 0, held: 0, unstored: 0, waiters: new Set(), settles: 0 }));
     return l;
   }
 
@@ -108,22 +110,19 @@ export class WorkspaceCache {
         // stored is not in the reading, so it stays counted as spending since.
         const local = this.localOf(workspaceId);
         const committedAtRead = local.committed - local.unstored - this.unstored(workspaceId);
-        const started = this.now();
+        const settlesAtRead = local.settles;
         const [b, ws] = await Promise.all([
           getBalance(this.store, workspaceId),
           this.store.workspaces.findOne({ _id: workspaceId }, { projection: { settings: 1 } }),
         ]);
-        const at = this.now();
-        // The ledger sum scans every usage record on FerretDB (2 s at 30,000 records here): re-reading
-        // it no more often than every ten read-times keeps it under a tenth of a core per workspace.
         const entry = {
           credits: b.total_credits,
           usage: b.total_usage,
           balance: b.balance,
           settings: ws?.settings ?? {},
-          at,
-          ttl: this.ttlMs && Math.max(this.ttlMs, 10 * (at - started)),
+          at: this.now(),
           committedAtRead,
+          settlesAtRead,
         };
         this.entries.set(workspaceId, entry);
         return entry;
@@ -150,8 +149,7 @@ export class WorkspaceCache {
    * cache period. Reading the ledger sum on every request took seconds under load.
    */
   async balance(workspaceId: string): Promise<Balance> {
-    // Never a reading older than the cache period (a slow ledger's longer trust is for the 402
-    // gate, which only needs a bound): after a quiet spell the caller waits for a fresh one.
+    // Never a reading older than the cache period: after a quiet spell the caller waits for a fresh one.
     let e = await this.get(workspaceId);
     if (this.ttlMs > 0 && this.now() - e.at >= this.ttlMs) e = await this.load(workspaceId);
     const since = this.localOf(workspaceId).committed - e.committedAtRead;
@@ -160,7 +158,20 @@ export class WorkspaceCache {
 
   /** 402 unless something is left: the cheap gate every billable route passes before its body is read. */
   async assertCanSpend(workspaceId: string): Promise<void> {
-    refuseUnlessLeft(this.left(workspaceId, await this.get(workspaceId)));
+    await this.refuseUnlessLeft(workspaceId, await this.get(workspaceId));
+  }
+
+  /**
+   * 402 unless something is left. A reading taken while this process settled calls may count
+   * some of them twice (stored as it read, still counted as spending since): before refusing on
+   * such a reading, read again, so a 402 names the real balance. Refusals with no spending since
+   * (a client hammering a spent workspace) cost no read.
+   */
+  private async refuseUnlessLeft(workspaceId: string, e: Entry): Promise<Entry> {
+    if (this.left(workspaceId, e) <= 0 && this.localOf(workspaceId).settles !== e.settlesAtRead) e = await this.load(workspaceId);
+    const left = this.left(workspaceId, e);
+    if (left <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: left });
+    return e;
   }
 
   /**
@@ -174,7 +185,7 @@ export class WorkspaceCache {
     for (;;) {
       let e = await this.get(workspaceId);
       if (this.available(workspaceId, e) < LOW_WATER * estimate) e = await this.load(workspaceId);
-      refuseUnlessLeft(this.left(workspaceId, e));
+      e = await this.refuseUnlessLeft(workspaceId, e);
       if (this.available(workspaceId, e) > 0 || l.held <= 0) break;
       if (signal?.aborted || this.now() >= deadline) {
         throw new PaymentRequiredError('Insufficient credits: what is left is held by calls still in flight; try again shortly', {
@@ -190,6 +201,7 @@ export class WorkspaceCache {
       done = true;
       l.held -= estimate;
       l.committed += cost;
+      l.settles++;
       for (const wake of l.waiters) wake();
       return true;
     };
@@ -223,8 +235,4 @@ export class WorkspaceCache {
       signal?.addEventListener('abort', wake, { once: true });
     });
   }
-}
-
-function refuseUnlessLeft(left: number): void {
-  if (left <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: left });
 }

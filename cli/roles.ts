@@ -14,6 +14,7 @@ import { WorkspaceCache } from '../accounts/workspace-cache';
 import { KeyCache } from '../accounts/key-cache';
 import { createUpstreams } from '../routing/upstreams';
 import { DecisionHandoff } from '../temporal/decision-handoff';
+import { migrateLedger } from '../accounts/ledger-migration';
 import { UsageLedger } from '../accounts/usage-ledger';
 import { UsageJournal } from '../accounts/usage-journal';
 import { createActivities } from '../activities';
@@ -36,6 +37,8 @@ import type { Stop } from './signals';
  */
 async function startCore(config: Config, logger: Logger, addr: Addresses, withWorker: boolean, journal: boolean) {
   const store = await Store.connect(addr.mongoUri, config.mongo.database);
+  const migration = await migrateLedger(store);
+  if (migration.migrated && (migration.workspaces || migration.grants)) logger.info(migration, 'ledger migrated to running totals');
   const metrics = new Metrics(() => batchCountsByStatus(store));
   const upstreams = createUpstreams(config, store, undefined, metrics);
   upstreams.stats.start();

@@ -34,7 +34,7 @@ export interface ApiKeyDoc extends Document {
 }
 
 export interface CreditGrantDoc extends Document {
-  _id: string;
+  _id: string; // <workspace id>:<uuid>: a workspace's grants are one `_id` range
   workspace_id: string;
   amount: number; // USD
   note: string;
@@ -61,6 +61,9 @@ export interface UsageDoc extends Document {
   /** Extra facts about the call, e.g. the label mass of logprob-answered decisions. */
   details?: Record<string, unknown>;
   created_at: Date;
+  /** The ledger that stored it and its insert group (accounts/usage-totals); absent on older records. */
+  writer?: string;
+  group?: number;
 }
 
 export interface PresetDoc extends Document {

@@ -378,34 +378,11 @@ describe('402, 500 and the billable guard', () => {
     expect(status).to.equal(402);
   });
 
-  it('trusts a slow balance reading for ten times what it took, so a large ledger is not summed back to back', async () => {
-    let now = 0;
-    let reading = false;
-    // A clock on which the ledger read (between its two clock readings) takes 2 s.
-    const cache = new WorkspaceCache(gw.store, 5_000, () => {
-      if (reading) now += 2_000;
-      reading = !reading;
-      return now;
-    });
-    const t = await createTenant(gw.store, 1);
-    await cache.assertCanSpend(t.workspaceId);
-    expect(now).to.equal(2_000);
-    await new UsageLedger(gw.store).record(usageRecord(`gen-slow-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 1));
-    const cached = cache['entries'].get(t.workspaceId)!;
-    expect(cached.ttl).to.equal(20_000);
-    now = 2_000 + 19_999;
-    reading = false;
-    await cache.assertCanSpend(t.workspaceId); // still trusted: no re-read started
-    expect(cache['loading'].size).to.equal(0);
-  });
-
   it('GET /credits and GET /key never answer from a reading older than the cache period: after a quiet spell, they wait for a fresh one', async () => {
     let now = 0;
     const cache = new WorkspaceCache(gw.store, 5_000, () => now);
     const t = await createTenant(gw.store, 1);
     expect((await cache.balance(t.workspaceId)).balance).to.equal(1);
-    // A slow ledger: the 402 gate trusts this reading for ten times the read, 20 s here.
-    cache['entries'].get(t.workspaceId)!.ttl = 20_000;
     // Another process spends.
     await new UsageLedger(gw.store).record(usageRecord(`gen-quiet-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.25));
     now = 4_999;

@@ -96,6 +96,10 @@ describe('store: lookups by _id on the embedded FerretDB', () => {
     expect(await found({ _id: { $gte: 'a:3' } }, 3)).to.deep.equal(['a:3', 'a:30', 'a:4']);
     // Other conditions still apply; so does the same query through deleteMany.
     expect(await found({ _id: { $gte: 'a:', $lt: 'a:~' }, n: { $gte: 3, $lte: 4 } })).to.deep.equal(['a:30', 'a:4']);
+    // A set of _ids, whatever characters they hold, is an exact lookup too.
+    const set = { _id: { $in: ['a:2"x', 'a:\u2028', 'b:1', 'zz'] } };
+    expect(await plan(set)).to.match(/SEARCH \S+ USING INDEX \S+__id_ \(<expr>=\?\)/);
+    expect((await found(set)).sort()).to.deep.equal(['a:2"x', 'a:\u2028', 'b:1'].sort());
     expect((await coll.deleteMany({ _id: { $gte: 'a:', $lt: 'a:3' } })).deletedCount).to.equal(3 + 2); // a:, a:1, a:2 and the two escaped a:2…
     expect(await coll.countDocuments({})).to.equal(ids.length + 1 - 5);
   });

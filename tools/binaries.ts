@@ -37,9 +37,11 @@ const FERRETDB_ID_AND_MORE_PATCH = {
 
 /**
  * And it pushes nothing else down: a range on `_id` (`{_id: {$gte: a, $lt: b}}`, how the gateway
- * reads a workspace's running totals and lists its batches newest first) scanned the table. The
- * build pushes a range of plain strings down as a range of the index's JSON texts; it returns those
- * in `_id` order, lazily, so a `limit` stops the index walk. Bounds are pushed down only when made of
+ * reads a workspace's running totals and lists its batches newest first) or a set of `_id`s
+ * (`{_id: {$in: [...]}}`, how deletions and the ledger's checks read) scanned the table. The build
+ * pushes a set of strings down as SQL `IN` (exact, as equality is), and a range of plain strings
+ * as a range of the index's JSON texts, returned in `_id` order, lazily, so a `limit` stops the
+ * index walk. Bounds are pushed down only when made of
  * plain characters (letters, digits, `_-.:~`); the SQL range is then a superset of every plain
  * string `_id` in range (the handler applies the whole filter to what it returns). A stored `_id`
  * holding characters JSON escapes could be missed by such a range; the gateway's never do.
@@ -75,6 +77,20 @@ func idRangeWhere(d *types.Document) (string, []any) {
 \tvar args []any
 \tfor _, k := range d.Keys() {
 \t\tv, _ := d.Get(k)
+\t\tif arr, isArr := v.(*types.Array); isArr && k == "$in" && arr.Len() > 0 {
+\t\t\t// Equality with any of the strings: exact, as the one-value equality pushdown is.
+\t\t\tmarks := make([]string, arr.Len())
+\t\t\tfor i := 0; i < arr.Len(); i++ {
+\t\t\t\te, _ := arr.Get(i)
+\t\t\t\tif _, isStr := e.(string); !isStr {
+\t\t\t\t\treturn "", nil
+\t\t\t\t}
+\t\t\t\tmarks[i] = "?"
+\t\t\t\targs = append(args, string(must.NotFail(sjson.MarshalSingleValue(e))))
+\t\t\t}
+\t\t\tconds = append(conds, metadata.IDColumn+" IN ("+strings.Join(marks, ", ")+")")
+\t\t\tcontinue
+\t\t}
 \t\ts, ok := v.(string)
 \t\tif !ok || !plain(s) {
 \t\t\treturn "", nil
@@ -115,7 +131,7 @@ function toolPaths(toolsDir: string): ToolPaths {
   return {
     temporal: path.join(toolsDir, `temporal-${TEMPORAL_CLI_VERSION}`),
     // The suffix names the patches, so a binary built without them is never reused.
-    ferretdb: path.join(toolsDir, `ferretdb-${FERRETDB_VERSION}-id-index-3`),
+    ferretdb: path.join(toolsDir, `ferretdb-${FERRETDB_VERSION}-id-index-4`),
   };
 }
 

@@ -1,0 +1,159 @@
+// The balance from running totals: exact (never a record twice, never one missed, across crashes,
+// failed inserts and retried generations), read by `_id` only, and the migration of a ledger written
+// before totals existed.
+import { expect } from 'chai';
+import { getBalance, grantCredits } from '../accounts/credits';
+import { migrateLedger } from '../accounts/ledger-migration';
+import { UsageLedger } from '../accounts/usage-ledger';
+import { TotalsWriter, usageTotals, workspaceRange } from '../accounts/usage-totals';
+import { Store, type UsageDoc } from '../store';
+import { stack } from './fixture';
+import { createTenant, storeWith, uniqueName, usageRecord, type Tenant } from './helpers';
+
+describe('usage totals: the balance in bounded reads', () => {
+  let store: Store;
+  let t: Tenant;
+  const doc = (id: string, cost: number, ws = t.workspaceId) =>
+    ({ ...usageRecord(id, ws, t.inferenceKeyId, cost), created_at: new Date() }) as UsageDoc;
+  const usage = async (ws = t.workspaceId) => (await getBalance(store, ws)).total_usage;
+
+  before(async () => {
+    store = await Store.connect(stack.mongoUri, uniqueName('totals').replace(/-/g, '_'));
+  });
+  beforeEach(async () => {
+    t = await createTenant(store, 100);
+  });
+  after(async () => {
+    await store.close();
+  });
+
+  it('sums what every writer stored, each record once, a generation recorded by two writers included', async () => {
+    const [one, two] = [new UsageLedger(store), new UsageLedger(store)];
+    const ids = Array.from({ length: 300 }, (_, i) => `gen-totals-${t.workspaceId}-${i}`);
+    // Both ledgers record every generation at once: each is stored (and billed) once.
+    const outcomes = await Promise.all(
+      ids.flatMap((id, i) => [
+        one.record(usageRecord(id, t.workspaceId, t.inferenceKeyId, 0.001 * (i % 7))),
+        two.record(usageRecord(id, t.workspaceId, t.inferenceKeyId, 0.001 * (i % 7))),
+      ]),
+    );
+    expect(outcomes.filter(Boolean)).to.have.length(ids.length);
+    const expected = ids.reduce((sum, _, i) => sum + 0.001 * (i % 7), 0);
+    expect(await usage()).to.be.closeTo(expected, 1e-9);
+    expect(await store.usage.countDocuments({ workspace_id: t.workspaceId })).to.equal(ids.length);
+    // One totals document per writer, nothing pending once they are idle.
+    const totals = await usageTotals(store)
+      .find({ _id: workspaceRange(t.workspaceId) })
+      .toArray();
+    expect(totals.map((d) => d.writer).sort()).to.deep.equal([one['totals'].id, two['totals'].id].sort());
+    expect(totals.every((d) => d.pending === null)).to.equal(true);
+    expect((await getBalance(store, t.workspaceId)).balance).to.be.closeTo(100 - expected, 1e-9);
+  });
+
+  it('a writer that stops between announcing a group and finishing it: the records it stored count, once', async () => {
+    const dead = new TotalsWriter(store);
+    const docs = [doc('gen-crash-1', 0.5), doc('gen-crash-2', 0.25), doc('gen-crash-3', 0.125)];
+    await dead.begin(docs);
+    await store.usage.insertMany(docs.slice(0, 2)); // the third never got in; the writer is gone
+    expect(await usage()).to.equal(0.75);
+    // The next process re-inserts the whole group from its journal: only the third is new.
+    const next = new UsageLedger(store);
+    for (const d of docs) await next.record(usageRecord(d._id, t.workspaceId, t.inferenceKeyId, d.cost));
+    await next.flushed();
+    expect(await usage()).to.equal(0.875);
+  });
+
+  it('a group whose insert failed part-way is counted by what it stored, before the next group', async () => {
+    let fail = true;
+    const flaky = storeWith(store, 'usage', (real) => ({
+      insertMany: async (docs: UsageDoc[], opts: object) => {
+        if (!fail) return real.insertMany(docs, opts);
+        fail = false;
+        await real.insertMany(docs.slice(0, 1), opts);
+        throw new Error('connection reset'); // the answer was lost; one record got in
+      },
+    }));
+    const ledger = new UsageLedger(flaky);
+    const refused = await ledger.record(usageRecord('gen-flaky-1', t.workspaceId, t.inferenceKeyId, 0.5)).catch((err: Error) => err);
+    expect(refused).to.be.instanceOf(Error);
+    // Nothing is settled yet: the totals still name the group, and a reader counts its stored record.
+    expect(await usage()).to.equal(0.5);
+    await ledger.record(usageRecord('gen-flaky-2', t.workspaceId, t.inferenceKeyId, 0.25));
+    await ledger.flushed();
+    expect(await usage()).to.equal(0.75);
+    const [total] = await usageTotals(store)
+      .find({ _id: workspaceRange(t.workspaceId) })
+      .toArray();
+    expect(total).to.include({ cost: 0.75, pending: null });
+    // The caller retries the refused one: already stored, not billed again.
+    expect(await ledger.record(usageRecord('gen-flaky-1', t.workspaceId, t.inferenceKeyId, 0.5))).to.equal(false);
+    expect(await usage()).to.equal(0.75);
+  });
+
+  it('is read by _id: grants and totals are _id ranges, pending records an _id set, whatever the ledger holds', async function () {
+    const info = await store.db.admin().command({ buildInfo: 1 });
+    if (!info.ferretdbVersion) this.skip();
+    const explain = async (collection: string, filter: object) =>
+      (await store.db.command({ explain: { find: collection, filter } })) as { filterPushdown?: boolean; queryPlanner: unknown };
+    for (const [coll, filter] of [
+      ['credit_grants', { _id: workspaceRange(t.workspaceId) }],
+      ['usage_totals', { _id: workspaceRange(t.workspaceId) }],
+      ['usage', { _id: { $in: ['gen-a', 'gen-b'] }, writer: 'w1', group: 3 }],
+    ] as const) {
+      const plan = await explain(coll, filter);
+      expect(plan.filterPushdown, coll).to.equal(true);
+      expect(JSON.stringify(plan.queryPlanner), coll).to.match(/USING INDEX \S+__id_/);
+    }
+  });
+
+  it('migrates a ledger written before totals, once: unstamped records and grants keyed by id alone', async () => {
+    const db = await Store.connect(stack.mongoUri, uniqueName('legacy').replace(/-/g, '_'));
+    try {
+      const ws = ['ws-legacy-a', 'ws-legacy-b'];
+      await db.creditGrants.insertMany([
+        { _id: 'a1b2c3', workspace_id: ws[0], amount: 5, note: 'old', created_at: new Date() },
+        { _id: 'd4e5f6', workspace_id: ws[1], amount: 2, note: 'old', created_at: new Date() },
+      ]);
+      await db.usage.insertMany([doc('old-1', 1, ws[0]), doc('old-2', 0.5, ws[0]), doc('old-3', 0.25, ws[1])]);
+      expect((await getBalance(db, ws[0])).balance, 'not yet migrated: unseen').to.equal(0);
+
+      expect(await migrateLedger(db)).to.deep.equal({ migrated: true, workspaces: 2, grants: 2 });
+      expect(await getBalance(db, ws[0])).to.deep.equal({ total_credits: 5, total_usage: 1.5, balance: 3.5 });
+      expect(await getBalance(db, ws[1])).to.deep.equal({ total_credits: 2, total_usage: 0.25, balance: 1.75 });
+      // New spending adds to the migrated totals; a second start migrates nothing.
+      const ledger = new UsageLedger(db);
+      await ledger.record(usageRecord('new-1', ws[0], 'k', 0.5));
+      await grantCredits(db, ws[0], 1);
+      expect(await migrateLedger(db)).to.deep.equal({ migrated: false, workspaces: 0, grants: 0 });
+      expect(await getBalance(db, ws[0])).to.deep.equal({ total_credits: 6, total_usage: 2, balance: 4 });
+      expect(await db.creditGrants.countDocuments({})).to.equal(3);
+    } finally {
+      await db.db.dropDatabase();
+      await db.close();
+    }
+  });
+
+  it('a migration that stopped half-way and runs again leaves the ledger exact', async () => {
+    const db = await Store.connect(stack.mongoUri, uniqueName('legacy').replace(/-/g, '_'));
+    try {
+      await db.creditGrants.insertOne({ _id: 'g-old', workspace_id: 'ws-half', amount: 3, note: 'old', created_at: new Date() });
+      await db.usage.insertOne(doc('old-half', 1, 'ws-half'));
+      // The first run copied the grant and wrote the total, then died before deleting or marking.
+      await db.creditGrants.insertOne({ _id: 'ws-half:g-old', workspace_id: 'ws-half', amount: 3, note: 'old', created_at: new Date() });
+      await usageTotals(db).insertOne({
+        _id: 'ws-half:legacy',
+        workspace_id: 'ws-half',
+        writer: 'legacy',
+        cost: 1,
+        pending: null,
+        updated_at: new Date(),
+      });
+      await migrateLedger(db);
+      expect(await getBalance(db, 'ws-half')).to.deep.equal({ total_credits: 3, total_usage: 1, balance: 2 });
+      expect(await db.creditGrants.countDocuments({})).to.equal(1);
+    } finally {
+      await db.db.dropDatabase();
+      await db.close();
+    }
+  });
+});
