@@ -3,21 +3,15 @@
 // into a `<workspace>:legacy` total, and each grant is copied to its `<workspace>:<id>` key before
 // the old one is deleted. Every step can run again with the same outcome, so two processes starting
 // together, or a start that dies half-way, leave the ledger exact; a marker then skips the scans.
-import type { Document } from 'mongodb';
-import { insertManyNew, type Store } from '../store';
+import { insertManyNew, migrateOnce, type Store } from '../store';
 import { usageTotals } from './usage-totals';
 
-const MARKER = 'ledger-totals-1';
-
-interface MigrationDoc extends Document {
-  _id: string;
-  done_at: Date;
+/** Null when it had run before; else how many workspaces' records and grants it brought over. */
+export function migrateLedger(store: Store): Promise<{ workspaces: number; grants: number } | null> {
+  return migrateOnce(store, 'ledger-totals-1', () => migrate(store));
 }
 
-export async function migrateLedger(store: Store): Promise<{ migrated: boolean; workspaces: number; grants: number }> {
-  const migrations = store.db.collection<MigrationDoc>('migrations');
-  if (await migrations.findOne({ _id: MARKER })) return { migrated: false, workspaces: 0, grants: 0 };
-
+async function migrate(store: Store): Promise<{ workspaces: number; grants: number }> {
   const legacy = await store.usage
     .aggregate<{ _id: string; cost: number }>([
       { $match: { writer: { $exists: false } } },
@@ -46,7 +40,5 @@ export async function migrateLedger(store: Store): Promise<{ migrated: boolean; 
     );
     await store.creditGrants.deleteMany({ _id: { $in: grants.map((g) => g._id) } });
   }
-
-  await migrations.replaceOne({ _id: MARKER }, { done_at: new Date() }, { upsert: true });
-  return { migrated: true, workspaces: legacy.length, grants: grants.length };
+  return { workspaces: legacy.length, grants: grants.length };
 }

@@ -16,6 +16,7 @@ import type { WorkspaceCache } from '../accounts/workspace-cache';
 import {
   addToTally,
   batches,
+  writeStatus,
   batchView,
   counts,
   readChunk,
@@ -147,9 +148,9 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
     },
 
     async setBatchStatus(batchId: string, status: BatchStatus): Promise<void> {
-      const set: Partial<BatchDoc> = { status };
+      const set: Partial<BatchDoc> & { status: BatchStatus } = { status };
       if (status === 'in_progress') set.in_progress_at = new Date();
-      await batches(store).updateOne({ _id: batchId }, { $set: set });
+      await writeStatus(store, await load(batchId), set);
     },
 
     /** Runs one chunk's lines with bounded concurrency; returns how many it finished here. */
@@ -244,34 +245,30 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
             addToTally(t, r);
             if (r.ok && r.usage) await usage.record(lineUsage(b, r));
           }
-          // The chunk is complete now: page it, unless it paged itself when it finished.
-          if (chunk && missing.length) await pageChunk(store, b, i, chunk.lines, closing);
+          // The chunk is complete now: page it, unless it paged itself when it finished (a chunk
+          // cancelled between its last line and its pages has no missing lines, and no pages yet).
+          if (chunk) await pageChunk(store, b, i, chunk.lines, closing);
           Context.current().heartbeat(i);
         }
       }
       const finalCounts = { completed: t.completed, failed: t.failed };
       const provider = Object.entries(t.providers).sort((x, y) => y[1] - x[1])[0]?.[0] ?? null;
-      await batches(store).updateOne(
-        { _id: batchId },
-        {
-          $set: {
-            status,
-            finalized_at: new Date(),
-            provider,
-            error: errorMessage ? { message: errorMessage } : null,
-            final_counts: finalCounts,
-            usage:
-              status === 'failed'
-                ? null
-                : {
-                    prompt_tokens: t.input_tokens,
-                    completion_tokens: t.output_tokens,
-                    total_tokens: t.input_tokens + t.output_tokens,
-                    cost: roundUsd(t.cost),
-                  },
-          },
-        },
-      );
+      await writeStatus(store, b, {
+        status,
+        finalized_at: new Date(),
+        provider,
+        error: errorMessage ? { message: errorMessage } : null,
+        final_counts: finalCounts,
+        usage:
+          status === 'failed'
+            ? null
+            : {
+                prompt_tokens: t.input_tokens,
+                completion_tokens: t.output_tokens,
+                total_tokens: t.input_tokens + t.output_tokens,
+                cost: roundUsd(t.cost),
+              },
+      });
     },
   };
 }

@@ -14,6 +14,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Collection, Document, Filter } from 'mongodb';
 import { insertManyNew, type Store } from '../store';
+import { addNewBatch, listPage, moveBatch, removeEntries } from './list';
 import { fromJsonText } from '../store/json-text';
 import type { BATCH_ENDPOINTS, BATCH_STATUSES } from '../schemas/batches';
 
@@ -299,7 +300,11 @@ async function deleteIds<T extends { _id: string }>(coll: Collection<T>, ids: st
 }
 
 /** Removes a batch's inputs, results, progress and pages: what `chunks` and `total` say it can have. */
-async function dropBatchData(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks' | 'total' | 'chunk_starts'>): Promise<void> {
+async function dropBatchData(
+  store: Store,
+  b: BatchRef & Pick<BatchDoc, 'chunks' | 'total' | 'chunk_starts'> & Partial<Pick<BatchDoc, 'workspace_id'>>,
+): Promise<void> {
+  if (b.workspace_id) await removeEntries(store, { _id: b._id, workspace_id: b.workspace_id });
   if (b.layout !== 'shared') {
     for (const kind of ['inputs', 'results', 'progress'] as const) {
       await place(store, b, kind)
@@ -367,6 +372,7 @@ export async function createBatch(store: Store, doc: BatchDoc, lines: InputLine[
   try {
     const starts = await storeInputs(store, b, lines, chunkSize);
     const stored = { ...b, chunks: starts.length, chunk_starts: starts };
+    await addNewBatch(store, stored, stored.status);
     await batches(store).insertOne(stored);
     return stored;
   } catch (err) {
@@ -375,30 +381,32 @@ export async function createBatch(store: Store, doc: BatchDoc, lines: InputLine[
   }
 }
 
-export async function markNotStarted(store: Store, id: string): Promise<void> {
-  await batches(store).updateOne(
-    { _id: id },
-    {
-      $set: { status: 'failed', finalized_at: new Date(), error: { message: 'The batch could not be started; nothing was sent upstream' } },
-    },
-  );
+export async function markNotStarted(store: Store, b: Listed): Promise<void> {
+  await writeStatus(store, b, {
+    status: 'failed',
+    finalized_at: new Date(),
+    error: { message: 'The batch could not be started; nothing was sent upstream' },
+  });
+}
+
+type Listed = Pick<BatchDoc, '_id' | 'workspace_id' | 'created_at'>;
+
+/** Writes a batch's status (and `set`'s other fields), keeping the list index in step. */
+export async function writeStatus(store: Store, b: Listed, set: Partial<BatchDoc> & { status: BatchStatus }): Promise<void> {
+  await moveBatch(store, b, set.status, () => batches(store).updateOne({ _id: b._id }, { $set: set }));
 }
 
 /** A page of the workspace's batches, newest first, one more than `limit` to tell whether more follow. */
 export async function listBatches(
   store: Store,
   workspaceId: string,
-  q: { before?: string; statuses?: BatchStatus[]; created?: Record<string, Date>; limit: number },
+  q: { after?: string; statuses?: BatchStatus[]; created?: Record<string, Date>; limit: number },
 ): Promise<BatchDoc[]> {
-  const filter: Record<string, unknown> = { workspace_id: workspaceId };
-  if (q.before) filter._id = { $lt: q.before };
-  if (q.statuses?.length) filter.status = { $in: q.statuses };
-  if (q.created && Object.keys(q.created).length) filter.created_at = q.created;
-  return batches(store)
-    .find(filter)
-    .sort({ _id: -1 })
-    .limit(q.limit + 1)
-    .toArray();
+  return listPage(store, workspaceId, { after: q.after, statuses: q.statuses, created: q.created, count: q.limit + 1 }, (ids) =>
+    batches(store)
+      .find({ _id: { $in: ids } })
+      .toArray(),
+  );
 }
 
 /** A batch's results in line order, read from its own results collection (batches stored before pages). */
@@ -455,12 +463,13 @@ function locate(starts: number[], total: number, n: number) {
 
 /**
  * Stores a finished chunk's results as pages: `known` are those at hand (what this run wrote), the
- * rest are read back by `_id` (at most a chunk's worth). Idempotent: a page stored already is kept,
- * and it holds the same results (each line's first stored result wins).
+ * rest are read back by `_id` (at most a chunk's worth). Idempotent: a chunk paged already is left
+ * as it is, and a page stored already is kept (each line's first stored result wins).
  */
 export async function pageChunk(store: Store, b: BatchDoc, chunkIndex: number, lines: InputLine[], known: ResultDoc[]): Promise<void> {
   const start = b.chunk_starts?.[chunkIndex];
   if (start === undefined) return;
+  if (await pages(store).findOne({ _id: pageId(b._id, chunkIndex, 0) }, { projection: { _id: 1 } })) return; // paged already
   const byLine = new Map(known.map((r) => [r.line, r]));
   for (const r of await resultsOf(
     store,
@@ -532,7 +541,7 @@ export async function* resultTexts(
 /** What a deletion still has to remove (the batch's document is gone already). */
 interface DeletionDoc extends Document {
   _id: string; // the batch id
-  batch: BatchRef & Pick<BatchDoc, 'chunks' | 'total' | 'chunk_starts'>;
+  batch: BatchRef & Pick<BatchDoc, 'chunks' | 'total' | 'chunk_starts' | 'workspace_id'>;
 }
 
 function deletions(store: Store): Collection<DeletionDoc> {
@@ -544,7 +553,14 @@ function deletions(store: Store): Collection<DeletionDoc> {
  * its lines in the background (`purgeDeleted`), which any process finishes if this one stops.
  */
 export async function deleteBatch(store: Store, b: BatchDoc): Promise<void> {
-  const batch = { _id: b._id, layout: b.layout, chunks: b.chunks, total: b.total, chunk_starts: b.chunk_starts };
+  const batch = {
+    _id: b._id,
+    layout: b.layout,
+    chunks: b.chunks,
+    total: b.total,
+    chunk_starts: b.chunk_starts,
+    workspace_id: b.workspace_id,
+  };
   await deletions(store)
     .insertOne({ _id: b._id, batch })
     .catch((err) => {

@@ -23,6 +23,7 @@ import { startMetricsServer } from '../api/routes/metrics';
 import { Metrics } from '../metrics';
 import { createWebhookSender } from '../webhooks/deliver';
 import { batchCountsByStatus, purgeDeleted } from '../batches/store';
+import { indexStoredBatches } from '../batches/list';
 
 /** How often a process looks for batch deletions left unfinished. */
 const PURGE_EVERY_MS = 30_000;
@@ -37,8 +38,11 @@ import type { Stop } from './signals';
  */
 async function startCore(config: Config, logger: Logger, addr: Addresses, withWorker: boolean, journal: boolean) {
   const store = await Store.connect(addr.mongoUri, config.mongo.database);
-  const migration = await migrateLedger(store);
-  if (migration.migrated && (migration.workspaces || migration.grants)) logger.info(migration, 'ledger migrated to running totals');
+  // Stores written by an older version: brought up to date once (each migration is idempotent).
+  const ledger = await migrateLedger(store);
+  if (ledger && (ledger.workspaces || ledger.grants)) logger.info(ledger, 'ledger migrated to running totals');
+  const listed = await indexStoredBatches(store);
+  if (listed) logger.info({ batches: listed }, 'stored batches indexed for listing');
   const metrics = new Metrics(() => batchCountsByStatus(store));
   const upstreams = createUpstreams(config, store, undefined, metrics);
   upstreams.stats.start();

@@ -1,6 +1,6 @@
 // The MongoDB connection and the collections the gateway keeps. FerretDB (the embedded default)
 // has no transactions and scans everything but `_id` lookups, so writes are idempotent by `_id`.
-import { MongoClient, MongoNetworkError, type Db, type Document, type Collection, type MongoClientOptions } from 'mongodb';
+import { MongoClient, MongoNetworkError, type Db, type Document, type Collection, type FindCursor, type MongoClientOptions } from 'mongodb';
 
 export interface ProbeDoc extends Document {
   _id: string;
@@ -102,6 +102,11 @@ export class Store {
   private constructor(
     readonly client: MongoClient,
     readonly db: Db,
+    /**
+     * FerretDB sorts in memory whatever the sort: a sorted read of an `_id` range reads the whole
+     * range before its limit. Unsorted, it returns an `_id` range in index order (tools/binaries.ts).
+     */
+    readonly sortsInMemory: boolean,
   ) {
     client.on('serverHeartbeatFailed', () => (this.answering = false));
     client.on('serverHeartbeatSucceeded', () => (this.answering = true));
@@ -157,7 +162,8 @@ export class Store {
       appName: 'inference-gateway',
     });
     await client.connect();
-    const store = new Store(client, client.db(database));
+    const info = await client.db(database).admin().command({ buildInfo: 1 });
+    const store = new Store(client, client.db(database), Boolean(info.ferretdbVersion));
     await store.ensureIndexes();
     return store;
   }
@@ -227,6 +233,26 @@ async function withTimeout<T>(p: Promise<T>, ms: number, message: string): Promi
   } finally {
     clearTimeout(timer);
   }
+}
+
+/**
+ * Runs a start-up migration unless its marker says it ran to the end. The migration must be
+ * idempotent: two processes may run it at once, and one that stops half-way runs again.
+ */
+export async function migrateOnce<T>(store: Store, marker: string, migrate: () => Promise<T>): Promise<T | null> {
+  const migrations = store.db.collection<{ _id: string; done_at: Date }>('migrations');
+  if (await migrations.findOne({ _id: marker })) return null;
+  const outcome = await migrate();
+  await migrations.replaceOne({ _id: marker }, { done_at: new Date() }, { upsert: true });
+  return outcome;
+}
+
+/**
+ * A read of an `_id` range in `_id` order that stops at its limit: sorted on MongoDB (by the `_id`
+ * index), unsorted on FerretDB, whose patched build reads the range from the index in order.
+ */
+export function inIdOrder<T>(store: Store, cursor: FindCursor<T>): FindCursor<T> {
+  return store.sortsInMemory ? cursor : cursor.sort({ _id: 1 });
 }
 
 /** True for a unique-index violation (E11000), which FerretDB also reports on insert. */

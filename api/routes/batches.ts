@@ -258,7 +258,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
           });
         } catch (err) {
           ctx.state.log.error({ err, batch_id: id }, 'could not start batch workflow');
-          await markNotStarted(store, id);
+          await markNotStarted(store, doc);
           throw new ServiceUnavailableError('The batch could not be started; try again', { batch_id: id });
         }
         ctx.status = 202;
@@ -291,7 +291,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
           throw new BadRequestError(`after: ${query.after} is not a batch of this workspace (use the last_id of a previous page)`);
         }
         const page = await listBatches(store, authOf(ctx).workspaceId, {
-          before: query.after,
+          after: query.after,
           statuses: query.status,
           created,
           limit: query.limit,
