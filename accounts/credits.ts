@@ -4,9 +4,9 @@
 // Both sides are read in bounded time: grants are keyed by workspace (one `_id` range), and the
 // ledger's cost is its writers' running totals (accounts/usage-totals).
 import { randomUUID } from 'node:crypto';
-import type { CreditGrantDoc, Store } from '../store';
+import { workspaceRange, type CreditGrantDoc, type Store } from '../store';
 import { roundUsd } from '../catalog/usd';
-import { totalUsage, workspaceRange } from './usage-totals';
+import { totalUsage } from './usage-totals';
 
 export interface Balance {
   total_credits: number;

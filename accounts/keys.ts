@@ -2,7 +2,7 @@
 // buys nothing against keys this long, and authentication stays one `_id` lookup).
 import { createHash, randomBytes } from 'node:crypto';
 import { NotFoundError } from '../errors';
-import type { ApiKeyDoc, KeyKind, Store } from '../store';
+import { listedUnder, listUnder, migrateOnce, workspaceList, type ApiKeyDoc, type KeyKind, type Store } from '../store';
 
 const KEY_PREFIX = 'sk-gw-v1-';
 const KEY_SHAPE = /^sk-gw-v1-[0-9a-f]{64}$/;
@@ -50,6 +50,7 @@ export async function createKey(
     created_at: new Date(),
     revoked_at: null,
   };
+  await listUnder(store, 'workspace_keys', workspaceId, doc.id, doc._id);
   await store.apiKeys.insertOne(doc);
   return { ...publicKey(doc), key };
 }
@@ -65,12 +66,11 @@ export async function liveKeyByHash(store: Store, hash: string): Promise<ApiKeyD
   return doc && !doc.revoked_at ? doc : null;
 }
 
+/** A workspace's keys (its list, then the keys by `_id`), or every key for the admin CLI. */
 export async function listKeys(store: Store, workspaceId?: string): Promise<PublicKey[]> {
-  const docs = await store.apiKeys
-    .find(workspaceId ? { workspace_id: workspaceId } : {})
-    .sort({ created_at: 1 })
-    .toArray();
-  return docs.map(publicKey);
+  const filter = workspaceId ? { _id: { $in: await listedUnder(store, 'workspace_keys', workspaceId) }, workspace_id: workspaceId } : {};
+  const docs = await store.apiKeys.find(filter).toArray();
+  return docs.sort((a, b) => a.created_at.getTime() - b.created_at.getTime()).map(publicKey);
 }
 
 /**
@@ -78,8 +78,8 @@ export async function listKeys(store: Store, workspaceId?: string): Promise<Publ
  * learn that it exists.
  */
 export async function revokeKey(store: Store, id: string, workspaceId?: string): Promise<PublicKey> {
-  const filter = workspaceId ? { id, workspace_id: workspaceId } : { id };
-  const doc = await store.apiKeys.findOne(filter);
+  // The admin CLI names a key without its workspace: a whole read, fine for an operator's command.
+  const doc = workspaceId ? await keyOfWorkspace(store, workspaceId, id) : await store.apiKeys.findOne({ id });
   if (!doc) throw new NotFoundError(`API key ${id} not found`);
   if (!doc.revoked_at) {
     doc.revoked_at = new Date();
@@ -90,5 +90,16 @@ export async function revokeKey(store: Store, id: string, workspaceId?: string):
 
 /** One key of a workspace, or null (another workspace's key is not found either). */
 export async function keyOfWorkspace(store: Store, workspaceId: string, id: string): Promise<ApiKeyDoc | null> {
-  return store.apiKeys.findOne({ id, workspace_id: workspaceId });
+  const listed = await workspaceList(store, 'workspace_keys').findOne({ _id: `${workspaceId}:${id}` });
+  const doc = listed && (await store.apiKeys.findOne({ _id: listed.ref }));
+  return doc && doc.workspace_id === workspaceId && doc.id === id ? doc : null;
+}
+
+/** Lists the keys stored before workspaces had lists, once (null when it had run before). */
+export function listStoredKeys(store: Store): Promise<number | null> {
+  return migrateOnce(store, 'key-list-1', async () => {
+    const keys = await store.apiKeys.find({}, { projection: { id: 1, workspace_id: 1 } }).toArray();
+    for (const k of keys) await listUnder(store, 'workspace_keys', k.workspace_id, k.id, k._id);
+    return keys.length;
+  });
 }

@@ -12,7 +12,7 @@
 // stamp, so it is counted once, by that writer.
 import { randomBytes } from 'node:crypto';
 import type { AnyBulkWriteOperation, Document } from 'mongodb';
-import type { Store, UsageDoc } from '../store';
+import { workspaceRange, type Store, type UsageDoc } from '../store';
 
 export interface UsageTotalDoc extends Document {
   _id: string; // <workspace id>:<writer id>
@@ -23,14 +23,6 @@ export interface UsageTotalDoc extends Document {
   /** The group being inserted: its records count once stored with this writer and group. */
   pending: { group: number; ids: string[] } | null;
   updated_at: Date;
-}
-
-/** Upper end of a workspace's `_id` range: every key after `<workspace>:` sorts below it. */
-const RANGE_END = '~';
-
-/** The `_id` range of a workspace's documents in a collection keyed `<workspace>:<…>`. */
-export function workspaceRange(workspaceId: string): { $gte: string; $lt: string } {
-  return { $gte: `${workspaceId}:`, $lt: `${workspaceId}:${RANGE_END}` };
 }
 
 export function usageTotals(store: Store) {

@@ -269,6 +269,7 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
                 cost: roundUsd(t.cost),
               },
       });
+      metrics?.batchesFinished.inc({ status });
     },
   };
 }

@@ -229,14 +229,6 @@ export async function doneLines(store: Store, b: BatchRef & Pick<BatchDoc, 'chun
   return new Set((await allProgress(store, b)).flatMap((d) => d.done ?? []));
 }
 
-/** How many batches are in each status (for metrics, read at scrape time). */
-export async function batchCountsByStatus(store: Store): Promise<Record<string, number>> {
-  const rows = await batches(store)
-    .aggregate<{ _id: string; n: number }>([{ $group: { _id: '$status', n: { $sum: 1 } } }])
-    .toArray();
-  return Object.fromEntries(rows.map((r) => [r._id, r.n]));
-}
-
 export function batches(store: Store): Collection<BatchDoc> {
   return store.db.collection<BatchDoc>('batches');
 }

@@ -22,8 +22,10 @@ import { inlineExecution, workflowExecution } from '../api/decision-execution';
 import { startMetricsServer } from '../api/routes/metrics';
 import { Metrics } from '../metrics';
 import { createWebhookSender } from '../webhooks/deliver';
-import { batchCountsByStatus, purgeDeleted } from '../batches/store';
+import { purgeDeleted } from '../batches/store';
 import { indexStoredBatches } from '../batches/list';
+import { listStoredKeys } from '../accounts/keys';
+import { listStoredPresets } from '../presets/store';
 
 /** How often a process looks for batch deletions left unfinished. */
 const PURGE_EVERY_MS = 30_000;
@@ -41,9 +43,9 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   // Stores written by an older version: brought up to date once (each migration is idempotent).
   const ledger = await migrateLedger(store);
   if (ledger && (ledger.workspaces || ledger.grants)) logger.info(ledger, 'ledger migrated to running totals');
-  const listed = await indexStoredBatches(store);
-  if (listed) logger.info({ batches: listed }, 'stored batches indexed for listing');
-  const metrics = new Metrics(() => batchCountsByStatus(store));
+  const listed = { batches: await indexStoredBatches(store), keys: await listStoredKeys(store), presets: await listStoredPresets(store) };
+  if (Object.values(listed).some(Boolean)) logger.info(listed, 'stored batches, keys and presets listed under their workspaces');
+  const metrics = new Metrics();
   const upstreams = createUpstreams(config, store, undefined, metrics);
   upstreams.stats.start();
   const { connection, client } = await connectTemporal(

@@ -1,7 +1,7 @@
 // The process's Prometheus metrics, all named here. Label values come from bounded sets only (route
 // templates, catalog ids, provider slugs, outcome kinds, workspace ids): never keys, prompts or
 // anything else a caller writes.
-import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { collectDefaultMetrics, Counter, Histogram, Registry } from 'prom-client';
 
 /** What the routing layer reports about each provider call; `Metrics` is one, a test may be another. */
 export interface UpstreamObserver {
@@ -64,21 +64,25 @@ export class Metrics implements UpstreamObserver {
     registers: [this.registry],
   });
 
-  /** `batchCounts` is read at each scrape for the batches-by-status gauge. */
-  constructor(batchCounts?: () => Promise<Record<string, number>>) {
+  /**
+   * Batches created and closed here: counters, not a gauge read from the database at each scrape
+   * (its cost grew with history). Batches in flight = created − finished, summed over processes.
+   */
+  readonly batchesCreated = new Counter({
+    name: 'gateway_batches_created_total',
+    help: 'Batches created through this process',
+    registers: [this.registry],
+  });
+
+  readonly batchesFinished = new Counter({
+    name: 'gateway_batches_finished_total',
+    help: 'Batches closed by this process, by terminal status',
+    labelNames: ['status'] as const,
+    registers: [this.registry],
+  });
+
+  constructor() {
     collectDefaultMetrics({ register: this.registry, prefix: 'gateway_' });
-    if (batchCounts) {
-      new Gauge({
-        name: 'gateway_batches',
-        help: 'Batches by status (from the database, at scrape time)',
-        labelNames: ['status'] as const,
-        registers: [this.registry],
-        async collect() {
-          this.reset();
-          for (const [status, n] of Object.entries(await batchCounts())) this.set({ status }, n);
-        },
-      });
-    }
   }
 
   call(provider: string, model: string, outcome: string, seconds: number): void {

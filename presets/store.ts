@@ -2,10 +2,15 @@
 // number), so concurrent writers race on `_id`, the one thing every MongoDB-compatible store
 // makes atomic: two creations of one slug become one preset, and two writers of version n+1
 // produce one version n+1 and a 409 for the loser. The designated version is the newest.
+//
+// Every read is by `_id` (FerretDB reads nothing else from an index): versions are numbered without
+// gaps, so the newest is found by probing version ids forward from the preset's `latest`, a hint
+// that writers raise with `$max` (a lost update only leaves it lower, which costs a probe); and a
+// workspace's presets are listed under it (`workspace_presets`), written before the preset.
 import { fromJsonText, toJsonText } from '../store/json-text';
 import { createHash } from 'node:crypto';
 import { ConflictError, NotFoundError } from '../errors';
-import { isDuplicateKey, type PresetDoc, type PresetVersionDoc, type Store } from '../store';
+import { isDuplicateKey, listedUnder, listUnder, migrateOnce, type PresetDoc, type PresetVersionDoc, type Store } from '../store';
 
 /** An RFC 4122 version-5-style UUID from a name (SHA-1, as uuidv5 does). */
 function nameUuid(name: string): string {
@@ -77,8 +82,20 @@ function presetView(p: PresetDoc, designated: PresetVersionDoc): PresetView & { 
   };
 }
 
-async function latestVersion(store: Store, presetId: string): Promise<PresetVersionDoc | null> {
-  return store.presetVersions.find({ preset_id: presetId }).sort({ version: -1 }).limit(1).next();
+/** Version ids read per probe. */
+const PROBE = 16;
+
+const versionIds = (presetId: string, from: number, count: number) =>
+  Array.from({ length: count }, (_, i) => versionIdOf(presetId, from + i));
+
+/** The newest version, probing forward from `hint` (a version known to exist, or 0). */
+async function latestVersion(store: Store, presetId: string, hint = 0): Promise<PresetVersionDoc | null> {
+  let newest: PresetVersionDoc | null = null;
+  for (let from = Math.max(hint, 1); ; from += PROBE) {
+    const found = await store.presetVersions.find({ _id: { $in: versionIds(presetId, from, PROBE) } }).toArray();
+    for (const v of found) if (!newest || v.version > newest.version) newest = v;
+    if (found.length < PROBE) return newest;
+  }
 }
 
 /** Creates the preset if the slug is new in the workspace, then adds the next version. */
@@ -90,6 +107,7 @@ export async function addPresetVersion(
   const presetId = presetIdOf(input.workspaceId, input.slug);
   let preset = await store.presets.findOne({ _id: presetId });
   if (!preset) {
+    await listUnder(store, 'workspace_presets', input.workspaceId, presetId, presetId);
     const doc: PresetDoc = {
       _id: presetId,
       workspace_id: input.workspaceId,
@@ -107,7 +125,7 @@ export async function addPresetVersion(
       preset = await store.presets.findOne({ _id: presetId }); // created a moment ago by another writer
     }
   }
-  const next = ((await latestVersion(store, presetId))?.version ?? 0) + 1;
+  const next = ((await latestVersion(store, presetId, preset?.latest))?.version ?? 0) + 1;
   const version: PresetVersionDoc = {
     _id: versionIdOf(presetId, next),
     preset_id: presetId,
@@ -129,6 +147,7 @@ export async function addPresetVersion(
     }
     throw err;
   }
+  await store.presets.updateOne({ _id: presetId }, { $max: { latest: next } });
   return presetView(preset!, version);
 }
 
@@ -138,14 +157,16 @@ export async function getPreset(
   slug: string,
 ): Promise<PresetView & { designated_version: VersionView }> {
   const presetId = presetIdOf(workspaceId, slug);
-  const [preset, latest] = await Promise.all([store.presets.findOne({ _id: presetId }), latestVersion(store, presetId)]);
+  const preset = await store.presets.findOne({ _id: presetId });
+  const latest = preset && (await latestVersion(store, presetId, preset.latest));
   if (!preset || !latest) throw new NotFoundError(`Preset "${slug}" not found`);
   return presetView(preset, latest);
 }
 
 export async function listPresets(store: Store, workspaceId: string, offset: number, limit: number) {
-  const all = await store.presets.find({ workspace_id: workspaceId }).toArray();
-  const withLatest = (await Promise.all(all.map(async (p) => ({ p, v: await latestVersion(store, p._id) }))))
+  const listed = await listedUnder(store, 'workspace_presets', workspaceId);
+  const all = await store.presets.find({ _id: { $in: listed }, workspace_id: workspaceId }).toArray();
+  const withLatest = (await Promise.all(all.map(async (p) => ({ p, v: await latestVersion(store, p._id, p.latest) }))))
     .filter((x): x is { p: PresetDoc; v: PresetVersionDoc } => x.v !== null)
     .sort((a, b) => b.v.created_at.getTime() - a.v.created_at.getTime() || a.p.slug.localeCompare(b.p.slug)); // most recently updated first
   return { data: withLatest.slice(offset, offset + limit).map(({ p, v }) => presetView(p, v)), total_count: withLatest.length };
@@ -153,9 +174,12 @@ export async function listPresets(store: Store, workspaceId: string, offset: num
 
 export async function listVersions(store: Store, workspaceId: string, slug: string, offset: number, limit: number) {
   const presetId = presetIdOf(workspaceId, slug);
-  if (!(await store.presets.findOne({ _id: presetId }))) throw new NotFoundError(`Preset "${slug}" not found`);
-  const versions = await store.presetVersions.find({ preset_id: presetId }).sort({ version: 1 }).toArray();
-  return { data: versions.slice(offset, offset + limit).map(versionView), total_count: versions.length };
+  const preset = await store.presets.findOne({ _id: presetId });
+  const total = preset && (await latestVersion(store, presetId, preset.latest))?.version;
+  if (!total) throw new NotFoundError(`Preset "${slug}" not found`);
+  const count = Math.max(0, Math.min(limit, total - offset));
+  const page = count ? await store.presetVersions.find({ _id: { $in: versionIds(presetId, offset + 1, count) } }).toArray() : [];
+  return { data: page.sort((a, b) => a.version - b.version).map(versionView), total_count: total };
 }
 
 export async function getVersion(store: Store, workspaceId: string, slug: string, version: number): Promise<VersionView> {
@@ -163,4 +187,13 @@ export async function getVersion(store: Store, workspaceId: string, slug: string
   const v = await store.presetVersions.findOne({ _id: versionIdOf(presetId, version) });
   if (!v || v.workspace_id !== workspaceId) throw new NotFoundError(`Version ${version} of preset "${slug}" not found`);
   return versionView(v);
+}
+
+/** Lists the presets stored before workspaces had lists, once (null when it had run before). */
+export function listStoredPresets(store: Store): Promise<number | null> {
+  return migrateOnce(store, 'preset-list-1', async () => {
+    const presets = await store.presets.find({}, { projection: { workspace_id: 1 } }).toArray();
+    for (const p of presets) await listUnder(store, 'workspace_presets', p.workspace_id, p._id, p._id);
+    return presets.length;
+  });
 }

@@ -87,7 +87,7 @@ export class LiveStats {
     const endpoints = [...this.pending.values()].map(({ seen: _seen, ...summary }) => summary);
     this.pending = new Map();
     try {
-      await this.store.endpointSamples.insertOne({ _id: `${this.instance}:${this.seq++}`, at: new Date(at), endpoints });
+      await this.store.endpointSamples.insertOne({ _id: `${timeKey(at)}:${this.instance}:${this.seq++}`, at: new Date(at), endpoints });
       this.shared.push(...endpoints.map((s) => ({ at, s })));
     } catch {
       // Try again next flush, together with whatever was measured while this write failed.
@@ -109,10 +109,11 @@ export class LiveStats {
   /** Reads every process's summaries in the window and drops documents older than two windows. */
   async refresh(): Promise<void> {
     const since = this.now() - this.windowMs;
-    const docs = await this.store.endpointSamples.find({ at: { $gte: new Date(since) } }).toArray();
+    // Keyed by time first: the window is one `_id` range (FerretDB reads nothing else from an index).
+    const docs = await this.store.endpointSamples.find({ _id: { $gte: timeKey(since) }, at: { $gte: new Date(since) } }).toArray();
     this.shared = docs.flatMap((d) => (d.endpoints ?? []).map((s) => ({ at: d.at.getTime(), s })));
     this.cached = this.build(this.now());
-    await this.store.endpointSamples.deleteMany({ at: { $lt: new Date(since - this.windowMs) } }).catch(() => undefined);
+    await this.store.endpointSamples.deleteMany({ _id: { $lt: timeKey(since - this.windowMs) } }).catch(() => undefined);
   }
 
   /** As of the last `refresh` (every two seconds), with failures since; built here only before the first. */
@@ -163,4 +164,9 @@ export class LiveStats {
     this.timer = null;
     await this.flush();
   }
+}
+
+/** A time as the start of a samples document's `_id`: fixed-width base 36, so ids sort by time. */
+function timeKey(ms: number): string {
+  return Math.max(0, Math.floor(ms)).toString(36).padStart(9, '0');
 }

@@ -74,6 +74,8 @@ export interface PresetDoc extends Document {
   description: string | null;
   creator_user_id: string;
   created_at: Date;
+  /** A version known to exist, raised as versions are added: where the search for the newest starts. */
+  latest?: number;
 }
 
 export interface PresetVersionDoc extends Document {
@@ -233,6 +235,38 @@ async function withTimeout<T>(p: Promise<T>, ms: number, message: string): Promi
   } finally {
     clearTimeout(timer);
   }
+}
+
+/**
+ * The `_id` range of a workspace's documents in a collection keyed `<workspace>:<key>` (keys of
+ * plain characters, which sort below `~`): one indexed range read on FerretDB's patched build.
+ */
+export function workspaceRange(workspaceId: string): { $gte: string; $lt: string } {
+  return { $gte: `${workspaceId}:`, $lt: `${workspaceId}:~` };
+}
+
+/** A workspace's list of one kind (keys, presets): `<workspace>:<id>` → the listed document's `_id`. */
+export interface WorkspaceListDoc extends Document {
+  _id: string;
+  ref: string;
+}
+
+export function workspaceList(store: Store, name: 'workspace_keys' | 'workspace_presets'): Collection<WorkspaceListDoc> {
+  return store.db.collection<WorkspaceListDoc>(name);
+}
+
+/** Lists `ref` under the workspace (idempotent: written before the listed document, so never missing). */
+export async function listUnder(store: Store, name: Parameters<typeof workspaceList>[1], workspaceId: string, id: string, ref: string) {
+  await workspaceList(store, name).replaceOne({ _id: `${workspaceId}:${id}` }, { ref }, { upsert: true });
+}
+
+/** Every `ref` listed under the workspace. */
+export async function listedUnder(store: Store, name: Parameters<typeof workspaceList>[1], workspaceId: string): Promise<string[]> {
+  return (
+    await workspaceList(store, name)
+      .find({ _id: workspaceRange(workspaceId) })
+      .toArray()
+  ).map((d) => d.ref);
 }
 
 /**

@@ -168,10 +168,11 @@ describe('metrics', function () {
     expect(valueOf(text, 'gateway_decisions_total', { mode: 'inline' })).to.equal(1);
   });
 
-  it('counts batch lines by outcome and batches by status', () => {
+  it('counts batch lines by outcome, and batches created and finished by status', () => {
     expect(valueOf(text, 'gateway_batch_lines_total', { outcome: 'completed' })).to.equal(1);
     expect(valueOf(text, 'gateway_batch_lines_total', { outcome: 'failed' })).to.equal(1);
-    expect(valueOf(text, 'gateway_batches', { status: 'completed' })).to.equal(1);
+    expect(valueOf(text, 'gateway_batches_created_total')).to.equal(1);
+    expect(valueOf(text, 'gateway_batches_finished_total', { status: 'completed' })).to.equal(1);
   });
 
   it("adds up each workspace's spend as the ledger does", async () => {

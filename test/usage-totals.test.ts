@@ -5,8 +5,8 @@ import { expect } from 'chai';
 import { getBalance, grantCredits } from '../accounts/credits';
 import { migrateLedger } from '../accounts/ledger-migration';
 import { UsageLedger } from '../accounts/usage-ledger';
-import { TotalsWriter, usageTotals, workspaceRange } from '../accounts/usage-totals';
-import { Store, type UsageDoc } from '../store';
+import { TotalsWriter, usageTotals } from '../accounts/usage-totals';
+import { Store, workspaceRange, type UsageDoc } from '../store';
 import { stack } from './fixture';
 import { createTenant, storeWith, uniqueName, usageRecord, type Tenant } from './helpers';
 

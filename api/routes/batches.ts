@@ -72,7 +72,7 @@ function timeBound(name: 'created_after' | 'created_before', raw: string | undef
  */
 const MAX_RESULT_READS = 4;
 
-export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): AnyRoute[] {
+export function batchRoutes({ config, store, temporal, upstreams, metrics }: AppDeps): AnyRoute[] {
   const settings = config.batches;
   const resultReads = new Map<string, number>();
 
@@ -261,6 +261,7 @@ export function batchRoutes({ config, store, temporal, upstreams }: AppDeps): An
           await markNotStarted(store, doc);
           throw new ServiceUnavailableError('The batch could not be started; try again', { batch_id: id });
         }
+        metrics.batchesCreated.inc();
         ctx.status = 202;
         ctx.body = batchView(doc, { completed: 0, failed: 0 });
       },
