@@ -1,14 +1,23 @@
-// Costs as history grows (a first part of the growth bench): batch create (1 line), get and list
-// p50/p99 on an empty stack, then again after BENCH_GROWTH_BATCHES batches were created through
-// the API, with FerretDB's CPU per operation and its size on disk. The usage-ledger half (1,000,000
-// records, a new workspace's first call, cross-process credits) is not here yet.
+// Costs as history grows: every operation measured on an empty stack, then again, in the same run,
+// once BENCH_GROWTH_BATCHES batches (10,000) were created through the API and BENCH_GROWTH_USAGE
+// usage records (1,000,000) were written through the ledger's own writer (the bulk of a year of
+// calls in minutes). Two API processes share the stack, so a second process's spending can be
+// timed into the first's GET /credits. Verdicts are the bars of the growth issue.
 import fs from 'node:fs';
 import path from 'node:path';
 import { benchCatalog } from './batches';
-import { benchKey, cpuSeconds, startStack, writeResult } from './harness';
+import { benchKey, closedLoop, cpuSeconds, startStack, writeResult, type Stack } from './harness';
+import { Store } from '../store';
+import { UsageLedger } from '../accounts/usage-ledger';
+import { createWorkspace } from '../accounts/workspaces';
+import { grantCredits } from '../accounts/credits';
+import { createKey } from '../accounts/keys';
 
-const STORED = Number(process.env.BENCH_GROWTH_BATCHES ?? 2_000);
+const STORED = Number(process.env.BENCH_GROWTH_BATCHES ?? 10_000);
+const RECORDS = Number(process.env.BENCH_GROWTH_USAGE ?? 1_000_000);
 const SAMPLES = 100;
+const BALANCE_CACHE_MS = 2_000;
+const CHAT = { model: 'bench/0ms', messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 };
 
 function percentiles(ms: number[]) {
   const s = [...ms].sort((a, b) => a - b);
@@ -25,85 +34,186 @@ function diskMb(dir: string): number {
   return Math.round((bytes / 1024 / 1024) * 10) / 10;
 }
 
+const round1 = (x: number) => Math.round(x * 10) / 10;
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function timedFetch(url: string, init: RequestInit = {}, expect = 200): Promise<{ ms: number; body: any }> {
+  const t0 = performance.now();
+  const res = await fetch(url, init);
+  const text = await res.text();
+  const ms = performance.now() - t0;
+  if (res.status !== expect) throw new Error(`${init.method ?? 'GET'} ${url}: ${res.status} ${text.slice(0, 300)}`);
+  return { ms, body: text ? JSON.parse(text) : null };
+}
+
+/** A fresh workspace with credits and an inference key, written as the admin CLI would. */
+async function newTenant(store: Store, name: string, credits = 1_000) {
+  const ws = await createWorkspace(store, name);
+  await grantCredits(store, ws._id, credits);
+  return { workspaceId: ws._id, key: (await createKey(store, ws._id, { kind: 'inference' })).key };
+}
+
 export async function benchGrowth() {
   const tmp = fs.mkdtempSync(path.join(process.env.TMPDIR ?? '/tmp', 'bench-growth-'));
-  const stack = await startStack({ CATALOG_PATH: benchCatalog(tmp) });
+  const stack = await startStack(
+    { CATALOG_PATH: benchCatalog(tmp), BALANCE_CACHE_MS: String(BALANCE_CACHE_MS) },
+    { gateways: { a: {}, b: {} } },
+  );
+  const store = await Store.connect(stack.mongoUri, 'gateway');
   try {
     const key = await benchKey(stack);
-    const headers = { authorization: `Bearer ${key}`, 'content-type': 'application/json' };
-    const body = JSON.stringify({
+    const auth = (k: string) => ({ authorization: `Bearer ${k}`, 'content-type': 'application/json' });
+    const [a, b] = [stack.gatewayUrls.a, stack.gatewayUrls.b];
+    const ferret = stack.processes.ferretdb;
+    const batchBody = JSON.stringify({
       endpoint: '/v1/chat/completions',
       model: 'bench/0ms',
-      requests: [{ custom_id: 'a', body: { messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 } }],
+      requests: [{ custom_id: 'a', body: CHAT }],
     });
-    const ferret = stack.processes.ferretdb;
-    const create = async () => {
-      const t0 = performance.now();
-      const res = await fetch(`${stack.gatewayUrl}/api/v1/batches`, { method: 'POST', headers, body });
-      const b = (await res.json()) as { id: string };
-      if (res.status !== 202) throw new Error(`create: ${res.status} ${JSON.stringify(b)}`);
-      return { ms: performance.now() - t0, id: b.id };
-    };
-    const timed = async (url: string) => {
-      const t0 = performance.now();
-      const res = await fetch(url, { headers });
-      await res.arrayBuffer();
-      if (res.status !== 200) throw new Error(`${url}: ${res.status}`);
-      return performance.now() - t0;
-    };
-    const measure = async (stored: number) => {
+    const create = () => timedFetch(`${a}/api/v1/batches`, { method: 'POST', headers: auth(key), body: batchBody }, 202);
+    let run = 0;
+
+    const measure = async (stored: { batches: number; usage_records: number }) => {
+      run++;
+      // Batches: create (with FerretDB's CPU per create), then get, list and results once they ran.
       const cpu0 = cpuSeconds(ferret?.pid);
       const creates: number[] = [];
       const ids: string[] = [];
       for (let i = 0; i < SAMPLES; i++) {
         const c = await create();
         creates.push(c.ms);
-        ids.push(c.id);
+        ids.push(c.body.id);
       }
       const cpuPerCreate = ((cpuSeconds(ferret?.pid) - cpu0) * 1000) / SAMPLES;
-      await new Promise((r) => setTimeout(r, 2000)); // the batches run to the end
+      await settled(stack, key);
       const gets: number[] = [];
       const lists: number[] = [];
+      const results: number[] = [];
       for (const id of ids) {
-        gets.push(await timed(`${stack.gatewayUrl}/api/v1/batches/${id}`));
-        lists.push(await timed(`${stack.gatewayUrl}/api/v1/batches?limit=10`));
+        gets.push((await timedFetch(`${a}/api/v1/batches/${id}?include_results=false`, { headers: auth(key) })).ms);
+        lists.push((await timedFetch(`${a}/api/v1/batches?limit=10`, { headers: auth(key) })).ms);
+        results.push((await timedFetch(`${a}/api/v1/batches/${id}/results`, { headers: auth(key) })).ms);
       }
+
+      // A new workspace's first call (its balance is read from nothing cached).
+      const firsts: number[] = [];
+      for (let i = 0; i < 20; i++) {
+        const t = await newTenant(store, `first-${run}-${i}`);
+        firsts.push((await timedFetch(`${a}/api/v1/chat/completions`, { method: 'POST', headers: auth(t.key), body: JSON.stringify(CHAT) })).ms);
+      }
+
+      // Spending through B, seen in A's GET /credits: A reads first, then B spends, then A is polled.
+      const seen: number[] = [];
+      for (let i = 0; i < 3; i++) {
+        const t = await newTenant(store, `fresh-${run}-${i}`);
+        const usageOnA = async () => (await timedFetch(`${a}/api/v1/credits`, { headers: auth(t.key) })).body.data.total_usage as number;
+        const before = await usageOnA();
+        await timedFetch(`${b}/api/v1/chat/completions`, { method: 'POST', headers: auth(t.key), body: JSON.stringify(CHAT) });
+        const spent = performance.now();
+        while ((await usageOnA()) === before) {
+          if (performance.now() - spent > 60_000) throw new Error('A never saw B spend within 60 s');
+          await sleep(50);
+        }
+        seen.push(performance.now() - spent);
+      }
+
+      // Chat completions at c=50, with FerretDB's CPU per call.
+      const cpu1 = cpuSeconds(ferret?.pid);
+      const load = await closedLoop(`${a}/api/v1/chat/completions`, CHAT, { authorization: `Bearer ${key}` }, 50, 4_000);
+      const cpuPerCall = ((cpuSeconds(ferret?.pid) - cpu1) * 1000) / load.requests;
+
       return {
-        stored_batches: stored,
-        create: percentiles(creates),
-        get: percentiles(gets),
-        list_10: percentiles(lists),
-        ferretdb_cpu_ms_per_create: Math.round(cpuPerCreate * 10) / 10,
+        stored,
+        batch_create: percentiles(creates),
+        batch_get: percentiles(gets),
+        batch_list_10: percentiles(lists),
+        batch_results: percentiles(results),
+        new_workspace_first_call: percentiles(firsts),
+        credits_seen_across_processes_ms: { max: Math.round(Math.max(...seen)), cache_ms: BALANCE_CACHE_MS },
+        chat_c50: { rps: load.rps, p50_ms: load.p50_ms, p99_ms: load.p99_ms, errors: load.errors },
+        ferretdb_cpu_ms: { per_batch_create: round1(cpuPerCreate), per_chat_call: round1(cpuPerCall) },
         ferretdb_disk_mb: diskMb(path.join(stack.dataDir, 'ferretdb')),
       };
     };
-    const empty = await measure(0);
+
+    // Warm the processes up first (JIT, connection pools), so the empty run is not the cold one.
+    await closedLoop(`${a}/api/v1/chat/completions`, CHAT, { authorization: `Bearer ${key}` }, 50, 4_000);
+    const empty = await measure({ batches: 0, usage_records: 0 });
     console.log(JSON.stringify(empty));
-    // Fill, 10 at a time (as the issue's measurement did).
+
+    // Fill: batches through the API, 10 at a time; usage records through the ledger, a workspace at a time.
+    const fillStart = performance.now();
     let made = SAMPLES;
     while (made < STORED) {
       await Promise.all(Array.from({ length: Math.min(10, STORED - made) }, () => create()));
       made = Math.min(STORED, made + 10);
-      if (made % 500 === 0) console.log(`${made} batches stored`);
+      if (made % 1000 === 0) console.log(`${made} batches stored (${Math.round((performance.now() - fillStart) / 1000)} s)`);
     }
-    // Let the stored batches run to the end first: what is measured is the cost of history, not of the backlog.
-    await new Promise((r) => setTimeout(r, Number(process.env.BENCH_GROWTH_SETTLE_MS ?? 20_000)));
-    const full = await measure(made);
+    const ledger = new UsageLedger(store);
+    const perWorkspace = 1_000;
+    for (let w = 0; w * perWorkspace < RECORDS; w++) {
+      const ws = `history-${w}`;
+      const n = Math.min(perWorkspace, RECORDS - w * perWorkspace);
+      await Promise.all(
+        Array.from({ length: n }, (_, i) =>
+          ledger.record({
+            _id: `gen-history-${w}-${i}`,
+            workspace_id: ws,
+            key_id: 'key_history',
+            kind: 'completion',
+            model: 'bench/0ms',
+            provider: 'bench-0ms',
+            input_tokens: 10,
+            output_tokens: 4,
+            cost: 0.000_01,
+            session_id: null,
+            user: null,
+            trace: null,
+            app: { referer: null, title: null, categories: [] },
+            batch_id: null,
+          }),
+        ),
+      );
+      if (((w + 1) * perWorkspace) % 100_000 === 0) console.log(`${(w + 1) * perWorkspace} usage records stored (${Math.round((performance.now() - fillStart) / 1000)} s)`);
+    }
+    await ledger.flushed();
+    const fillSeconds = Math.round((performance.now() - fillStart) / 1000);
+    await settled(stack, key);
+    const full = await measure({ batches: made + SAMPLES, usage_records: RECORDS });
     console.log(JSON.stringify(full));
+
     const result = {
       benchmark: 'growth',
       at: new Date().toISOString(),
+      fill_seconds: fillSeconds,
       runs: [empty, full],
       verdicts: {
-        create_p50_at_most_1_25x_empty_and_30ms: full.create.p50_ms <= 1.25 * empty.create.p50_ms && full.create.p50_ms <= 30,
-        list_p50_at_most_20ms: full.list_10.p50_ms <= 20,
-        get_p50_at_most_10ms: full.get.p50_ms <= 10,
+        create_p50_at_most_1_25x_empty_and_30ms: full.batch_create.p50_ms <= 1.25 * empty.batch_create.p50_ms && full.batch_create.p50_ms <= 30,
+        list_p50_at_most_20ms: full.batch_list_10.p50_ms <= 20,
+        get_p50_at_most_10ms: full.batch_get.p50_ms <= 10,
+        first_call_adds_at_most_10ms: full.new_workspace_first_call.p50_ms <= empty.new_workspace_first_call.p50_ms + 10,
+        credits_seen_within_cache_plus_1s: full.credits_seen_across_processes_ms.max <= BALANCE_CACHE_MS + 1_000,
+        chat_c50_rps_at_least_90pct_of_empty: full.chat_c50.rps >= 0.9 * empty.chat_c50.rps,
       },
     };
+    console.log(JSON.stringify(result.verdicts));
     console.log(`results: ${writeResult('growth', result)}`);
     return result;
   } finally {
+    await store.close();
     await stack.stop();
     fs.rmSync(tmp, { recursive: true, force: true });
   }
+}
+
+/** Waits until no batch of the workspace is still running (so what is measured is history, not backlog). */
+async function settled(stack: Stack, key: string): Promise<void> {
+  const running = ['validating', 'in_progress', 'finalizing', 'cancelling'].map((s) => `status=${s}`).join('&');
+  const deadline = Date.now() + 30 * 60_000;
+  while (Date.now() < deadline) {
+    const r = await timedFetch(`${stack.gatewayUrl}/api/v1/batches?limit=1&${running}`, { headers: { authorization: `Bearer ${key}` } });
+    if (!r.body.data.length) return;
+    await sleep(1_000);
+  }
+  throw new Error('batches still running after 30 minutes');
 }

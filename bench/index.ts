@@ -13,7 +13,7 @@ const all: Record<string, () => Promise<unknown>> = {
   proxy: () => benchProxy({ levels: process.env.BENCH_LEVELS?.split(',').map(Number) }),
   // BENCH_RESULT_LINES sets the batch's size (100,000 by default).
   results: () => benchResults(),
-  // BENCH_GROWTH_BATCHES sets how many batches are stored before the second measurement (2,000 by default).
+  // BENCH_GROWTH_BATCHES and BENCH_GROWTH_USAGE set what is stored before the second measurement (10,000 batches, 1,000,000 usage records).
   growth: () => benchGrowth(),
 };
 
