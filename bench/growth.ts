@@ -99,7 +99,9 @@ export async function benchGrowth() {
       const firsts: number[] = [];
       for (let i = 0; i < 20; i++) {
         const t = await newTenant(store, `first-${run}-${i}`);
-        firsts.push((await timedFetch(`${a}/api/v1/chat/completions`, { method: 'POST', headers: auth(t.key), body: JSON.stringify(CHAT) })).ms);
+        firsts.push(
+          (await timedFetch(`${a}/api/v1/chat/completions`, { method: 'POST', headers: auth(t.key), body: JSON.stringify(CHAT) })).ms,
+        );
       }
 
       // Spending through B, seen in A's GET /credits: A reads first, then B spends, then A is polled.
@@ -174,7 +176,8 @@ export async function benchGrowth() {
           }),
         ),
       );
-      if (((w + 1) * perWorkspace) % 100_000 === 0) console.log(`${(w + 1) * perWorkspace} usage records stored (${Math.round((performance.now() - fillStart) / 1000)} s)`);
+      if (((w + 1) * perWorkspace) % 100_000 === 0)
+        console.log(`${(w + 1) * perWorkspace} usage records stored (${Math.round((performance.now() - fillStart) / 1000)} s)`);
     }
     await ledger.flushed();
     const fillSeconds = Math.round((performance.now() - fillStart) / 1000);
@@ -188,7 +191,8 @@ export async function benchGrowth() {
       fill_seconds: fillSeconds,
       runs: [empty, full],
       verdicts: {
-        create_p50_at_most_1_25x_empty_and_30ms: full.batch_create.p50_ms <= 1.25 * empty.batch_create.p50_ms && full.batch_create.p50_ms <= 30,
+        create_p50_at_most_1_25x_empty_and_30ms:
+          full.batch_create.p50_ms <= 1.25 * empty.batch_create.p50_ms && full.batch_create.p50_ms <= 30,
         list_p50_at_most_20ms: full.batch_list_10.p50_ms <= 20,
         get_p50_at_most_10ms: full.batch_get.p50_ms <= 10,
         first_call_adds_at_most_10ms: full.new_workspace_first_call.p50_ms <= empty.new_workspace_first_call.p50_ms + 10,

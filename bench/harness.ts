@@ -34,7 +34,12 @@ const cli = path.join(__dirname, '..', 'cli', 'index.js');
  */
 export async function startStack(
   env: Record<string, string> = {},
-  opts: { temporalInMemory?: boolean; gateways?: Record<string, Record<string, string>> } = {},
+  opts: {
+    temporalInMemory?: boolean;
+    gateways?: Record<string, Record<string, string>>;
+    /** The first gateway serves the API only, and a `worker` process of its own runs its batches. */
+    separateWorker?: boolean;
+  } = {},
 ): Promise<Stack> {
   const tools = await ensureTools(process.env.TOOLS_DIR ?? defaultToolsDir(), { temporal: true, ferretdb: true });
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-bench-'));
@@ -65,11 +70,12 @@ export async function startStack(
   const profileDir = process.env.BENCH_CPU_PROF;
   const gateways: Record<string, ManagedProcess> = {};
   const gatewayUrls: Record<string, string> = {};
-  for (const [name, extra] of Object.entries(opts.gateways ?? { gateway: {} })) {
+  const entries = Object.entries(opts.gateways ?? { gateway: {} });
+  for (const [i, [name, extra]] of entries.entries()) {
     const port = await freePort();
     // One folder per gateway: the main thread's profile is the largest file in it (workflow threads write their own).
     const nodeArgs = profileDir ? ['--cpu-prof', `--cpu-prof-dir=${path.resolve(profileDir, name)}`] : [];
-    const gateway = startProcess(name, process.execPath, [...nodeArgs, cli, 'api', '--with-worker'], {
+    const gatewayEnv = {
       ...process.env,
       PORT: String(port),
       MONGODB_URI: ferret.address,
@@ -82,7 +88,15 @@ export async function startStack(
       DATA_DIR: path.join(dataDir, name),
       ...env,
       ...extra,
-    });
+    };
+    const alone = opts.separateWorker && i === 0;
+    const gateway = startProcess(name, process.execPath, [...nodeArgs, cli, 'api', ...(alone ? [] : ['--with-worker'])], gatewayEnv);
+    if (alone) {
+      gateways.worker = startProcess('worker', process.execPath, [cli, 'worker'], {
+        ...gatewayEnv,
+        DATA_DIR: path.join(dataDir, 'worker'),
+      });
+    }
     const url = `http://127.0.0.1:${port}`;
     await gateway.waitUntil(
       async () => {

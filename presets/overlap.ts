@@ -4,7 +4,7 @@
 
 export type PresetFormat = 'messages' | 'chat' | 'responses';
 
-/** The configuration keys each format stores (documented in the README). */
+/** The configuration keys each format stores (documented in docs/presets.md). */
 export const CONFIG_KEYS: Record<PresetFormat, readonly string[]> = {
   messages: [
     'model',
