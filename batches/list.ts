@@ -7,7 +7,7 @@
 // the old one after, so a batch is always found under its status; a reader skips stale entries by
 // the batch document it reads anyway.
 import type { Document, Filter } from 'mongodb';
-import { inIdOrder, migrateOnce, type Store } from '../store';
+import { inIdOrder, insertManyNew, migrateOnce, type Store } from '../store';
 import type { BatchDoc, BatchStatus } from './store';
 import { BATCH_STATUSES } from '../schemas/batches';
 
@@ -52,15 +52,10 @@ type Listed = Pick<BatchDoc, '_id' | 'workspace_id' | 'created_at'>;
 
 /** Entries for a new batch (before its document is stored: an entry without one is skipped). */
 export async function addNewBatch(store: Store, b: Listed, status: BatchStatus): Promise<void> {
-  await listEntries(store).bulkWrite(
-    ['all', status].map((list) => ({
-      replaceOne: {
-        filter: { _id: keyOf(b.workspace_id, list, b._id) },
-        replacement: { batch_id: b._id, created_at: b.created_at },
-        upsert: true,
-      },
-    })),
-    { ordered: false },
+  // Inserts (an entry already there is a retry's, and the same): cheaper than upserts on FerretDB.
+  await insertManyNew(
+    listEntries(store),
+    ['all', status].map((list) => ({ _id: keyOf(b.workspace_id, list, b._id), batch_id: b._id, created_at: b.created_at })),
   );
 }
 

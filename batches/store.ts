@@ -362,9 +362,9 @@ export async function findBatch(store: Store, workspaceId: string, id: string): 
 export async function createBatch(store: Store, doc: BatchDoc, lines: InputLine[], chunkSize: number): Promise<BatchDoc> {
   const b: BatchDoc = { ...doc, layout: 'shared' };
   try {
-    const starts = await storeInputs(store, b, lines, chunkSize);
+    // Inputs and list entries are independent; the batch document, which makes it visible, comes last.
+    const [starts] = await Promise.all([storeInputs(store, b, lines, chunkSize), addNewBatch(store, b, b.status)]);
     const stored = { ...b, chunks: starts.length, chunk_starts: starts };
-    await addNewBatch(store, stored, stored.status);
     await batches(store).insertOne(stored);
     return stored;
   } catch (err) {

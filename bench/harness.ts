@@ -4,6 +4,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Pool } from 'undici';
+import { parse } from 'yaml';
 import { defaultToolsDir } from '../config';
 import { ensureTools } from '../tools/binaries';
 import { freePort, startProcess, type ManagedProcess } from '../tools/processes';
@@ -95,6 +96,8 @@ export async function startStack(
       gateways.worker = startProcess('worker', process.execPath, [cli, 'worker'], {
         ...gatewayEnv,
         DATA_DIR: path.join(dataDir, 'worker'),
+        // Node options as docker-compose.yml runs the worker (its heap limit), unless BENCH_WORKER_NODE_OPTIONS says otherwise.
+        NODE_OPTIONS: process.env.BENCH_WORKER_NODE_OPTIONS ?? composeWorkerNodeOptions(),
       });
     }
     const url = `http://127.0.0.1:${port}`;
@@ -122,6 +125,14 @@ export async function startStack(
       fs.rmSync(dataDir, { recursive: true, force: true });
     },
   };
+}
+
+/** The worker's NODE_OPTIONS in docker-compose.yml: the deployed worker's settings are the measured ones. */
+function composeWorkerNodeOptions(): string {
+  const compose = parse(fs.readFileSync(path.join(__dirname, '..', '..', 'docker-compose.yml'), 'utf8')) as {
+    services: { worker: { environment: Record<string, string> } };
+  };
+  return compose.services.worker.environment.NODE_OPTIONS ?? '';
 }
 
 /** A workspace with ample credits in the stack's database, and an inference key for it. */

@@ -40,6 +40,13 @@ describe('docker-compose.yml', () => {
     expect(services.worker.command).to.deep.equal(['worker']);
   });
 
+  it('runs the worker with a heap limit, the same as `npm run worker` (memory that does not grow with batch size)', () => {
+    const limit = /--max-old-space-size=\d+/.exec(services.worker.environment.NODE_OPTIONS ?? '')?.[0];
+    expect(limit, 'worker NODE_OPTIONS').to.be.a('string');
+    const scripts = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8')).scripts;
+    expect(scripts.worker).to.include(`node ${limit} `);
+  });
+
   it("publishes only the API beyond loopback: the Temporal API and UI, Prometheus and Grafana have no authentication, the metrics name every workspace's spend", () => {
     for (const [name, service] of Object.entries(services))
       for (const port of (service.ports ?? []) as string[])
