@@ -35,6 +35,8 @@ const RETRY_FIRST_MS = 100;
 const RETRY_MAX_MS = 5_000;
 /** How long a journaled record waits for others to share its insert. */
 const JOURNAL_GROUP_MS = 10;
+/** How long the ledger is idle before its totals are settled (their pending group cleared). */
+const SETTLE_IDLE_MS = 1_000;
 /** How often a journaling ledger looks for dead processes' journals. */
 const ADOPT_EVERY_MS = 10_000;
 
@@ -56,6 +58,7 @@ export class UsageLedger {
   private readonly unstoredByWorkspace = new Map<string, number>();
   private retryMs = RETRY_FIRST_MS;
   private retryTimer: NodeJS.Timeout | null = null;
+  private settleTimer: NodeJS.Timeout | null = null;
   private adopter: NodeJS.Timeout | null = null;
   private idle: (() => void)[] = [];
   private closed = false;
@@ -116,6 +119,7 @@ export class UsageLedger {
     await Promise.race([this.flushed(), new Promise((resolve) => (timer = setTimeout(resolve, graceMs)))]);
     clearTimeout(timer);
     if (this.retryTimer) clearTimeout(this.retryTimer);
+    if (this.settleTimer) clearTimeout(this.settleTimer);
     this.queue = [];
     this.opts.journal?.close();
   }
@@ -170,23 +174,38 @@ export class UsageLedger {
 
   private enqueue(p: Pending): void {
     this.queue.push(p);
-    if (!this.writing) {
-      this.writing = true;
-      // Let records finished in the same turn of the event loop join the first write. Journaled
-      // records are safe already: they wait a few milliseconds more, so that one insert carries
-      // several even at low concurrency (each insert costs the database ~0.9 ms of CPU).
-      if (this.opts.journal) setTimeout(() => void this.drain(), JOURNAL_GROUP_MS);
-      else setImmediate(() => void this.drain());
-    }
+    if (!this.writing) this.enqueueDrain();
+  }
+
+  private enqueueDrain(): void {
+    this.writing = true;
+    // Let records finished in the same turn of the event loop join the first write. Journaled
+    // records are safe already: they wait a few milliseconds more, so that one insert carries
+    // several even at low concurrency (each insert costs the database ~0.9 ms of CPU).
+    if (this.opts.journal) setTimeout(() => void this.drain(), JOURNAL_GROUP_MS);
+    else setImmediate(() => void this.drain());
   }
 
   private async drain(): Promise<void> {
-    do {
-      if (!(await this.writeQueued())) return; // a retry is scheduled
-      // Idle: the totals lose their pending groups (a reader then needs no lookup). A failure here
-      // costs nothing but that lookup, and the next group's write tries again.
-      await this.totals.settle().catch((err: unknown) => this.opts.onTrouble?.('usage totals could not be settled', { err }));
-    } while (this.queue.length);
+    if (!(await this.writeQueued())) return; // a retry is scheduled
+    this.nowIdle();
+    // Idle a while: the totals lose their pending group, so readers need no lookup. Not at once:
+    // under steady load the next group's write does it, and a lone call costs one write, not two.
+    this.settleTimer ??= setTimeout(() => void this.settleIdle(), SETTLE_IDLE_MS);
+    this.settleTimer.unref();
+  }
+
+  private async settleIdle(): Promise<void> {
+    this.settleTimer = null;
+    if (this.writing || this.closed) return; // the running or next write carries the totals
+    this.writing = true;
+    // A failure costs readers a lookup until the next group's write, which tries again.
+    await this.totals.settle().catch((err: unknown) => this.opts.onTrouble?.('usage totals could not be settled', { err }));
+    if (this.queue.length) this.enqueueDrain();
+    else this.nowIdle();
+  }
+
+  private nowIdle(): void {
     this.writing = false;
     for (const resolve of this.idle.splice(0)) resolve();
   }

@@ -111,7 +111,8 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
 
   return {
     /** Checks every line against the endpoint's request shape; nothing is sent anywhere. */
-    async validateBatchLines(batchId: string): Promise<{ invalid: number; examples: string[] }> {
+    /** Checks every line; with `start`, a batch whose lines are all valid is marked in_progress. */
+    async validateBatchLines(batchId: string, start = false): Promise<{ invalid: number; examples: string[] }> {
       const b = await load(batchId);
       const examples: string[] = [];
       let invalid = 0;
@@ -126,6 +127,7 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
         }
         Context.current().heartbeat(i);
       }
+      if (start && !invalid) await writeStatus(store, b, { status: 'in_progress', in_progress_at: new Date() });
       return { invalid, examples };
     },
 
@@ -212,8 +214,11 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
       batchId: string,
       status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>,
       errorMessage: string | null = null,
+      /** Mark the batch finalizing first (a completed batch's last step before its terminal status). */
+      finalizing = false,
     ): Promise<void> {
       const b = await load(batchId);
+      if (finalizing) await writeStatus(store, b, { status: 'finalizing' });
       // Every chunk has stopped (the workflow waits for cancelled chunks to finish), so the chunks'
       // progress documents hold every stored result: their tallies, and which lines are done.
       const t = await sumProgress(store, b);

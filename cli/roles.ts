@@ -17,7 +17,7 @@ import { DecisionHandoff } from '../temporal/decision-handoff';
 import { migrateLedger } from '../accounts/ledger-migration';
 import { UsageLedger } from '../accounts/usage-ledger';
 import { UsageJournal } from '../accounts/usage-journal';
-import { createActivities } from '../activities';
+import { createActivities, createDecisionActivities } from '../activities';
 import { inlineExecution, workflowExecution } from '../api/decision-execution';
 import { startMetricsServer } from '../api/routes/metrics';
 import { Metrics } from '../metrics';
@@ -33,9 +33,10 @@ import type { Stop } from './signals';
 
 /**
  * The store, upstream clients and Temporal connection every role needs, and a worker if asked.
- * The API's synchronous routes answer once a call's usage record is in the local journal (`journal`);
- * the database write follows in groups (accounts/usage-journal). Decisions and batch lines bill
- * through the activities' ledger, straight to the database. Both spend against one view of each
+ * The API's synchronous routes (inline decisions included) answer once a call's usage record is in
+ * the local journal (`journal`); the database write follows in groups (accounts/usage-journal).
+ * Batch lines and decisions run as workflows bill through the activities' ledger, straight to the
+ * database. Both spend against one view of each
  * workspace's balance per process.
  */
 async function startCore(config: Config, logger: Logger, addr: Addresses, withWorker: boolean, journal: boolean) {
@@ -76,6 +77,9 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     metrics,
     webhooks: { sender, timeoutMs: config.webhooks.timeoutMs },
   });
+  // Inline decisions are synchronous calls like the others: answered once their usage record is
+  // journaled (the database write follows in groups), not after a round trip to the database.
+  const inlineDecisions = journaled ? createDecisionActivities({ upstreams, usage: journaled }) : activities;
   const metricsServer =
     config.metrics.port === null
       ? null
@@ -120,7 +124,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     await sender.close();
     await store.close();
   };
-  return { store, upstreams, client, handoff, activities, journaled, credits, metrics, stop };
+  return { store, upstreams, client, handoff, activities, inlineDecisions, journaled, credits, metrics, stop };
 }
 
 export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
@@ -134,12 +138,12 @@ export async function runApiRole(
   opts: { withWorker: boolean; embedded?: AppDeps['embedded'] },
 ): Promise<{ url: string; usage: UsageLedger; stop: Stop }> {
   const core = await startCore(config, logger, addr, opts.withWorker, true);
-  const { store, upstreams, client, handoff, activities, credits, metrics, stop } = core;
+  const { store, upstreams, client, handoff, inlineDecisions, credits, metrics, stop } = core;
   const usage = core.journaled!;
   const decisions =
     config.decisions.execution === 'workflow'
       ? workflowExecution(client, handoff, config.temporal.taskQueue, config.decisions.workflowConcurrency)
-      : inlineExecution(activities);
+      : inlineExecution(inlineDecisions);
   const api = await startApiServer(
     {
       config,

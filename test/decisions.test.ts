@@ -313,6 +313,7 @@ for (const mode of ['inline', 'workflow'] as const)
         }
         expect(r.body.usage.input_tokens).to.equal(inputTokens);
         expect(r.body.usage.output_tokens).to.equal(3); // one label token per question
+        await gw.usage.flushed(); // journaled before the answer; stored in the next group
         const usage = await gw.store.usage.findOne({ _id: r.body.id });
         expect(usage!.details!.prompt_format).to.equal('gw-decision-v1');
         expect(Object.keys(usage!.details!.label_mass as object)).to.have.members(['urgent', 'topic', 'severity']);
@@ -437,6 +438,7 @@ for (const mode of ['inline', 'workflow'] as const)
           },
         );
         expect(r.status).to.equal(200);
+        await gw.usage.flushed(); // journaled before the answer; stored in the next group
         const doc = await gw.store.usage.findOne({ _id: r.body.id });
         expect(doc).to.include({
           workspace_id: tenant.workspaceId,
@@ -463,6 +465,7 @@ for (const mode of ['inline', 'workflow'] as const)
           { model: 'jev-1.13', state: 'y', questions: { q: { type: 'noul', instructions: '?' } }, session_id: 'sess-body' },
           { headers: { 'x-session-id': 'sess-header' } },
         );
+        await gw.usage.flushed();
         expect((await gw.store.usage.findOne({ _id: r.body.id }))!.session_id).to.equal('sess-body');
         const long = await decide(
           { model: 'jev-1.13', state: 'y', questions: { q: { type: 'noul', instructions: '?' } } },
@@ -516,6 +519,7 @@ for (const mode of ['inline', 'workflow'] as const)
         expect((res.answers.topic as any).choice).to.be.oneOf(['billing', 'bug', 'account']);
         expect((res.answers.severity as any).score).to.be.within(0, 3);
         expect(res.usage.inputTokens).to.be.greaterThan(0);
+        await gw.usage.flushed();
         expect((await gw.store.usage.findOne({ _id: res.id! }))!.session_id).to.equal('sdk-session');
       });
 

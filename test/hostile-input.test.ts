@@ -246,6 +246,7 @@ describe('hostile input', () => {
       body: { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } }, trace },
     });
     expect(r.status, JSON.stringify(r.body)).to.equal(200);
+    await gw.usage.flushed();
     const doc = await gw.store.usage.findOne({ _id: r.body.id });
     expect(fromJsonText(doc!.trace)).to.deep.equal(trace);
   });

@@ -198,6 +198,7 @@ describe('decision usage under load (inline mode)', () => {
     expect(responses.map((r) => r.status).filter((s) => s !== 200)).to.deep.equal([]);
     const ids = new Set(responses.map((r) => r.body.id));
     expect(ids.size).to.equal(1_000);
+    await gw.usage.flushed(); // journaled before each answer; stored in groups
     const records = await gw.store.usage.find({ workspace_id: t.workspaceId }).toArray();
     expect(records).to.have.length(1_000);
     expect(new Set(records.map((r) => r._id))).to.deep.equal(ids);
@@ -228,7 +229,7 @@ function journaledIds(dir: string): string[] {
 }
 
 describe('a gateway killed right after answering', () => {
-  it('has written the usage record of every decision it answered', async function () {
+  it('has made durable the usage record of every decision it answered, and the next start stores it', async function () {
     this.timeout(120_000);
     const database = uniqueName('killed').replace(/-/g, '_');
     const store = await Store.connect(stack.mongoUri, database);
@@ -261,8 +262,27 @@ describe('a gateway killed right after answering', () => {
       );
       expect(killed).to.equal(true);
       expect(answered.length).to.be.at.least(1);
+      // Each answered decision's record was journaled before its answer: stored by the database
+      // already, or by the next process on the same data (which adopts the journal at start).
+      const dataDir = path.join(stack.tmpDir, database);
+      const inJournal = fs.existsSync(path.join(dataDir, 'usage-journal')) ? journaledIds(path.join(dataDir, 'usage-journal')) : [];
       const stored = await store.usage.find({ _id: { $in: answered } }).toArray();
-      expect(stored.map((d) => d._id).sort()).to.deep.equal([...answered].sort());
+      expect([...new Set([...stored.map((d) => d._id), ...inJournal.filter((id) => answered.includes(id))])].sort()).to.deep.equal(
+        [...answered].sort(),
+      );
+      const next = await startApiProcess({ MONGODB_URI: stack.mongoUri, MONGODB_DATABASE: database, DATA_DIR: dataDir });
+      try {
+        await next.gateway.waitUntil(
+          async () => {
+            const n = await store.usage.countDocuments({ _id: { $in: answered } });
+            if (n !== answered.length) throw new Error(`${n} of ${answered.length} stored`);
+          },
+          30_000,
+          'storing the journaled records',
+        );
+      } finally {
+        await next.gateway.stop();
+      }
     } finally {
       await gateway.stop();
       await store.close();
