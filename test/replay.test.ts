@@ -89,4 +89,19 @@ describe('workflow replay', () => {
     }
     expect(failures).to.deep.equal([]);
   });
+
+  it('fails on a changed workflow: replaying against a batch workflow with a new first step raises a determinism error', async function () {
+    this.timeout(60_000);
+    const history = temporal.api.history.v1.History.decode(fs.readFileSync(path.join(DIR, 'batch-completed.history.pb')));
+    const result = await Worker.runReplayHistory(
+      { workflowsPath: require.resolve('./replay-variant/workflows'), replayName: 'gateway-replay-changed' },
+      history,
+      'batch-completed',
+    ).then(
+      () => null,
+      (err: Error) => err,
+    );
+    expect(result, 'the changed workflow replayed without error').to.be.instanceOf(Error);
+    expect(result!.name).to.equal('DeterminismViolationError');
+  });
 });
