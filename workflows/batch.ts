@@ -15,6 +15,7 @@ import {
   upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
+import { WorkflowIdReusePolicy } from '@temporalio/common';
 import type { Activities } from '../activities';
 import type { DeliveryOutcome } from '../webhooks/deliver';
 import { searchAttributes } from './shared';
@@ -44,6 +45,59 @@ export interface BatchProgress {
   chunks: number;
   chunks_done: number;
   cancel_requested: boolean;
+}
+
+/**
+ * How a client starts a new batch's workflow (id = batch id, never reused): its first input, and
+ * what the Web UI lists for it (ids and counts only, never the caller's text).
+ */
+export function batchWorkflowStart(
+  b: {
+    id: string;
+    workspaceId: string;
+    keyId: string;
+    endpoint: string;
+    modelId: string;
+    canonicalModel: string;
+    lines: number;
+    chunks: number;
+    expiresAt: Date;
+  },
+  opts: { taskQueue: string; window: number; heartbeatTimeoutMs: number; webhook: BatchWorkflowInput['webhook'] | null },
+) {
+  const input: BatchWorkflowInput = {
+    batchId: b.id,
+    chunks: b.chunks,
+    window: opts.window,
+    heartbeatTimeoutMs: opts.heartbeatTimeoutMs,
+    expiresAt: b.expiresAt.getTime(),
+    phase: 'validate',
+    nextChunk: 0,
+    cancelRequested: false,
+    lines: b.lines,
+    ...(opts.webhook && { webhook: opts.webhook }),
+  };
+  return {
+    workflowId: b.id,
+    taskQueue: opts.taskQueue,
+    workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
+    args: [input] as [BatchWorkflowInput],
+    staticSummary: `batch · ${b.lines} lines · ${b.endpoint} · ${b.canonicalModel} · workspace ${b.workspaceId} · key ${b.keyId}`,
+    staticDetails: [
+      `**Batch** ${b.id}`,
+      `- workspace: ${b.workspaceId}`,
+      `- created by key: ${b.keyId}`,
+      `- endpoint: ${b.endpoint}`,
+      `- model: ${b.canonicalModel}`,
+      `- lines: ${b.lines} in ${b.chunks} chunk(s)`,
+      `- expires: ${b.expiresAt.toISOString()}`,
+    ].join('\n'),
+    typedSearchAttributes: [
+      { key: searchAttributes.workspace, value: b.workspaceId },
+      { key: searchAttributes.model, value: b.modelId },
+      { key: searchAttributes.batchStatus, value: 'validating' },
+    ],
+  };
 }
 
 export const cancelBatchSignal = defineSignal('cancelBatch');

@@ -2,19 +2,9 @@
 // workflow whose id is the batch id. Every read is scoped to the key's workspace.
 import { Readable } from 'node:stream';
 import { Type } from '@sinclair/typebox';
-import { WorkflowIdReusePolicy } from '@temporalio/client';
-import {
-  BadRequestError,
-  ConflictError,
-  NotFoundError,
-  PayloadTooLargeError,
-  RateLimitedError,
-  ServiceUnavailableError,
-  UnprocessableError,
-} from '../../errors';
-import { planRoute } from '../../routing/engine';
-import { searchAttributes } from '../../workflows/shared';
-import { batchWorkflow, cancelBatchSignal } from '../../workflows/batch';
+import { BadRequestError, ConflictError, NotFoundError, RateLimitedError, ServiceUnavailableError } from '../../errors';
+import { batchWorkflow, batchWorkflowStart, cancelBatchSignal } from '../../workflows/batch';
+import { planNewBatch } from '../../batches/create';
 import {
   batchView,
   counts,
@@ -24,13 +14,9 @@ import {
   findBatch,
   listBatches,
   markNotStarted,
-  MAX_CHUNK_BYTES,
-  newBatchId,
   resultTexts,
   type BatchDoc,
 } from '../../batches/store';
-import { OPERATION_OF } from '../../batches/lines';
-import { toJsonText } from '../../store/json-text';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
 import { defineRoute, type AnyRoute } from '../route';
@@ -44,7 +30,6 @@ import {
   TERMINAL_STATUSES,
 } from '../../schemas/batches';
 import type { AppDeps } from '../deps';
-import { checkCallbackUrl } from '../../webhooks/address';
 
 const MAX_DATE_MS = 8.64e15;
 
@@ -146,120 +131,37 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics }: App
       responses: { 202: { description: 'Accepted', schema: BatchObject } },
       handler: async (ctx, { body }) => {
         const auth = authOf(ctx);
-        const meta = requestMeta(ctx);
-        if (body.requests.length > settings.maxRequests) {
-          throw new PayloadTooLargeError(`requests: ${body.requests.length} lines, more than the limit of ${settings.maxRequests}`);
-        }
-        const { model, variant } = upstreams.catalog.resolve(body.model);
-        const callbackUrl = body.callback_url ? (await checkCallbackUrl(body.callback_url, config.webhooks.allowPrivateUrls)).href : null;
-        // 404 now, naming what excluded every endpoint, rather than a failed batch later.
-        planRoute({
-          models: [model],
-          variant,
-          operation: OPERATION_OF[body.endpoint],
-          preferences: body.provider?.only ? { only: body.provider.only } : undefined,
-          now: Date.now(),
-          random: Math.random,
-        });
-        const seen = new Map<string, number>();
-        body.requests.forEach((r, i) => {
-          const prior = seen.get(r.custom_id);
-          if (prior !== undefined)
-            throw new UnprocessableError(`requests[${i}].custom_id: duplicate custom_id "${r.custom_id}" (also at requests[${prior}])`, {
-              custom_id: r.custom_id,
-            });
-          seen.set(r.custom_id, i);
-          const own = r.body.model;
-          if (own !== undefined && own !== body.model && !(typeof own === 'string' && own.includes('preset/'))) {
-            let same = false;
-            try {
-              same = typeof own === 'string' && upstreams.catalog.resolve(own).model === model;
-            } catch {
-              /* unknown model: not the same */
-            }
-            if (!same)
-              throw new BadRequestError(`requests[${i}].body.model: must match the batch model ${body.model} (custom_id "${r.custom_id}")`);
-          }
-        });
-
-        const now = new Date();
-        const id = newBatchId(now.getTime());
-        const hours = Number((body.completion_window ?? '24h').slice(0, -1));
-        const expiresAt = new Date(now.getTime() + hours * 3_600_000);
-        const lines = body.requests.map((r, line) => {
-          const text = toJsonText(r.body);
-          if (text.length > MAX_CHUNK_BYTES)
-            throw new PayloadTooLargeError(
-              `requests[${line}].body: larger than ${MAX_CHUNK_BYTES / 1024 ** 2} MB (custom_id "${r.custom_id}")`,
-            );
-          return { line, custom_id: r.custom_id, body: text };
-        });
-        const doc: BatchDoc = {
-          _id: id,
-          workspace_id: auth.workspaceId,
-          key_id: auth.keyId,
-          endpoint: body.endpoint,
-          model: body.model,
-          canonical_model: model.canonicalId,
-          completion_window: body.completion_window ?? '24h',
-          status: 'validating',
-          created_at: now,
-          in_progress_at: null,
-          finalized_at: null,
-          expires_at: expiresAt,
-          provider_only: body.provider?.only ?? null,
-          total: body.requests.length,
-          chunks: 0,
-          provider: null,
-          usage: null,
-          error: null,
-          metadata: body.metadata ? toJsonText(body.metadata) : null,
-          callback_url: callbackUrl,
-          meta: { session_id: meta.session_id, user: meta.user, app: meta.app },
-        };
+        const { doc, lines, modelId } = await planNewBatch(
+          { catalog: upstreams.catalog, maxRequests: settings.maxRequests, allowPrivateCallbacks: config.webhooks.allowPrivateUrls },
+          { workspaceId: auth.workspaceId, keyId: auth.keyId, meta: requestMeta(ctx) },
+          body,
+        );
         const { chunks } = await createBatch(store, doc, lines, settings.chunkSize);
-        try {
-          await temporal.workflow.start(batchWorkflow, {
-            workflowId: id,
+        const start = batchWorkflowStart(
+          {
+            ...doc,
+            id: doc._id,
+            workspaceId: doc.workspace_id,
+            keyId: doc.key_id,
+            modelId,
+            canonicalModel: doc.canonical_model,
+            lines: doc.total,
+            chunks,
+            expiresAt: doc.expires_at,
+          },
+          {
             taskQueue: config.temporal.taskQueue,
-            workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
-            args: [
-              {
-                batchId: id,
-                chunks,
-                window: settings.window,
-                heartbeatTimeoutMs: settings.heartbeatTimeoutMs,
-                expiresAt: expiresAt.getTime(),
-                phase: 'validate',
-                nextChunk: 0,
-                cancelRequested: false,
-                lines: doc.total,
-                ...(callbackUrl && {
-                  webhook: { windowMs: config.webhooks.retryWindowMs, firstRetryMs: config.webhooks.firstRetryMs },
-                }),
-              },
-            ],
-            // What the Web UI lists for this batch; ids and counts only, never the caller's text.
-            staticSummary: `batch · ${doc.total} lines · ${body.endpoint} · ${model.canonicalId} · workspace ${auth.workspaceId} · key ${auth.keyId}`,
-            staticDetails: [
-              `**Batch** ${id}`,
-              `- workspace: ${auth.workspaceId}`,
-              `- created by key: ${auth.keyId}`,
-              `- endpoint: ${body.endpoint}`,
-              `- model: ${model.canonicalId}`,
-              `- lines: ${doc.total} in ${chunks} chunk(s)`,
-              `- expires: ${expiresAt.toISOString()}`,
-            ].join('\n'),
-            typedSearchAttributes: [
-              { key: searchAttributes.workspace, value: auth.workspaceId },
-              { key: searchAttributes.model, value: model.id },
-              { key: searchAttributes.batchStatus, value: 'validating' },
-            ],
-          });
+            window: settings.window,
+            heartbeatTimeoutMs: settings.heartbeatTimeoutMs,
+            webhook: doc.callback_url ? { windowMs: config.webhooks.retryWindowMs, firstRetryMs: config.webhooks.firstRetryMs } : null,
+          },
+        );
+        try {
+          await temporal.workflow.start(batchWorkflow, start);
         } catch (err) {
-          ctx.state.log.error({ err, batch_id: id }, 'could not start batch workflow');
+          ctx.state.log.error({ err, batch_id: doc._id }, 'could not start batch workflow');
           await markNotStarted(store, doc);
-          throw new ServiceUnavailableError('The batch could not be started; try again', { batch_id: id });
+          throw new ServiceUnavailableError('The batch could not be started; try again', { batch_id: doc._id });
         }
         metrics.batchesCreated.inc();
         ctx.status = 202;
