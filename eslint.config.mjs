@@ -1,5 +1,6 @@
 // Lint rules that guard the structure: dependencies point one way (api → domain → store/providers),
-// so nothing below the HTTP layer imports from api/, and no module takes part in an import cycle.
+// so nothing below the HTTP layer imports from api/, no domain module imports Temporal or Koa, and
+// no module takes part in an import cycle.
 import tseslint from 'typescript-eslint';
 import importX from 'eslint-plugin-import-x';
 
@@ -51,6 +52,19 @@ export default [
         },
       ],
       'import-x/no-cycle': ['error', { ignoreExternal: true }],
+    },
+  },
+  {
+    // Domain modules hold the business rules; Temporal's and Koa's types stay in the layers that adapt
+    // them (activities/, workflows/, worker/, temporal/, api/), so a rule can be tested without either.
+    files: domain
+      .filter((d) => !['activities', 'temporal', 'worker', 'workflows', 'tools', 'sandbox'].includes(d))
+      .map((d) => `${d}/**/*.ts`),
+    rules: {
+      'no-restricted-imports': [
+        'error',
+        { patterns: [{ group: ['@temporalio/*', 'koa', '@koa/*'], message: 'Domain code must not depend on Temporal or Koa.' }] },
+      ],
     },
   },
 ];

@@ -86,6 +86,9 @@ async function runChunk(
   };
   try {
     await Promise.all(Array.from({ length: Math.min(concurrency, queue.length) }, worker));
+  } catch (err) {
+    // A line stopped by the chunk's signal: to Temporal, the chunk was cancelled.
+    throw signal.aborted ? new CancelledFailure('batch chunk cancelled') : err;
   } finally {
     clearInterval(ticker);
     // Keep what finished, cancelled or not, for as long as the database may come back.

@@ -2,7 +2,6 @@
 // retry policy. Routing already falls back across endpoints within one attempt; this layer only
 // decides whether a whole failed attempt is worth repeating (and waits out a provider that is
 // down), and never throws for an upstream failure: a failed line is a result, not a failed chunk.
-import { CancelledFailure } from '@temporalio/common';
 import { GatewayError, PaymentRequiredError, RateLimitedError } from '../errors';
 import type { Hold, WorkspaceCache } from '../accounts/workspace-cache';
 import { estimateCompletionCost } from '../inference/estimate';
@@ -112,7 +111,7 @@ export class LineRunner {
       // A line has no client waiting on it: it waits for credit held by other lines as long as it takes.
       hold = await this.o.credits.hold(batch.workspace_id, this.estimate(line, body), signal, Infinity);
     } catch (err) {
-      if (signal.aborted) throw new CancelledFailure('batch line cancelled');
+      signal.throwIfAborted(); // the chunk was cancelled: the activity reports that
       // Credit ran out: this line is not sent, and says why; later lines are admitted again once credits are added.
       if (err instanceof PaymentRequiredError) return { result: this.failure(line, 402, err.message) };
       throw err;
@@ -164,7 +163,7 @@ export class LineRunner {
           usage: { ...r.usage, cost: r.cost },
         };
       } catch (err) {
-        if (signal.aborted) throw new CancelledFailure('batch line cancelled');
+        signal.throwIfAborted(); // the chunk was cancelled: the activity reports that
         const g = err instanceof GatewayError ? err : null;
         const status = g?.status ?? 500;
         // A provider that refuses connections is down, not failing this line: wait it out
