@@ -4,7 +4,6 @@ import { createProbeActivities } from './probe';
 import { createDecisionActivities } from './decisions';
 import { createBatchActivities, type BatchDeps } from './batches';
 
-export { createDecisionActivities } from './decisions';
 export type { DecisionJob, DecisionResult } from './decisions';
 
 /** The batch activities need the most; the others take what they use of the same. */

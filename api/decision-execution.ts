@@ -1,12 +1,13 @@
 // How the API runs a decision, in one of two modes that share the work and its outcome:
-// - `inline`: the handler calls the decision activity function itself, in this process, with a
-//   signal that fires on the request's timeout or when the client goes away. No Temporal round trip.
+// - `inline`: the handler calls the decision service (decisions/service) in this process, with a
+//   signal that fires on the request's timeout or when the client goes away. No Temporal at all:
+//   its errors reach the error middleware as they were thrown.
 // - `workflow`: an eagerly started workflow (id = generation id) runs the same function as a local
 //   activity on this process's worker, and its result is handed back in-process, so every decision
 //   is in Temporal's history and Web UI.
-// Both raise the same gateway errors (`fromWorkflowFailure` reads the activity's failure either way).
+// Both raise the same gateway errors (the workflow mode reads them back with `fromWorkflowFailure`).
 import type { Client } from '@temporalio/client';
-import type { Activities, DecisionJob, DecisionResult } from '../activities';
+import type { Decide, DecisionJob, DecisionResult } from '../decisions/service';
 import type { DecisionHandoff } from '../temporal/decision-handoff';
 import { Semaphore } from '../concurrency/semaphore';
 import { ServiceUnavailableError } from '../errors';
@@ -20,14 +21,8 @@ export interface DecisionExecution {
   run(job: DecisionJob, signal: AbortSignal): Promise<DecisionResult>;
 }
 
-export function inlineExecution(activities: Pick<Activities, 'evaluateDecision'>): DecisionExecution {
-  return {
-    mode: 'inline',
-    run: (job, signal) =>
-      activities.evaluateDecision(job, signal).catch((err: unknown) => {
-        throw fromWorkflowFailure(err);
-      }),
-  };
+export function inlineExecution(decide: Decide): DecisionExecution {
+  return { mode: 'inline', run: decide };
 }
 
 /**

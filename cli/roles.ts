@@ -17,7 +17,8 @@ import { DecisionHandoff } from '../temporal/decision-handoff';
 import { migrateLedger } from '../accounts/ledger-migration';
 import { UsageLedger } from '../accounts/usage-ledger';
 import { UsageJournal } from '../accounts/usage-journal';
-import { createActivities, createDecisionActivities } from '../activities';
+import { createActivities } from '../activities';
+import { decisionService } from '../decisions/service';
 import { inlineExecution, workflowExecution } from '../api/decision-execution';
 import { startMetricsServer } from '../api/routes/metrics';
 import { Metrics } from '../metrics';
@@ -79,7 +80,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   });
   // Inline decisions are synchronous calls like the others: answered once their usage record is
   // journaled (the database write follows in groups), not after a round trip to the database.
-  const inlineDecisions = journaled ? createDecisionActivities({ upstreams, usage: journaled }) : activities;
+  const inlineDecisions = decisionService({ upstreams, usage: journaled ?? usage });
   const metricsServer =
     config.metrics.port === null
       ? null

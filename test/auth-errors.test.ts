@@ -13,7 +13,13 @@ import { RateLimiter } from '../accounts/rate-limit';
 import { WorkspaceCache } from '../accounts/workspace-cache';
 import { KeyCache } from '../accounts/key-cache';
 import { Metrics } from '../metrics';
+import { createLogger } from '../log';
 import { UsageLedger } from '../accounts/usage-ledger';
+import { inlineExecution } from '../api/decision-execution';
+import { decisionService } from '../decisions/service';
+import { decisionRoutes } from '../api/routes/decisions';
+import { createUpstreams } from '../routing/upstreams';
+import type { AppDeps } from '../api/deps';
 import { usageRecord, call, capturingLogger, createTenant, startTestGateway, storeWith, type Tenant, type TestGateway } from './helpers';
 
 const envelope = (code: number, message: string, metadata: unknown = null, userId: string | null = null) => ({
@@ -467,5 +473,60 @@ describe('rate limits', () => {
     expect(denied.retryAfterSeconds).to.be.within(1, 60);
     now += 60_000;
     expect(await limiter.take(key)).to.include({ allowed: true, remaining: 1 });
+  });
+});
+
+describe('inline decisions: errors as thrown, not through Temporal', () => {
+  let gw: TestGateway;
+  let server: http.Server;
+  let url: string;
+  let upstreams: ReturnType<typeof createUpstreams>;
+
+  before(async () => {
+    gw = await startTestGateway({ withWorker: false });
+    // The decision route over a ledger whose database times out on every insert.
+    const timingOut = storeWith(gw.store, 'usage', () => ({
+      insertMany: async () => {
+        const err = new Error('operation exceeded time limit');
+        err.name = 'MongoOperationTimeoutError';
+        throw err;
+      },
+    }));
+    upstreams = createUpstreams(gw.config, gw.store);
+    const deps = {
+      config: gw.config,
+      store: gw.store,
+      decisions: inlineExecution(decisionService({ upstreams, usage: new UsageLedger(timingOut) })),
+      upstreams,
+      workspaces: new WorkspaceCache(gw.store, 0),
+      metrics: new Metrics(),
+      keys: new KeyCache(gw.store, 0),
+      rateLimiter: new RateLimiter(gw.store, 1000, 60),
+    } as unknown as AppDeps;
+    const app = new Koa();
+    app.silent = true;
+    app.use(requestContext(createLogger('silent')));
+    app.use(errorMiddleware());
+    const router = new Router();
+    mountRoutes(router, decisionRoutes(deps), deps);
+    app.use(router.routes() as Koa.Middleware);
+    server = http.createServer(app.callback()).listen(0, '127.0.0.1');
+    await new Promise((r) => server.once('listening', r));
+    url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  after(async () => {
+    server.close();
+    await upstreams.close();
+    await gw.stop();
+  });
+
+  it('a database timeout while billing is a 503 naming the database (it read "orchestration service" when wrapped as a Temporal failure)', async () => {
+    const t = await createTenant(gw.store, 1);
+    const r = await call(`${url}/systemone`, {
+      key: t.inferenceKey,
+      body: { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } } },
+    });
+    expect(r.status, JSON.stringify(r.body)).to.equal(503);
+    expect(r.body.error.message).to.equal('The database is unavailable right now; try again shortly');
   });
 });

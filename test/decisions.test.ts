@@ -337,6 +337,7 @@ for (const mode of ['inline', 'workflow'] as const)
           expect(r.body.error.metadata).to.include(metadata);
           if (status === 429) expect(r.headers.get('retry-after')).to.equal('20');
           // A failed decision debits nothing.
+          await gw.usage.flushed();
           expect(await gw.store.usage.countDocuments({ workspace_id: t.workspaceId, model: { $regex: '^test/' } })).to.equal(0);
         });
       }
@@ -399,6 +400,7 @@ for (const mode of ['inline', 'workflow'] as const)
             seen = await aborted();
           }
           expect(seen).to.equal(before + 1);
+          await gw.usage.flushed();
           expect(await gw.store.usage.countDocuments({ workspace_id: tenant.workspaceId })).to.equal(0);
         });
 

@@ -187,6 +187,7 @@ for (const mode of ['inline', 'workflow'] as const)
         expect(ok.length + refused.length, JSON.stringify(answers.map((a) => a.status))).to.equal(50);
         expect(ok.length, JSON.stringify({ cost, estimate, costs: ok.map((a) => a.body.usage.cost) })).to.be.within(1, 5);
         expect(refused[0].body.error.message).to.match(/Insufficient credits/);
+        await gw.usage.flushed(); // inline decisions are journaled before the answer, stored in groups
         const billed = await gw.store.usage.find({ workspace_id: t.workspaceId }).toArray();
         expect(billed).to.have.length(ok.length);
         const spent = billed.reduce((a, u) => a + u.cost, 0);
