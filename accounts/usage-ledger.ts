@@ -15,6 +15,7 @@ import { toJsonText } from '../store/json-text';
 import { insertManyEach, type Store, type UsageDoc } from '../store';
 import { takeCheckpointMark, type Segment, type UsageJournal } from './usage-journal';
 import { TotalsWriter } from './usage-totals';
+import type { RequestMeta } from './attribution';
 
 export type UsageRecord = Omit<UsageDoc, 'created_at'> & { created_at?: Date };
 
@@ -258,6 +259,41 @@ export class UsageLedger {
     }
     this.opts.journal!.confirm(p.segment);
   }
+}
+
+/**
+ * A billed call's usage record, the one place its fields are laid out: who called, what served it,
+ * what it used and cost, and the attribution its request carried.
+ */
+export function usageRecordOf(
+  call: {
+    generationId: string;
+    workspaceId: string;
+    keyId: string;
+    kind: UsageDoc['kind'];
+    meta: Pick<RequestMeta, 'session_id' | 'user' | 'app'> & { trace?: RequestMeta['trace'] };
+    batchId?: string | null;
+  },
+  served: { model: string; provider: string | null; usage: { input_tokens: number; output_tokens: number }; cost: number },
+  details?: Record<string, unknown>,
+): UsageRecord {
+  return {
+    _id: call.generationId,
+    workspace_id: call.workspaceId,
+    key_id: call.keyId,
+    kind: call.kind,
+    model: served.model,
+    provider: served.provider,
+    input_tokens: served.usage.input_tokens,
+    output_tokens: served.usage.output_tokens,
+    cost: served.cost,
+    session_id: call.meta.session_id,
+    user: call.meta.user,
+    trace: call.meta.trace ?? null,
+    app: call.meta.app,
+    batch_id: call.batchId ?? null,
+    ...(details && { details }),
+  };
 }
 
 /** The document of a usage record; trace metadata is the caller's own object, stored as its JSON text. */

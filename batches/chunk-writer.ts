@@ -4,7 +4,7 @@
 // first stored result of a line wins, and its usage is what is billed. A write that fails (the
 // database is down) keeps its results for the next one rather than losing paid work; only when
 // writes keep failing for `outageMs` does the writer give up.
-import type { UsageLedger, UsageRecord } from '../accounts/usage-ledger';
+import { usageRecordOf, type UsageLedger, type UsageRecord } from '../accounts/usage-ledger';
 import type { Store } from '../store';
 import {
   addToTally,
@@ -20,22 +20,10 @@ import {
 
 /** The usage record of one billed line (its `_id` is the line's generation id). */
 export function lineUsage(b: BatchDoc, r: ResultDoc): UsageRecord {
-  return {
-    _id: r.id,
-    workspace_id: b.workspace_id,
-    key_id: b.key_id,
-    kind: 'batch_line',
-    model: b.canonical_model,
-    provider: r.provider,
-    input_tokens: r.usage!.input_tokens,
-    output_tokens: r.usage!.output_tokens,
-    cost: r.usage!.cost,
-    session_id: b.meta.session_id,
-    user: b.meta.user,
-    trace: null,
-    app: b.meta.app,
-    batch_id: b._id,
-  };
+  return usageRecordOf(
+    { generationId: r.id, workspaceId: b.workspace_id, keyId: b.key_id, kind: 'batch_line', meta: b.meta, batchId: b._id },
+    { model: b.canonical_model, provider: r.provider, usage: r.usage!, cost: r.usage!.cost },
+  );
 }
 
 export class ChunkWriter {

@@ -1,7 +1,7 @@
 // A decision as a service: evaluate the questions against the catalog's models, bill the call
 // through the usage ledger, answer. Called directly by the API's inline mode and wrapped by the
 // decision activity for the workflow mode; gateway errors leave as they are.
-import type { UsageLedger } from '../accounts/usage-ledger';
+import { usageRecordOf, type UsageLedger } from '../accounts/usage-ledger';
 import type { RequestMeta } from '../accounts/attribution';
 import type { Upstreams } from '../routing/upstreams';
 import { evaluate } from './evaluate';
@@ -31,23 +31,14 @@ export type Decide = (job: DecisionJob, signal: AbortSignal) => Promise<Decision
 export function decisionService({ upstreams, usage }: { upstreams: Upstreams; usage: UsageLedger }): Decide {
   return async (job, signal) => {
     const e = await evaluate(upstreams, job.request, { workspace: job.workspace, signal });
-    await usage.record({
-      _id: job.generationId,
-      workspace_id: job.workspaceId,
-      key_id: job.keyId,
-      kind: 'decision',
-      model: e.model,
-      provider: e.provider,
-      input_tokens: e.usage.input_tokens,
-      output_tokens: e.usage.output_tokens,
-      cost: e.cost,
-      session_id: job.meta.session_id,
-      user: job.meta.user,
-      trace: job.meta.trace,
-      app: job.meta.app,
-      batch_id: null,
-      ...(e.labelMass ? { details: { label_mass: e.labelMass, prompt_format: PROMPT_FORMAT } } : {}),
-    });
+    const details = e.labelMass ? { label_mass: e.labelMass, prompt_format: PROMPT_FORMAT } : undefined;
+    await usage.record(
+      usageRecordOf(
+        { generationId: job.generationId, workspaceId: job.workspaceId, keyId: job.keyId, kind: 'decision', meta: job.meta },
+        { model: e.model, provider: e.provider, usage: e.usage, cost: e.cost },
+        details,
+      ),
+    );
     return { id: job.generationId, model: e.model, provider: e.provider, answers: e.answers, usage: { ...e.usage, cost: e.cost } };
   };
 }

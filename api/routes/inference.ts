@@ -10,7 +10,7 @@ import { UpstreamFailure } from '../../providers/failure';
 import { applyPreset, presetReference } from '../../presets/apply';
 import { getPreset } from '../../presets/store';
 import { failureToError } from '../../routing/execute';
-import { newGenerationId, type UsageRecord } from '../../accounts/usage-ledger';
+import { newGenerationId, usageRecordOf, type UsageRecord } from '../../accounts/usage-ledger';
 import type { RequestMeta } from '../../accounts/attribution';
 import {
   finishBody,
@@ -63,23 +63,12 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
   const { store, upstreams, workspaces, usage, config } = deps;
 
   /** The usage record of a call. */
-  const usageOf = (call: Call, endpoint: Endpoint, u: Usage, cost: number, details: Record<string, unknown>): UsageRecord => ({
-    _id: call.generationId,
-    workspace_id: call.auth.workspaceId,
-    key_id: call.auth.keyId,
-    kind: 'completion',
-    model: endpoint.model.canonicalId,
-    provider: endpoint.provider.slug,
-    input_tokens: u.input_tokens,
-    output_tokens: u.output_tokens,
-    cost,
-    session_id: call.meta.session_id,
-    user: call.meta.user,
-    trace: call.meta.trace,
-    app: call.meta.app,
-    batch_id: null,
-    details: { operation: call.operation, ...details },
-  });
+  const usageOf = (call: Call, endpoint: Endpoint, u: Usage, cost: number, details: Record<string, unknown>): UsageRecord =>
+    usageRecordOf(
+      { generationId: call.generationId, workspaceId: call.auth.workspaceId, keyId: call.auth.keyId, kind: 'completion', meta: call.meta },
+      { model: endpoint.model.canonicalId, provider: endpoint.provider.slug, usage: u, cost },
+      { operation: call.operation, ...details },
+    );
 
   /** Records what the call cost; resolves once the record is durable. */
   const bill = (call: Call, endpoint: Endpoint, u: Usage, cost: number, details: Record<string, unknown>) =>
