@@ -8,6 +8,7 @@ import { estimateCompletionCost } from '../inference/estimate';
 import { invoke, type Upstreams } from '../routing/upstreams';
 import { applyPreset, presetReference } from '../presets/apply';
 import { getPreset } from '../presets/store';
+import { upstreamBodyOf } from '../inference/request';
 import type { Store } from '../store';
 import { OPERATION_OF } from './lines';
 import { lineBody, lineGenerationId, seqId, type BatchDoc, type InputLine, type ResultDoc } from './store';
@@ -104,7 +105,8 @@ export class LineRunner {
       if (err instanceof GatewayError && err.status < 500) return { result: this.failure(line, err.status, err.message) };
       throw err;
     }
-    const { model: _model, preset: _preset, ...upstreamBody } = body;
+    // The gateway's own fields (routing, presets, attribution, streaming) never reach the provider.
+    const upstreamBody = upstreamBodyOf(body);
     const { batch, signal } = this.o;
     let hold: Hold;
     try {

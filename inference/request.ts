@@ -25,6 +25,13 @@ const GATEWAY_FIELDS = [
   'stream_options',
 ] as const;
 
+/** What a provider is sent of a request body: everything but the gateway's own fields (calls and batch lines alike). */
+export function upstreamBodyOf(body: Body): Body {
+  const upstream: Body = {};
+  for (const [k, v] of Object.entries(body)) if (!(GATEWAY_FIELDS as readonly string[]).includes(k)) upstream[k] = v;
+  return upstream;
+}
+
 /** Fields that carry the conversation rather than a generation parameter. */
 const CONTENT_FIELDS = new Set(['messages', 'input', 'system', 'instructions', 'user', 'metadata']);
 
@@ -65,8 +72,7 @@ export function planInference(catalog: Catalog, body: Body, operation: Inference
     throw new BadRequestError('max_tokens: is required (in the request or its preset)');
   }
 
-  const upstreamBody: Body = {};
-  for (const [k, v] of Object.entries(body)) if (!(GATEWAY_FIELDS as readonly string[]).includes(k)) upstreamBody[k] = v;
+  const upstreamBody = upstreamBodyOf(body);
   const maxOut = body.max_completion_tokens ?? body.max_tokens ?? body.max_output_tokens;
   return {
     models,

@@ -30,6 +30,7 @@ function batchCatalog(): string {
       provider('batch-slow', 'latency=250', { max_concurrency: 4 }),
       provider('batch-counted', 'counted=1'),
       provider('batch-cancel', 'cancelcheck=1,latency=100', { max_concurrency: 4 }),
+      provider('batch-plain', 'plain=1'),
     );
     const model = (id: string, endpoints: [string, number][]) =>
       modelEntry(
@@ -45,6 +46,7 @@ function batchCatalog(): string {
       model('test/batch-slow', [['batch-slow', 1]]),
       model('test/batch-counted', [['batch-counted', 1]]),
       model('test/batch-cancel', [['batch-cancel', 1]]),
+      model('test/batch-plain', [['batch-plain', 1]]),
     );
   });
 }
@@ -277,6 +279,34 @@ describe('batches', () => {
   });
 
   describe('running', () => {
+    it("sends a line to the provider without the gateway's own fields, as a synchronous call is sent", async () => {
+      const plain = chatLine(0).body;
+      const r = await create({
+        endpoint: '/v1/chat/completions',
+        model: 'test/batch-plain',
+        requests: [
+          { custom_id: 'plain', body: plain },
+          {
+            custom_id: 'annotated',
+            body: {
+              ...plain,
+              session_id: 's-1',
+              trace: { trace_id: 't-1' },
+              usage: { include: true },
+              transforms: [],
+              models: ['test/batch-plain'],
+            },
+          },
+        ],
+      });
+      expect(r.status, JSON.stringify(r.body)).to.equal(202);
+      const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed']);
+      expect(done.status, JSON.stringify(done.error)).to.equal('completed');
+      // The sandbox's answer is a function of the exact body it received: the same answer, the same body.
+      const ids = Object.fromEntries(done.results.map((x: any) => [x.custom_id, x.response.body.id]));
+      expect(ids.annotated).to.be.a('string').and.equal(ids.plain);
+    });
+
     it('fails the whole batch for invalid lines, naming them, with nothing sent upstream', async () => {
       const r = await create({
         endpoint: '/v1/chat/completions',
