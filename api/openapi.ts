@@ -2,28 +2,12 @@
 import type { TSchema } from '@sinclair/typebox';
 import type { AnyRoute } from './route';
 import { ErrorEnvelope } from '../schemas/common';
+import { statusSummary } from '../errors';
 
 /** TypeBox schemas are JSON Schema; strip the `$id`s so components can be inlined. */
 function plain(schema: TSchema): unknown {
   return JSON.parse(JSON.stringify(schema), (k, v) => (k === '$id' ? undefined : v));
 }
-
-const errorStatuses: Record<string, string> = {
-  400: 'Invalid request',
-  401: 'Missing or invalid API key',
-  402: 'Insufficient credits',
-  403: 'Not permitted for this key',
-  404: 'Not found',
-  409: 'Conflict',
-  413: 'Payload too large',
-  422: 'Unprocessable',
-  429: 'Rate limited',
-  500: 'Internal error',
-  502: 'Upstream provider error',
-  503: 'Service unavailable',
-  524: 'Upstream timeout',
-  529: 'Upstream overloaded',
-};
 
 export function buildOpenApi(routes: AnyRoute[], version: string): Record<string, unknown> {
   const paths: Record<string, Record<string, unknown>> = {};
@@ -58,7 +42,7 @@ export function buildOpenApi(routes: AnyRoute[], version: string): Record<string
     ];
     for (const status of errors) {
       responses[status] ??= {
-        description: errorStatuses[status],
+        description: statusSummary(Number(status)),
         content: { 'application/json': { schema: { $ref: '#/components/schemas/ErrorEnvelope' } } },
       };
     }

@@ -2,7 +2,7 @@
 // retry policy. Routing already falls back across endpoints within one attempt; this layer only
 // decides whether a whole failed attempt is worth repeating (and waits out a provider that is
 // down), and never throws for an upstream failure: a failed line is a result, not a failed chunk.
-import { GatewayError, PaymentRequiredError, RateLimitedError } from '../errors';
+import { errorTypeOf, GatewayError, PaymentRequiredError, RateLimitedError } from '../errors';
 import type { Hold, WorkspaceCache } from '../accounts/workspace-cache';
 import { estimateCompletionCost } from '../inference/estimate';
 import { invoke, type Upstreams } from '../routing/upstreams';
@@ -20,22 +20,6 @@ const RETRYABLE = new Set([429, 502, 503, 524, 529]);
 function unreachable(err: GatewayError | null): boolean {
   const attempts = err?.metadata?.attempts as { kind: string }[] | undefined;
   return !!attempts?.length && attempts.every((a) => a.kind === 'connection');
-}
-
-function errorType(status: number): string {
-  return status === 402
-    ? 'insufficient_credits'
-    : status === 429
-      ? 'rate_limited'
-      : status === 524
-        ? 'timeout'
-        : status === 529
-          ? 'overloaded'
-          : status === 404
-            ? 'not_found'
-            : status < 500
-              ? 'invalid_request'
-              : 'upstream_error';
 }
 
 export interface LineRunnerOptions {
@@ -77,7 +61,7 @@ export class LineRunner {
       ok: false,
       provider,
       response: null,
-      error: { type: errorType(status), message, code: status },
+      error: { type: errorTypeOf(status), message, code: status },
       usage: null,
     };
   }

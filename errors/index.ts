@@ -99,3 +99,34 @@ export function errorFromStatus(status: number, message: string, metadata: Error
   const Ctor = byStatus[status] ?? InternalError;
   return new Ctor(message, metadata);
 }
+
+/**
+ * Per status: what the API documentation calls an error, and the `type` a batch line's error
+ * result names (OpenAI-style batch output). One table, so the two never disagree.
+ */
+const NAMES: Record<number, { summary: string; type: string }> = {
+  400: { summary: 'Invalid request', type: 'invalid_request' },
+  401: { summary: 'Missing or invalid API key', type: 'invalid_request' },
+  402: { summary: 'Insufficient credits', type: 'insufficient_credits' },
+  403: { summary: 'Not permitted for this key', type: 'invalid_request' },
+  404: { summary: 'Not found', type: 'not_found' },
+  409: { summary: 'Conflict', type: 'invalid_request' },
+  413: { summary: 'Payload too large', type: 'invalid_request' },
+  422: { summary: 'Unprocessable', type: 'invalid_request' },
+  429: { summary: 'Rate limited', type: 'rate_limited' },
+  500: { summary: 'Internal error', type: 'upstream_error' },
+  502: { summary: 'Upstream provider error', type: 'upstream_error' },
+  503: { summary: 'Service unavailable', type: 'upstream_error' },
+  524: { summary: 'Upstream timeout', type: 'timeout' },
+  529: { summary: 'Upstream overloaded', type: 'overloaded' },
+};
+
+/** How the API documentation describes an error status. */
+export function statusSummary(status: number): string {
+  return NAMES[status]?.summary ?? (status < 500 ? 'Invalid request' : 'Internal error');
+}
+
+/** The error `type` of a failed batch line with this status. */
+export function errorTypeOf(status: number): string {
+  return NAMES[status]?.type ?? (status < 500 ? 'invalid_request' : 'upstream_error');
+}

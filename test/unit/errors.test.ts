@@ -1,0 +1,25 @@
+// One table names each error status for the API documentation and for batch line results.
+import { expect } from 'chai';
+import { errorFromStatus, errorTypeOf, statusSummary } from '../../errors';
+
+describe('error names', () => {
+  it('gives batch line errors the types their statuses mean, and falls back by class', () => {
+    expect([402, 404, 429, 524, 529].map(errorTypeOf)).to.deep.equal([
+      'insufficient_credits',
+      'not_found',
+      'rate_limited',
+      'timeout',
+      'overloaded',
+    ]);
+    expect([400, 401, 413, 418].map(errorTypeOf)).to.deep.equal(Array(4).fill('invalid_request'));
+    expect([500, 502, 503, 599].map(errorTypeOf)).to.deep.equal(Array(4).fill('upstream_error'));
+  });
+
+  it('documents every status an error is rebuilt from', () => {
+    for (const status of [400, 401, 402, 403, 404, 409, 413, 422, 429, 500, 502, 503, 524, 529]) {
+      expect(errorFromStatus(status, 'x').status, String(status)).to.equal(status);
+      expect(statusSummary(status), String(status)).to.be.a('string').and.not.equal('');
+    }
+    expect(statusSummary(402)).to.equal('Insufficient credits');
+  });
+});
