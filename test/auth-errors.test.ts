@@ -334,10 +334,7 @@ describe('402, 500 and the billable guard', () => {
       ],
       deps,
     );
-    app.use(router.routes() as Koa.Middleware);
-    server = http.createServer(app.callback()).listen(0, '127.0.0.1');
-    await new Promise((r) => server.once('listening', r));
-    url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    ({ server, url } = await serve(app, router));
   });
   after(async () => {
     server.close();
@@ -509,10 +506,7 @@ describe('inline decisions: errors as thrown, not through Temporal', () => {
     app.use(errorMiddleware());
     const router = new Router();
     mountRoutes(router, decisionRoutes(deps), deps);
-    app.use(router.routes() as Koa.Middleware);
-    server = http.createServer(app.callback()).listen(0, '127.0.0.1');
-    await new Promise((r) => server.once('listening', r));
-    url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    ({ server, url } = await serve(app, router));
   });
   after(async () => {
     server.close();
@@ -530,3 +524,11 @@ describe('inline decisions: errors as thrown, not through Temporal', () => {
     expect(r.body.error.message).to.equal('The database is unavailable right now; try again shortly');
   });
 });
+
+/** Serves an app with a router's routes on a free loopback port. */
+async function serve(app: Koa, router: Router): Promise<{ server: http.Server; url: string }> {
+  app.use(router.routes() as Koa.Middleware);
+  const server = http.createServer(app.callback()).listen(0, '127.0.0.1');
+  await new Promise((r) => server.once('listening', r));
+  return { server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}` };
+}
