@@ -221,6 +221,19 @@ export class WorkspaceCache {
     };
   }
 
+  /**
+   * A billable call under a hold of `estimate` (see `hold`): settled to the cost `call` resolves
+   * to, released if it throws. The one path synchronous calls and decisions bill through.
+   */
+  async billed(workspaceId: string, estimate: number, signal: AbortSignal, call: () => Promise<number>): Promise<void> {
+    const hold = await this.hold(workspaceId, estimate, signal);
+    try {
+      hold.settle(await call());
+    } finally {
+      hold.release(); // no-op once settled
+    }
+  }
+
   /** Resolves when a hold of the workspace ends, after `ms`, or when `signal` aborts. */
   private holdEnded(l: Local, ms: number, signal?: AbortSignal): Promise<void> {
     return new Promise((resolve) => {

@@ -21,6 +21,17 @@ describe('holds against a workspace balance', () => {
     await store.close();
   });
 
+  it('a billed call settles to its cost, and a failed one releases its hold at once', async () => {
+    const t = await createTenant(store, 1);
+    const cache = new WorkspaceCache(store, 60_000, Date.now, () => 0, 50);
+    const signal = new AbortController().signal;
+    const boom = await cache.billed(t.workspaceId, 1, signal, () => Promise.reject(new Error('provider down'))).catch((e: Error) => e);
+    expect(boom).to.be.instanceOf(Error).with.property('message', 'provider down');
+    // Released: the whole balance is available again (still held, it would leave nothing: a 402 after 50 ms).
+    await cache.billed(t.workspaceId, 1, signal, async () => 0.25);
+    expect((await cache.balance(t.workspaceId)).balance).to.equal(0.75);
+  });
+
   it('admits while something is left, counting held and settled spending; waits while the rest is only held; 402 once spent', async () => {
     const t = await createTenant(store, 1);
     const cache = new WorkspaceCache(store, 60_000);

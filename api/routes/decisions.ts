@@ -2,7 +2,6 @@
 // call the provider, compute the answers, record usage) to the configured execution mode
 // (api/decision-execution): in-process by default, or as a short Temporal workflow.
 import { estimateDecisionCost } from '../../decisions/estimate';
-import type { Hold } from '../../accounts/workspace-cache';
 import { newGenerationId } from '../../accounts/usage-ledger';
 import { BadRequestError, PayloadTooLargeError, UpstreamTimeoutError, type GatewayError } from '../../errors';
 import { presetReference } from '../../presets/apply';
@@ -58,28 +57,29 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
         // Hold what the call may cost before making it, so concurrent calls cannot overspend.
         const generationId = newGenerationId('gen-dec-');
         const { signal, timedOut, done } = requestSignal(ctx, limits.timeoutMs);
-        let hold: Hold;
         try {
-          hold = await workspaces.hold(auth.workspaceId, estimateDecisionCost(model, { questions: body.questions, stateBytes }), signal);
-        } catch (err) {
-          done();
-          throw err;
-        }
-        try {
-          const result = await decisions.run(
-            { generationId, workspaceId: auth.workspaceId, keyId: auth.keyId, request: body, meta, workspace: settings },
+          await workspaces.billed(
+            auth.workspaceId,
+            estimateDecisionCost(model, { questions: body.questions, stateBytes }),
             signal,
+            async () => {
+              try {
+                const result = await decisions.run(
+                  { generationId, workspaceId: auth.workspaceId, keyId: auth.keyId, request: body, meta, workspace: settings },
+                  signal,
+                );
+                metrics.decisions.inc({ mode: decisions.mode });
+                ctx.body = result;
+                return result.usage.cost;
+              } catch (err) {
+                const mapped = timedOut()
+                  ? new UpstreamTimeoutError(`Decision did not finish within ${limits.timeoutMs} ms`)
+                  : (err as GatewayError);
+                if (mapped.status >= 500) ctx.state.log.warn({ err, generation_id: generationId }, 'decision failed');
+                throw mapped;
+              }
+            },
           );
-          hold.settle(result.usage.cost);
-          metrics.decisions.inc({ mode: decisions.mode });
-          ctx.body = result;
-        } catch (err) {
-          hold.release();
-          const mapped = timedOut()
-            ? new UpstreamTimeoutError(`Decision did not finish within ${limits.timeoutMs} ms`)
-            : (err as GatewayError);
-          if (mapped.status >= 500) ctx.state.log.warn({ err, generation_id: generationId }, 'decision failed');
-          throw mapped;
         } finally {
           done();
         }

@@ -188,18 +188,13 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
     const { settings } = await workspaces.get(auth.workspaceId);
     const { signal, done } = requestSignal(ctx, null);
     try {
-      const hold = await workspaces.hold(
+      const call: Call = { operation, plan, auth, meta, generationId: newGenerationId(), requestBytes, workspace: settings, signal };
+      await workspaces.billed(
         auth.workspaceId,
         estimateCompletionCost(plan.models, operation, requestBytes, plan.maxOutputTokens),
         signal,
+        () => (plan.stream ? stream(ctx, call as Call & { operation: StreamingOperation }) : answer(ctx, call)),
       );
-      const call: Call = { operation, plan, auth, meta, generationId: newGenerationId(), requestBytes, workspace: settings, signal };
-      try {
-        const cost = plan.stream ? await stream(ctx, call as Call & { operation: StreamingOperation }) : await answer(ctx, call);
-        hold.settle(cost);
-      } finally {
-        hold.release(); // no-op once settled
-      }
     } finally {
       done();
     }
