@@ -2,7 +2,7 @@
 // buys nothing against keys this long, and authentication stays one `_id` lookup).
 import { createHash, randomBytes } from 'node:crypto';
 import { NotFoundError } from '../errors';
-import { listedUnder, listUnder, migrateOnce, workspaceList, type ApiKeyDoc, type KeyKind, type Store } from '../store';
+import { listAllUnder, listedUnder, listUnder, migrateOnce, workspaceList, type ApiKeyDoc, type KeyKind, type Store } from '../store';
 
 const KEY_PREFIX = 'sk-gw-v1-';
 const KEY_SHAPE = /^sk-gw-v1-[0-9a-f]{64}$/;
@@ -99,7 +99,11 @@ export async function keyOfWorkspace(store: Store, workspaceId: string, id: stri
 export function listStoredKeys(store: Store): Promise<number | null> {
   return migrateOnce(store, 'key-list-1', async () => {
     const keys = await store.apiKeys.find({}, { projection: { id: 1, workspace_id: 1 } }).toArray();
-    for (const k of keys) await listUnder(store, 'workspace_keys', k.workspace_id, k.id, k._id);
+    await listAllUnder(
+      store,
+      'workspace_keys',
+      keys.map((k) => ({ workspaceId: k.workspace_id, id: k.id, ref: k._id })),
+    );
     return keys.length;
   });
 }

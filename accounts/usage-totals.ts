@@ -78,7 +78,9 @@ export class TotalsWriter {
     const ids = new Map<string, string[]>();
     for (const d of docs) {
       Object.assign(d, { writer: this.id, group });
-      ids.set(d.workspace_id, [...(ids.get(d.workspace_id) ?? []), d._id]);
+      const list = ids.get(d.workspace_id);
+      if (list) list.push(d._id);
+      else ids.set(d.workspace_id, [d._id]);
     }
     await this.write([...new Set([...ids.keys(), ...this.unsettled])], (ws) => {
       const pending = ids.get(ws);

@@ -48,16 +48,23 @@ const invertedTime = (ms: number) =>
       .padStart(TIME_CHARS, '0'),
   );
 
-type Listed = Pick<BatchDoc, '_id' | 'workspace_id' | 'created_at'>;
+/** What the index needs of a batch. */
+export type Listed = Pick<BatchDoc, '_id' | 'workspace_id' | 'created_at'>;
 
 /** Entries for a new batch (before its document is stored: an entry without one is skipped). */
 export async function addNewBatch(store: Store, b: Listed, status: BatchStatus): Promise<void> {
   // Inserts (an entry already there is a retry's, and the same): cheaper than upserts on FerretDB.
   await insertManyNew(
     listEntries(store),
-    ['all', status].map((list) => ({ _id: keyOf(b.workspace_id, list, b._id), batch_id: b._id, created_at: b.created_at })),
+    ['all', status].map((list) => entryOf(b, list)),
   );
 }
+
+const entryOf = (b: Listed, list: string): ListEntryDoc => ({
+  _id: keyOf(b.workspace_id, list, b._id),
+  batch_id: b._id,
+  created_at: b.created_at,
+});
 
 /** Moves a batch to `status` in the index around `change`, the write of the batch document. */
 export async function moveBatch(store: Store, b: Listed, status: BatchStatus, change: () => Promise<unknown>): Promise<void> {
@@ -120,9 +127,8 @@ export async function listPage(
       }),
     );
     // Every range still open has nothing below its last entry unread: merge up to the lowest of those.
-    const upTo = windows
-      .filter((w) => !w.c.done)
-      .reduce((min, w) => (w.keys[w.keys.length - 1].inv < min ? w.keys[w.keys.length - 1].inv : min), END);
+    const lasts = windows.filter((w) => !w.c.done).map((w) => w.keys[w.keys.length - 1].inv);
+    const upTo = lasts.reduce((min, inv) => (inv < min ? inv : min), END);
     const merged = windows
       .flatMap((w) => w.keys)
       .filter((k) => k.inv <= upTo)
@@ -148,7 +154,9 @@ export function indexStoredBatches(store: Store): Promise<number | null> {
       .collection<BatchDoc>('batches')
       .find({}, { projection: { _id: 1, workspace_id: 1, created_at: 1, status: 1 } })
       .toArray();
-    for (const b of stored) await addNewBatch(store, b, b.status);
+    // Their entries in inserts of a thousand, not a round trip per batch (one start may index many).
+    const entries = stored.flatMap((b) => ['all', b.status].map((list) => entryOf(b, list)));
+    for (let i = 0; i < entries.length; i += 1000) await insertManyNew(listEntries(store), entries.slice(i, i + 1000));
     return stored.length;
   });
 }

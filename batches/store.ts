@@ -14,7 +14,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Collection, Document, Filter } from 'mongodb';
 import { insertManyNew, type Store } from '../store';
-import { addNewBatch, listPage, moveBatch, removeEntries } from './list';
+import { addNewBatch, listPage, moveBatch, removeEntries, type Listed } from './list';
 import { fromJsonText } from '../store/json-text';
 import type { BATCH_ENDPOINTS, BATCH_STATUSES } from '../schemas/batches';
 
@@ -380,8 +380,6 @@ export async function markNotStarted(store: Store, b: Listed): Promise<void> {
     error: { message: 'The batch could not be started; nothing was sent upstream' },
   });
 }
-
-type Listed = Pick<BatchDoc, '_id' | 'workspace_id' | 'created_at'>;
 
 /** Writes a batch's status (and `set`'s other fields), keeping the list index in step. */
 export async function writeStatus(store: Store, b: Listed, set: Partial<BatchDoc> & { status: BatchStatus }): Promise<void> {

@@ -6,7 +6,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { benchCatalog } from './batches';
-import { benchKey, closedLoop, cpuSeconds, startStack, writeResult, type Stack } from './harness';
+import { benchKey, closedLoop, cpuSeconds, percentiles, startStack, writeResult, type Stack } from './harness';
 import { Store } from '../store';
 import { UsageLedger } from '../accounts/usage-ledger';
 import { createWorkspace } from '../accounts/workspaces';
@@ -19,12 +19,6 @@ const SAMPLES = 100;
 const WARM_BATCHES = 50;
 const BALANCE_CACHE_MS = 2_000;
 const CHAT = { model: 'bench/0ms', messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 };
-
-function percentiles(ms: number[]) {
-  const s = [...ms].sort((a, b) => a - b);
-  const at = (q: number) => Math.round(s[Math.min(s.length - 1, Math.ceil(q * s.length) - 1)] * 100) / 100;
-  return { p50_ms: at(0.5), p99_ms: at(0.99) };
-}
 
 function diskMb(dir: string): number {
   let bytes = 0;

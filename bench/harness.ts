@@ -170,6 +170,13 @@ function percentile(sorted: number[], q: number): number {
   return sorted.length ? sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)] : NaN;
 }
 
+/** How many latencies, and their p50 and p99 (ms, two decimals). */
+export function percentiles(ms: number[]) {
+  const s = [...ms].sort((a, b) => a - b);
+  const at = (q: number) => Math.round(percentile(s, q) * 100) / 100;
+  return { n: s.length, p50_ms: at(0.5), p99_ms: at(0.99) };
+}
+
 /** Every latency of a closed-loop run, before it is summarised (runs can be merged first). */
 export interface LoadSamples {
   concurrency: number;

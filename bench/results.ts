@@ -6,7 +6,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { benchCatalog, peakRssMb, runBatch } from './batches';
-import { benchKey, closedLoop, startStack, writeResult } from './harness';
+import { benchKey, closedLoop, percentiles, startStack, writeResult } from './harness';
 
 const LINES = Number(process.env.BENCH_RESULT_LINES ?? 100_000);
 /** The batch run first, on the same worker: its peak RSS is the baseline of the large batch's. */
@@ -19,12 +19,6 @@ const decision = {
   state: 'I was charged twice for my subscription this month',
   questions: { urgent: { type: 'noul', instructions: 'Does this need action today?' } },
 };
-
-function percentiles(ms: number[]) {
-  const s = [...ms].sort((a, b) => a - b);
-  const at = (q: number) => Math.round(s[Math.min(s.length - 1, Math.ceil(q * s.length) - 1)] * 100) / 100;
-  return { n: s.length, p50_ms: at(0.5), p99_ms: at(0.99) };
-}
 
 async function timed(url: string, key: string): Promise<{ ms: number; status: number; lines: number }> {
   const t0 = performance.now();

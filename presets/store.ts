@@ -10,7 +10,16 @@
 import { fromJsonText, toJsonText } from '../store/json-text';
 import { createHash } from 'node:crypto';
 import { ConflictError, NotFoundError } from '../errors';
-import { isDuplicateKey, listedUnder, listUnder, migrateOnce, type PresetDoc, type PresetVersionDoc, type Store } from '../store';
+import {
+  isDuplicateKey,
+  listAllUnder,
+  listedUnder,
+  listUnder,
+  migrateOnce,
+  type PresetDoc,
+  type PresetVersionDoc,
+  type Store,
+} from '../store';
 
 /** An RFC 4122 version-5-style UUID from a name (SHA-1, as uuidv5 does). */
 function nameUuid(name: string): string {
@@ -193,7 +202,11 @@ export async function getVersion(store: Store, workspaceId: string, slug: string
 export function listStoredPresets(store: Store): Promise<number | null> {
   return migrateOnce(store, 'preset-list-1', async () => {
     const presets = await store.presets.find({}, { projection: { workspace_id: 1 } }).toArray();
-    for (const p of presets) await listUnder(store, 'workspace_presets', p.workspace_id, p._id, p._id);
+    await listAllUnder(
+      store,
+      'workspace_presets',
+      presets.map((p) => ({ workspaceId: p.workspace_id, id: p._id, ref: p._id })),
+    );
     return presets.length;
   });
 }

@@ -260,6 +260,16 @@ export async function listUnder(store: Store, name: Parameters<typeof workspaceL
   await workspaceList(store, name).replaceOne({ _id: `${workspaceId}:${id}` }, { ref }, { upsert: true });
 }
 
+/** Lists many at once (a start-up migration), in inserts of a thousand; one already listed is kept. */
+export async function listAllUnder(
+  store: Store,
+  name: Parameters<typeof workspaceList>[1],
+  items: { workspaceId: string; id: string; ref: string }[],
+) {
+  const docs = items.map((x) => ({ _id: `${x.workspaceId}:${x.id}`, ref: x.ref }));
+  for (let i = 0; i < docs.length; i += 1000) await insertManyNew(workspaceList(store, name), docs.slice(i, i + 1000));
+}
+
 /** Every `ref` listed under the workspace. */
 export async function listedUnder(store: Store, name: Parameters<typeof workspaceList>[1], workspaceId: string): Promise<string[]> {
   return (

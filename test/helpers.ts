@@ -12,7 +12,7 @@ import { Store } from '../store';
 import { createWorkspace } from '../accounts/workspaces';
 import { createKey } from '../accounts/keys';
 import { grantCredits } from '../accounts/credits';
-import { UsageLedger, type UsageRecord } from '../accounts/usage-ledger';
+import { UsageLedger, usageRecordOf, type UsageRecord } from '../accounts/usage-ledger';
 import { WorkspaceCache } from '../accounts/workspace-cache';
 import { createActivities } from '../activities';
 import type { Upstreams } from '../routing/upstreams';
@@ -118,22 +118,16 @@ export async function startTestGateway(
 
 /** A minimal usage record (one billed call) for tests that spend a workspace's credits directly. */
 export function usageRecord(id: string, workspaceId: string, keyId: string, cost: number): UsageRecord {
-  return {
-    _id: id,
-    workspace_id: workspaceId,
-    key_id: keyId,
-    kind: 'decision',
-    model: 'm',
-    provider: 'p',
-    input_tokens: 1,
-    output_tokens: 1,
-    cost,
-    session_id: null,
-    user: null,
-    trace: null,
-    app: { referer: null, title: null, categories: [] },
-    batch_id: null,
-  };
+  return usageRecordOf(
+    {
+      generationId: id,
+      workspaceId,
+      keyId,
+      kind: 'decision',
+      meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
+    },
+    { model: 'm', provider: 'p', usage: { input_tokens: 1, output_tokens: 1 }, cost },
+  );
 }
 
 /** The default catalog with a test's own providers and models added, written to a file for CATALOG_PATH. */

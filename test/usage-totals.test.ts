@@ -6,7 +6,9 @@ import { getBalance, grantCredits } from '../accounts/credits';
 import { migrateLedger } from '../accounts/ledger-migration';
 import { UsageLedger } from '../accounts/usage-ledger';
 import { TotalsWriter, usageTotals } from '../accounts/usage-totals';
-import { Store, workspaceRange, type UsageDoc } from '../store';
+import { Store, workspaceList, workspaceRange, type UsageDoc } from '../store';
+import { keyOfWorkspace, listKeys, listStoredKeys } from '../accounts/keys';
+import { addPresetVersion, listPresets, listStoredPresets } from '../presets/store';
 import { stack } from './fixture';
 import { createTenant, storeWith, uniqueName, usageRecord, type Tenant } from './helpers';
 
@@ -157,6 +159,45 @@ describe('usage totals: the balance in bounded reads', () => {
       await migrateLedger(db);
       expect(await getBalance(db, 'ws-half')).to.deep.equal({ total_credits: 3, total_usage: 1, balance: 2 });
       expect(await db.creditGrants.countDocuments({})).to.equal(1);
+    } finally {
+      await db.db.dropDatabase();
+      await db.close();
+    }
+  });
+
+  it('lists keys and presets stored before workspaces had lists, once', async () => {
+    const db = await Store.connect(stack.mongoUri, uniqueName('oldlists').replace(/-/g, '_'));
+    try {
+      const t = await createTenant(db, 1); // its keys are listed as they are made
+      const now = new Date();
+      // A key and a preset as an older version stored them: no entry in the workspace's lists.
+      await db.apiKeys.insertOne({
+        _id: 'hash-old',
+        id: 'key_old',
+        workspace_id: t.workspaceId,
+        kind: 'inference',
+        name: 'old',
+        label: 'sk-…',
+        created_at: now,
+        revoked_at: null,
+      });
+      await addPresetVersion(db, {
+        workspaceId: t.workspaceId,
+        slug: 'old-preset',
+        creator: 'k',
+        config: { model: 'm' },
+        systemPrompt: null,
+      });
+      await workspaceList(db, 'workspace_presets').deleteMany({});
+      expect((await listKeys(db, t.workspaceId)).map((k) => k.id)).to.not.include('key_old');
+      expect((await listPresets(db, t.workspaceId, 0, 10)).total_count).to.equal(0);
+
+      expect(await listStoredKeys(db)).to.equal(3);
+      expect(await listStoredPresets(db)).to.equal(1);
+      expect((await listKeys(db, t.workspaceId)).map((k) => k.id)).to.include('key_old');
+      expect((await keyOfWorkspace(db, t.workspaceId, 'key_old'))?._id).to.equal('hash-old');
+      expect((await listPresets(db, t.workspaceId, 0, 10)).data.map((p) => p.slug)).to.deep.equal(['old-preset']);
+      expect([await listStoredKeys(db), await listStoredPresets(db)]).to.deep.equal([null, null]);
     } finally {
       await db.db.dropDatabase();
       await db.close();

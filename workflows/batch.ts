@@ -17,6 +17,7 @@ import {
 } from '@temporalio/workflow';
 import { WorkflowIdReusePolicy } from '@temporalio/common';
 import type { Activities } from '../activities';
+import type { BatchDoc } from '../batches/store';
 import type { DeliveryOutcome } from '../webhooks/deliver';
 import { searchAttributes } from './shared';
 
@@ -52,49 +53,40 @@ export interface BatchProgress {
  * what the Web UI lists for it (ids and counts only, never the caller's text).
  */
 export function batchWorkflowStart(
-  b: {
-    id: string;
-    workspaceId: string;
-    keyId: string;
-    endpoint: string;
-    modelId: string;
-    canonicalModel: string;
-    lines: number;
-    chunks: number;
-    expiresAt: Date;
-  },
+  b: Pick<BatchDoc, '_id' | 'workspace_id' | 'key_id' | 'endpoint' | 'canonical_model' | 'total' | 'chunks' | 'expires_at'>,
+  modelId: string,
   opts: { taskQueue: string; window: number; heartbeatTimeoutMs: number; webhook: BatchWorkflowInput['webhook'] | null },
 ) {
   const input: BatchWorkflowInput = {
-    batchId: b.id,
+    batchId: b._id,
     chunks: b.chunks,
     window: opts.window,
     heartbeatTimeoutMs: opts.heartbeatTimeoutMs,
-    expiresAt: b.expiresAt.getTime(),
+    expiresAt: b.expires_at.getTime(),
     phase: 'validate',
     nextChunk: 0,
     cancelRequested: false,
-    lines: b.lines,
+    lines: b.total,
     ...(opts.webhook && { webhook: opts.webhook }),
   };
   return {
-    workflowId: b.id,
+    workflowId: b._id,
     taskQueue: opts.taskQueue,
     workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
     args: [input] as [BatchWorkflowInput],
-    staticSummary: `batch · ${b.lines} lines · ${b.endpoint} · ${b.canonicalModel} · workspace ${b.workspaceId} · key ${b.keyId}`,
+    staticSummary: `batch · ${b.total} lines · ${b.endpoint} · ${b.canonical_model} · workspace ${b.workspace_id} · key ${b.key_id}`,
     staticDetails: [
-      `**Batch** ${b.id}`,
-      `- workspace: ${b.workspaceId}`,
-      `- created by key: ${b.keyId}`,
+      `**Batch** ${b._id}`,
+      `- workspace: ${b.workspace_id}`,
+      `- created by key: ${b.key_id}`,
       `- endpoint: ${b.endpoint}`,
-      `- model: ${b.canonicalModel}`,
-      `- lines: ${b.lines} in ${b.chunks} chunk(s)`,
-      `- expires: ${b.expiresAt.toISOString()}`,
+      `- model: ${b.canonical_model}`,
+      `- lines: ${b.total} in ${b.chunks} chunk(s)`,
+      `- expires: ${b.expires_at.toISOString()}`,
     ].join('\n'),
     typedSearchAttributes: [
-      { key: searchAttributes.workspace, value: b.workspaceId },
-      { key: searchAttributes.model, value: b.modelId },
+      { key: searchAttributes.workspace, value: b.workspace_id },
+      { key: searchAttributes.model, value: modelId },
       { key: searchAttributes.batchStatus, value: 'validating' },
     ],
   };
@@ -168,7 +160,8 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
     await bookkeeping.setBatchStatus(input.batchId, s);
   };
   const close = async (s: 'completed' | 'failed' | 'expired' | 'cancelled', message: string | null = null, finalizing = false) => {
-    await (finalizing ? bookkeeping.closeBatch(input.batchId, s, message, true) : bookkeeping.closeBatch(input.batchId, s, message));
+    // Replay compares activity types and order, not inputs: older runs take the extra argument too.
+    await bookkeeping.closeBatch(input.batchId, s, message, finalizing);
     status = s;
     showProgress();
     upsertSearchAttributes([{ key: searchAttributes.batchStatus, value: s }]);
@@ -205,9 +198,7 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
 
   if (input.phase === 'validate') {
     const merged = patched(STATUS_IN_NEIGHBOURS);
-    const { invalid, examples } = await (merged
-      ? bookkeeping.validateBatchLines(input.batchId, true)
-      : bookkeeping.validateBatchLines(input.batchId));
+    const { invalid, examples } = await bookkeeping.validateBatchLines(input.batchId, merged);
     if (invalid > 0) {
       return close('failed', `${invalid} request line(s) are invalid for this endpoint; nothing was sent upstream: ${examples.join('; ')}`);
     }

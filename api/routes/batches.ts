@@ -136,26 +136,13 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics }: App
           { workspaceId: auth.workspaceId, keyId: auth.keyId, meta: requestMeta(ctx) },
           body,
         );
-        const { chunks } = await createBatch(store, doc, lines, settings.chunkSize);
-        const start = batchWorkflowStart(
-          {
-            ...doc,
-            id: doc._id,
-            workspaceId: doc.workspace_id,
-            keyId: doc.key_id,
-            modelId,
-            canonicalModel: doc.canonical_model,
-            lines: doc.total,
-            chunks,
-            expiresAt: doc.expires_at,
-          },
-          {
-            taskQueue: config.temporal.taskQueue,
-            window: settings.window,
-            heartbeatTimeoutMs: settings.heartbeatTimeoutMs,
-            webhook: doc.callback_url ? { windowMs: config.webhooks.retryWindowMs, firstRetryMs: config.webhooks.firstRetryMs } : null,
-          },
-        );
+        const stored = await createBatch(store, doc, lines, settings.chunkSize);
+        const start = batchWorkflowStart(stored, modelId, {
+          taskQueue: config.temporal.taskQueue,
+          window: settings.window,
+          heartbeatTimeoutMs: settings.heartbeatTimeoutMs,
+          webhook: doc.callback_url ? { windowMs: config.webhooks.retryWindowMs, firstRetryMs: config.webhooks.firstRetryMs } : null,
+        });
         try {
           await temporal.workflow.start(batchWorkflow, start);
         } catch (err) {

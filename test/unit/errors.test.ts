@@ -20,6 +20,9 @@ describe('error names', () => {
       expect(errorFromStatus(status, 'x').status, String(status)).to.equal(status);
       expect(statusSummary(status), String(status)).to.be.a('string').and.not.equal('');
     }
+    // Each its own words: a status missing from the table would read as its class's fallback, a duplicate.
+    const statuses = [400, 401, 402, 403, 404, 409, 413, 422, 429, 500, 502, 503, 524, 529];
+    expect(new Set(statuses.map(statusSummary)).size).to.equal(statuses.length);
     expect(statusSummary(402)).to.equal('Insufficient credits');
   });
 });
