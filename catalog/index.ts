@@ -4,7 +4,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { compileBody } from '../schemas/validation';
 import { BadRequestError, NotFoundError } from '../errors';
-import { ADAPTER_OPERATIONS, CatalogFile, type EndpointEntry, type ModelEntry, type Operation, type ProviderEntry } from './schema';
+import { operationsOf } from '../providers/formats';
+import { CatalogFile, type EndpointEntry, type ModelEntry, type Operation, type ProviderEntry } from './schema';
 
 export * from './schema';
 
@@ -75,9 +76,9 @@ export class Catalog {
         const tag = e.variant ? `${e.provider}/${e.variant}` : e.provider;
         if (tags.has(tag)) fail(`${where}.endpoints[${j}]`, `duplicate endpoint ${tag}`);
         tags.add(tag);
-        const operations = ADAPTER_OPERATIONS[provider.adapter];
-        if (m.kind === 'embedding' && !operations.includes('embeddings' as never))
-          fail(`${where}.endpoints[${j}]`, `embedding models need an openai adapter, ${e.provider} is ${provider.adapter}`);
+        const operations = operationsOf(provider.adapter);
+        if (m.kind === 'embedding' && !operations.includes('embeddings'))
+          fail(`${where}.endpoints[${j}]`, `embedding models need an adapter that serves embeddings, ${e.provider} is ${provider.adapter}`);
         model.endpoints.push({ key: `${m.id}@${tag}`, tag, model, provider, entry: e, operations });
       }
       this.models.push(model);

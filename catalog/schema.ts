@@ -1,18 +1,12 @@
 // The catalog file's schema: providers and models, each model with its endpoints and prices.
 import { Type, type Static } from '@sinclair/typebox';
 import { StringEnum } from '../schemas/common';
+import { FORMAT_NAMES } from '../providers/formats';
+
+export type { Operation } from '../providers/formats';
 
 export const QUANTIZATIONS = ['int4', 'int8', 'fp4', 'mxfp4', 'nvfp4', 'fp6', 'fp8', 'mxfp8', 'fp16', 'bf16', 'fp32', 'unknown'] as const;
 const Quantization = StringEnum([...QUANTIZATIONS]);
-
-/** How the gateway talks to a provider; each adapter serves a fixed set of operations. */
-export const ADAPTER_OPERATIONS = {
-  openai: ['chat', 'responses', 'embeddings'],
-  anthropic: ['messages'],
-  systemone: ['systemone'],
-} as const;
-type AdapterName = keyof typeof ADAPTER_OPERATIONS;
-export type Operation = (typeof ADAPTER_OPERATIONS)[AdapterName][number];
 
 const Slug = Type.String({ pattern: '^[a-z0-9][a-z0-9._-]*$', maxLength: 64 });
 
@@ -20,7 +14,8 @@ export const ProviderEntry = Type.Object(
   {
     slug: Slug,
     name: Type.String({ minLength: 1 }),
-    adapter: StringEnum(['openai', 'anthropic', 'systemone']),
+    /** The provider's wire format (providers/formats/): which operations it serves, and how. */
+    adapter: StringEnum(FORMAT_NAMES),
     /** May use ${VAR} placeholders, filled from the environment when the catalog loads. */
     base_url: Type.String({ minLength: 1 }),
     api_key_env: Type.Optional(Type.String({ pattern: '^[A-Z_][A-Z0-9_]*$' })),

@@ -2,7 +2,7 @@
 // that much while the call runs (accounts/workspace-cache). Meant to be at least the real cost:
 // one token per 3 bytes of prompt (tokenizers average about 4), the priciest endpoint the model
 // could fall back to, and generous output.
-import { costOf } from '../providers/adapters';
+import { costOf } from '../catalog/usd';
 import { servesOperation } from '../routing/engine';
 import type { CatalogModel } from '../catalog';
 import type { DecisionsRequest } from './types';

@@ -7,7 +7,7 @@
 // least of what the request allows, what that endpoint can produce, and what the model's context
 // leaves after the prompt. An estimate far above any real cost refuses calls a workspace can pay for.
 import type { CatalogModel } from '../catalog';
-import { costOf } from '../providers/adapters';
+import { costOf } from '../catalog/usd';
 import { servesOperation } from '../routing/engine';
 import type { InferenceOperation } from './formats';
 

@@ -4,7 +4,7 @@
 // next endpoint; after it, nothing does, and the stream's own end says how it went.
 import type { EventSourceMessage } from 'eventsource-parser';
 import type { Endpoint } from '../catalog';
-import { openEndpointStream } from '../providers/adapters';
+import { openEndpointStream, streamErrorOf } from '../providers/call';
 import { UpstreamFailure } from '../providers/failure';
 import { optionsFor } from '../routing/engine';
 import { executePlan, type Attempt } from '../routing/execute';
@@ -47,21 +47,6 @@ export interface OpenedStream {
   release(): void;
 }
 
-/** An error a provider sends as the first event of a stream it has accepted (overloaded, mostly). */
-function refusalIn(event: EventSourceMessage, provider: string): UpstreamFailure | null {
-  let data: any = null;
-  try {
-    data = JSON.parse(event.data);
-  } catch {
-    return null;
-  }
-  const error = event.event === 'error' ? (data?.error ?? data) : data?.error;
-  if (!error || typeof error !== 'object') return null;
-  const message = typeof error.message === 'string' ? error.message : 'error event';
-  const overloaded = error.type === 'overloaded_error' || error.code === 529;
-  return new UpstreamFailure(overloaded ? 'overloaded' : 'http', provider, message, overloaded ? 529 : 502);
-}
-
 export async function openStream(
   up: Upstreams,
   operation: StreamingOperation,
@@ -79,7 +64,7 @@ export async function openStream(
       try {
         const first = await events.next();
         if (first.done) throw new UpstreamFailure('invalid_response', e.provider.slug, 'Provider ended the stream before sending anything');
-        const refused = refusalIn(first.value, e.provider.slug);
+        const refused = streamErrorOf(e, first.value);
         if (refused) throw refused;
         return { events, first: first.value, startedAt };
       } catch (err) {

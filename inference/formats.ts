@@ -5,7 +5,8 @@
 // responses stream typed events (`event: <type>`).
 import type { EventSourceMessage } from 'eventsource-parser';
 import type { GatewayError } from '../errors';
-import { usageOf, type Usage } from '../providers/adapters';
+import { openai } from '../providers/formats/openai';
+import type { Usage } from '../providers/formats';
 
 export type InferenceOperation = 'chat' | 'messages' | 'responses' | 'embeddings';
 export type StreamingOperation = Exclude<InferenceOperation, 'embeddings'>;
@@ -100,7 +101,7 @@ const chat: StreamFormat = {
       if (d && (d.content || d.tool_calls || d.reasoning || d.refusal)) tally.produced++;
     }
     if (chunk.usage) {
-      const u = usageOf('chat', chunk);
+      const u = openai.usageOf('chat', chunk);
       tally.input = u.input_tokens;
       tally.output = u.output_tokens;
       if (!opts.includeUsage) {
@@ -171,7 +172,7 @@ const responses: StreamFormat = {
     if (data.response && typeof data.response === 'object') {
       Object.assign(data.response, { id: served.id, model: served.model, provider: served.provider });
       if (data.response.usage) {
-        const u = usageOf('responses', data.response);
+        const u = openai.usageOf('responses', data.response);
         tally.input = u.input_tokens;
         tally.output = u.output_tokens;
         data.response.usage = { ...data.response.usage, cost: opts.cost(u) };

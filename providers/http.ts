@@ -8,13 +8,6 @@ export interface JsonResponse {
   headers: Record<string, string | string[] | undefined>;
 }
 
-/** The provider's own words from an error body, in the OpenAI, Anthropic or plain shapes. */
-function upstreamMessage(body: any, status: number): { message: string; type: string | null } {
-  const e = body?.error ?? body;
-  const message = typeof e?.message === 'string' ? e.message : typeof body?.detail === 'string' ? body.detail : `HTTP ${status}`;
-  return { message, type: typeof e?.type === 'string' ? e.type : null };
-}
-
 export interface StreamResponse {
   status: number;
   /** The body as it arrives; reading it slowly slows the provider down (TCP backpressure). */
@@ -26,21 +19,19 @@ interface CallOptions {
   headers: Record<string, string>;
   timeoutMs: number;
   signal?: AbortSignal;
+  /** What an error answer means, read in the provider's format. */
+  failureOf(status: number, body: unknown, provider: string, retryAfterMs: number | null): UpstreamFailure;
 }
 
 /** A non-2xx answer as the failure it means, with the provider's own words. */
-function failureOf(status: number, text: string, headers: Dispatcher.ResponseData['headers'], provider: string): UpstreamFailure {
-  let parsed: any = null;
+function failureOf(status: number, text: string, headers: Dispatcher.ResponseData['headers'], opts: CallOptions): UpstreamFailure {
+  let parsed: unknown = null;
   try {
     parsed = text ? JSON.parse(text) : null;
   } catch {
     parsed = null;
   }
-  const { message, type } = upstreamMessage(parsed, status);
-  const retryAfter = parseRetryAfter(headers['retry-after']);
-  const kind =
-    status === 529 || type === 'overloaded_error' || type === 'overloaded' ? 'overloaded' : status === 429 ? 'rate_limited' : 'http';
-  return new UpstreamFailure(kind, provider, message, status, retryAfter);
+  return opts.failureOf(status, parsed, opts.provider, parseRetryAfter(headers['retry-after']));
 }
 
 export class ProviderHttp {
@@ -79,7 +70,7 @@ export class ProviderHttp {
   async postJson(url: string, body: unknown, opts: CallOptions): Promise<JsonResponse> {
     const res = await this.post(url, body, 'application/json', opts);
     const text = await this.textOf(res, opts);
-    if (res.statusCode < 200 || res.statusCode >= 300) throw failureOf(res.statusCode, text, res.headers, opts.provider);
+    if (res.statusCode < 200 || res.statusCode >= 300) throw failureOf(res.statusCode, text, res.headers, opts);
     let parsed: any;
     try {
       parsed = text ? JSON.parse(text) : null;
@@ -100,7 +91,7 @@ export class ProviderHttp {
   async postStream(url: string, body: unknown, opts: CallOptions): Promise<StreamResponse> {
     const res = await this.post(url, body, 'text/event-stream', opts);
     if (res.statusCode >= 200 && res.statusCode < 300) return { status: res.statusCode, body: res.body };
-    throw failureOf(res.statusCode, await this.textOf(res, opts), res.headers, opts.provider);
+    throw failureOf(res.statusCode, await this.textOf(res, opts), res.headers, opts);
   }
 
   classify(err: unknown, provider: string, timeoutMs: number): UpstreamFailure {

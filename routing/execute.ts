@@ -10,7 +10,7 @@ import {
   UpstreamOverloadedError,
   UpstreamTimeoutError,
 } from '../errors';
-import type { ProviderResponse } from '../providers/adapters';
+import type { ProviderResponse } from '../providers/call';
 import { UpstreamFailure } from '../providers/failure';
 import type { ProviderLimiter } from '../providers/limiter';
 import type { RoutePlan } from './engine';

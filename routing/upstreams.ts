@@ -4,7 +4,9 @@
 import type { Config } from '../config';
 import { Catalog, type CatalogModel, type Endpoint, type ModelVariant, type Operation } from '../catalog';
 import type { ProviderPreferences } from '../schemas/provider';
-import { callEndpoint, costOf, type Usage } from '../providers/adapters';
+import { callEndpoint } from '../providers/call';
+import type { Usage } from '../providers/formats';
+import { costOf } from '../catalog/usd';
 import { ProviderHttp } from '../providers/http';
 import { ProviderLimiter } from '../providers/limiter';
 import type { Store } from '../store';

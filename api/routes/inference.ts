@@ -5,7 +5,8 @@
 import type Koa from 'koa';
 import type { Endpoint } from '../../catalog';
 import { GatewayError, UpstreamError } from '../../errors';
-import { costOf, type Usage } from '../../providers/adapters';
+import { costOf } from '../../catalog/usd';
+import type { Usage } from '../../providers/formats';
 import { UpstreamFailure } from '../../providers/failure';
 import { applyPreset, presetReference } from '../../presets/apply';
 import { getPreset } from '../../presets/store';

@@ -1,0 +1,52 @@
+// One provider wire format: where each operation lives, how a request is authenticated, where the
+// token counts are, and what an error (an answer, or an event in a stream) means. One module per
+// format implements this; the HTTP client, the routing engine and the billing code know no format.
+import type { EventSourceMessage } from 'eventsource-parser';
+import { UpstreamFailure } from '../failure';
+
+/** The operations the gateway performs on providers. */
+export type Operation = 'chat' | 'responses' | 'embeddings' | 'messages' | 'systemone';
+
+export interface Usage {
+  input_tokens: number;
+  output_tokens: number;
+}
+
+type Json = Record<string, any>;
+
+export interface ProviderFormat {
+  /** The operations this format serves, each at its path under the provider's base URL. */
+  readonly paths: Partial<Record<Operation, string>>;
+  /** Headers that authenticate (and version) a call; `apiKey` is absent for keyless providers. */
+  headers(apiKey: string | undefined): Record<string, string>;
+  /** The body of a streamed call: the call's body plus whatever the format needs to report usage. */
+  streamBody(operation: Operation, body: Json): Json;
+  /** The token counts of an answer (or a stream chunk carrying them); 0 for what it does not say. */
+  usageOf(operation: Operation, body: Json): Usage;
+  /** What an error answer means: its kind (for fallback) and the provider's own words. */
+  failureOf(status: number, body: unknown, provider: string, retryAfterMs: number | null): UpstreamFailure;
+  /** An error sent as an event of a stream the provider accepted (null: not an error). */
+  streamError(event: EventSourceMessage, provider: string): UpstreamFailure | null;
+}
+
+/** A count as a provider reports it: a non-negative integer, else 0. */
+export const tokens = (v: unknown): number => (Number.isFinite(v) && (v as number) >= 0 ? Math.round(v as number) : 0);
+
+/** Parses an event's data as a JSON object (null when it is not one). */
+export function eventJson(event: EventSourceMessage): Json | null {
+  try {
+    const v = JSON.parse(event.data);
+    return v && typeof v === 'object' ? v : null;
+  } catch {
+    return null;
+  }
+}
+
+/** The failure an error answer means, from its status and the error object's `message` and `type`. */
+export function failureFrom(status: number, error: Json | null, provider: string, retryAfterMs: number | null, fallbackText?: string) {
+  const message = typeof error?.message === 'string' ? error.message : (fallbackText ?? `HTTP ${status}`);
+  const type = typeof error?.type === 'string' ? error.type : null;
+  const kind =
+    status === 529 || type === 'overloaded_error' || type === 'overloaded' ? 'overloaded' : status === 429 ? 'rate_limited' : 'http';
+  return new UpstreamFailure(kind, provider, message, status, retryAfterMs);
+}

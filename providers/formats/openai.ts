@@ -1,0 +1,41 @@
+// OpenAI-compatible providers: Chat Completions, Responses and Embeddings, bearer-token auth.
+import type { ProviderFormat } from './format';
+import { eventJson, failureFrom, tokens } from './format';
+import { UpstreamFailure } from '../failure';
+
+export const openai: ProviderFormat = {
+  paths: { chat: '/chat/completions', responses: '/responses', embeddings: '/embeddings' },
+
+  headers: (apiKey): Record<string, string> => (apiKey ? { authorization: `Bearer ${apiKey}` } : {}),
+
+  // Chat completions report usage in a stream only when asked: the gateway always asks, since it
+  // bills from it, and passes the usage on to the client only if it asked too.
+  streamBody(operation, body) {
+    const out: Record<string, unknown> = { ...body, stream: true };
+    if (operation === 'chat') out.stream_options = { ...(body.stream_options as object | undefined), include_usage: true };
+    return out;
+  },
+
+  usageOf(operation, body) {
+    const u = body?.usage ?? {};
+    if (operation === 'chat') return { input_tokens: tokens(u.prompt_tokens), output_tokens: tokens(u.completion_tokens) };
+    if (operation === 'embeddings') return { input_tokens: tokens(u.prompt_tokens ?? u.total_tokens), output_tokens: 0 };
+    return { input_tokens: tokens(u.input_tokens), output_tokens: tokens(u.output_tokens) };
+  },
+
+  failureOf(status, body, provider, retryAfterMs) {
+    const b = body as Record<string, any> | null;
+    const error = b && typeof b.error === 'object' ? b.error : b;
+    return failureFrom(status, error, provider, retryAfterMs, typeof b?.detail === 'string' ? b.detail : undefined);
+  },
+
+  // A chat chunk or Responses event carrying `error`, or a Responses `error` event.
+  streamError(event, provider) {
+    const data = eventJson(event);
+    const error = event.event === 'error' ? (data?.error ?? data) : data?.error;
+    if (!error || typeof error !== 'object') return null;
+    const message = typeof error.message === 'string' ? error.message : 'error event';
+    const overloaded = error.type === 'overloaded_error' || error.code === 529;
+    return new UpstreamFailure(overloaded ? 'overloaded' : 'http', provider, message, overloaded ? 529 : 502);
+  },
+};
