@@ -6,8 +6,7 @@ import { errorTypeOf, GatewayError, PaymentRequiredError, RateLimitedError } fro
 import type { Hold, WorkspaceCache } from '../accounts/workspace-cache';
 import { estimateCompletionCost } from '../inference/estimate';
 import { invoke, type Upstreams } from '../routing/upstreams';
-import { applyPreset, presetReference } from '../presets/apply';
-import { getPreset } from '../presets/store';
+import { presetLookup, withPreset, type PresetLookup } from '../presets/apply';
 import { upstreamBodyOf } from '../inference/request';
 import type { Store } from '../store';
 import { OPERATION_OF } from './lines';
@@ -43,13 +42,27 @@ export interface LineOutcome {
 }
 
 export class LineRunner {
-  private readonly presets = new Map<string, ReturnType<typeof getPreset>>();
   private readonly operation;
   private readonly target;
+  /** Each preset is read once per chunk, however many lines name it. */
+  private readonly preset: PresetLookup;
 
   constructor(private readonly o: LineRunnerOptions) {
     this.operation = OPERATION_OF[o.batch.endpoint];
     this.target = o.upstreams.catalog.resolve(o.batch.model);
+    const read = presetLookup(o.store, o.batch.workspace_id);
+    const seen = new Map<string, ReturnType<PresetLookup>>();
+    this.preset = (slug) => {
+      if (!seen.has(slug)) {
+        const reading = read(slug);
+        // A database error is forgotten, so the next line asks again; a missing preset is remembered.
+        reading.catch((err) => {
+          if (!(err instanceof GatewayError) || err.status >= 500) seen.delete(slug);
+        });
+        seen.set(slug, reading);
+      }
+      return seen.get(slug)!;
+    };
   }
 
   private failure(line: InputLine, status: number, message: string, provider: string | null = null): ResultDoc {
@@ -66,24 +79,10 @@ export class LineRunner {
     };
   }
 
-  /** The body to send, with its preset applied; a GatewayError (a missing preset) when it cannot be. */
-  private async body(line: InputLine): Promise<Record<string, unknown>> {
-    const body = lineBody(line);
-    const ref = presetReference(body);
-    if (!ref) return body;
-    if (!this.presets.has(ref.slug)) this.presets.set(ref.slug, getPreset(this.o.store, this.o.batch.workspace_id, ref.slug));
-    try {
-      return applyPreset(body, (await this.presets.get(ref.slug)!).designated_version, this.operation);
-    } catch (err) {
-      if (!(err instanceof GatewayError) || err.status >= 500) this.presets.delete(ref.slug); // a database error: the next line asks again
-      throw err;
-    }
-  }
-
   async run(line: InputLine): Promise<LineOutcome> {
     let body: Record<string, unknown>;
     try {
-      body = await this.body(line);
+      body = await withPreset(lineBody(line), this.operation, this.preset);
     } catch (err) {
       // A preset that is missing (or another workspace's) fails this line alone, never the chunk.
       if (err instanceof GatewayError && err.status < 500) return { result: this.failure(line, err.status, err.message) };

@@ -2,7 +2,9 @@
 // `"preset": "<slug>"` applies the preset's designated version. Request fields win over preset
 // fields (a shallow merge), the preset's system prompt is prepended as the system message, and
 // tools merge by identity: preset tools first, a request tool replacing the preset tool it names.
-import type { VersionView } from './store';
+import { BadRequestError } from '../errors';
+import type { Store } from '../store';
+import { getPreset, type VersionView } from './store';
 
 type Body = Record<string, any>;
 export type ApplyFormat = 'chat' | 'messages' | 'responses' | 'decision' | 'embeddings';
@@ -36,11 +38,35 @@ export function mergeTools(presetTools: Body[] | undefined, requestTools: Body[]
 
 const CAP_NAMES: Partial<Record<ApplyFormat, string>> = { chat: 'max_tokens', messages: 'max_tokens', responses: 'max_output_tokens' };
 
-export function applyPreset(body: Body, version: VersionView, format: ApplyFormat): Body {
+/** Finds a preset's designated version by slug (one workspace's; a batch chunk caches it). */
+export type PresetLookup = (slug: string) => Promise<VersionView>;
+
+export const presetLookup =
+  (store: Store, workspaceId: string): PresetLookup =>
+  async (slug) =>
+    (await getPreset(store, workspaceId, slug)).designated_version;
+
+/** The body with the preset it names applied, or the body itself if it names none: how every capability uses presets. */
+export async function withPreset(body: Body, format: ApplyFormat, lookup: PresetLookup): Promise<Body> {
+  const ref = presetReference(body);
+  if (!ref) return body;
+  const out = applyPreset(body, await lookup(ref.slug), format);
+  const fallbacks = (Array.isArray(out.models) && out.models.length) || (Array.isArray(out.fallbacks) && out.fallbacks.length);
+  if (typeof out.model !== 'string' && !fallbacks) {
+    throw new BadRequestError(`model: preset "${ref.slug}" names no model; give one as <model>@preset/${ref.slug}`);
+  }
+  return out;
+}
+
+function applyPreset(body: Body, version: VersionView, format: ApplyFormat): Body {
   const ref = presetReference(body);
   const { preset: _drop, ...request } = body;
+  const model = ref?.model ?? version.config.model ?? (typeof body.preset === 'string' ? body.model : undefined);
+  // A decision borrows only the preset's model and provider preferences: its other fields are a chat's.
+  if (format === 'decision') return { ...request, model, provider: request.provider ?? version.config.provider };
   const out: Body = { ...version.config, ...request };
-  out.model = ref?.model ?? version.config.model ?? body.model;
+  if (model === undefined) delete out.model;
+  else out.model = model;
   // The preset keeps the output cap under the name its creating shape used; each format has its own.
   const cap = CAP_NAMES[format];
   if (cap) {

@@ -1,7 +1,7 @@
 // Presets: creation and versioning from messages, chat and responses bodies, the overlap rule,
 // validation, concurrency, workspace isolation, use in later requests, and the OpenRouter SDK.
 import { expect } from 'chai';
-import { applyPreset, mergeTools, presetReference } from '../presets/apply';
+import { mergeTools, presetReference, withPreset } from '../presets/apply';
 import { CONFIG_KEYS, configOf } from '../presets/overlap';
 import type { VersionView } from '../presets/store';
 import { call, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
@@ -334,7 +334,7 @@ describe('presets', () => {
       expect(presetReference({ model: 'sandbox/chat-1' })).to.equal(null);
     });
 
-    it('merges: request fields win, the system prompt is prepended, tools merge by name', () => {
+    it('merges: request fields win, the system prompt is prepended, tools merge by name', async () => {
       const version = {
         config: {
           model: 'sandbox/chat-1',
@@ -347,7 +347,8 @@ describe('presets', () => {
         },
         system_prompt: 'Be kind.',
       } as unknown as VersionView;
-      const chat = applyPreset(
+      const lookup = async () => version;
+      const chat = await withPreset(
         {
           model: '@preset/x',
           temperature: 0.9,
@@ -357,8 +358,8 @@ describe('presets', () => {
             { type: 'function', function: { name: 'c' } },
           ],
         },
-        version,
         'chat',
+        lookup,
       );
       expect(chat).to.deep.include({ model: 'sandbox/chat-1', temperature: 0.9, max_tokens: 50 });
       expect(chat.messages).to.deep.equal([
@@ -370,21 +371,28 @@ describe('presets', () => {
         ['b', undefined],
         ['c', undefined],
       ]);
-      const messages = applyPreset({ model: 'other/model@preset/x', system: 'And brief.', messages: [] }, version, 'messages');
+      const messages = await withPreset({ model: 'other/model@preset/x', system: 'And brief.', messages: [] }, 'messages', lookup);
       expect(messages.model).to.equal('other/model');
       expect(messages.system).to.deep.equal([
         { type: 'text', text: 'Be kind.' },
         { type: 'text', text: 'And brief.' },
       ]);
-      expect(applyPreset({ preset: 'x', input: 'q' }, version, 'responses')).to.deep.include({
+      expect(await withPreset({ preset: 'x', input: 'q' }, 'responses', lookup)).to.deep.include({
         instructions: 'Be kind.',
         model: 'sandbox/chat-1',
       });
       // The preset's output cap (max_tokens here) is max_output_tokens in the Responses shape, unless the request sets one.
-      const capped = applyPreset({ preset: 'x', input: 'q' }, version, 'responses');
+      const capped = await withPreset({ preset: 'x', input: 'q' }, 'responses', lookup);
       expect(capped).to.include({ max_output_tokens: 50 }).and.not.have.property('max_tokens');
-      expect(applyPreset({ preset: 'x', input: 'q', max_output_tokens: 9 }, version, 'responses')).to.include({ max_output_tokens: 9 });
-      expect(applyPreset({ preset: 'x', input: 'q' }, version, 'decision')).to.include({ max_tokens: 50 });
+      expect(await withPreset({ preset: 'x', input: 'q', max_output_tokens: 9 }, 'responses', lookup)).to.include({ max_output_tokens: 9 });
+      // A decision borrows the model and provider preferences only.
+      expect(await withPreset({ preset: 'x', state: 's' }, 'decision', lookup))
+        .to.include({ model: 'sandbox/chat-1', state: 's' })
+        .and.not.have.any.keys('max_tokens', 'tools', 'temperature');
+      const modelless = async () => ({ config: {}, system_prompt: null }) as unknown as VersionView;
+      const refused = await withPreset({ model: '@preset/x', state: 's' }, 'decision', modelless).catch((e) => e);
+      expect(refused).to.include({ status: 400 });
+      expect(refused.message).to.match(/preset "x" names no model/);
       expect(mergeTools(undefined, [{ name: 'z' }])).to.deep.equal([{ name: 'z' }]);
     });
 

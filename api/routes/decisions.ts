@@ -4,8 +4,7 @@
 import { estimateDecisionCost } from '../../decisions/estimate';
 import { newGenerationId } from '../../accounts/usage-ledger';
 import { BadRequestError, PayloadTooLargeError, UpstreamTimeoutError, type GatewayError } from '../../errors';
-import { presetReference } from '../../presets/apply';
-import { getPreset } from '../../presets/store';
+import { presetLookup, withPreset } from '../../presets/apply';
 import type { DecisionsRequest } from '../../decisions/types';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
@@ -13,17 +12,6 @@ import { requestSignal } from '../request-signal';
 import { defineRoute, type AnyRoute } from '../route';
 import { DecisionsResponse, decisionsRequestSchema } from '../../schemas/decisions';
 import type { AppDeps } from '../deps';
-
-/** A preset named by the request lends its model and provider preferences; the request's own win. */
-async function withPreset(store: AppDeps['store'], workspaceId: string, body: DecisionsRequest): Promise<DecisionsRequest> {
-  const ref = presetReference(body);
-  if (!ref) return body;
-  const { designated_version: v } = await getPreset(store, workspaceId, ref.slug);
-  const { preset: _preset, ...rest } = body;
-  const model = ref.model ?? (typeof v.config.model === 'string' ? v.config.model : null);
-  if (!model) throw new BadRequestError(`model: preset "${ref.slug}" names no model; give one as <model>@preset/${ref.slug}`);
-  return { ...rest, model, provider: body.provider ?? (v.config.provider as DecisionsRequest['provider']) };
-}
 
 /** Temporal refuses payloads over 2 MB; in workflow mode the whole request is the workflow's input. */
 const MAX_REQUEST_BYTES = 1.5 * 1024 * 1024;
@@ -43,7 +31,7 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
       handler: async (ctx, { body: given }) => {
         const meta = requestMeta(ctx, given);
         const auth = authOf(ctx);
-        const body = await withPreset(store, auth.workspaceId, given);
+        const body = (await withPreset(given, 'decision', presetLookup(store, auth.workspaceId))) as DecisionsRequest;
         const stateBytes = Buffer.byteLength(typeof body.state === 'string' ? body.state : JSON.stringify(body.state));
         if (stateBytes > limits.maxStateBytes)
           throw new PayloadTooLargeError(`state: is ${stateBytes} bytes, more than the limit of ${limits.maxStateBytes}`);
