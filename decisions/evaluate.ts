@@ -11,7 +11,10 @@ import { roundUsd } from '../catalog/usd';
 
 export interface Evaluation {
   model: string;
+  /** The provider that answered (the one that answered most questions, when they were routed apart). */
   provider: string;
+  /** Each question's provider, only when questions were answered by more than one. */
+  providers?: Record<string, string>;
   answers: Record<string, Answer>;
   usage: { input_tokens: number; output_tokens: number };
   cost: number;
@@ -48,7 +51,7 @@ export async function evaluate(
   );
   return {
     model: model.canonicalId,
-    provider: results[0].r.endpoint.provider.slug,
+    ...servedBy(results.map((x) => [x.name, x.r.endpoint.provider.slug])),
     answers: Object.fromEntries(results.map((x) => [x.name, x.answer])),
     usage: {
       input_tokens: results.reduce((s, x) => s + x.r.usage.input_tokens, 0),
@@ -57,4 +60,16 @@ export async function evaluate(
     cost: roundUsd(results.reduce((s, x) => s + x.r.cost, 0)),
     labelMass: Object.fromEntries(results.map((x) => [x.name, x.labelMass])),
   };
+}
+
+/**
+ * Who answered a decision whose questions were called one by one: the provider that answered most
+ * of them (the first to, on a tie), and, when it was not the only one, each question's provider.
+ */
+export function servedBy(perQuestion: [name: string, provider: string][]): { provider: string; providers?: Record<string, string> } {
+  const counts = new Map<string, number>();
+  for (const [, p] of perQuestion) counts.set(p, (counts.get(p) ?? 0) + 1);
+  let provider = perQuestion[0][1];
+  for (const [p, n] of counts) if (n > counts.get(provider)!) provider = p;
+  return counts.size > 1 ? { provider, providers: Object.fromEntries(perQuestion) } : { provider };
 }

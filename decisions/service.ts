@@ -21,6 +21,8 @@ export interface DecisionResult {
   id: string;
   model: string;
   provider: string;
+  /** Each question's provider, when questions were answered by more than one. */
+  providers?: Record<string, string>;
   answers: Record<string, Answer>;
   usage: { input_tokens: number; output_tokens: number; cost: number };
 }
@@ -31,14 +33,18 @@ export type Decide = (job: DecisionJob, signal: AbortSignal) => Promise<Decision
 export function decisionService({ upstreams, usage }: { upstreams: Upstreams; usage: UsageLedger }): Decide {
   return async (job, signal) => {
     const e = await evaluate(upstreams, job.request, { workspace: job.workspace, signal });
-    const details = e.labelMass ? { label_mass: e.labelMass, prompt_format: PROMPT_FORMAT } : undefined;
+    const details = {
+      ...(e.labelMass && { label_mass: e.labelMass, prompt_format: PROMPT_FORMAT }),
+      ...(e.providers && { providers: e.providers }),
+    };
     await usage.record(
       usageRecordOf(
         { generationId: job.generationId, workspaceId: job.workspaceId, keyId: job.keyId, kind: 'decision', meta: job.meta },
         { model: e.model, provider: e.provider, usage: e.usage, cost: e.cost },
-        details,
+        Object.keys(details).length ? details : undefined,
       ),
     );
-    return { id: job.generationId, model: e.model, provider: e.provider, answers: e.answers, usage: { ...e.usage, cost: e.cost } };
+    const { model, provider, providers, answers } = e;
+    return { id: job.generationId, model, provider, ...(providers && { providers }), answers, usage: { ...e.usage, cost: e.cost } };
   };
 }

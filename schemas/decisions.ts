@@ -113,7 +113,10 @@ export const DecisionAnswer = discriminated(
 export const DecisionsResponse = Type.Object({
   id: Type.String(),
   model: Type.String({ description: 'Dated canonical model id' }),
-  provider: Type.String(),
+  provider: Type.String({ description: 'The provider that answered (the one that answered most questions, if they were routed apart)' }),
+  providers: Type.Optional(
+    Type.Record(Type.String(), Type.String(), { description: "Each question's provider; present only when more than one answered" }),
+  ),
   answers: Type.Record(Type.String(), DecisionAnswer),
   usage: Type.Object({ input_tokens: Type.Integer(), output_tokens: Type.Integer(), cost: Type.Number() }),
 });

@@ -30,6 +30,12 @@ function testCatalogFile(): string {
       faulty('s1-timeout', 'timeout', { timeout_ms: 200 }),
       faulty('s1-busy', 'overloaded'),
       faulty('s1-429', 'status=429,retry_after=20'),
+      // Chat endpoints whose first call fails: one question falls back, the others stay (one per mode).
+      ...['inline', 'workflow'].map((mode) => ({
+        ...faulty(`chat-first-fails-${mode}`, `status=500,fail_first=1,tag=${mode}`),
+        adapter: 'openai',
+        base_url: `\${SANDBOX_URL}/~dec=1,status=500,fail_first=1,tag=${mode}/openai/v1`,
+      })),
     );
     const model = (id: string, providers: string[]) => ({
       id,
@@ -55,6 +61,12 @@ function testCatalogFile(): string {
       model('test/dec-429', ['s1-429']),
       model('test/dec-fallback', ['s1-500', 'sandbox-systemone']),
       model('test/dec-slow', ['s1-slow']),
+      ...['inline', 'workflow'].map((mode) => {
+        const chat = model(`split/dec-${mode}`, [`chat-first-fails-${mode}`, 'sandbox-alpha']);
+        for (const e of chat.endpoints)
+          Object.assign(e, { upstream_model: 'sandbox-chat-small', supported_parameters: ['logprobs', 'top_logprobs'] });
+        return chat;
+      }),
     );
   });
 }
@@ -318,6 +330,20 @@ for (const mode of ['inline', 'workflow'] as const)
         expect(usage!.details!.prompt_format).to.equal('gw-decision-v1');
         expect(Object.keys(usage!.details!.label_mass as object)).to.have.members(['urgent', 'topic', 'severity']);
         for (const mass of Object.values(usage!.details!.label_mass as Record<string, number>)) expect(mass).to.be.closeTo(0.97, 1e-9);
+        expect(r.body).to.not.have.property('providers'); // one provider answered everything
+      });
+
+      it('questions routed to different providers: each question names its own, the response the one that answered most', async () => {
+        const r = await decide({ model: `split/dec-${mode}`, state, questions, provider: { order: [`chat-first-fails-${mode}`] } });
+        expect(r.status, JSON.stringify(r.body)).to.equal(200);
+        // The first of the three calls to reach the flaky provider failed and fell back; the other two stayed.
+        const providers = Object.values<string>(r.body.providers);
+        expect(providers.sort()).to.deep.equal([`chat-first-fails-${mode}`, `chat-first-fails-${mode}`, 'sandbox-alpha']);
+        expect(Object.keys(r.body.providers)).to.have.members(Object.keys(questions));
+        expect(r.body.provider).to.equal(`chat-first-fails-${mode}`);
+        await gw.usage.flushed();
+        const usage = await gw.store.usage.findOne({ _id: r.body.id });
+        expect(usage!.details!.providers).to.deep.equal(r.body.providers);
       });
     });
 

@@ -3,6 +3,7 @@ import { expect } from 'chai';
 import { answerFromDistribution, answerFromNative, choiceConfidence, normalize, scoreConfidence } from '../../decisions/answers';
 import { labelsOf, logprobRequest, readLabelDistribution, renderPrompt } from '../../decisions/prompt';
 import type { Question } from '../../decisions/types';
+import { servedBy } from '../../decisions/evaluate';
 import { Catalog } from '../../catalog';
 import { DEFAULT_CATALOG_PATH } from '../../config';
 import { questions, state } from '../decision-sample';
@@ -116,5 +117,27 @@ describe('decision models in the default catalog', () => {
     const decisionModels = catalog.models.filter((m) => m.kind === 'decision');
     expect(decisionModels.length).to.be.greaterThan(0);
     for (const m of decisionModels) expect(new Set(m.endpoints.map((e) => e.provider.slug)).size, m.id).to.be.at.least(2);
+  });
+
+  it('a decision names the provider that answered most questions, each question its own only when they differ', () => {
+    expect(
+      servedBy([
+        ['a', 'p'],
+        ['b', 'p'],
+      ]),
+    ).to.deep.equal({ provider: 'p' });
+    expect(
+      servedBy([
+        ['a', 'p'],
+        ['b', 'q'],
+        ['c', 'q'],
+      ]),
+    ).to.deep.equal({ provider: 'q', providers: { a: 'p', b: 'q', c: 'q' } });
+    expect(
+      servedBy([
+        ['a', 'p'],
+        ['b', 'q'],
+      ]).provider,
+    ).to.equal('p'); // a tie: the first question's
   });
 });
