@@ -13,7 +13,7 @@ WORKDIR /app
 COPY --from=build /app/node_modules ./node_modules
 COPY --from=build /app/dist ./dist
 COPY --from=build /app/bin ./bin
-COPY --from=build /app/catalog/default.json ./catalog/default.json
+COPY --from=build /app/domain/catalog/default.json ./domain/catalog/default.json
 COPY package.json ./
 # The API's usage journal (accounts/usage-journal) lives here: docker-compose mounts a volume on it.
 ENV DATA_DIR=/var/lib/gateway

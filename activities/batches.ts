@@ -1,18 +1,18 @@
 // Batch activities. Each is idempotent: results are keyed by line number and written once, usage
 // records by generation id, and status writes set values rather than add to them; a chunk resumes
-// from the lines its progress document says are stored. A chunk's steps live in batches/: the
+// from the lines its progress document says are stored. A chunk's steps live in domain/batches/: the
 // LineRunner takes one line to a result, the ChunkWriter stores results; runChunk drives them.
 import { setMaxListeners } from 'node:events';
 import { Context } from '@temporalio/activity';
 import { CancelledFailure } from '@temporalio/common';
-import type { Config } from '../config';
-import type { Upstreams } from '../routing/upstreams';
-import type { Store } from '../store';
-import type { Metrics } from '../metrics';
-import type { DeliveryOutcome, WebhookSender } from '../webhooks/deliver';
-import { webhookSecret } from '../accounts/webhook-secret';
-import type { UsageLedger } from '../accounts/usage-ledger';
-import type { WorkspaceCache } from '../accounts/workspace-cache';
+import type { Config } from '../infrastructure/config';
+import type { Upstreams } from '../domain/routing/upstreams';
+import type { Store } from '../infrastructure/store';
+import type { Metrics } from '../infrastructure/metrics';
+import type { DeliveryOutcome, WebhookSender } from '../domain/webhooks/deliver';
+import { webhookSecret } from '../domain/accounts/webhook-secret';
+import type { UsageLedger } from '../domain/accounts/usage-ledger';
+import type { SpendAdmission } from '../domain/accounts/spend-admission';
 import {
   addToTally,
   batches,
@@ -32,12 +32,12 @@ import {
   type BatchStatus,
   type InputLine,
   type ResultDoc,
-} from '../batches/store';
-import { lineProblem } from '../batches/lines';
-import { LineRunner } from '../batches/line-runner';
-import { sleep } from '../concurrency/sleep';
-import { ChunkWriter, lineUsage } from '../batches/chunk-writer';
-import { roundUsd } from '../catalog/usd';
+} from '../domain/batches/store';
+import { lineProblem } from '../domain/batches/lines';
+import { LineRunner } from '../domain/batches/line-runner';
+import { sleep } from '../infrastructure/concurrency/sleep';
+import { ChunkWriter, lineUsage } from '../domain/batches/chunk-writer';
+import { roundUsd } from '../domain/catalog/usd';
 
 export interface BatchDeps {
   store: Store;
@@ -46,7 +46,7 @@ export interface BatchDeps {
   /** The one writer of usage records (group commit). */
   usage: UsageLedger;
   /** Spend admission, shared with the API in the same process: batch lines hold against the balance too. */
-  credits: WorkspaceCache;
+  credits: SpendAdmission;
   /** Counts the lines this process finishes. */
   metrics?: Metrics;
   /** Sends completion webhooks; a process without it cannot deliver them. */

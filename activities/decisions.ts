@@ -1,10 +1,10 @@
 import { Context } from '@temporalio/activity';
-import type { UsageLedger } from '../accounts/usage-ledger';
-import { decisionService, type DecisionJob, type DecisionResult } from '../decisions/service';
-import type { Upstreams } from '../routing/upstreams';
-import { toActivityFailure } from '../temporal/failures';
+import type { UsageLedger } from '../domain/accounts/usage-ledger';
+import { decisionService, type DecisionJob, type DecisionResult } from '../domain/decisions/service';
+import type { Upstreams } from '../domain/routing/upstreams';
+import { toActivityFailure } from '../infrastructure/temporal/failures';
 
-export type { DecisionJob, DecisionResult } from '../decisions/service';
+export type { DecisionJob, DecisionResult } from '../domain/decisions/service';
 
 export function createDecisionActivities(deps: { upstreams: Upstreams; usage: UsageLedger }) {
   const decide = decisionService(deps);

@@ -1,4 +1,4 @@
-import type { Store } from '../store';
+import type { Store } from '../infrastructure/store';
 
 export function createProbeActivities({ store }: { store: Store }) {
   return {

@@ -3,11 +3,11 @@
 import Koa from 'koa';
 import Router from '@koa/router';
 import { Type } from '@sinclair/typebox';
-import { MethodNotAllowedError, NotFoundError } from '../errors';
+import { MethodNotAllowedError, NotFoundError } from '../infrastructure/errors';
 import { errorMiddleware } from './errors';
 import { requestContext } from './request-context';
 import { clientClosed } from './request-signal';
-import { metricsExposure } from '../config';
+import { metricsExposure } from '../infrastructure/config';
 import { healthRoutes } from './routes/health';
 import { metricsRoutes } from './routes/metrics';
 import { httpMetrics } from './http-metrics';

@@ -1,8 +1,8 @@
 // Bearer-key authentication for /api/v1. Unknown, malformed and revoked keys are all "invalid":
 // a caller learns nothing about which keys exist.
 import type Koa from 'koa';
-import { ForbiddenError, UnauthorizedError } from '../errors';
-import type { KeyKind } from '../store';
+import { ForbiddenError, UnauthorizedError } from '../infrastructure/errors';
+import type { KeyKind } from '../infrastructure/store';
 import type { AppDeps } from './deps';
 
 /** `none`: public; `any`: any live key; `management`: management keys only. */

@@ -7,7 +7,7 @@ import zlib from 'node:zlib';
 import { pipeline, type Readable } from 'node:stream';
 import type Koa from 'koa';
 import bourne from '@hapi/bourne';
-import { BadRequestError, PayloadTooLargeError, RequestTimeoutError, type GatewayError } from '../errors';
+import { BadRequestError, PayloadTooLargeError, RequestTimeoutError, type GatewayError } from '../infrastructure/errors';
 
 export interface BodyLimits {
   /** Decoded bytes. */

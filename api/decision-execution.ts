@@ -1,5 +1,5 @@
 // How the API runs a decision, in one of two modes that share the work and its outcome:
-// - `inline`: the handler calls the decision service (decisions/service) in this process, with a
+// - `inline`: the handler calls the decision service (domain/decisions/service) in this process, with a
 //   signal that fires on the request's timeout or when the client goes away. No Temporal at all:
 //   its errors reach the error middleware as they were thrown.
 // - `workflow`: an eagerly started workflow (id = generation id) runs the same function as a local
@@ -7,11 +7,11 @@
 //   is in Temporal's history and Web UI.
 // Both raise the same gateway errors (the workflow mode reads them back with `fromWorkflowFailure`).
 import type { Client } from '@temporalio/client';
-import type { Decide, DecisionJob, DecisionResult } from '../decisions/service';
-import type { DecisionHandoff } from '../temporal/decision-handoff';
-import { Semaphore } from '../concurrency/semaphore';
-import { ServiceUnavailableError } from '../errors';
-import { fromWorkflowFailure } from '../temporal/failures';
+import type { Decide, DecisionJob, DecisionResult } from '../domain/decisions/service';
+import type { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
+import { Semaphore } from '../infrastructure/concurrency/semaphore';
+import { ServiceUnavailableError } from '../infrastructure/errors';
+import { fromWorkflowFailure } from '../infrastructure/temporal/failures';
 import { decisionWorkflow } from '../workflows/decision';
 
 type DecisionExecutionMode = 'inline' | 'workflow';

@@ -1,15 +1,15 @@
 // What the HTTP layer needs, passed in rather than reached through globals.
 import type { Client } from '@temporalio/client';
-import type { Config } from '../config';
-import type { Logger } from '../log';
-import type { Store } from '../store';
-import type { RateLimiter } from '../accounts/rate-limit';
-import type { WorkspaceCache } from '../accounts/workspace-cache';
-import type { KeyCache } from '../accounts/key-cache';
-import type { UsageLedger } from '../accounts/usage-ledger';
-import type { Upstreams } from '../routing/upstreams';
+import type { Config } from '../infrastructure/config';
+import type { Logger } from '../infrastructure/log';
+import type { Store } from '../infrastructure/store';
+import type { RateLimiter } from '../domain/accounts/rate-limit';
+import type { SpendAdmission } from '../domain/accounts/spend-admission';
+import type { KeyCache } from '../domain/accounts/key-cache';
+import type { UsageLedger } from '../domain/accounts/usage-ledger';
+import type { Upstreams } from '../domain/routing/upstreams';
 import type { DecisionExecution } from './decision-execution';
-import type { Metrics } from '../metrics';
+import type { Metrics } from '../infrastructure/metrics';
 
 export interface AppDeps {
   config: Config;
@@ -21,7 +21,7 @@ export interface AppDeps {
   pingTemporal: (timeoutMs?: number) => Promise<void>;
   rateLimiter: RateLimiter;
   keys: KeyCache;
-  workspaces: WorkspaceCache;
+  workspaces: SpendAdmission;
   upstreams: Upstreams;
   /** The one writer of usage records, shared with this process's activities. */
   usage: UsageLedger;

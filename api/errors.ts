@@ -1,8 +1,8 @@
 // The one place where a thrown value becomes an HTTP status and the interface's error envelope.
 import type Koa from 'koa';
-import { GatewayError, InternalError, RateLimitedError, ServiceUnavailableError, errorFromStatus } from '../errors';
-import { isDatabaseUnavailable } from '../store';
-import type { Logger } from '../log';
+import { GatewayError, InternalError, RateLimitedError, ServiceUnavailableError, errorFromStatus } from '../infrastructure/errors';
+import { isDatabaseUnavailable } from '../infrastructure/store';
+import type { Logger } from '../infrastructure/log';
 import { clientClosed } from './request-signal';
 
 /** Not an HTTP status a client sees: what the metrics and the log count a request whose client left as. */

@@ -1,7 +1,7 @@
 // Times every request into the HTTP histogram, labelled by route template (never the raw path, so
 // unknown paths cannot grow the label set), and counts credit refusals.
 import type Koa from 'koa';
-import type { Metrics } from '../metrics';
+import type { Metrics } from '../infrastructure/metrics';
 import { CLIENT_CLOSED } from './errors';
 import { clientClosed } from './request-signal';
 

@@ -1,8 +1,8 @@
 // The OpenAPI 3.1 document, generated from the same route declarations that drive validation.
 import type { TSchema } from '@sinclair/typebox';
 import type { AnyRoute } from './route';
-import { ErrorEnvelope } from '../schemas/common';
-import { statusSummary } from '../errors';
+import { ErrorEnvelope } from '../infrastructure/validation/types';
+import { statusSummary } from '../infrastructure/errors';
 
 /** TypeBox schemas are JSON Schema; strip the `$id`s so components can be inlined. */
 function plain(schema: TSchema): unknown {

@@ -1,6 +1,6 @@
 // Applies the per-key limit and reports it on every authenticated response.
 import type Koa from 'koa';
-import { RateLimitedError } from '../errors';
+import { RateLimitedError } from '../infrastructure/errors';
 import type { AppDeps } from './deps';
 import type { AuthContext } from './auth';
 

@@ -2,7 +2,7 @@
 // one line per request with it.
 import { randomUUID } from 'node:crypto';
 import type Koa from 'koa';
-import type { Logger } from '../log';
+import type { Logger } from '../infrastructure/log';
 
 const SAFE_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 

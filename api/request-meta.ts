@@ -1,8 +1,8 @@
 // Per-request observability context for handlers: session (body wins over the x-session-id
 // header), end user, trace metadata and app attribution headers.
 import type Koa from 'koa';
-import { BadRequestError } from '../errors';
-import type { RequestMeta } from '../accounts/attribution';
+import { BadRequestError } from '../infrastructure/errors';
+import type { RequestMeta } from '../domain/accounts/attribution';
 
 const MAX_SESSION_ID = 256;
 

@@ -3,7 +3,7 @@
 import type Koa from 'koa';
 import Router from '@koa/router';
 import type { Static, TSchema } from '@sinclair/typebox';
-import { compileBody, compileParams, compileQuery } from '../schemas/validation';
+import { compileBody, compileParams, compileQuery } from '../infrastructure/validation/index';
 import { jsonBody } from './body';
 import { authenticate, type AuthContext, type AuthLevel } from './auth';
 import { rateLimit } from './rate-limit';

@@ -3,7 +3,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { createApp } from './app';
 import { envelope } from './errors';
-import { errorFromStatus } from '../errors';
+import { errorFromStatus } from '../infrastructure/errors';
 import type { AppDeps } from './deps';
 
 export interface ApiServer {

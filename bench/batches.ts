@@ -3,8 +3,8 @@
 // lines/s, the ratio to the ideal time (lines × latency ÷ concurrency) and the worker's peak RSS.
 import fs from 'node:fs';
 import path from 'node:path';
-import { DEFAULT_CATALOG_PATH } from '../config';
-import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
+import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
+import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { benchKey, startStack, writeResult } from './harness';
 
 const CONCURRENCY = 100;

@@ -7,11 +7,11 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { benchCatalog } from './batches';
 import { benchKey, closedLoop, cpuSeconds, percentiles, startStack, writeResult, type Stack } from './harness';
-import { Store } from '../store';
-import { UsageLedger } from '../accounts/usage-ledger';
-import { createWorkspace } from '../accounts/workspaces';
-import { grantCredits } from '../accounts/credits';
-import { createKey } from '../accounts/keys';
+import { Store } from '../infrastructure/store';
+import { UsageLedger } from '../domain/accounts/usage-ledger';
+import { createWorkspace } from '../domain/accounts/workspaces';
+import { grantCredits } from '../domain/accounts/credits';
+import { createKey } from '../domain/accounts/keys';
 
 const STORED = Number(process.env.BENCH_GROWTH_BATCHES ?? 10_000);
 const RECORDS = Number(process.env.BENCH_GROWTH_USAGE ?? 1_000_000);

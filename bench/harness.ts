@@ -5,14 +5,14 @@ import os from 'node:os';
 import path from 'node:path';
 import { Pool } from 'undici';
 import { parse } from 'yaml';
-import { defaultToolsDir } from '../config';
-import { ensureTools } from '../tools/binaries';
-import { freePort, startProcess, type ManagedProcess } from '../tools/processes';
-import { startFerretDB, startTemporalServer } from '../tools/services';
-import { Store } from '../store';
-import { createWorkspace } from '../accounts/workspaces';
-import { createKey } from '../accounts/keys';
-import { grantCredits } from '../accounts/credits';
+import { defaultToolsDir } from '../infrastructure/config';
+import { ensureTools } from '../devstack/binaries';
+import { freePort, startProcess, type ManagedProcess } from '../devstack/processes';
+import { startFerretDB, startTemporalServer } from '../devstack/services';
+import { Store } from '../infrastructure/store';
+import { createWorkspace } from '../domain/accounts/workspaces';
+import { createKey } from '../domain/accounts/keys';
+import { grantCredits } from '../domain/accounts/credits';
 
 export interface Stack {
   dataDir: string;

@@ -9,9 +9,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { request } from 'undici';
 import { createParser } from 'eventsource-parser';
-import { DEFAULT_CATALOG_PATH } from '../config';
-import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
-import { startProcess, freePort, type ManagedProcess } from '../tools/processes';
+import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
+import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
+import { startProcess, freePort, type ManagedProcess } from '../devstack/processes';
 import {
   benchKey,
   closedLoop,

@@ -1,10 +1,10 @@
 // Admin commands that work on the database directly: workspaces, keys and credits.
 import type { Command } from 'commander';
-import { Store } from '../store';
-import { createWorkspace, findWorkspace, listWorkspaces } from '../accounts/workspaces';
-import { createKey, listKeys, revokeKey } from '../accounts/keys';
-import { getBalance, grantCredits } from '../accounts/credits';
-import { configuredAddresses, type Config } from '../config';
+import { Store } from '../infrastructure/store';
+import { createWorkspace, findWorkspace, listWorkspaces } from '../domain/accounts/workspaces';
+import { createKey, listKeys, revokeKey } from '../domain/accounts/keys';
+import { getBalance, grantCredits } from '../domain/accounts/credits';
+import { configuredAddresses, type Config } from '../infrastructure/config';
 
 type Out = (value: unknown, human: string) => void;
 

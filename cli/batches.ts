@@ -6,7 +6,7 @@ import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { Command } from 'commander';
 import { request } from 'undici';
-import { TERMINAL_STATUSES } from '../schemas/batches';
+import { TERMINAL_STATUSES } from '../domain/batches/schema';
 
 /** A failure the user can act on: printed as one line, exit code 1 (2 for a usage mistake). */
 class CliError extends Error {

@@ -4,9 +4,9 @@
 // client command (`gateway batches watch`) starts in a fraction of the time.
 import { Command } from 'commander';
 import type { Client } from '@temporalio/client';
-import { ConfigError, configuredAddresses, loadConfig, type Config } from '../config';
-import { createLogger } from '../log';
-import { ensureTools } from '../tools/binaries';
+import { ConfigError, configuredAddresses, loadConfig, type Config } from '../infrastructure/config';
+import { createLogger } from '../infrastructure/log';
+import { ensureTools } from '../devstack/binaries';
 import { addAdminCommands } from './admin';
 import { addBatchCommands } from './batches';
 // Light: it needs nothing but the logger's type, so every long-running command shares it.
@@ -78,7 +78,7 @@ export function buildProgram(): Command {
       const config = configOrExit();
       const logger = loggerFor(config, 'gateway-sandbox');
       // Only the sandbox server: this process serves test and bench traffic and loads nothing else.
-      const { listenSandbox } = await import('../sandbox/server');
+      const { listenSandbox } = await import('../devstack/sandbox/server');
       const sandbox = await listenSandbox('127.0.0.1', config.sandbox.port).catch(fail);
       logger.info({ url: sandbox.url }, 'sandbox provider listening');
       stopOnSignals(logger, [sandbox.close]);
@@ -99,7 +99,7 @@ export function buildProgram(): Command {
     .action(async () => {
       const config = configOrExit();
       const { temporalAddress } = configuredAddresses(config);
-      const { connectTemporal } = await import('../temporal/client');
+      const { connectTemporal } = await import('../infrastructure/temporal/client');
       const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, loggerFor(config)).catch(fail);
       try {
         const result = await runSelfCheck(client, config.temporal.taskQueue);

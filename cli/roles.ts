@@ -2,31 +2,31 @@
 // eager workflow start needs) and a worker alone. Each returns a stop function. (The sandbox
 // provider's command loads only the sandbox.)
 import path from 'node:path';
-import { metricsExposure, type Addresses, type Config } from '../config';
-import type { Logger } from '../log';
-import { Store, type UsageDoc } from '../store';
-import { connectTemporal, pingTemporal } from '../temporal/client';
+import { metricsExposure, type Addresses, type Config } from '../infrastructure/config';
+import type { Logger } from '../infrastructure/log';
+import { Store, type UsageDoc } from '../infrastructure/store';
+import { connectTemporal, pingTemporal } from '../infrastructure/temporal/client';
 import { createWorker } from '../worker';
 import { startApiServer } from '../api/server';
 import type { AppDeps } from '../api/deps';
-import { RateLimiter } from '../accounts/rate-limit';
-import { WorkspaceCache } from '../accounts/workspace-cache';
-import { KeyCache } from '../accounts/key-cache';
-import { createUpstreams } from '../routing/upstreams';
-import { DecisionHandoff } from '../temporal/decision-handoff';
-import { migrateLedger } from '../accounts/ledger-migration';
-import { UsageLedger } from '../accounts/usage-ledger';
-import { UsageJournal } from '../accounts/usage-journal';
+import { RateLimiter } from '../domain/accounts/rate-limit';
+import { SpendAdmission } from '../domain/accounts/spend-admission';
+import { KeyCache } from '../domain/accounts/key-cache';
+import { createUpstreams } from '../domain/routing/upstreams';
+import { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
+import { migrateLedger } from '../domain/accounts/ledger-migration';
+import { UsageLedger } from '../domain/accounts/usage-ledger';
+import { UsageJournal } from '../domain/accounts/usage-journal';
 import { createActivities } from '../activities';
-import { decisionService } from '../decisions/service';
+import { decisionService } from '../domain/decisions/service';
 import { inlineExecution, workflowExecution } from '../api/decision-execution';
 import { startMetricsServer } from '../api/routes/metrics';
-import { Metrics } from '../metrics';
-import { createWebhookSender } from '../webhooks/deliver';
-import { purgeDeleted } from '../batches/store';
-import { indexStoredBatches } from '../batches/list';
-import { listStoredKeys } from '../accounts/keys';
-import { listStoredPresets } from '../presets/store';
+import { Metrics } from '../infrastructure/metrics';
+import { createWebhookSender } from '../domain/webhooks/deliver';
+import { purgeDeleted } from '../domain/batches/store';
+import { indexStoredBatches } from '../domain/batches/list';
+import { listStoredKeys } from '../domain/accounts/keys';
+import { listStoredPresets } from '../domain/presets/store';
 
 /** How often a process looks for batch deletions left unfinished. */
 const PURGE_EVERY_MS = 30_000;
@@ -35,7 +35,7 @@ import type { Stop } from './signals';
 /**
  * The store, upstream clients and Temporal connection every role needs, and a worker if asked.
  * The API's synchronous routes (inline decisions included) answer once a call's usage record is in
- * the local journal (`journal`); the database write follows in groups (accounts/usage-journal).
+ * the local journal (`journal`); the database write follows in groups (domain/accounts/usage-journal).
  * Batch lines and decisions run as workflows bill through the activities' ledger, straight to the
  * database. Both spend against one view of each
  * workspace's balance per process.
@@ -67,7 +67,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
         onTrouble: (message, details) => logger.warn(details, message),
       })
     : null;
-  const credits = new WorkspaceCache(store, config.credits.balanceCacheMs, Date.now, (id) => journaled?.unstoredCost(id) ?? 0);
+  const credits = new SpendAdmission(store, config.credits.balanceCacheMs, Date.now, (id) => journaled?.unstoredCost(id) ?? 0);
   const sender = createWebhookSender(config.webhooks.allowPrivateUrls);
   const activities = createActivities({
     store,

@@ -1,5 +1,5 @@
 // How a long-running command ends: on SIGINT or SIGTERM, each part it started is stopped in turn.
-import type { Logger } from '../log';
+import type { Logger } from '../infrastructure/log';
 
 export type Stop = () => Promise<void>;
 

@@ -4,17 +4,17 @@
 // crashing. Each runs under a watchdog, so none outlives this process.
 import net from 'node:net';
 import path from 'node:path';
-import { metricsExposure, type Config } from '../config';
-import type { Logger } from '../log';
-import { ensureTools } from '../tools/binaries';
-import { startFerretDB, startTemporalServer } from '../tools/services';
-import { startProcess, type ManagedProcess } from '../tools/processes';
-import { Supervisor } from '../tools/supervisor';
-import { RunRecord } from '../tools/run-file';
+import { metricsExposure, type Config } from '../infrastructure/config';
+import type { Logger } from '../infrastructure/log';
+import { ensureTools } from '../devstack/binaries';
+import { startFerretDB, startTemporalServer } from '../devstack/services';
+import { startProcess, type ManagedProcess } from '../devstack/processes';
+import { Supervisor } from '../devstack/supervisor';
+import { RunRecord } from '../devstack/run-file';
 import { runApiRole } from './roles';
 import { stopOnSignals, type Stop } from './signals';
-import { Store } from '../store';
-import { bootstrapIfEmpty } from '../accounts/bootstrap';
+import { Store } from '../infrastructure/store';
+import { bootstrapIfEmpty } from '../domain/accounts/bootstrap';
 
 /**
  * Fails with a clear message when a port we are about to use is already taken (a gateway left

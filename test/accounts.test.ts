@@ -12,10 +12,10 @@ import { requestContext } from '../api/request-context';
 import { errorMiddleware } from '../api/errors';
 import { jsonBody } from '../api/body';
 import { requestMeta } from '../api/request-meta';
-import { getBalance } from '../accounts/credits';
-import { UsageLedger } from '../accounts/usage-ledger';
-import { createLogger } from '../log';
-import type { UsageDoc } from '../store';
+import { getBalance } from '../domain/accounts/credits';
+import { UsageLedger } from '../domain/accounts/usage-ledger';
+import { createLogger } from '../infrastructure/log';
+import type { UsageDoc } from '../infrastructure/store';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, uniqueName, type Tenant, type TestGateway } from './helpers';
 

@@ -9,16 +9,16 @@ import { Type } from '@sinclair/typebox';
 import { requestContext } from '../api/request-context';
 import { errorMiddleware } from '../api/errors';
 import { defineRoute, mountRoutes } from '../api/route';
-import { RateLimiter } from '../accounts/rate-limit';
-import { WorkspaceCache } from '../accounts/workspace-cache';
-import { KeyCache } from '../accounts/key-cache';
-import { Metrics } from '../metrics';
-import { createLogger } from '../log';
-import { UsageLedger } from '../accounts/usage-ledger';
+import { RateLimiter } from '../domain/accounts/rate-limit';
+import { SpendAdmission } from '../domain/accounts/spend-admission';
+import { KeyCache } from '../domain/accounts/key-cache';
+import { Metrics } from '../infrastructure/metrics';
+import { createLogger } from '../infrastructure/log';
+import { UsageLedger } from '../domain/accounts/usage-ledger';
 import { inlineExecution } from '../api/decision-execution';
-import { decisionService } from '../decisions/service';
+import { decisionService } from '../domain/decisions/service';
 import { decisionRoutes } from '../api/routes/decisions';
-import { createUpstreams } from '../routing/upstreams';
+import { createUpstreams } from '../domain/routing/upstreams';
 import type { AppDeps } from '../api/deps';
 import { usageRecord, call, capturingLogger, createTenant, startTestGateway, storeWith, type Tenant, type TestGateway } from './helpers';
 
@@ -301,7 +301,7 @@ describe('402, 500 and the billable guard', () => {
       upstreams: null as never,
       usage: null as never,
       metrics: new Metrics(),
-      workspaces: new WorkspaceCache(gw.store, 0),
+      workspaces: new SpendAdmission(gw.store, 0),
       keys: new KeyCache(gw.store, 0),
     }; // no caching: every call reads the ledger
     mountRoutes(
@@ -358,7 +358,7 @@ describe('402, 500 and the billable guard', () => {
 
   it('a process trusts its balance reading for the cache period, then re-reads the ledger without making requests wait', async () => {
     let now = 0;
-    const cache = new WorkspaceCache(gw.store, 5_000, () => now);
+    const cache = new SpendAdmission(gw.store, 5_000, () => now);
     const t = await createTenant(gw.store, 1);
     await cache.assertCanSpend(t.workspaceId);
     await new UsageLedger(gw.store).record(usageRecord(`gen-cache-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 1));
@@ -383,7 +383,7 @@ describe('402, 500 and the billable guard', () => {
 
   it('GET /credits and GET /key never answer from a reading older than the cache period: after a quiet spell, they wait for a fresh one', async () => {
     let now = 0;
-    const cache = new WorkspaceCache(gw.store, 5_000, () => now);
+    const cache = new SpendAdmission(gw.store, 5_000, () => now);
     const t = await createTenant(gw.store, 1);
     expect((await cache.balance(t.workspaceId)).balance).to.equal(1);
     // Another process spends.
@@ -495,7 +495,7 @@ describe('inline decisions: errors as thrown, not through Temporal', () => {
       store: gw.store,
       decisions: inlineExecution(decisionService({ upstreams, usage: new UsageLedger(timingOut) })),
       upstreams,
-      workspaces: new WorkspaceCache(gw.store, 0),
+      workspaces: new SpendAdmission(gw.store, 0),
       metrics: new Metrics(),
       keys: new KeyCache(gw.store, 0),
       rateLimiter: new RateLimiter(gw.store, 1000, 60),

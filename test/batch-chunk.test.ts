@@ -3,11 +3,11 @@
 // preset fails alone.
 import { expect } from 'chai';
 import { MockActivityEnvironment } from '@temporalio/testing';
-import { loadConfig } from '../config';
-import { Store } from '../store';
-import { createUpstreams } from '../routing/upstreams';
-import { UsageLedger } from '../accounts/usage-ledger';
-import { WorkspaceCache } from '../accounts/workspace-cache';
+import { loadConfig } from '../infrastructure/config';
+import { Store } from '../infrastructure/store';
+import { createUpstreams } from '../domain/routing/upstreams';
+import { UsageLedger } from '../domain/accounts/usage-ledger';
+import { SpendAdmission } from '../domain/accounts/spend-admission';
 import {
   batches,
   newBatchId,
@@ -23,11 +23,11 @@ import {
   storeInputs,
   emptyTally,
   type ResultDoc,
-} from '../batches/store';
+} from '../domain/batches/store';
 import { stack } from './fixture';
-import { addPresetVersion } from '../presets/store';
-import { ChunkWriter } from '../batches/chunk-writer';
-import { LineRunner } from '../batches/line-runner';
+import { addPresetVersion } from '../domain/presets/store';
+import { ChunkWriter } from '../domain/batches/chunk-writer';
+import { LineRunner } from '../domain/batches/line-runner';
 import { createTenant, testActivities, testBatchDoc, uniqueName, writeTestCatalog, type Tenant } from './helpers';
 
 const countedCalls = async (tag: string) =>
@@ -291,7 +291,7 @@ describe('batch chunk activity', () => {
     expect(writer.backlog).to.equal(1);
     expect(writer.gaveUp).to.equal(false);
     // The database is back.
-    Object.assign(opts, { store, usage: new UsageLedger(store), credits: new WorkspaceCache(store) });
+    Object.assign(opts, { store, usage: new UsageLedger(store), credits: new SpendAdmission(store) });
     await writer.flush();
     expect(writer.backlog).to.equal(0);
     expect(writer.failing).to.equal(false);
@@ -363,7 +363,7 @@ describe('batch chunk activity', () => {
       upstreams,
       batch: { ...batch, provider_only: ['chunk-counted'] },
       workspace: { ignore: ['chunk-counted'] },
-      credits: new WorkspaceCache(store),
+      credits: new SpendAdmission(store),
       lineAttempts: 1,
       outageMs: 1,
       signal: new AbortController().signal,

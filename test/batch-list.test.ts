@@ -1,7 +1,7 @@
 // Listing batches from the list index: newest first with every filter, pages that read only what
 // they return, stale entries skipped, deletion and the start-up indexing of older batches.
 import { expect } from 'chai';
-import { indexStoredBatches } from '../batches/list';
+import { indexStoredBatches } from '../domain/batches/list';
 import {
   batches,
   createBatch,
@@ -11,8 +11,8 @@ import {
   writeStatus,
   type BatchDoc,
   type BatchStatus,
-} from '../batches/store';
-import { Store } from '../store';
+} from '../domain/batches/store';
+import { Store } from '../infrastructure/store';
 import { stack } from './fixture';
 import { createTenant, testBatchDoc, uniqueName, type Tenant } from './helpers';
 

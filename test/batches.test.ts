@@ -4,11 +4,11 @@ import { expect } from 'chai';
 import http from 'node:http';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
-import { batches, createBatch, newBatchId, storeInputs } from '../batches/store';
-import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
+import { batches, createBatch, newBatchId, storeInputs } from '../domain/batches/store';
+import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { batchProgressQuery, batchWorkflow } from '../workflows/batch';
 import { searchAttributes, workflowMetadataQuery } from '../workflows/shared';
-import { startProcess } from '../tools/processes';
+import { startProcess } from '../devstack/processes';
 import { stack } from './fixture';
 import {
   call,

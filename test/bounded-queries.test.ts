@@ -5,8 +5,8 @@
 // the few that read a whole collection are bounded.
 import { expect } from 'chai';
 import { Collection, type Document } from 'mongodb';
-import { purgeDeleted } from '../batches/store';
-import { LiveStats } from '../routing/stats';
+import { purgeDeleted } from '../domain/batches/store';
+import { LiveStats } from '../domain/routing/stats';
 import { call, createTenant, startTestGateway, waitForStatus, type TestGateway } from './helpers';
 import { questions, state } from './decision-sample';
 

@@ -5,7 +5,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
-import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
+import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { createTenant, startTestGateway, uniqueName, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
 
 const bin = path.resolve(__dirname, '..', '..', 'bin', 'gateway.js');

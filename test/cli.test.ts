@@ -4,8 +4,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import readline from 'node:readline';
-import { ensureTools, ToolBuildError } from '../tools/binaries';
-import { freePort, startProcess } from '../tools/processes';
+import { ensureTools, ToolBuildError } from '../devstack/binaries';
+import { freePort, startProcess } from '../devstack/processes';
 import { stack } from './fixture';
 
 const root = path.resolve(__dirname, '..', '..');
@@ -373,7 +373,7 @@ describe('gateway CLI', () => {
   });
 
   it('a managed process dies with its owner, whether the owner exits or is killed', async () => {
-    const processes = path.join(root, 'dist', 'tools', 'processes.js');
+    const processes = path.join(root, 'dist', 'devstack', 'processes.js');
     for (const [how, seconds] of [
       ['exits', '3601.5'],
       ['is killed', '3602.5'],

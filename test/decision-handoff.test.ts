@@ -1,16 +1,16 @@
-// The in-process hand-off of decision results (temporal/decision-handoff): a decision run by this
+// The in-process hand-off of decision results (infrastructure/temporal/decision-handoff): a decision run by this
 // process's worker answers through the workflow's sink, without asking the server; failures, runs
 // on another worker and runs whose sink reaches another process fall back to the server's answer.
 import { expect } from 'chai';
 import { WorkflowFailedError, type WorkflowHandle } from '@temporalio/client';
 import type { Worker } from '@temporalio/worker';
-import { Store } from '../store';
-import { connectTemporal, type TemporalHandles } from '../temporal/client';
-import { DecisionHandoff } from '../temporal/decision-handoff';
+import { Store } from '../infrastructure/store';
+import { connectTemporal, type TemporalHandles } from '../infrastructure/temporal/client';
+import { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
 import { createWorker } from '../worker';
-import { createUpstreams } from '../routing/upstreams';
-import { loadConfig } from '../config';
-import { createLogger } from '../log';
+import { createUpstreams } from '../domain/routing/upstreams';
+import { loadConfig } from '../infrastructure/config';
+import { createLogger } from '../infrastructure/log';
 import type { DecisionJob } from '../activities';
 import { decisionWorkflow } from '../workflows/decision';
 import { stack } from './fixture';

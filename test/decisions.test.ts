@@ -1,9 +1,9 @@
 // POST /api/v1/systemone end to end: validation, answers against the formulas, native and logprob
 // endpoints, upstream failures, usage and debit, session precedence, and the OpenRouter SDK.
 import { expect } from 'chai';
-import { logprobRequest } from '../decisions/prompt';
-import type { Question } from '../decisions/types';
-import { fromJsonText } from '../store/json-text';
+import { logprobRequest } from '../domain/decisions/prompt';
+import type { Question } from '../domain/decisions/types';
+import { fromJsonText } from '../infrastructure/store/json-text';
 import { decisionWorkflow } from '../workflows/decision';
 import { questions, state } from './decision-sample';
 import { stack } from './fixture';

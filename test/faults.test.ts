@@ -6,9 +6,9 @@ import { expect } from 'chai';
 import path from 'node:path';
 import { stack } from './fixture';
 import { call, createTenant, startGatewayProcess, uniqueName, writeTestCatalog, type Tenant } from './helpers';
-import { freePort, startProcess, type ManagedProcess } from '../tools/processes';
-import { startFerretDB, startTemporalServer } from '../tools/services';
-import { Store } from '../store';
+import { freePort, startProcess, type ManagedProcess } from '../devstack/processes';
+import { startFerretDB, startTemporalServer } from '../devstack/services';
+import { Store } from '../infrastructure/store';
 
 const BIN = path.resolve(__dirname, '..', '..', 'bin', 'gateway.js');
 const LINES = 60;

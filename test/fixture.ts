@@ -3,10 +3,10 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { defaultToolsDir } from '../config';
-import { ensureTools, type ToolPaths } from '../tools/binaries';
-import { freePort, startProcess, type ManagedProcess } from '../tools/processes';
-import { startFerretDB, startTemporalServer, type RunningService } from '../tools/services';
+import { defaultToolsDir } from '../infrastructure/config';
+import { ensureTools, type ToolPaths } from '../devstack/binaries';
+import { freePort, startProcess, type ManagedProcess } from '../devstack/processes';
+import { startFerretDB, startTemporalServer, type RunningService } from '../devstack/services';
 
 export const stack = {
   mongoUri: '',

@@ -2,8 +2,8 @@ import { expect } from 'chai';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { startFerretDB } from '../tools/services';
-import { freePort } from '../tools/processes';
+import { startFerretDB } from '../devstack/services';
+import { freePort } from '../devstack/processes';
 import { stack } from './fixture';
 import { capturingLogger, startTestGateway, type TestGateway } from './helpers';
 

@@ -3,20 +3,20 @@ import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { Writable } from 'node:stream';
-import { DEFAULT_CATALOG_PATH, loadConfig, type Config } from '../config';
-import { createLogger, type Logger } from '../log';
+import { DEFAULT_CATALOG_PATH, loadConfig, type Config } from '../infrastructure/config';
+import { createLogger, type Logger } from '../infrastructure/log';
 import { runApiRole } from '../cli/roles';
-import { freePort, startProcess, type ManagedProcess } from '../tools/processes';
+import { freePort, startProcess, type ManagedProcess } from '../devstack/processes';
 import { stack } from './fixture';
-import { Store } from '../store';
-import { createWorkspace } from '../accounts/workspaces';
-import { createKey } from '../accounts/keys';
-import { grantCredits } from '../accounts/credits';
-import { UsageLedger, usageRecordOf, type UsageRecord } from '../accounts/usage-ledger';
-import { WorkspaceCache } from '../accounts/workspace-cache';
+import { Store } from '../infrastructure/store';
+import { createWorkspace } from '../domain/accounts/workspaces';
+import { createKey } from '../domain/accounts/keys';
+import { grantCredits } from '../domain/accounts/credits';
+import { UsageLedger, usageRecordOf, type UsageRecord } from '../domain/accounts/usage-ledger';
+import { SpendAdmission } from '../domain/accounts/spend-admission';
 import { createActivities } from '../activities';
-import type { Upstreams } from '../routing/upstreams';
-import { newBatchId, type BatchDoc } from '../batches/store';
+import type { Upstreams } from '../domain/routing/upstreams';
+import { newBatchId, type BatchDoc } from '../domain/batches/store';
 
 export function uniqueName(prefix: string): string {
   return `${prefix}-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
@@ -234,7 +234,7 @@ export function testActivities(store: Store, upstreams: Upstreams, config: Confi
     upstreams,
     batchSettings: config.batches,
     usage: new UsageLedger(store),
-    credits: new WorkspaceCache(store),
+    credits: new SpendAdmission(store),
   });
 }
 

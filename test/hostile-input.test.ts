@@ -5,7 +5,7 @@ import http from 'node:http';
 import net from 'node:net';
 import zlib from 'node:zlib';
 import { batchesWithoutDocument, call, capturingLogger, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
-import { fromJsonText } from '../store/json-text';
+import { fromJsonText } from '../infrastructure/store/json-text';
 
 /** A raw HTTP/1.1 exchange, for requests fetch refuses to send; resolves with what came back before the socket closed. */
 function rawExchange(port: number, request: string | Buffer, waitMs = 3000): Promise<string> {

@@ -4,13 +4,13 @@
 import { expect } from 'chai';
 import fs from 'node:fs';
 import path from 'node:path';
-import { RateLimiter, blockSizeFor } from '../accounts/rate-limit';
-import { UsageLedger } from '../accounts/usage-ledger';
-import { UsageJournal } from '../accounts/usage-journal';
-import { getBalance } from '../accounts/credits';
-import { Store, type UsageDoc } from '../store';
-import { freePort } from '../tools/processes';
-import { startFerretDB } from '../tools/services';
+import { RateLimiter, blockSizeFor } from '../domain/accounts/rate-limit';
+import { UsageLedger } from '../domain/accounts/usage-ledger';
+import { UsageJournal } from '../domain/accounts/usage-journal';
+import { getBalance } from '../domain/accounts/credits';
+import { Store, type UsageDoc } from '../infrastructure/store';
+import { freePort } from '../devstack/processes';
+import { startFerretDB } from '../devstack/services';
 import { stack } from './fixture';
 import {
   call,
@@ -23,7 +23,7 @@ import {
   writeTestCatalog,
   type TestGateway,
 } from './helpers';
-import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
+import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 
 /** A store connection that counts the insert commands sent to one collection. */
 async function countingStore(database: string, collection: string): Promise<{ store: Store; inserts: () => number }> {

@@ -2,7 +2,7 @@
 // fallbacks before the first byte, failures after it, client disconnects, presets, billing.
 import http from 'node:http';
 import { expect } from 'chai';
-import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
+import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, uniqueName, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
 import { parseSse, streamCall } from './inference-helpers';

@@ -1,8 +1,8 @@
 // GET /metrics after real traffic: a decision, an upstream failure with a fallback, a batch, a 402,
 // a 429 and a thousand unknown paths; labels carry neither keys nor prompts, and stay few.
 import { expect } from 'chai';
-import { getBalance } from '../accounts/credits';
-import { endpointEntry, modelEntry, providerEntry } from '../catalog/entries';
+import { getBalance } from '../domain/accounts/credits';
+import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { questions, state } from './decision-sample';
 import {
   call,
@@ -17,7 +17,7 @@ import {
 } from './helpers';
 import { spawn } from 'node:child_process';
 import path from 'node:path';
-import { freePort } from '../tools/processes';
+import { freePort } from '../devstack/processes';
 import { stack } from './fixture';
 
 interface Sample {

@@ -1,9 +1,9 @@
 // Presets: creation and versioning from messages, chat and responses bodies, the overlap rule,
 // validation, concurrency, workspace isolation, use in later requests, and the OpenRouter SDK.
 import { expect } from 'chai';
-import { mergeTools, presetReference, withPreset } from '../presets/apply';
-import { CONFIG_KEYS, configOf } from '../presets/overlap';
-import type { VersionView } from '../presets/store';
+import { mergeTools, presetReference, withPreset } from '../domain/presets/apply';
+import { CONFIG_KEYS, configOf } from '../domain/presets/overlap';
+import type { VersionView } from '../domain/presets/store';
 import { call, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;

@@ -1,12 +1,12 @@
 // Bounded spend: each billable decision holds an estimate of its cost before the provider is
 // called, so concurrent calls cannot overspend a workspace by more than one estimate per process.
 import { expect } from 'chai';
-import { Store } from '../store';
-import { UsageLedger } from '../accounts/usage-ledger';
-import { WorkspaceCache, type Hold } from '../accounts/workspace-cache';
-import { estimateDecisionCost } from '../decisions/estimate';
-import { Catalog } from '../catalog';
-import { DEFAULT_CATALOG_PATH } from '../config';
+import { Store } from '../infrastructure/store';
+import { UsageLedger } from '../domain/accounts/usage-ledger';
+import { SpendAdmission, type Hold } from '../domain/accounts/spend-admission';
+import { estimateDecisionCost } from '../domain/decisions/estimate';
+import { Catalog } from '../domain/catalog';
+import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, uniqueName, usageRecord, waitForStatus, writeTestCatalog } from './helpers';
 
@@ -23,7 +23,7 @@ describe('holds against a workspace balance', () => {
 
   it('a billed call settles to its cost, and a failed one releases its hold at once', async () => {
     const t = await createTenant(store, 1);
-    const cache = new WorkspaceCache(store, 60_000, Date.now, () => 0, 50);
+    const cache = new SpendAdmission(store, 60_000, Date.now, () => 0, 50);
     const signal = new AbortController().signal;
     const boom = await cache.billed(t.workspaceId, 1, signal, () => Promise.reject(new Error('provider down'))).catch((e: Error) => e);
     expect(boom).to.be.instanceOf(Error).with.property('message', 'provider down');
@@ -34,7 +34,7 @@ describe('holds against a workspace balance', () => {
 
   it('admits while something is left, counting held and settled spending; waits while the rest is only held; 402 once spent', async () => {
     const t = await createTenant(store, 1);
-    const cache = new WorkspaceCache(store, 60_000);
+    const cache = new SpendAdmission(store, 60_000);
     const ledger = new UsageLedger(store);
     // A call that finishes: its record is stored, then its hold settles to the real cost.
     const bill = async (h: Hold, cost: number) => {
@@ -67,7 +67,7 @@ describe('holds against a workspace balance', () => {
 
   it('a call waiting for holds is refused after the wait allowance, naming the real balance', async () => {
     const t = await createTenant(store, 1);
-    const cache = new WorkspaceCache(store, 60_000, Date.now, () => 0, 100);
+    const cache = new SpendAdmission(store, 60_000, Date.now, () => 0, 100);
     const h = await cache.hold(t.workspaceId, 5); // one call holds more than the balance
     const started = Date.now();
     const err = await cache.hold(t.workspaceId, 5).then(
@@ -84,7 +84,7 @@ describe('holds against a workspace balance', () => {
 
   it('a batch line waits for credit held by other lines as long as it takes (no client is waiting on it)', async () => {
     const t = await createTenant(store, 1);
-    const cache = new WorkspaceCache(store, 60_000, Date.now, () => 0, 50);
+    const cache = new SpendAdmission(store, 60_000, Date.now, () => 0, 50);
     const first = await cache.hold(t.workspaceId, 5);
     let admitted = false;
     const line = cache.hold(t.workspaceId, 5, undefined, Infinity).then((h) => ((admitted = true), h));
@@ -97,7 +97,7 @@ describe('holds against a workspace balance', () => {
 
   it('spending settled before its usage record is stored (a batch line) counts until the record is in the ledger', async () => {
     const t = await createTenant(store, 2);
-    const cache = new WorkspaceCache(store, 0); // TTL 0: every read goes to the ledger
+    const cache = new SpendAdmission(store, 0); // TTL 0: every read goes to the ledger
     const h = await cache.hold(t.workspaceId, 0.1);
     const stored = h.settleUnstored(0.5);
     expect((await cache.balance(t.workspaceId)).balance).to.equal(1.5);
@@ -109,7 +109,7 @@ describe('holds against a workspace balance', () => {
   it('spending settled while its usage record is still on its way to the ledger is not lost by a re-read', async () => {
     const t = await createTenant(store, 2);
     let unstored = 0;
-    const cache = new WorkspaceCache(store, 0, Date.now, () => unstored); // TTL 0: every read goes to the ledger
+    const cache = new SpendAdmission(store, 0, Date.now, () => unstored); // TTL 0: every read goes to the ledger
     const h = await cache.hold(t.workspaceId, 0.1);
     unstored = 0.5; // journaled, not yet in the database
     h.settle(0.5);
@@ -127,7 +127,7 @@ describe('holds against a workspace balance', () => {
         if (e.commandName === 'find') sums.push(String(e.command.find));
       });
       const t = await createTenant(watched, 2);
-      const cache = new WorkspaceCache(watched, 60_000);
+      const cache = new SpendAdmission(watched, 60_000);
       expect(await cache.balance(t.workspaceId)).to.deep.equal({ total_credits: 2, total_usage: 0, balance: 2 });
       const h = await cache.hold(t.workspaceId, 0.1); // plenty left: no re-read
       await new UsageLedger(watched).record(usageRecord(`gen-own-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.25));
@@ -142,7 +142,7 @@ describe('holds against a workspace balance', () => {
 
   it("near exhaustion a hold re-reads the ledger, so another process's spending is seen at once", async () => {
     const t = await createTenant(store, 1);
-    const cache = new WorkspaceCache(store, 60_000);
+    const cache = new SpendAdmission(store, 60_000);
     (await cache.hold(t.workspaceId, 0.01)).release(); // a fresh reading, trusted for a minute
     // Another process spends everything.
     await new UsageLedger(store).record(usageRecord(`gen-elsewhere-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 1));

@@ -1,8 +1,8 @@
 import { expect } from 'chai';
-import { Store } from '../store';
+import { Store } from '../infrastructure/store';
 import { stack } from './fixture';
 import { createTenant, uniqueName, usageRecord } from './helpers';
-import { UsageLedger, newGenerationId } from '../accounts/usage-ledger';
+import { UsageLedger, newGenerationId } from '../domain/accounts/usage-ledger';
 
 // The design reads by `_id` wherever volume is large, because on FerretDB's SQLite backend that is
 // the one lookup SQL can answer from an index. FerretDB v1.24.2 as published looked `_id` up through

@@ -1,12 +1,12 @@
 // Provider adapters, fallbacks and failure statuses through real HTTP to the sandbox provider
 // (its own process), with faults injected by the catalog's base URLs.
 import { expect } from 'chai';
-import { Catalog, type Endpoint } from '../catalog';
-import { Store } from '../store';
-import { LiveStats } from '../routing/stats';
-import { createUpstreams, invoke, type InvokeRequest, type Upstreams } from '../routing/upstreams';
-import { loadConfig } from '../config';
-import { GatewayError } from '../errors';
+import { Catalog, type Endpoint } from '../domain/catalog';
+import { Store } from '../infrastructure/store';
+import { LiveStats } from '../domain/routing/stats';
+import { createUpstreams, invoke, type InvokeRequest, type Upstreams } from '../domain/routing/upstreams';
+import { loadConfig } from '../infrastructure/config';
+import { GatewayError } from '../infrastructure/errors';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, uniqueName } from './helpers';
 

@@ -2,13 +2,13 @@
 // failed inserts and retried generations), read by `_id` only, and the migration of a ledger written
 // before totals existed.
 import { expect } from 'chai';
-import { getBalance, grantCredits } from '../accounts/credits';
-import { migrateLedger } from '../accounts/ledger-migration';
-import { UsageLedger } from '../accounts/usage-ledger';
-import { TotalsWriter, usageTotals } from '../accounts/usage-totals';
-import { Store, workspaceList, workspaceRange, type UsageDoc } from '../store';
-import { keyOfWorkspace, listKeys, listStoredKeys } from '../accounts/keys';
-import { addPresetVersion, listPresets, listStoredPresets } from '../presets/store';
+import { getBalance, grantCredits } from '../domain/accounts/credits';
+import { migrateLedger } from '../domain/accounts/ledger-migration';
+import { UsageLedger } from '../domain/accounts/usage-ledger';
+import { TotalsWriter, usageTotals } from '../domain/accounts/usage-totals';
+import { Store, workspaceList, workspaceRange, type UsageDoc } from '../infrastructure/store';
+import { keyOfWorkspace, listKeys, listStoredKeys } from '../domain/accounts/keys';
+import { addPresetVersion, listPresets, listStoredPresets } from '../domain/presets/store';
 import { stack } from './fixture';
 import { createTenant, storeWith, uniqueName, usageRecord, type Tenant } from './helpers';
 

@@ -1,15 +1,15 @@
 // Proves the wiring end to end: client ▶ Temporal server ▶ worker ▶ activity ▶ MongoDB and back.
 import { expect } from 'chai';
 import { Worker } from '@temporalio/worker';
-import { Store } from '../store';
-import { connectTemporal, type TemporalHandles } from '../temporal/client';
+import { Store } from '../infrastructure/store';
+import { connectTemporal, type TemporalHandles } from '../infrastructure/temporal/client';
 import { createWorker } from '../worker';
-import { DecisionHandoff } from '../temporal/decision-handoff';
+import { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
 import { runSelfCheck } from '../cli';
-import { createLogger } from '../log';
+import { createLogger } from '../infrastructure/log';
 import { stack } from './fixture';
-import { createUpstreams } from '../routing/upstreams';
-import { loadConfig } from '../config';
+import { createUpstreams } from '../domain/routing/upstreams';
+import { loadConfig } from '../infrastructure/config';
 import { testActivities, uniqueName } from './helpers';
 
 describe('Temporal + MongoDB wiring', () => {

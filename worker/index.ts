@@ -1,7 +1,7 @@
 // The Temporal worker: runs workflows/ and the activities built (by `createActivities`) from the store and HTTP clients.
 import { NativeConnection, Worker } from '@temporalio/worker';
 import type { Activities } from '../activities';
-import type { DecisionHandoff } from '../temporal/decision-handoff';
+import type { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
 import { workflowBundle } from './bundle';
 
 export interface WorkerOptions {

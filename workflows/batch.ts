@@ -17,8 +17,8 @@ import {
 } from '@temporalio/workflow';
 import { WorkflowIdReusePolicy } from '@temporalio/common';
 import type { Activities } from '../activities';
-import type { BatchDoc } from '../batches/store';
-import type { DeliveryOutcome } from '../webhooks/deliver';
+import type { BatchDoc } from '../domain/batches/store';
+import type { DeliveryOutcome } from '../domain/webhooks/deliver';
 import { searchAttributes } from './shared';
 
 export interface BatchWorkflowInput {

@@ -9,7 +9,7 @@ const { evaluateDecision } = proxyLocalActivities<Activities>({
   retry: { maximumAttempts: 3, initialInterval: '200 ms', nonRetryableErrorTypes: [GATEWAY_ERROR_TYPE] },
 });
 
-/** How a decision tells the HTTP handler in its own process that it is done (temporal/decision-handoff). */
+/** How a decision tells the HTTP handler in its own process that it is done (infrastructure/temporal/decision-handoff). */
 export interface DecisionSinks extends Sinks {
   decisions: {
     answered(generationId: string, result: DecisionResult): void;

@@ -1,11 +1,11 @@
 // The caller's own key, its workspace's keys and credits, and generation lookups. Every query is
 // scoped to the authenticated workspace: another workspace's objects are simply not found.
 import { Type } from '@sinclair/typebox';
-import { createKey, keyOfWorkspace, listKeys, publicKey, revokeKey } from '../../accounts/keys';
-import { NotFoundError } from '../../errors';
+import { createKey, keyOfWorkspace, listKeys, publicKey, revokeKey } from '../../domain/accounts/keys';
+import { NotFoundError } from '../../infrastructure/errors';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
-import { CreateKeyBody, Credits, CurrentKey, Generation, GenerationQuery, KeyIdParams, PublicKey } from '../../schemas/accounts';
+import { CreateKeyBody, Credits, CurrentKey, Generation, GenerationQuery, KeyIdParams, PublicKey } from '../../domain/accounts/schema';
 import type { AppDeps } from '../deps';
 
 export function accountRoutes({ store, rateLimiter, keys, workspaces, usage }: AppDeps): AnyRoute[] {

@@ -2,9 +2,9 @@
 // workflow whose id is the batch id. Every read is scoped to the key's workspace.
 import { Readable } from 'node:stream';
 import { Type } from '@sinclair/typebox';
-import { BadRequestError, ConflictError, NotFoundError, RateLimitedError, ServiceUnavailableError } from '../../errors';
+import { BadRequestError, ConflictError, NotFoundError, RateLimitedError, ServiceUnavailableError } from '../../infrastructure/errors';
 import { batchWorkflow, batchWorkflowStart, cancelBatchSignal } from '../../workflows/batch';
-import { planNewBatch } from '../../batches/create';
+import { planNewBatch } from '../../domain/batches/create';
 import {
   batchView,
   counts,
@@ -16,7 +16,7 @@ import {
   markNotStarted,
   resultTexts,
   type BatchDoc,
-} from '../../batches/store';
+} from '../../domain/batches/store';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
 import { defineRoute, type AnyRoute } from '../route';
@@ -28,7 +28,7 @@ import {
   ListBatchesQuery,
   ResultsQuery,
   TERMINAL_STATUSES,
-} from '../../schemas/batches';
+} from '../../domain/batches/schema';
 import type { AppDeps } from '../deps';
 
 const MAX_DATE_MS = 8.64e15;

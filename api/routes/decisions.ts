@@ -1,16 +1,16 @@
 // POST /systemone: typed decisions. The handler checks the request, then hands the work (route,
 // call the provider, compute the answers, record usage) to the configured execution mode
 // (api/decision-execution): in-process by default, or as a short Temporal workflow.
-import { admitDecision } from '../../decisions/admission';
-import { newGenerationId } from '../../accounts/usage-ledger';
-import { UpstreamTimeoutError, type GatewayError } from '../../errors';
-import { presetLookup, withPreset } from '../../presets/apply';
-import type { DecisionsRequest } from '../../decisions/types';
+import { admitDecision } from '../../domain/decisions/admission';
+import { newGenerationId } from '../../domain/accounts/usage-ledger';
+import { UpstreamTimeoutError, type GatewayError } from '../../infrastructure/errors';
+import { presetLookup, withPreset } from '../../domain/presets/apply';
+import type { DecisionsRequest } from '../../domain/decisions/types';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
 import { requestSignal } from '../request-signal';
 import { defineRoute, type AnyRoute } from '../route';
-import { DecisionsResponse, decisionsRequestSchema } from '../../schemas/decisions';
+import { DecisionsResponse, decisionsRequestSchema } from '../../domain/decisions/schema';
 import type { AppDeps } from '../deps';
 
 export function decisionRoutes({ config, store, decisions, upstreams, workspaces, metrics }: AppDeps): AnyRoute[] {

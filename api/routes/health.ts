@@ -1,6 +1,6 @@
 // Liveness and readiness, outside /api/v1 and without auth, for load balancers and orchestrators.
 import Router from '@koa/router';
-import { ServiceUnavailableError } from '../../errors';
+import { ServiceUnavailableError } from '../../infrastructure/errors';
 import type { AppDeps } from '../deps';
 
 /** /readyz answers within a second, whatever is down. */

@@ -1,9 +1,9 @@
 // POST /chat/completions, /messages, /responses and /embeddings: one call to a model, answered in
 // the provider's own format, in one piece or streamed. The rules (presets, routing, billing, the
-// stream's lifecycle) are the completions service's (inference/service.ts); this parses and renders.
+// stream's lifecycle) are the completions service's (domain/completions/service.ts); this parses and renders.
 import type Koa from 'koa';
-import { completionService } from '../../inference/service';
-import type { InferenceOperation } from '../../inference/formats';
+import { completionService } from '../../domain/completions/service';
+import type { InferenceOperation } from '../../domain/completions/formats';
 import {
   ChatCompletion,
   ChatCompletionRequest,
@@ -13,7 +13,7 @@ import {
   MessagesRequest,
   Response,
   ResponsesRequest,
-} from '../../schemas/inference';
+} from '../../domain/completions/schema';
 import { authOf } from '../auth';
 import { EventStream } from '../event-stream';
 import { requestMeta } from '../request-meta';

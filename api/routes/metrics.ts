@@ -5,9 +5,9 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import Koa from 'koa';
 import Router from '@koa/router';
-import { UnauthorizedError } from '../../errors';
-import type { Metrics } from '../../metrics';
-import type { Logger } from '../../log';
+import { UnauthorizedError } from '../../infrastructure/errors';
+import type { Metrics } from '../../infrastructure/metrics';
+import type { Logger } from '../../infrastructure/log';
 import { bearerToken } from '../auth';
 import { errorMiddleware } from '../errors';
 

@@ -1,10 +1,10 @@
 // The catalog as clients see it: models with prices, and each model's endpoints with their live
 // latency, throughput and uptime.
 import { Type } from '@sinclair/typebox';
-import type { CatalogModel, Endpoint } from '../../catalog';
-import { OUTAGE_WINDOW_MS, type EndpointStat } from '../../routing/engine';
+import type { CatalogModel, Endpoint } from '../../domain/catalog';
+import { OUTAGE_WINDOW_MS, type EndpointStat } from '../../domain/routing/engine';
 import { defineRoute, type AnyRoute } from '../route';
-import { EndpointView, ModelEndpointsParams, ModelView } from '../../schemas/models';
+import { EndpointView, ModelEndpointsParams, ModelView } from '../../domain/catalog/listing';
 import type { AppDeps } from '../deps';
 
 /** Per-million prices as OpenRouter writes them: USD per token, as a decimal string. */

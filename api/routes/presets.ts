@@ -1,9 +1,9 @@
 // Presets: created (or versioned) from a messages, chat or responses body by management keys;
 // read by any key of the workspace.
 import { Type, type TSchema } from '@sinclair/typebox';
-import { addPresetVersion, getPreset, getVersion, listPresets, listVersions } from '../../presets/store';
-import { configOf, systemPromptOf, type PresetFormat } from '../../presets/overlap';
-import { BadRequestError } from '../../errors';
+import { addPresetVersion, getPreset, getVersion, listPresets, listVersions } from '../../domain/presets/store';
+import { configOf, systemPromptOf, type PresetFormat } from '../../domain/presets/overlap';
+import { BadRequestError } from '../../infrastructure/errors';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
 import {
@@ -15,7 +15,7 @@ import {
   ResponsesBody,
   SlugParams,
   VersionParams,
-} from '../../schemas/presets';
+} from '../../domain/presets/schema';
 import type { AppDeps } from '../deps';
 
 const Created = Type.Object({ data: PresetWithVersion });

@@ -1,6 +1,6 @@
 // The workspace's webhook signing secret: read it to verify deliveries, rotate it when it leaks.
 import { Type } from '@sinclair/typebox';
-import { rotateWebhookSecret, webhookSecret } from '../../accounts/webhook-secret';
+import { rotateWebhookSecret, webhookSecret } from '../../domain/accounts/webhook-secret';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
 import type { AppDeps } from '../deps';

@@ -1,8 +1,8 @@
 // Which callback addresses are refused, IPv6 forms that carry an IPv4 address included, and the
 // check a delivery makes itself (an address written in the URL is connected to without a lookup).
 import { expect } from 'chai';
-import { refusedAddress } from '../../webhooks/address';
-import { createWebhookSender } from '../../webhooks/deliver';
+import { refusedAddress } from '../../domain/webhooks/address';
+import { createWebhookSender } from '../../domain/webhooks/deliver';
 
 const refused = (url: string) => refusedAddress(new URL(url), false);
 

@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import path from 'node:path';
-import { ConfigError, loadConfig } from '../../config';
+import { ConfigError, loadConfig } from '../../infrastructure/config';
 
 describe('config', () => {
   it('defaults to the embedded stack on loopback', () => {

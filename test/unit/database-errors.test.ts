@@ -3,7 +3,7 @@
 // answering is a MongoNetworkError subclass named PoolClearedOnNetworkError: seen as a 500 before.
 import { expect } from 'chai';
 import { MongoBulkWriteError, MongoNetworkError, MongoNetworkTimeoutError, MongoServerError, MongoServerSelectionError } from 'mongodb';
-import { isDatabaseUnavailable } from '../../store';
+import { isDatabaseUnavailable } from '../../infrastructure/store';
 
 const emptyResult = {
   insertedCount: 0,

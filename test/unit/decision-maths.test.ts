@@ -1,11 +1,11 @@
 // Decision maths, prompt rendering and the catalog's decision models: pure, no services.
 import { expect } from 'chai';
-import { answerFromDistribution, answerFromNative, choiceConfidence, normalize, scoreConfidence } from '../../decisions/answers';
-import { labelsOf, logprobRequest, readLabelDistribution, renderPrompt } from '../../decisions/prompt';
-import type { Question } from '../../decisions/types';
-import { servedBy } from '../../decisions/evaluate';
-import { Catalog } from '../../catalog';
-import { DEFAULT_CATALOG_PATH } from '../../config';
+import { answerFromDistribution, answerFromNative, choiceConfidence, normalize, scoreConfidence } from '../../domain/decisions/answers';
+import { labelsOf, logprobRequest, readLabelDistribution, renderPrompt } from '../../domain/decisions/prompt';
+import type { Question } from '../../domain/decisions/types';
+import { servedBy } from '../../domain/decisions/evaluate';
+import { Catalog } from '../../domain/catalog';
+import { DEFAULT_CATALOG_PATH } from '../../infrastructure/config';
 import { questions, state } from '../decision-sample';
 
 describe('decision maths', () => {

@@ -5,8 +5,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import Ajv2019 from 'ajv/dist/2019';
 import { parse } from 'yaml';
-import { loadConfig, metricsExposure } from '../../config';
-import { Metrics } from '../../metrics';
+import { loadConfig, metricsExposure } from '../../infrastructure/config';
+import { Metrics } from '../../infrastructure/metrics';
 
 const root = path.resolve(__dirname, '..', '..', '..');
 const compose = parse(fs.readFileSync(path.join(root, 'docker-compose.yml'), 'utf8'), { merge: true });

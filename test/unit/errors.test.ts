@@ -1,6 +1,6 @@
 // One table names each error status for the API documentation and for batch line results.
 import { expect } from 'chai';
-import { errorFromStatus, errorTypeOf, statusSummary } from '../../errors';
+import { errorFromStatus, errorTypeOf, statusSummary } from '../../infrastructure/errors';
 
 describe('error names', () => {
   it('gives batch line errors the types their statuses mean, and falls back by class', () => {

@@ -1,9 +1,9 @@
-// The provider wire formats (providers/formats/): each says where its operations live, how it is
+// The provider wire formats (infrastructure/providers/formats/): each says where its operations live, how it is
 // authenticated, where its token counts are and what its errors mean; the catalog accepts exactly
 // the formats registered there.
 import { expect } from 'chai';
-import { FORMAT_NAMES, operationsOf, PROVIDER_FORMATS } from '../../providers/formats';
-import { ProviderEntry } from '../../catalog/schema';
+import { FORMAT_NAMES, operationsOf, PROVIDER_FORMATS } from '../../infrastructure/providers/formats';
+import { ProviderEntry } from '../../domain/catalog/schema';
 
 const { openai, anthropic, systemone } = PROVIDER_FORMATS;
 const event = (data: unknown, type?: string) => ({ id: undefined, event: type, data: JSON.stringify(data) });

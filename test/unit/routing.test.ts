@@ -1,13 +1,13 @@
 // The routing engine, field by field and in combination, on a small inline catalog.
 import { expect } from 'chai';
 import { Type } from '@sinclair/typebox';
-import { Catalog, CatalogError } from '../../catalog';
-import { optionsFor, planRoute, typicalPrice, type EndpointStat, type RouteInput } from '../../routing/engine';
-import { failureToError } from '../../routing/execute';
-import { UpstreamFailure } from '../../providers/failure';
-import { ProviderPreferences } from '../../schemas/provider';
-import { compileBody } from '../../schemas/validation';
-import { NotFoundError } from '../../errors';
+import { Catalog, CatalogError } from '../../domain/catalog';
+import { optionsFor, planRoute, typicalPrice, type EndpointStat, type RouteInput } from '../../domain/routing/engine';
+import { failureToError } from '../../domain/routing/execute';
+import { UpstreamFailure } from '../../infrastructure/providers/failure';
+import { ProviderPreferences } from '../../domain/routing/preferences';
+import { compileBody } from '../../infrastructure/validation/index';
+import { NotFoundError } from '../../infrastructure/errors';
 
 const provider = (slug: string, extra: Record<string, unknown> = {}) => ({
   slug,

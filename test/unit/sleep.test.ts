@@ -2,7 +2,7 @@
 // take its listener away when it is over, or listeners pile up (Node warned at 81 on a 300-line batch).
 import { expect } from 'chai';
 import { getEventListeners, setMaxListeners } from 'node:events';
-import { sleep } from '../../concurrency/sleep';
+import { sleep } from '../../infrastructure/concurrency/sleep';
 
 describe('sleep', () => {
   it('leaves no listener on the signal once it is over, and ends at once on abort', async () => {

@@ -2,9 +2,9 @@
 // invalid items is refused after its first, with a bounded report. Collecting every error made
 // this quadratic: 50,000 bad messages took 50 s and froze the process.
 import { expect } from 'chai';
-import { compileBody } from '../../schemas/validation';
-import { ChatCompletionRequest } from '../../schemas/inference';
-import { lineProblem } from '../../batches/lines';
+import { compileBody } from '../../infrastructure/validation/index';
+import { ChatCompletionRequest } from '../../domain/completions/schema';
+import { lineProblem } from '../../domain/batches/lines';
 
 const many = (item: unknown) => Array.from({ length: 100_000 }, () => item);
 

@@ -1,7 +1,0 @@
-// Types of the decision request and answers, from the schemas that validate them.
-import type { Static } from '@sinclair/typebox';
-import type { DecisionQuestion, DecisionAnswer, DecisionsRequestShape } from '../schemas/decisions';
-
-export type Question = Static<typeof DecisionQuestion>;
-export type Answer = Static<typeof DecisionAnswer>;
-export type DecisionsRequest = Static<typeof DecisionsRequestShape>;

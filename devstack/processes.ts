@@ -1,0 +1,165 @@
+// Child processes the gateway starts itself (Temporal dev server, FerretDB, sandbox, worker):
+// started under a watchdog (devstack/watchdog) that kills them if we die, waited on until they
+// answer, and stopped with SIGTERM then SIGKILL.
+import { spawn, type ChildProcess } from 'node:child_process';
+import net from 'node:net';
+import path from 'node:path';
+
+class ProcessStartError extends Error {}
+
+export class ManagedProcess {
+  private readonly output: string[] = [];
+  private exited: { code: number | null; signal: NodeJS.Signals | null } | null = null;
+  private readonly exitPromise: Promise<void>;
+  /** The command's own pid (the watchdog's child), once it is running. */
+  private commandPid: number | undefined;
+
+  constructor(
+    readonly name: string,
+    readonly child: ChildProcess,
+  ) {
+    const keep = (b: Buffer) => {
+      for (const line of b.toString().split('\n')) {
+        if (!line) continue;
+        this.output.push(line);
+        if (this.output.length > 40) this.output.shift();
+      }
+    };
+    child.on('message', (m: { pid?: number }) => {
+      if (typeof m?.pid === 'number') this.commandPid = m.pid;
+    });
+    child.stdout?.on('data', keep);
+    child.stderr?.on('data', keep);
+    this.exitPromise = new Promise((resolve) => {
+      child.once('exit', (code, signal) => {
+        this.exited = { code, signal };
+        resolve();
+      });
+    });
+    live.add(this);
+    void this.exitPromise.then(() => live.delete(this));
+  }
+
+  /** The command's pid (not its watchdog's), for measuring and signalling it. */
+  get pid(): number | undefined {
+    return this.commandPid ?? this.child.pid;
+  }
+
+  /** How it exited, once it has: an exit code or the signal that ended it. */
+  get exitStatus(): { code: number | null; signal: NodeJS.Signals | null } | null {
+    return this.exited;
+  }
+
+  get hasExited(): boolean {
+    return this.exited !== null;
+  }
+
+  /** Resolves when the process exits, however it ends. */
+  get done(): Promise<void> {
+    return this.exitPromise;
+  }
+
+  recentOutput(): string {
+    return this.output.join('\n');
+  }
+
+  /** Polls `check` until it succeeds; fails early, with the process's output, if the process dies. */
+  async waitUntil(check: () => Promise<unknown>, timeoutMs: number, what: string): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    let lastError: unknown;
+    while (Date.now() < deadline) {
+      if (this.exited) {
+        throw new ProcessStartError(
+          `${this.name} exited (code ${this.exited.code}, signal ${this.exited.signal}) before ${what}:\n${this.recentOutput()}`,
+        );
+      }
+      try {
+        await check();
+        return;
+      } catch (err) {
+        lastError = err;
+      }
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    throw new ProcessStartError(
+      `${this.name} did not become ready (${what}) within ${timeoutMs} ms: ${String(lastError)}\n${this.recentOutput()}`,
+    );
+  }
+
+  async stop(graceMs = 5_000): Promise<void> {
+    if (this.exited) return;
+    this.child.kill('SIGTERM');
+    const timer = setTimeout(() => this.child.kill('SIGKILL'), graceMs);
+    await this.exitPromise;
+    clearTimeout(timer);
+  }
+
+  /** Sudden death of the command, as a crash would be (its watchdog reports it): used by fault tests. */
+  async kill(): Promise<void> {
+    if (this.exited) return;
+    this.killNow();
+    await this.exitPromise;
+  }
+
+  /** SIGKILL to the command itself (its watchdog then reports the death), or to the watchdog before the command runs. */
+  killNow(): void {
+    try {
+      if (this.commandPid) process.kill(this.commandPid, 'SIGKILL');
+      else this.child.kill('SIGKILL');
+    } catch {
+      // already gone
+    }
+  }
+}
+
+const live = new Set<ManagedProcess>();
+
+// Whatever way this process leaves, it takes its children with it.
+process.once('exit', () => {
+  // The commands themselves: a watchdog killed first could not take its command with it.
+  for (const p of live) p.killNow();
+});
+
+const WATCHDOG = path.join(__dirname, 'watchdog.js');
+
+export function startProcess(name: string, command: string, args: string[], env: NodeJS.ProcessEnv = process.env): ManagedProcess {
+  // The IPC channel is what the watchdog watches: it closes when this process dies, however it dies.
+  const child = spawn(process.execPath, [WATCHDOG, command, ...args], { env, stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
+  child.channel?.unref(); // the channel alone must not keep us running
+  const managed = new ManagedProcess(name, child);
+  child.once('error', () => {
+    /* reported through exit and waitUntil */
+  });
+  return managed;
+}
+
+/** A TCP port that was free a moment ago on loopback. */
+export function freePort(host = '127.0.0.1'): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once('error', reject);
+    srv.listen(0, host, () => {
+      const { port } = srv.address() as net.AddressInfo;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+export function tcpReachable(host: string, port: number, timeoutMs = 1_000): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect({ host, port });
+    const timer = setTimeout(() => {
+      socket.destroy();
+      reject(new Error(`timeout connecting to ${host}:${port}`));
+    }, timeoutMs);
+    socket.once('connect', () => {
+      clearTimeout(timer);
+      socket.end();
+      resolve();
+    });
+    socket.once('error', (err) => {
+      clearTimeout(timer);
+      reject(err);
+    });
+  });
+}

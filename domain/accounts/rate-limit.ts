@@ -1,0 +1,186 @@
+// Per-key rate limits shared by every API process through MongoDB, with no contention on the hot
+// path. A window's `limit` tickets are cut into fixed blocks; a process claims a whole block with
+// one insert of the block's `_id` (`key:window:b<n>`) and hands its tickets out locally. A unique
+// `_id` insert is atomic even on FerretDB, so no two processes ever hold the same block and the
+// processes together never admit more than the limit. Within a process one claim per key is in
+// flight at a time and concurrent requests wait for it, so they never race for the same ticket;
+// the next claim starts while half of the held tickets are left, so under steady load requests do
+// not wait on the database at all, and a process that keeps running dry claims more blocks per write.
+//
+// Through a database outage the limiter fails open: a request that would wait for a claim the
+// database cannot answer (an unreachable-database error, or no answer within CLAIM_PATIENCE_MS) is
+// admitted, and so are the next ones for a moment, without waiting; limits apply again once claims
+// go through. A limit protects capacity; refusing every request while the database is away would
+// take the gateway down with it.
+//
+// The price of blocks: a process that stops receiving requests for a key may leave the tickets it
+// still holds unused until the window ends: at most a claim and a half, about 1/40 of the limit,
+// and none for limits under 128 (single-ticket blocks, never claimed ahead). Under load on every process (the case a limit is for) every ticket is used and
+// admission is exact.
+import type { AnyBulkWriteOperation } from 'mongodb';
+import { insertManyEach, type RateTicketDoc, type Store } from '../../infrastructure/store';
+
+/** How long a request waits for a claim before the database counts as away and the request is admitted. */
+const CLAIM_PATIENCE_MS = 1_000;
+
+export interface RateDecision {
+  allowed: boolean;
+  limit: number;
+  remaining: number;
+  /** Unix seconds at which the current window ends. */
+  resetAt: number;
+  retryAfterSeconds: number;
+}
+
+/** Tickets per block: one for small limits (exact even across idle processes), up to 64 for large ones. */
+export function blockSizeFor(limit: number): number {
+  return Math.max(1, Math.min(64, Math.floor(limit / 64)));
+}
+
+interface KeyWindow {
+  window: number;
+  /** Ticket ranges held here, oldest first: [next, end) with tickets numbered from 1 across the window. */
+  ranges: [number, number][];
+  held: number;
+  /** The next block this process will try to claim; blocks below it are taken. */
+  block: number;
+  /** Blocks claimed per write; doubles (up to a cap) each time a request had to wait for tickets. */
+  perClaim: number;
+  exhausted: boolean;
+  claiming: Promise<void> | null;
+  /** Blocks this process holds in this window, deleted by `_id` once the window is over. */
+  claimed: string[];
+}
+
+export class RateLimiter {
+  readonly blockSize: number;
+  private readonly blocks: number;
+  /** At most 1/64 of the limit is claimed per write (a block, until blocks reach their cap of 64). */
+  private readonly maxPerClaim: number;
+  private readonly keys = new Map<string, KeyWindow>();
+  /** Writes made to claim blocks, for tests and the benchmark. */
+  claimWrites = 0;
+
+  constructor(
+    private readonly store: Store,
+    readonly limit: number,
+    readonly windowSeconds: number,
+    private readonly now: () => number = Date.now,
+  ) {
+    this.blockSize = blockSizeFor(limit);
+    this.blocks = Math.ceil(limit / this.blockSize);
+    this.maxPerClaim = Math.max(1, Math.min(8, Math.floor(limit / (64 * this.blockSize))));
+  }
+
+  async take(keyId: string): Promise<RateDecision> {
+    const nowMs = this.now();
+    const window = Math.floor(nowMs / (this.windowSeconds * 1000));
+    const resetAt = (window + 1) * this.windowSeconds;
+    const s = this.current(keyId, window);
+    let waited = false;
+    for (;;) {
+      const range = s.ranges[0];
+      if (range) {
+        const n = range[0]++;
+        if (range[0] === range[1]) s.ranges.shift();
+        s.held--;
+        // Claim ahead while half a claim's worth is left, so requests rarely wait on the database.
+        // Not with single-ticket blocks (limits under 128): there every ticket held is one in use.
+        if (this.blockSize > 1 && s.held < (s.perClaim * this.blockSize) / 2) void this.claimSoon(keyId, s);
+        return { allowed: true, limit: this.limit, remaining: this.limit - n, resetAt, retryAfterSeconds: 0 };
+      }
+      if (s.exhausted) {
+        return {
+          allowed: false,
+          limit: this.limit,
+          remaining: 0,
+          resetAt,
+          retryAfterSeconds: Math.max(1, Math.ceil(resetAt - nowMs / 1000)),
+        };
+      }
+      if (s.claiming && !waited && s.claimed.length) s.perClaim = Math.min(this.maxPerClaim, s.perClaim * 2);
+      waited = true;
+      if (this.store.away || !(await this.store.patiently(this.claimSoon(keyId, s), CLAIM_PATIENCE_MS))) {
+        void this.claimSoon(keyId, s);
+        return { allowed: true, limit: this.limit, remaining: 0, resetAt, retryAfterSeconds: 0 };
+      }
+    }
+  }
+
+  /** The claim in flight for this key, or a new one. Its failure reaches whoever awaits it. */
+  private claimSoon(keyId: string, s: KeyWindow): Promise<void> {
+    if (!s.claiming && !s.exhausted) {
+      s.claiming = this.claim(keyId, s).finally(() => {
+        s.claiming = null;
+      });
+      s.claiming.catch(() => undefined); // a claim ahead of need has nobody waiting on it
+    }
+    return s.claiming ?? Promise.resolve();
+  }
+
+  /** This key's state for `window`, retiring the state of an older window. */
+  private current(keyId: string, window: number): KeyWindow {
+    const s = this.keys.get(keyId);
+    if (s && s.window >= window) return s;
+    if (s) this.retire([s]);
+    // Keys that stopped sending keep their old window's entry until seen again; bound the map.
+    if (this.keys.size >= 10_000) {
+      const stale = [...this.keys].filter(([, k]) => k.window < window);
+      for (const [k] of stale) this.keys.delete(k);
+      this.retire(stale.map(([, k]) => k));
+    }
+    const fresh: KeyWindow = { window, ranges: [], held: 0, block: 0, perClaim: 1, exhausted: false, claiming: null, claimed: [] };
+    this.keys.set(keyId, fresh);
+    return fresh;
+  }
+
+  /**
+   * Claims the next free blocks, `perClaim` at a time, in one unordered insert each: a block another
+   * process took first is a duplicate key and is skipped. Stops at the first write that gets any.
+   */
+  private async claim(keyId: string, s: KeyWindow): Promise<void> {
+    while (s.block < this.blocks) {
+      const first = s.block;
+      const count = Math.min(s.perClaim, this.blocks - first);
+      const docs = Array.from({ length: count }, (_, i) => ({
+        _id: `${keyId}:${s.window}:b${first + i}`,
+        key_id: keyId,
+        window: s.window,
+      }));
+      s.block += count;
+      this.claimWrites++;
+      let outcomes;
+      try {
+        outcomes = await insertManyEach(this.store.rateTickets, docs);
+      } catch (err) {
+        s.block = first; // nothing known to be taken: try these again next time
+        throw err;
+      }
+      let got = 0;
+      for (const [i, o] of outcomes.entries()) {
+        if (o !== 'inserted') continue; // taken by another process, or refused: not ours either way
+        const b = first + i;
+        s.claimed.push(docs[i]._id);
+        const start = b * this.blockSize + 1;
+        const end = Math.min(this.limit, (b + 1) * this.blockSize) + 1;
+        s.ranges.push([start, end]);
+        s.held += end - start;
+        got++;
+      }
+      const refused = outcomes.find((o): o is Error => o instanceof Error);
+      if (got) return;
+      if (refused) {
+        s.block = first; // a refused block is not taken: try again next time
+        throw refused;
+      }
+    }
+    s.exhausted = true;
+  }
+  /** Deletes finished windows' blocks by `_id` (no scan), in the background: they only take space. */
+  private retire(windows: KeyWindow[]): void {
+    const ops: AnyBulkWriteOperation<RateTicketDoc>[] = windows.flatMap((w) =>
+      w.claimed.map((_id) => ({ deleteOne: { filter: { _id } } })),
+    );
+    if (ops.length) this.store.rateTickets.bulkWrite(ops, { ordered: false }).catch(() => undefined);
+  }
+}

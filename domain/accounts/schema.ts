@@ -1,0 +1,61 @@
+import { Type } from '@sinclair/typebox';
+import { StringEnum, Timestamp } from '../../infrastructure/validation/types';
+
+const KeyKind = StringEnum(['inference', 'management']);
+
+export const PublicKey = Type.Object({
+  id: Type.String(),
+  workspace_id: Type.String({ format: 'uuid' }),
+  kind: KeyKind,
+  name: Type.String(),
+  label: Type.String({ description: 'Recognisable start and end of the key; not usable as a key' }),
+  created_at: Timestamp,
+  revoked_at: Type.Union([Timestamp, Type.Null()]),
+});
+
+export const CreateKeyBody = Type.Object(
+  {
+    name: Type.Optional(Type.String({ minLength: 1, maxLength: 100 })),
+    kind: Type.Optional(KeyKind),
+  },
+  { additionalProperties: false },
+);
+
+export const KeyIdParams = Type.Object({ id: Type.String({ pattern: '^key_[0-9a-f]{24}$' }) });
+
+export const CurrentKey = Type.Object({
+  data: Type.Object({
+    id: Type.String(),
+    label: Type.String(),
+    name: Type.String(),
+    kind: KeyKind,
+    workspace_id: Type.String(),
+    usage: Type.Number({ description: 'USD spent by the workspace' }),
+    limit: Type.Null(),
+    is_free_tier: Type.Boolean(),
+    rate_limit: Type.Object({ requests: Type.Integer(), interval: Type.String() }),
+  }),
+});
+
+export const Credits = Type.Object({
+  data: Type.Object({ total_credits: Type.Number(), total_usage: Type.Number(), balance: Type.Number() }),
+});
+
+export const GenerationQuery = Type.Object({ id: Type.String({ minLength: 1, maxLength: 200 }) }, { additionalProperties: false });
+
+export const Generation = Type.Object({
+  data: Type.Object({
+    id: Type.String(),
+    model: Type.String(),
+    provider_name: Type.Union([Type.String(), Type.Null()]),
+    tokens_prompt: Type.Integer(),
+    tokens_completion: Type.Integer(),
+    total_cost: Type.Number(),
+    created_at: Timestamp,
+    session_id: Type.Union([Type.String(), Type.Null()]),
+    user: Type.Union([Type.String(), Type.Null()]),
+    app_title: Type.Union([Type.String(), Type.Null()]),
+    app_referer: Type.Union([Type.String(), Type.Null()]),
+    batch_id: Type.Union([Type.String(), Type.Null()]),
+  }),
+});

@@ -1,0 +1,251 @@
+// Per-process, short-lived view of each workspace's balance and routing settings, and the spend
+// this process holds against it. The ledger stays the truth: a process re-reads it (a few reads by
+// `_id`, domain/accounts/credits) in the background once `ttlMs` has passed, and meanwhile counts its own
+// spending since.
+//
+// Bounding spend: a billable call (a synchronous call, a decision, a batch line) first holds an
+// estimate of its cost (`hold`), settled to the real cost when it finishes. A call is admitted
+// while what the workspace has left, less this process's holds and its spending since the reading,
+// is positive. When that is used up by holds of calls still in flight, but the balance itself is
+// not, a call waits for one of them to settle instead of being refused: a 402 always means the
+// balance (as this process sees it) is spent, and its `balance` is that figure, never one that
+// counts estimates. So one process spends at most the credit plus the estimate of the last call it
+// admitted. When fewer than LOW_WATER estimates are left, the reading is refreshed before
+// admitting (one read at a time per workspace), so other processes' stored spending is seen
+// within one read; what they hold in flight then is the rest of the bound: with P processes, at
+// most P × (credit left + one estimate).
+import { PaymentRequiredError } from '../../infrastructure/errors';
+import type { Store, WorkspaceDoc } from '../../infrastructure/store';
+import { getBalance, type Balance } from './credits';
+import { roundUsd } from '../catalog/usd';
+import { Soon } from '../../infrastructure/concurrency/soon';
+
+interface Entry {
+  credits: number;
+  usage: number;
+  balance: number;
+  settings: WorkspaceDoc['settings'];
+  at: number;
+  /** `committed` of this workspace's Local when the reading began. */
+  committedAtRead: number;
+  /** `settles` of this workspace's Local when the reading began. */
+  settlesAtRead: number;
+}
+
+/** This process's own spending on a workspace. */
+interface Local {
+  /** Real cost of every call settled here, ever. */
+  committed: number;
+  /** Estimates held by calls in flight. */
+  held: number;
+  /** Settled here through `settleUnstored` whose usage records are not in the ledger yet. */
+  unstored: number;
+  /** Calls waiting for a hold to end. */
+  waiters: Set<() => void>;
+  /** How many calls have settled here: a reading taken meanwhile may count some twice. */
+  settles: number;
+}
+
+export interface Hold {
+  /** The call finished and its usage record is stored (or journaled): it was billed `cost`. */
+  settle(cost: number): void;
+  /**
+   * The call finished and was billed `cost`, but its usage record reaches the ledger later (a batch
+   * line's is written with its chunk's next group): call the function returned once it has, or once
+   * it is known never to.
+   */
+  settleUnstored(cost: number): () => void;
+  /** The call was not billed. */
+  release(): void;
+}
+
+/** Below this many estimates left, a call waits for a fresh reading. */
+const LOW_WATER = 10;
+
+export class SpendAdmission {
+  private readonly entries = new Map<string, Entry>();
+  private readonly loading = new Map<string, Promise<Entry>>();
+  private readonly local = new Map<string, Local>();
+  private readonly refreshes = new Soon();
+
+  constructor(
+    private readonly store: Store,
+    readonly ttlMs = 5_000,
+    private readonly now: () => number = Date.now,
+    /** This process's spending already settled but not yet in the ledger (journaled usage records). */
+    private readonly unstored: (workspaceId: string) => number = () => 0,
+    /** How long a call waits for holds in flight to end before it is refused. */
+    private readonly holdWaitMs = 15_000,
+  ) {}
+
+  /**
+   * The workspace's entry. A fresh one is returned as is; an expired one is returned too while a
+   * single background read (started soon, see soon.ts) replaces it, so requests never queue behind
+   * the database. Only a workspace never read waits for the store, and every read does with `ttlMs`
+   * 0 (no caching).
+   */
+  async get(workspaceId: string): Promise<Entry> {
+    const e = this.entries.get(workspaceId);
+    if (e && this.now() - e.at < this.ttlMs) return e;
+    if (e && this.ttlMs > 0) {
+      this.refreshes.run(workspaceId, () => this.load(workspaceId));
+      return e;
+    }
+    return this.load(workspaceId);
+  }
+
+  private localOf(workspaceId: string): Local {
+    let l = this.local.get(workspaceId);
+    if (!l) this.local.set(workspaceId, (l = { committed: 0, held: 0, unstored: 0, waiters: new Set(), settles: 0 }));
+    return l;
+  }
+
+  private load(workspaceId: string): Promise<Entry> {
+    let pending = this.loading.get(workspaceId);
+    if (!pending) {
+      // One read per workspace at a time, however many requests are waiting for it.
+      pending = (async () => {
+        // Spending settled while the read is in flight may be counted twice (in the reading and
+        // as local spending since it): never less than the truth. Spending settled but not yet
+        // stored is not in the reading, so it stays counted as spending since.
+        const local = this.localOf(workspaceId);
+        const committedAtRead = local.committed - local.unstored - this.unstored(workspaceId);
+        const settlesAtRead = local.settles;
+        const [b, ws] = await Promise.all([
+          getBalance(this.store, workspaceId),
+          this.store.workspaces.findOne({ _id: workspaceId }, { projection: { settings: 1 } }),
+        ]);
+        const entry = {
+          credits: b.total_credits,
+          usage: b.total_usage,
+          balance: b.balance,
+          settings: ws?.settings ?? {},
+          at: this.now(),
+          committedAtRead,
+          settlesAtRead,
+        };
+        this.entries.set(workspaceId, entry);
+        return entry;
+      })().finally(() => this.loading.delete(workspaceId));
+      this.loading.set(workspaceId, pending);
+    }
+    return pending;
+  }
+
+  /** The balance as of the reading, less this process's spending since: what a 402 reports. */
+  private left(workspaceId: string, e: Entry): number {
+    // Rounded as balances are, so float residue (1 - 0.9 - 0.1) is not money left.
+    return roundUsd(e.balance - (this.localOf(workspaceId).committed - e.committedAtRead));
+  }
+
+  /** What is left less the estimates held by calls in flight. */
+  private available(workspaceId: string, e: Entry): number {
+    return roundUsd(this.left(workspaceId, e) - this.localOf(workspaceId).held);
+  }
+
+  /**
+   * Credits, usage and balance as of a reading no older than the cache period plus this process's
+   * own spending since, so a caller sees its own calls at once and other processes' within the
+   * cache period. Reading the ledger sum on every request took seconds under load.
+   */
+  async balance(workspaceId: string): Promise<Balance> {
+    // Never a reading older than the cache period: after a quiet spell the caller waits for a fresh one.
+    let e = await this.get(workspaceId);
+    if (this.ttlMs > 0 && this.now() - e.at >= this.ttlMs) e = await this.load(workspaceId);
+    const since = this.localOf(workspaceId).committed - e.committedAtRead;
+    return { total_credits: e.credits, total_usage: roundUsd(e.usage + since), balance: roundUsd(e.balance - since) };
+  }
+
+  /** 402 unless something is left: the cheap gate every billable route passes before its body is read. */
+  async assertCanSpend(workspaceId: string): Promise<void> {
+    await this.refuseUnlessLeft(workspaceId, await this.get(workspaceId));
+  }
+
+  /**
+   * 402 unless something is left. A reading taken while this process settled calls may count
+   * some of them twice (stored as it read, still counted as spending since): before refusing on
+   * such a reading, read again, so a 402 names the real balance. Refusals with no spending since
+   * (a client hammering a spent workspace) cost no read.
+   */
+  private async refuseUnlessLeft(workspaceId: string, e: Entry): Promise<Entry> {
+    if (this.left(workspaceId, e) <= 0 && this.localOf(workspaceId).settles !== e.settlesAtRead) e = await this.load(workspaceId);
+    const left = this.left(workspaceId, e);
+    if (left <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: left });
+    return e;
+  }
+
+  /**
+   * Holds `estimate` USD for a call about to be made. 402 when the balance is spent; while what is
+   * left is only held by calls in flight, waits (up to `waitMs`, `holdWaitMs` unless given, or until
+   * `signal` aborts) for one of them to end.
+   */
+  async hold(workspaceId: string, estimate: number, signal?: AbortSignal, waitMs = this.holdWaitMs): Promise<Hold> {
+    const l = this.localOf(workspaceId);
+    const deadline = this.now() + waitMs;
+    for (;;) {
+      let e = await this.get(workspaceId);
+      if (this.available(workspaceId, e) < LOW_WATER * estimate) e = await this.load(workspaceId);
+      e = await this.refuseUnlessLeft(workspaceId, e);
+      if (this.available(workspaceId, e) > 0 || l.held <= 0) break;
+      if (signal?.aborted || this.now() >= deadline) {
+        throw new PaymentRequiredError('Insufficient credits: what is left is held by calls still in flight; try again shortly', {
+          balance: this.left(workspaceId, e),
+        });
+      }
+      await this.holdEnded(l, Math.min(deadline - this.now(), 60_000), signal);
+    }
+    l.held += estimate;
+    let done = false;
+    const end = (cost: number) => {
+      if (done) return false;
+      done = true;
+      l.held -= estimate;
+      l.committed += cost;
+      l.settles++;
+      for (const wake of l.waiters) wake();
+      return true;
+    };
+    return {
+      settle: (cost) => void end(cost),
+      release: () => void end(0),
+      settleUnstored: (cost) => {
+        if (!end(cost)) return () => undefined;
+        l.unstored += cost;
+        let stored = false;
+        return () => {
+          if (stored) return;
+          stored = true;
+          l.unstored -= cost;
+        };
+      },
+    };
+  }
+
+  /**
+   * A billable call under a hold of `estimate` (see `hold`): settled to the cost `call` resolves
+   * to, released if it throws. The one path synchronous calls and decisions bill through.
+   */
+  async billed(workspaceId: string, estimate: number, signal: AbortSignal, call: () => Promise<number>): Promise<void> {
+    const hold = await this.hold(workspaceId, estimate, signal);
+    try {
+      hold.settle(await call());
+    } finally {
+      hold.release(); // no-op once settled
+    }
+  }
+
+  /** Resolves when a hold of the workspace ends, after `ms`, or when `signal` aborts. */
+  private holdEnded(l: Local, ms: number, signal?: AbortSignal): Promise<void> {
+    return new Promise((resolve) => {
+      const wake = () => {
+        clearTimeout(timer);
+        l.waiters.delete(wake);
+        signal?.removeEventListener('abort', wake);
+        resolve();
+      };
+      const timer = setTimeout(wake, ms);
+      l.waiters.add(wake);
+      signal?.addEventListener('abort', wake, { once: true });
+    });
+  }
+}

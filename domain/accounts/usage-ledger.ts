@@ -1,0 +1,307 @@
+// The one writer of usage records (the debit side of the credits ledger), with group commit:
+// records that arrive while a write is in flight wait and go together in the next `insertMany`,
+// so under load many billed calls share one round trip, and a lone call waits for no timer.
+// A record's `_id` is its generation id: a retried call finds its record already there and is not
+// debited twice.
+//
+// A caller's promise settles once its record is safe. Without a journal that is once the database
+// has it (or refused it). With a journal (domain/accounts/usage-journal, the API's synchronous calls) it
+// is once the record's line is written locally; the database write follows in the background,
+// retried through an outage, and a record that never got there is adopted from the journal by the
+// next process. Until it is stored, `generation` and `unstoredCost` still see it.
+import { randomBytes } from 'node:crypto';
+import { ServiceUnavailableError } from '../../infrastructure/errors';
+import { toJsonText } from '../../infrastructure/store/json-text';
+import { insertManyEach, type Store, type UsageDoc } from '../../infrastructure/store';
+import { takeCheckpointMark, type Segment, type UsageJournal } from './usage-journal';
+import { TotalsWriter } from './usage-totals';
+import type { RequestMeta } from './attribution';
+
+export type UsageRecord = Omit<UsageDoc, 'created_at'> & { created_at?: Date };
+
+interface Pending {
+  doc: UsageDoc;
+  /** Journaled records: the segment whose line this is; the caller was answered already. */
+  segment?: Segment;
+  resolve?: (recorded: boolean) => void;
+  reject?: (err: unknown) => void;
+}
+
+/** The most records one insert carries. */
+const MAX_GROUP = 1_000;
+/** Journaled records waiting for the database beyond this are refused: memory is not unbounded. */
+const MAX_BACKLOG = 100_000;
+/** After a failed write the next waits this long, doubling up to the cap. */
+const RETRY_FIRST_MS = 100;
+const RETRY_MAX_MS = 5_000;
+/** How long a journaled record waits for others to share its insert. */
+const JOURNAL_GROUP_MS = 10;
+/** How long the ledger is idle before its totals are settled (their pending group cleared). */
+const SETTLE_IDLE_MS = 1_000;
+/** How often a journaling ledger looks for dead processes' journals. */
+const ADOPT_EVERY_MS = 10_000;
+
+export interface LedgerOptions {
+  /** Told of each record once it is stored (metrics: spend). */
+  onRecorded?: (doc: UsageDoc) => void;
+  journal?: UsageJournal;
+  /** Told of what the background writer could not do (journaling ledgers only). */
+  onTrouble?: (message: string, details: Record<string, unknown>) => void;
+}
+
+export class UsageLedger {
+  private queue: Pending[] = [];
+  private writing = false;
+  /** Round trips made so far, for tests and the benchmark: records ÷ writes is the grouping. */
+  writes = 0;
+  /** Journaled records not yet stored, by generation id. */
+  private readonly unstored = new Map<string, UsageDoc>();
+  private readonly unstoredByWorkspace = new Map<string, number>();
+  private retryMs = RETRY_FIRST_MS;
+  private retryTimer: NodeJS.Timeout | null = null;
+  private settleTimer: NodeJS.Timeout | null = null;
+  private adopter: NodeJS.Timeout | null = null;
+  private idle: (() => void)[] = [];
+  private closed = false;
+  /** This ledger's running totals per workspace (what makes a balance a few reads). */
+  private readonly totals: TotalsWriter;
+
+  constructor(
+    private readonly store: Store,
+    private readonly opts: LedgerOptions = {},
+  ) {
+    this.totals = new TotalsWriter(store);
+    if (opts.journal) {
+      this.adoptOrphans();
+      this.adopter = setInterval(() => this.adoptOrphans(), ADOPT_EVERY_MS).unref();
+    }
+  }
+
+  /** Resolves true once safe (see above), false when that generation was already recorded. */
+  record(usage: UsageRecord): Promise<boolean> {
+    const doc = toDoc(usage);
+    const { journal } = this.opts;
+    if (!journal) return new Promise((resolve, reject) => this.enqueue({ doc, resolve, reject }));
+    if (this.unstored.size >= MAX_BACKLOG) {
+      return Promise.reject(new ServiceUnavailableError('Usage records cannot be stored right now; try again shortly'));
+    }
+    try {
+      this.enqueue({ doc, segment: journal.append(doc) });
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    this.unstored.set(doc._id, doc);
+    this.unstoredByWorkspace.set(doc.workspace_id, (this.unstoredByWorkspace.get(doc.workspace_id) ?? 0) + doc.cost);
+    return Promise.resolve(true);
+  }
+
+  /** One generation's usage record, if it belongs to the workspace (stored or still on its way). */
+  async generation(workspaceId: string, id: string): Promise<UsageDoc | null> {
+    const doc = this.unstored.get(id) ?? (await this.store.usage.findOne({ _id: id }));
+    return doc && doc.workspace_id === workspaceId ? doc : null;
+  }
+
+  /** What this process has recorded for the workspace that the database does not show yet. */
+  unstoredCost(workspaceId: string): number {
+    return this.unstoredByWorkspace.get(workspaceId) ?? 0;
+  }
+
+  /** Resolves once every record so far is stored (or refused). */
+  flushed(): Promise<void> {
+    if (!this.writing && !this.queue.length) return Promise.resolve();
+    return new Promise((resolve) => this.idle.push(resolve));
+  }
+
+  /** Waits up to `graceMs` for the database to take what is queued; the journal keeps the rest. */
+  async close(graceMs: number): Promise<void> {
+    this.closed = true;
+    if (this.adopter) clearInterval(this.adopter);
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([this.flushed(), new Promise((resolve) => (timer = setTimeout(resolve, graceMs)))]);
+    clearTimeout(timer);
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    if (this.settleTimer) clearTimeout(this.settleTimer);
+    this.queue = [];
+    this.opts.journal?.close();
+  }
+
+  /**
+   * A stream's checkpoints: `save` journals what it has produced so far (replacing the previous
+   * checkpoint), `end` drops the last once the stream's own record is written. Null without a journal.
+   */
+  checkpoints(): { save(usage: UsageRecord): void; end(): void } | null {
+    const { journal } = this.opts;
+    if (!journal) return null;
+    let last: Segment | null = null;
+    const release = () => {
+      if (last) journal.confirm(last);
+      last = null;
+    };
+    return {
+      save: (usage) => {
+        try {
+          const next = journal.append(toDoc(usage), true);
+          release();
+          last = next;
+        } catch (err) {
+          this.opts.onTrouble?.('stream checkpoint could not be journaled', { err, generation_id: usage._id });
+        }
+      },
+      end: release,
+    };
+  }
+
+  private adoptOrphans(): void {
+    const journal = this.opts.journal!;
+    try {
+      const adopted = journal.adoptOrphans((file, line) => this.opts.onTrouble?.('unreadable usage journal line skipped', { file, line }));
+      // A dead process's streams: bill the last checkpoint of each whose own record is not there.
+      const lines = adopted.flatMap(({ segment, docs }) => docs.map((doc) => ({ doc, segment, checkpoint: takeCheckpointMark(doc) })));
+      const finals = new Set(lines.filter((l) => !l.checkpoint).map((l) => l.doc._id));
+      const lastCheckpoint = new Map<string, (typeof lines)[number]>();
+      for (const l of lines) if (l.checkpoint && !finals.has(l.doc._id)) lastCheckpoint.set(l.doc._id, l);
+      for (const { segment, docs } of adopted) {
+        this.opts.onTrouble?.('adopted a usage journal left by a stopped process', { file: segment.file, records: docs.length });
+      }
+      for (const l of lines) {
+        // Not counted as unstored: their cost was never part of this process's own spending.
+        if (!l.checkpoint || lastCheckpoint.get(l.doc._id) === l) this.enqueue({ doc: l.doc, segment: l.segment });
+        else journal.confirm(l.segment); // superseded: nothing to store
+      }
+    } catch (err) {
+      this.opts.onTrouble?.('usage journal could not be scanned', { err });
+    }
+  }
+
+  private enqueue(p: Pending): void {
+    this.queue.push(p);
+    if (!this.writing) this.enqueueDrain();
+  }
+
+  private enqueueDrain(): void {
+    this.writing = true;
+    // Let records finished in the same turn of the event loop join the first write. Journaled
+    // records are safe already: they wait a few milliseconds more, so that one insert carries
+    // several even at low concurrency (each insert costs the database ~0.9 ms of CPU).
+    if (this.opts.journal) setTimeout(() => void this.drain(), JOURNAL_GROUP_MS);
+    else setImmediate(() => void this.drain());
+  }
+
+  private async drain(): Promise<void> {
+    if (!(await this.writeQueued())) return; // a retry is scheduled
+    this.nowIdle();
+    // Idle a while: the totals lose their pending group, so readers need no lookup. Not at once:
+    // under steady load the next group's write does it, and a lone call costs one write, not two.
+    this.settleTimer ??= setTimeout(() => void this.settleIdle(), SETTLE_IDLE_MS);
+    this.settleTimer.unref();
+  }
+
+  private async settleIdle(): Promise<void> {
+    this.settleTimer = null;
+    if (this.writing || this.closed) return; // the running or next write carries the totals
+    this.writing = true;
+    // A failure costs readers a lookup until the next group's write, which tries again.
+    await this.totals.settle().catch((err: unknown) => this.opts.onTrouble?.('usage totals could not be settled', { err }));
+    if (this.queue.length) this.enqueueDrain();
+    else this.nowIdle();
+  }
+
+  private nowIdle(): void {
+    this.writing = false;
+    for (const resolve of this.idle.splice(0)) resolve();
+  }
+
+  /** Writes the queue in groups; false when a journaled write failed and was scheduled again. */
+  private async writeQueued(): Promise<boolean> {
+    while (this.queue.length) {
+      const group = this.queue.slice(0, MAX_GROUP);
+      const docs = group.map((p) => p.doc);
+      this.writes++;
+      let outcomes: Awaited<ReturnType<typeof insertManyEach>>;
+      try {
+        await this.totals.begin(docs);
+        outcomes = await insertManyEach(this.store.usage, docs);
+        this.totals.inserted(docs, outcomes);
+      } catch (err) {
+        this.totals.failed(docs);
+        if (this.opts.journal) {
+          if (this.closed) return false; // the journal keeps them for the next start
+          // Keep the group and try again after a pause (not in a loop against the database).
+          this.opts.onTrouble?.('usage records could not be stored; retrying', { err, records: group.length, retry_ms: this.retryMs });
+          this.retryTimer = setTimeout(() => void this.drain(), this.retryMs);
+          this.retryMs = Math.min(this.retryMs * 2, RETRY_MAX_MS);
+          return false;
+        }
+        outcomes = group.map(() => err as Error);
+      }
+      this.retryMs = RETRY_FIRST_MS;
+      this.queue.splice(0, group.length);
+      group.forEach((p, i) => this.settle(p, outcomes[i]));
+    }
+    return true;
+  }
+
+  private settle(p: Pending, outcome: 'inserted' | 'existing' | Error): void {
+    if (outcome === 'inserted') this.opts.onRecorded?.(p.doc);
+    if (!p.segment) {
+      if (outcome instanceof Error) p.reject!(outcome);
+      else p.resolve!(outcome === 'inserted');
+      return;
+    }
+    if (outcome instanceof Error) {
+      // The database refused this one record for good: retrying would not help.
+      this.opts.onTrouble?.('usage record refused by the database; dropped', { err: outcome, generation_id: p.doc._id });
+    }
+    if (this.unstored.delete(p.doc._id)) {
+      const left = (this.unstoredByWorkspace.get(p.doc.workspace_id) ?? 0) - p.doc.cost;
+      if (left > 1e-12) this.unstoredByWorkspace.set(p.doc.workspace_id, left);
+      else this.unstoredByWorkspace.delete(p.doc.workspace_id);
+    }
+    this.opts.journal!.confirm(p.segment);
+  }
+}
+
+/**
+ * A billed call's usage record, the one place its fields are laid out: who called, what served it,
+ * what it used and cost, and the attribution its request carried.
+ */
+export function usageRecordOf(
+  call: {
+    generationId: string;
+    workspaceId: string;
+    keyId: string;
+    kind: UsageDoc['kind'];
+    meta: Pick<RequestMeta, 'session_id' | 'user' | 'app'> & { trace?: RequestMeta['trace'] };
+    batchId?: string | null;
+  },
+  served: { model: string; provider: string | null; usage: { input_tokens: number; output_tokens: number }; cost: number },
+  details?: Record<string, unknown>,
+): UsageRecord {
+  return {
+    _id: call.generationId,
+    workspace_id: call.workspaceId,
+    key_id: call.keyId,
+    kind: call.kind,
+    model: served.model,
+    provider: served.provider,
+    input_tokens: served.usage.input_tokens,
+    output_tokens: served.usage.output_tokens,
+    cost: served.cost,
+    session_id: call.meta.session_id,
+    user: call.meta.user,
+    trace: call.meta.trace ?? null,
+    app: call.meta.app,
+    batch_id: call.batchId ?? null,
+    ...(details && { details }),
+  };
+}
+
+/** The document of a usage record; trace metadata is the caller's own object, stored as its JSON text. */
+function toDoc(usage: UsageRecord): UsageDoc {
+  return { ...usage, trace: usage.trace && toJsonText(usage.trace), created_at: usage.created_at ?? new Date() } as UsageDoc;
+}
+
+/** A new generation id: time-ordered, then 80 random bits. */
+export function newGenerationId(prefix = 'gen-'): string {
+  return `${prefix}${Date.now().toString(36)}${randomBytes(10).toString('hex')}`;
+}

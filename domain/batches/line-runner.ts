@@ -1,0 +1,178 @@
+// One batch line, start to result: its preset applied, then the upstream call with this line's
+// retry policy. Routing already falls back across endpoints within one attempt; this layer only
+// decides whether a whole failed attempt is worth repeating (and waits out a provider that is
+// down), and never throws for an upstream failure: a failed line is a result, not a failed chunk.
+import { errorTypeOf, GatewayError, PaymentRequiredError, RateLimitedError } from '../../infrastructure/errors';
+import type { Hold, SpendAdmission } from '../accounts/spend-admission';
+import { estimateCompletionCost } from '../completions/estimate';
+import { invoke, type Upstreams } from '../routing/upstreams';
+import { presetLookup, withPreset, type PresetLookup } from '../presets/apply';
+import { upstreamBodyOf } from '../completions/request';
+import type { Store } from '../../infrastructure/store';
+import { OPERATION_OF } from './lines';
+import { lineBody, lineGenerationId, seqId, type BatchDoc, type InputLine, type ResultDoc } from './store';
+import { sleep } from '../../infrastructure/concurrency/sleep';
+
+const RETRYABLE = new Set([429, 502, 503, 524, 529]);
+
+/** True when every endpoint tried could not even be connected to. */
+function unreachable(err: GatewayError | null): boolean {
+  const attempts = err?.metadata?.attempts as { kind: string }[] | undefined;
+  return !!attempts?.length && attempts.every((a) => a.kind === 'connection');
+}
+
+export interface LineRunnerOptions {
+  store: Store;
+  upstreams: Upstreams;
+  batch: BatchDoc;
+  /** The workspace's routing settings. */
+  workspace: { only?: string[]; ignore?: string[] } | undefined;
+  /** Spend admission: every line holds its estimate before it is sent, as a synchronous call does. */
+  credits: Pick<SpendAdmission, 'hold'>;
+  lineAttempts: number;
+  /** How long a provider refusing connections is waited out. */
+  outageMs: number;
+  signal: AbortSignal;
+}
+
+/** A line's result; `stored` is to be called once its usage record is in the ledger (billed lines only). */
+export interface LineOutcome {
+  result: ResultDoc;
+  stored?: () => void;
+}
+
+export class LineRunner {
+  private readonly operation;
+  private readonly target;
+  /** Each preset is read once per chunk, however many lines name it. */
+  private readonly preset: PresetLookup;
+
+  constructor(private readonly o: LineRunnerOptions) {
+    this.operation = OPERATION_OF[o.batch.endpoint];
+    this.target = o.upstreams.catalog.resolve(o.batch.model);
+    const read = presetLookup(o.store, o.batch.workspace_id);
+    const seen = new Map<string, ReturnType<PresetLookup>>();
+    this.preset = (slug) => {
+      if (!seen.has(slug)) {
+        const reading = read(slug);
+        // A database error is forgotten, so the next line asks again; a missing preset is remembered.
+        reading.catch((err) => {
+          if (!(err instanceof GatewayError) || err.status >= 500) seen.delete(slug);
+        });
+        seen.set(slug, reading);
+      }
+      return seen.get(slug)!;
+    };
+  }
+
+  private failure(line: InputLine, status: number, message: string, provider: string | null = null): ResultDoc {
+    return {
+      _id: seqId(line.line),
+      line: line.line,
+      custom_id: line.custom_id,
+      id: lineGenerationId(this.o.batch._id, line.line),
+      ok: false,
+      provider,
+      response: null,
+      error: { type: errorTypeOf(status), message, code: status },
+      usage: null,
+    };
+  }
+
+  async run(line: InputLine): Promise<LineOutcome> {
+    let body: Record<string, unknown>;
+    try {
+      body = await withPreset(lineBody(line), this.operation, this.preset);
+    } catch (err) {
+      // A preset that is missing (or another workspace's) fails this line alone, never the chunk.
+      if (err instanceof GatewayError && err.status < 500) return { result: this.failure(line, err.status, err.message) };
+      throw err;
+    }
+    // The gateway's own fields (routing, presets, attribution, streaming) never reach the provider.
+    const upstreamBody = upstreamBodyOf(body);
+    const { batch, signal } = this.o;
+    let hold: Hold;
+    try {
+      // A line has no client waiting on it: it waits for credit held by other lines as long as it takes.
+      hold = await this.o.credits.hold(batch.workspace_id, this.estimate(line, body), signal, Infinity);
+    } catch (err) {
+      signal.throwIfAborted(); // the chunk was cancelled: the activity reports that
+      // Credit ran out: this line is not sent, and says why; later lines are admitted again once credits are added.
+      if (err instanceof PaymentRequiredError) return { result: this.failure(line, 402, err.message) };
+      throw err;
+    }
+    try {
+      const result = await this.call(line, upstreamBody);
+      if (!result.ok || !result.usage) return { result };
+      return { result, stored: hold.settleUnstored(result.usage.cost) };
+    } finally {
+      hold.release(); // no-op once settled
+    }
+  }
+
+  /** What the line may cost, as a synchronous call of the same body would hold. */
+  private estimate(line: InputLine, body: Record<string, unknown>): number {
+    const cap = body.max_completion_tokens ?? body.max_tokens ?? body.max_output_tokens;
+    return estimateCompletionCost(
+      [this.target.model],
+      this.operation,
+      Buffer.byteLength(line.body),
+      Number.isInteger(cap) ? (cap as number) : null,
+    );
+  }
+
+  private async call(line: InputLine, upstreamBody: Record<string, unknown>): Promise<ResultDoc> {
+    const { batch, signal } = this.o;
+    const id = lineGenerationId(batch._id, line.line);
+    let unreachableSince: number | null = null;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const r = await invoke(this.o.upstreams, {
+          models: [this.target.model],
+          variant: this.target.variant,
+          operation: this.operation,
+          preferences: batch.provider_only ? { only: batch.provider_only } : undefined,
+          workspace: this.o.workspace,
+          body: upstreamBody,
+          signal,
+        });
+        return {
+          _id: seqId(line.line),
+          line: line.line,
+          custom_id: line.custom_id,
+          id,
+          ok: true,
+          provider: r.endpoint.provider.slug,
+          response: { status_code: 200, request_id: typeof r.body?.id === 'string' ? r.body.id : id, body: r.body },
+          error: null,
+          usage: { ...r.usage, cost: r.cost },
+        };
+      } catch (err) {
+        signal.throwIfAborted(); // the chunk was cancelled: the activity reports that
+        const g = err instanceof GatewayError ? err : null;
+        const status = g?.status ?? 500;
+        // A provider that refuses connections is down, not failing this line: wait it out
+        // (within the outage allowance) without spending the line's attempts.
+        if (unreachable(g)) {
+          unreachableSince ??= Date.now();
+          if (Date.now() - unreachableSince < this.o.outageMs) {
+            attempt--;
+            await sleep(1000, signal);
+            continue;
+          }
+        }
+        if (g && RETRYABLE.has(status) && attempt < this.o.lineAttempts) {
+          const wait = err instanceof RateLimitedError ? err.retryAfterSeconds * 1000 : 500 * 2 ** (attempt - 1);
+          await sleep(Math.min(wait, 30_000), signal);
+          continue;
+        }
+        return this.failure(
+          line,
+          status,
+          g?.message ?? 'Internal error processing this line',
+          (g?.metadata?.provider_name as string | undefined) ?? null,
+        );
+      }
+    }
+  }
+}

@@ -1,0 +1,70 @@
+// What each batch target endpoint accepts in a line's body, checked by the workflow before any line
+// is sent upstream (a bad line fails the whole batch, naming it).
+import { Type, type TSchema } from '@sinclair/typebox';
+import { compileBody } from '../../infrastructure/validation/index';
+import { EmbeddingsInput } from '../completions/schema';
+import { BadRequestError } from '../../infrastructure/errors';
+import type { Operation } from '../catalog';
+import type { BatchEndpoint } from './store';
+
+const NoStream = Type.Optional(Type.Literal(false, { description: 'batches do not stream' }));
+const Message = Type.Object({ role: Type.String({ minLength: 1 }), content: Type.Unknown() }, { additionalProperties: true });
+
+const SCHEMAS: Record<BatchEndpoint, TSchema> = {
+  '/v1/chat/completions': Type.Object(
+    {
+      messages: Type.Array(Message, { minItems: 1 }),
+      stream: NoStream,
+      max_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
+      max_completion_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
+      n: Type.Optional(Type.Literal(1)),
+    },
+    { additionalProperties: true },
+  ),
+  '/v1/responses': Type.Object(
+    {
+      input: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.Unknown(), { minItems: 1 })]),
+      stream: NoStream,
+      max_output_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
+    },
+    { additionalProperties: true },
+  ),
+  '/v1/messages': Type.Object(
+    {
+      messages: Type.Array(Message, { minItems: 1 }),
+      max_tokens: Type.Integer({ minimum: 1 }),
+      stream: NoStream,
+    },
+    { additionalProperties: true },
+  ),
+  '/v1/embeddings': Type.Object(
+    {
+      input: EmbeddingsInput,
+      dimensions: Type.Optional(Type.Integer({ minimum: 1 })),
+    },
+    { additionalProperties: true },
+  ),
+};
+
+const validators = Object.fromEntries(Object.entries(SCHEMAS).map(([k, s]) => [k, compileBody(s)])) as unknown as Record<
+  BatchEndpoint,
+  (b: unknown) => unknown
+>;
+
+export const OPERATION_OF: Record<BatchEndpoint, Exclude<Operation, 'systemone'>> = {
+  '/v1/chat/completions': 'chat',
+  '/v1/responses': 'responses',
+  '/v1/messages': 'messages',
+  '/v1/embeddings': 'embeddings',
+};
+
+/** Null when the body suits the endpoint, else why not (naming the field). */
+export function lineProblem(endpoint: BatchEndpoint, body: unknown): string | null {
+  try {
+    validators[endpoint](body);
+    return null;
+  } catch (err) {
+    if (err instanceof BadRequestError) return err.message.replace(/^body: /, '');
+    throw err;
+  }
+}

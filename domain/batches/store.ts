@@ -1,0 +1,574 @@
+// Batch storage. The batch document lives in `batches`; a batch's input chunks, results (one
+// document per line, written once: the first write of a line wins) and per-chunk progress live in
+// collections shared by every batch (`batch_inputs`, `batch_results`, `batch_progress`), each
+// document's `_id` the batch id and its own key (`<batch id>:<seqId>`), so every read and write is by
+// `_id` and a new batch creates no collection: on FerretDB each collection is a table with catalogue
+// entries that every later operation pays for, and on MongoDB thousands of collections are an
+// anti-pattern too. Batches stored before (no `layout`) keep their collections of their own
+// (`<batch id>_inputs`, …) and are read there: both layouts are read, nothing is migrated.
+//
+// Once a chunk is finished its results are also stored as pages of RESULTS_PAGE_LINES lines
+// (`batch_pages`), which is what readers read: any page of results costs one or two reads by `_id`,
+// whatever the batch's size. Deleting a batch removes its documents by `_id`, a thousand per write,
+// in the background behind a durable marker (`batch_deletions`), so nothing is left behind.
+import { randomBytes } from 'node:crypto';
+import type { Collection, Document, Filter } from 'mongodb';
+import { insertManyNew, type Store } from '../../infrastructure/store';
+import { addNewBatch, listPage, moveBatch, removeEntries, type Listed } from './list';
+import { fromJsonText } from '../../infrastructure/store/json-text';
+import type { BATCH_ENDPOINTS, BATCH_STATUSES } from './schema';
+
+export type BatchStatus = (typeof BATCH_STATUSES)[number];
+export type BatchEndpoint = (typeof BATCH_ENDPOINTS)[number];
+
+export interface BatchDoc extends Document {
+  _id: string;
+  workspace_id: string;
+  key_id: string;
+  endpoint: BatchEndpoint;
+  model: string; // as submitted
+  canonical_model: string;
+  completion_window: string;
+  status: BatchStatus;
+  created_at: Date;
+  in_progress_at: Date | null;
+  finalized_at: Date | null;
+  expires_at: Date;
+  provider_only: string[] | null;
+  total: number;
+  chunks: number;
+  /** The first line of each chunk (chunks hold consecutive lines): where a results page is found. */
+  chunk_starts?: number[];
+  /** `shared`: lines in the collections every batch shares; absent: collections of the batch's own. */
+  layout?: 'shared';
+  provider: string | null;
+  usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number; cost: number } | null;
+  error: { message: string } | null;
+  /** JSON text (infrastructure/store/json-text), or the object itself in older batches. */
+  metadata: string | Record<string, string> | null;
+  /** Counted from the results when the batch closed; live counts come from the progress documents. */
+  final_counts?: { completed: number; failed: number };
+  /** Where the terminal batch object is posted, if anywhere. */
+  callback_url?: string | null;
+  /** How the completion webhook went, once it has (delivered, or given up). */
+  webhook?: { status: 'delivered' | 'failed'; attempts: number; last_status: number | null; last_error: string | null } | null;
+  /** Session and attribution of the creating request, copied onto each line's usage record. */
+  meta: { session_id: string | null; user: string | null; app: { referer: string | null; title: string | null; categories: string[] } };
+}
+
+/**
+ * Chunk, progress and result ids are zero-padded strings, not numbers: FerretDB turns only a
+ * string (or ObjectId) `_id` equality into an indexed SQLite lookup, and padding keeps their
+ * lexical order the numeric one.
+ */
+export function seqId(n: number): string {
+  return n.toString().padStart(9, '0');
+}
+
+export interface InputChunkDoc extends Document {
+  _id: string; // seqId(chunk index)
+  /**
+   * Each body is stored as its JSON text: any key a caller may send (`$ref` in a schema, a dotted
+   * name) is stored as sent, and a chunk's size is known before it is written.
+   */
+  lines: { line: number; custom_id: string; body: string }[];
+}
+
+export type InputLine = InputChunkDoc['lines'][number];
+
+/** A chunk stays well under MongoDB's 16 MB document limit; a single line may use all of it. */
+export const MAX_CHUNK_BYTES = 8 * 1024 * 1024;
+
+export function lineBody(l: InputLine): Record<string, unknown> {
+  return JSON.parse(l.body);
+}
+
+export interface ResultDoc extends Document {
+  _id: string; // seqId(line)
+  line: number;
+  custom_id: string;
+  id: string;
+  ok: boolean;
+  response: { status_code: number; request_id: string; body: unknown } | null;
+  error: { type: string; message: string; code?: number } | null;
+  provider: string | null;
+  usage: { input_tokens: number; output_tokens: number; cost: number } | null;
+}
+
+/** The generation id of one line's call (and of its usage record). */
+export function lineGenerationId(batchId: string, line: number): string {
+  return `gen-batch-${batchId.slice('batch_'.length)}-${line}`;
+}
+
+/** `batch_` + time (so ids sort by creation) + randomness. */
+export function newBatchId(now = Date.now()): string {
+  return `batch_${now.toString(36).padStart(9, '0')}${randomBytes(8).toString('hex')}`;
+}
+
+/** What storage needs to know of a batch: its id and where its lines live. */
+export type BatchRef = Pick<BatchDoc, '_id' | 'layout'>;
+
+/** A batch's collection of one kind, and the `_id` of its document with a given key. */
+function place<T extends Document>(store: Store, b: BatchRef, kind: 'inputs' | 'results' | 'progress') {
+  const shared = b.layout === 'shared';
+  return {
+    coll: store.db.collection<T>(shared ? `batch_${kind}` : `${b._id}_${kind}`),
+    id: (key: string) => (shared ? `${b._id}:${key}` : key),
+  };
+}
+
+/** A stored document with its batch-local `_id` back (the key the rest of the code uses). */
+const local = <T extends { _id: string }>(doc: T): T => ({ ...doc, _id: doc._id.slice(doc._id.lastIndexOf(':') + 1) });
+
+/** One input chunk. */
+export async function readChunk(store: Store, b: BatchRef, chunkIndex: number): Promise<InputChunkDoc | null> {
+  const { coll, id } = place<InputChunkDoc>(store, b, 'inputs');
+  return coll.findOne({ _id: id(seqId(chunkIndex)) });
+}
+
+/**
+ * Writes results that may already be stored (a retried chunk, a late write racing a close) in one
+ * unordered insert, and returns what is stored for each line: the first write of a line wins.
+ */
+export async function writeResultsOnce(store: Store, b: BatchRef, docs: ResultDoc[]): Promise<ResultDoc[]> {
+  const { coll, id } = place<ResultDoc>(store, b, 'results');
+  const dup = await insertManyNew(
+    coll,
+    docs.map((d) => ({ ...d, _id: id(d._id) })),
+  );
+  if (!dup.size) return docs;
+  // Rare (a retry): read the earlier ones back one by one, by _id.
+  const earlier = await resultsOf(
+    store,
+    b,
+    docs.filter((d) => dup.has(id(d._id))).map((d) => d.line),
+  );
+  const byLine = new Map(earlier.map((r) => [r.line, r]));
+  return docs.map((r) => byLine.get(r.line) ?? r);
+}
+
+/** A chunk's tally so far: what it finished, what that cost, and who served it. */
+export interface ChunkTally {
+  completed: number;
+  failed: number;
+  input_tokens: number;
+  output_tokens: number;
+  cost: number;
+  providers: Record<string, number>;
+}
+
+export function emptyTally(): ChunkTally {
+  return { completed: 0, failed: 0, input_tokens: 0, output_tokens: 0, cost: 0, providers: {} };
+}
+
+/** Counts one stored result into a tally. */
+export function addToTally(t: ChunkTally, r: Pick<ResultDoc, 'ok' | 'usage' | 'provider'>): void {
+  t[r.ok ? 'completed' : 'failed']++;
+  if (!r.ok) return;
+  if (r.usage) {
+    t.input_tokens += r.usage.input_tokens;
+    t.output_tokens += r.usage.output_tokens;
+    t.cost += r.usage.cost;
+  }
+  if (r.provider) t.providers[r.provider] = (t.providers[r.provider] ?? 0) + 1;
+}
+
+/** One small document per chunk, written only by that chunk's activity. */
+export interface ProgressDoc extends Document, ChunkTally {
+  _id: string; // seqId(chunk index)
+  /** Lines whose results are stored: where a retried chunk resumes. */
+  done?: number[];
+  /** completed + failed, for the never-backwards guard. */
+  n?: number;
+}
+
+export function pickTally(d: ChunkTally): ChunkTally {
+  return {
+    completed: d.completed,
+    failed: d.failed,
+    input_tokens: d.input_tokens ?? 0,
+    output_tokens: d.output_tokens ?? 0,
+    cost: d.cost ?? 0,
+    providers: d.providers ?? {},
+  };
+}
+
+/**
+ * Saves a chunk's tally unless a larger one is already stored (an older attempt of the same chunk
+ * still running), so the counts clients see never go backwards. (The filter names the `_id`: an
+ * indexed lookup, FerretDB's included with the build's patch.)
+ */
+export async function saveProgress(store: Store, b: BatchRef, chunkIndex: number, tally: ChunkTally, done: number[]): Promise<void> {
+  const { coll, id } = place<ProgressDoc>(store, b, 'progress');
+  const n = tally.completed + tally.failed;
+  const doc: ProgressDoc = { _id: id(seqId(chunkIndex)), ...pickTally(tally), done, n };
+  try {
+    await coll.replaceOne({ _id: doc._id, $or: [{ n: { $lte: n } }, { n: { $exists: false } }] }, doc, { upsert: true });
+  } catch (err) {
+    // The filter missed because a larger tally is stored, and the upsert hit its _id: keep that one.
+    if ((err as { code?: number }).code !== 11000) throw err;
+  }
+}
+
+/** One chunk's progress document, if it has one yet. */
+export async function readProgress(store: Store, b: BatchRef, chunkIndex: number): Promise<ProgressDoc | null> {
+  const { coll, id } = place<ProgressDoc>(store, b, 'progress');
+  const d = await coll.findOne({ _id: id(seqId(chunkIndex)) });
+  return d && local(d);
+}
+
+/** Every chunk's progress document (by `_id`, one per chunk; a batch's own collection is read whole). */
+async function allProgress(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks'>): Promise<ProgressDoc[]> {
+  if (b.layout !== 'shared') return place<ProgressDoc>(store, b, 'progress').coll.find({}).toArray();
+  const docs = await Promise.all(Array.from({ length: b.chunks }, (_, i) => readProgress(store, b, i)));
+  return docs.filter((d): d is ProgressDoc => d !== null);
+}
+
+/** Every line whose result is stored, by the chunks' progress documents. */
+export async function doneLines(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks'>): Promise<Set<number>> {
+  return new Set((await allProgress(store, b)).flatMap((d) => d.done ?? []));
+}
+
+export function batches(store: Store): Collection<BatchDoc> {
+  return store.db.collection<BatchDoc>('batches');
+}
+
+/** The input lines cut into chunks of at most `chunkSize` lines and MAX_CHUNK_BYTES of bodies. */
+function chunked(lines: InputLine[], chunkSize: number): InputLine[][] {
+  const chunks: InputLine[][] = [];
+  let current: InputLine[] = [];
+  let bytes = 0;
+  for (const l of lines) {
+    if (current.length && (current.length >= chunkSize || bytes + l.body.length > MAX_CHUNK_BYTES)) {
+      chunks.push(current);
+      current = [];
+      bytes = 0;
+    }
+    current.push(l);
+    bytes += l.body.length;
+  }
+  if (current.length) chunks.push(current);
+  return chunks;
+}
+
+/** Stores the input lines in chunks; returns each chunk's first line. Idempotent: a retried write changes nothing. */
+export async function storeInputs(store: Store, b: BatchRef, lines: InputLine[], chunkSize: number): Promise<number[]> {
+  const { coll, id } = place<InputChunkDoc>(store, b, 'inputs');
+  const chunks = chunked(lines, chunkSize).map((ls, i) => ({ _id: id(seqId(i)), lines: ls }));
+  // The driver splits an insert into messages under the server's size limit.
+  for (let i = 0; i < chunks.length; i += 20) await insertManyNew(coll, chunks.slice(i, i + 20));
+  return chunks.map((c) => c.lines[0].line);
+}
+
+/** The chunks' tallies added up. */
+export async function sumProgress(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks'>): Promise<ChunkTally> {
+  const total = emptyTally();
+  for (const d of await allProgress(store, b)) {
+    total.completed += d.completed;
+    total.failed += d.failed;
+    total.input_tokens += d.input_tokens ?? 0;
+    total.output_tokens += d.output_tokens ?? 0;
+    total.cost += d.cost ?? 0;
+    for (const [p, n] of Object.entries(d.providers ?? {})) total.providers[p] = (total.providers[p] ?? 0) + n;
+  }
+  return total;
+}
+
+/** Counts for a reader: final once closed, else the sum of the chunks' progress documents. */
+export async function counts(store: Store, b: BatchDoc): Promise<{ completed: number; failed: number }> {
+  if (b.final_counts) return b.final_counts;
+  const t = await sumProgress(store, b);
+  return { completed: t.completed, failed: t.failed };
+}
+
+/** Deletes documents by `_id`, a thousand per write. */
+async function deleteIds<T extends { _id: string }>(coll: Collection<T>, ids: string[]): Promise<void> {
+  for (let i = 0; i < ids.length; i += 1000) {
+    await coll.bulkWrite(
+      ids.slice(i, i + 1000).map((_id) => ({ deleteOne: { filter: { _id } as Filter<T> } })),
+      { ordered: false },
+    );
+  }
+}
+
+/** Removes a batch's inputs, results, progress and pages: what `chunks` and `total` say it can have. */
+async function dropBatchData(
+  store: Store,
+  b: BatchRef & Pick<BatchDoc, 'chunks' | 'total' | 'chunk_starts'> & Partial<Pick<BatchDoc, 'workspace_id'>>,
+): Promise<void> {
+  if (b.workspace_id) await removeEntries(store, { _id: b._id, workspace_id: b.workspace_id });
+  if (b.layout !== 'shared') {
+    for (const kind of ['inputs', 'results', 'progress'] as const) {
+      await place(store, b, kind)
+        .coll.drop()
+        .catch(() => undefined); // already gone, or never created
+    }
+  } else {
+    const chunkKeys = Array.from({ length: b.chunks }, (_, i) => seqId(i));
+    for (const kind of ['inputs', 'progress'] as const) {
+      const { coll, id } = place<{ _id: string }>(store, b, kind);
+      await deleteIds(coll, chunkKeys.map(id));
+    }
+    const { coll, id } = place<{ _id: string }>(store, b, 'results');
+    await deleteIds(
+      coll,
+      Array.from({ length: b.total }, (_, n) => id(seqId(n))),
+    );
+  }
+  await deleteIds(pages(store), pageIds(b));
+}
+
+const unix = (d: Date | null) => (d ? Math.floor(d.getTime() / 1000) : null);
+
+export function batchView(b: BatchDoc, c: { completed: number; failed: number }) {
+  return {
+    id: b._id,
+    object: 'batch' as const,
+    endpoint: b.endpoint,
+    model: b.model,
+    completion_window: b.completion_window,
+    status: b.status,
+    created_at: unix(b.created_at)!,
+    in_progress_at: unix(b.in_progress_at),
+    finalized_at: unix(b.finalized_at),
+    expires_at: unix(b.expires_at),
+    // A batch refused as a whole (invalid lines) counts every line as failed.
+    provider: b.provider,
+    request_counts: {
+      total: b.total,
+      completed: c.completed,
+      failed: b.status === 'failed' && c.completed + c.failed === 0 ? b.total : c.failed,
+    },
+    usage: b.usage,
+    results: null as unknown[] | null,
+    error: b.error,
+    metadata: b.metadata && fromJsonText(b.metadata),
+    callback_url: b.callback_url ?? null,
+    webhook: b.webhook ?? null,
+  };
+}
+
+function resultLine(r: ResultDoc) {
+  return { id: r.id, custom_id: r.custom_id, response: r.response, error: r.error };
+}
+
+/** A batch of the workspace, or null (another workspace's batch is not found either). */
+export async function findBatch(store: Store, workspaceId: string, id: string): Promise<BatchDoc | null> {
+  const b = await batches(store).findOne({ _id: id });
+  return b && b.workspace_id === workspaceId ? b : null;
+}
+
+/** Stores a new batch: its input chunks, then its document. A batch that cannot be stored leaves nothing behind. */
+export async function createBatch(store: Store, doc: BatchDoc, lines: InputLine[], chunkSize: number): Promise<BatchDoc> {
+  const b: BatchDoc = { ...doc, layout: 'shared' };
+  try {
+    // Inputs and list entries are independent; the batch document, which makes it visible, comes last.
+    const [starts] = await Promise.all([storeInputs(store, b, lines, chunkSize), addNewBatch(store, b, b.status)]);
+    const stored = { ...b, chunks: starts.length, chunk_starts: starts };
+    await batches(store).insertOne(stored);
+    return stored;
+  } catch (err) {
+    await dropBatchData(store, { ...b, chunks: chunked(lines, chunkSize).length, total: 0 }).catch(() => undefined);
+    throw err;
+  }
+}
+
+export async function markNotStarted(store: Store, b: Listed): Promise<void> {
+  await writeStatus(store, b, {
+    status: 'failed',
+    finalized_at: new Date(),
+    error: { message: 'The batch could not be started; nothing was sent upstream' },
+  });
+}
+
+/** Writes a batch's status (and `set`'s other fields), keeping the list index in step. */
+export async function writeStatus(store: Store, b: Listed, set: Partial<BatchDoc> & { status: BatchStatus }): Promise<void> {
+  await moveBatch(store, b, set.status, () => batches(store).updateOne({ _id: b._id }, { $set: set }));
+}
+
+/** A page of the workspace's batches, newest first, one more than `limit` to tell whether more follow. */
+export async function listBatches(
+  store: Store,
+  workspaceId: string,
+  q: { after?: string; statuses?: BatchStatus[]; created?: Record<string, Date>; limit: number },
+): Promise<BatchDoc[]> {
+  return listPage(store, workspaceId, { after: q.after, statuses: q.statuses, created: q.created, count: q.limit + 1 }, (ids) =>
+    batches(store)
+      .find({ _id: { $in: ids } })
+      .toArray(),
+  );
+}
+
+/** A batch's results in line order, read from its own results collection (batches stored before pages). */
+function resultsInOrder(store: Store, b: BatchRef, opts: { after?: number; limit?: number } = {}) {
+  const filter = opts.after !== undefined && opts.after >= 0 ? { _id: { $gt: seqId(opts.after) } } : {};
+  const cursor = place<ResultDoc>(store, b, 'results').coll.find(filter).sort({ _id: 1 });
+  return opts.limit ? cursor.limit(opts.limit) : cursor;
+}
+
+/** Lines per page of stored results. */
+const RESULTS_PAGE_LINES = 100;
+/** A page larger than this is not stored: its lines are read one by one. */
+const MAX_PAGE_BYTES = 8 * 1024 * 1024;
+
+/** A page of a finished chunk's results: each line's result object as JSON text, from line `first` on. */
+export interface PageDoc extends Document {
+  _id: string; // <batch id>:seqId(chunk).seqId(page within the chunk)
+  first: number;
+  lines: string[];
+}
+
+export function pages(store: Store): Collection<PageDoc> {
+  return store.db.collection<PageDoc>('batch_pages');
+}
+
+const pageId = (batchId: string, chunk: number, page: number) => `${batchId}:${seqId(chunk)}.${seqId(page)}`;
+
+/** Where chunk `c` ends: the next chunk's first line, or the batch's end. */
+const chunkEnd = (starts: number[], total: number, c: number) => (c + 1 < starts.length ? starts[c + 1] : total);
+
+/** The `_id` of every page a batch can have (pages of unfinished chunks do not exist). */
+function pageIds(b: Pick<BatchDoc, '_id' | 'chunk_starts' | 'total'>): string[] {
+  const starts = b.chunk_starts ?? [];
+  return starts.flatMap((start, c) => {
+    const lines = chunkEnd(starts, b.total, c) - start;
+    return Array.from({ length: Math.ceil(lines / RESULTS_PAGE_LINES) }, (_, p) => pageId(b._id, c, p));
+  });
+}
+
+/** The chunk holding line `n`, and the bounds of the page it is on. */
+function locate(starts: number[], total: number, n: number) {
+  let lo = 0;
+  let hi = starts.length - 1;
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >> 1;
+    if (starts[mid] <= n) lo = mid;
+    else hi = mid - 1;
+  }
+  const end = chunkEnd(starts, total, lo);
+  const page = Math.floor((n - starts[lo]) / RESULTS_PAGE_LINES);
+  const first = starts[lo] + page * RESULTS_PAGE_LINES;
+  return { chunk: lo, page, first, end: Math.min(first + RESULTS_PAGE_LINES, end), chunkEnd: end };
+}
+
+/**
+ * Stores a finished chunk's results as pages: `known` are those at hand (what this run wrote), the
+ * rest are read back by `_id` (at most a chunk's worth). Idempotent: a chunk paged already is left
+ * as it is, and a page stored already is kept (each line's first stored result wins).
+ */
+export async function pageChunk(store: Store, b: BatchDoc, chunkIndex: number, lines: InputLine[], known: ResultDoc[]): Promise<void> {
+  const start = b.chunk_starts?.[chunkIndex];
+  if (start === undefined) return;
+  if (await pages(store).findOne({ _id: pageId(b._id, chunkIndex, 0) }, { projection: { _id: 1 } })) return; // paged already
+  const byLine = new Map(known.map((r) => [r.line, r]));
+  for (const r of await resultsOf(
+    store,
+    b,
+    lines.filter((l) => !byLine.has(l.line)).map((l) => l.line),
+  ))
+    byLine.set(r.line, r);
+  const chunkResults = lines.map((l) => byLine.get(l.line));
+  if (chunkResults.some((r, i) => r?.line !== start + i)) return; // a line without its result: not finished
+  const docs: PageDoc[] = [];
+  for (let i = 0; i < chunkResults.length; i += RESULTS_PAGE_LINES) {
+    const texts = chunkResults.slice(i, i + RESULTS_PAGE_LINES).map((r) => JSON.stringify(resultLine(r!)));
+    if (texts.reduce((n, l) => n + l.length, 0) > MAX_PAGE_BYTES) continue;
+    docs.push({ _id: pageId(b._id, chunkIndex, i / RESULTS_PAGE_LINES), first: start + i, lines: texts });
+  }
+  await insertManyNew(pages(store), docs);
+}
+
+/** Stored results of some lines, read one by one by `_id` (a bounded number of them). */
+async function resultsOf(store: Store, b: BatchRef, lines: number[]): Promise<ResultDoc[]> {
+  const { coll, id } = place<ResultDoc>(store, b, 'results');
+  const found = await Promise.all(lines.map((n) => coll.findOne({ _id: id(seqId(n)) })));
+  return found.filter((r): r is ResultDoc => r !== null).map(local);
+}
+
+/**
+ * A batch's results in line order after line `after`, at most `limit` of them, each as its result
+ * object's JSON text. A finished chunk's are read a page at a time; an unfinished chunk's done
+ * lines (its progress document says which) one by one, at most `limit` of them.
+ */
+export async function* resultTexts(
+  store: Store,
+  b: BatchDoc,
+  opts: { after?: number; limit?: number } = {},
+): AsyncGenerator<{ line: number; text: string }> {
+  let left = opts.limit ?? Infinity;
+  if (!b.chunk_starts) {
+    for await (const r of resultsInOrder(store, b, opts)) yield { line: r.line, text: JSON.stringify(resultLine(r)) };
+    return;
+  }
+  let next = Math.max(0, (opts.after ?? -1) + 1);
+  let done = null as { chunk: number; lines: Set<number> } | null;
+  while (next < b.total && left > 0) {
+    const at = locate(b.chunk_starts, b.total, next);
+    const page = await pages(store).findOne({ _id: pageId(b._id, at.chunk, at.page) });
+    if (page) {
+      for (let i = next - page.first; i < page.lines.length && left > 0; i++, left--) yield { line: page.first + i, text: page.lines[i] };
+      next = at.end;
+      continue;
+    }
+    if (done?.chunk !== at.chunk) {
+      const saved = await readProgress(store, b, at.chunk);
+      done = { chunk: at.chunk, lines: new Set(saved?.done ?? []) };
+    }
+    if (!done.lines.size) {
+      next = at.chunkEnd; // nothing of this chunk is done yet
+      continue;
+    }
+    const want: number[] = [];
+    for (let n = next; n < at.end && want.length < left; n++) if (done.lines.has(n)) want.push(n);
+    for (const r of await resultsOf(store, b, want)) {
+      yield { line: r.line, text: JSON.stringify(resultLine(r)) };
+      left--;
+    }
+    next = at.end;
+  }
+}
+
+/** What a deletion still has to remove (the batch's document is gone already). */
+interface DeletionDoc extends Document {
+  _id: string; // the batch id
+  batch: BatchRef & Pick<BatchDoc, 'chunks' | 'total' | 'chunk_starts' | 'workspace_id'>;
+}
+
+function deletions(store: Store): Collection<DeletionDoc> {
+  return store.db.collection<DeletionDoc>('batch_deletions');
+}
+
+/**
+ * Deletes a batch: a durable marker first, then its document (from then on it is not found), then
+ * its lines in the background (`purgeDeleted`), which any process finishes if this one stops.
+ */
+export async function deleteBatch(store: Store, b: BatchDoc): Promise<void> {
+  const batch = {
+    _id: b._id,
+    layout: b.layout,
+    chunks: b.chunks,
+    total: b.total,
+    chunk_starts: b.chunk_starts,
+    workspace_id: b.workspace_id,
+  };
+  await deletions(store)
+    .insertOne({ _id: b._id, batch })
+    .catch((err) => {
+      if ((err as { code?: number }).code !== 11000) throw err; // already being deleted
+    });
+  await batches(store).deleteOne({ _id: b._id });
+}
+
+/**
+ * Removes the lines of deleted batches, at most `max` batches per call, and their markers once
+ * done. Idempotent: several processes may work on one deletion. The marker collection holds only
+ * deletions still in progress, so reading it whole is bounded.
+ */
+export async function purgeDeleted(store: Store, max = 5): Promise<number> {
+  const pending = await deletions(store).find({}).limit(max).toArray();
+  for (const d of pending) {
+    await dropBatchData(store, d.batch);
+    await deletions(store).deleteOne({ _id: d._id });
+  }
+  return pending.length;
+}

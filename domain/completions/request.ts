@@ -1,0 +1,87 @@
+// From what a client sent to what the gateway does: the preset applied, the models to try in order
+// (`model`, then `models`/`fallbacks`), the routing preferences, the body the provider gets (without
+// the gateway's own fields) and the parameters it supplies (for `require_parameters`).
+import type { Catalog, CatalogModel, ModelVariant } from '../catalog';
+import { BadRequestError } from '../../infrastructure/errors';
+import type { ProviderPreferences } from '../routing/preferences';
+import type { InferenceOperation } from './formats';
+
+type Body = Record<string, any>;
+
+/** Fields the gateway reads and never forwards: routing, presets, attribution, streaming controls. */
+const GATEWAY_FIELDS = [
+  'model',
+  'models',
+  'fallbacks',
+  'preset',
+  'provider',
+  'route',
+  'plugins',
+  'transforms',
+  'session_id',
+  'trace',
+  'usage',
+  'stream',
+  'stream_options',
+] as const;
+
+/** What a provider is sent of a request body: everything but the gateway's own fields (calls and batch lines alike). */
+export function upstreamBodyOf(body: Body): Body {
+  const upstream: Body = {};
+  for (const [k, v] of Object.entries(body)) if (!(GATEWAY_FIELDS as readonly string[]).includes(k)) upstream[k] = v;
+  return upstream;
+}
+
+/** Fields that carry the conversation rather than a generation parameter. */
+const CONTENT_FIELDS = new Set(['messages', 'input', 'system', 'instructions', 'user', 'metadata']);
+
+/** The most models one request may name (the model and its fallbacks). */
+const MAX_MODELS = 8;
+
+export interface InferencePlan {
+  models: CatalogModel[];
+  variant: ModelVariant;
+  preferences: ProviderPreferences | undefined;
+  /** What the provider is sent, less the model id its endpoint sets. */
+  upstreamBody: Body;
+  /** Generation parameters the request supplies. */
+  parameters: string[];
+  stream: boolean;
+  /** The client asked for usage in the stream. */
+  includeUsage: boolean;
+  /** The output tokens the request allows, if it says. */
+  maxOutputTokens: number | null;
+}
+
+export function planInference(catalog: Catalog, body: Body, operation: InferenceOperation): InferencePlan {
+  const fallbackNames: string[] = [
+    ...(Array.isArray(body.models) ? body.models : []),
+    ...(Array.isArray(body.fallbacks) ? body.fallbacks.map((f: Body) => f.model) : []),
+  ];
+  const first = typeof body.model === 'string' && body.model ? body.model : fallbackNames.shift();
+  if (!first) throw new BadRequestError('model: is required (or models, or a preset that names one)');
+  const names = [...new Set([first, ...fallbackNames])];
+  if (names.length > MAX_MODELS) throw new BadRequestError(`models: at most ${MAX_MODELS} models per request, got ${names.length}`);
+  const primary = catalog.resolve(first);
+  const models = [primary.model];
+  for (const name of names.slice(1)) {
+    const m = catalog.resolve(name).model;
+    if (!models.includes(m)) models.push(m);
+  }
+  if (operation === 'messages' && !Number.isInteger(body.max_tokens)) {
+    throw new BadRequestError('max_tokens: is required (in the request or its preset)');
+  }
+
+  const upstreamBody = upstreamBodyOf(body);
+  const maxOut = body.max_completion_tokens ?? body.max_tokens ?? body.max_output_tokens;
+  return {
+    models,
+    variant: primary.variant,
+    preferences: body.provider ?? undefined,
+    upstreamBody,
+    parameters: Object.keys(upstreamBody).filter((k) => !CONTENT_FIELDS.has(k)),
+    stream: body.stream === true,
+    includeUsage: body.stream_options?.include_usage === true || body.usage?.include === true,
+    maxOutputTokens: Number.isInteger(maxOut) ? maxOut : null,
+  };
+}

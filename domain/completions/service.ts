@@ -1,0 +1,203 @@
+// Completions as a service: one call to a model (chat, messages, responses, embeddings), answered
+// in one piece or streamed. It owns the capability's rules once: the preset applied, the plan
+// (models, routing, the body the provider gets), spend admitted before the call, and the usage
+// recorded, durably, before the client is told the call is done (a stream's closing events wait
+// for it). The HTTP layer parses and renders; a stream is written to whatever sink it passes.
+import type { Endpoint } from '../catalog';
+import { costOf } from '../catalog/usd';
+import { GatewayError, UpstreamError } from '../../infrastructure/errors';
+import type { Logger } from '../../infrastructure/log';
+import type { Store } from '../../infrastructure/store';
+import type { Usage } from '../../infrastructure/providers/formats';
+import { UpstreamFailure } from '../../infrastructure/providers/failure';
+import { presetLookup, withPreset } from '../presets/apply';
+import { failureToError } from '../routing/execute';
+import type { Upstreams } from '../routing/upstreams';
+import { newGenerationId, usageRecordOf, type UsageLedger, type UsageRecord } from '../accounts/usage-ledger';
+import type { RequestMeta } from '../accounts/attribution';
+import type { SpendAdmission } from '../accounts/spend-admission';
+import { finishBody, STREAM_FORMATS, StreamTally, type InferenceOperation, type Served, type StreamingOperation } from './formats';
+import { planInference, type InferencePlan } from './request';
+import { estimateCompletionCost, promptTokensEstimate } from './estimate';
+import { complete, openStream, type OpenedStream } from './execute';
+
+type Body = Record<string, any>;
+
+/** How often a stream journals what it has produced so far (the first time as soon as it has produced any). */
+const CHECKPOINT_EVERY_MS = 1_000;
+
+/** How a call ended, as its usage record keeps it. */
+type Ending = 'completed' | 'client_closed' | 'upstream_failed';
+
+/** Where a stream's events go (the HTTP layer's server-sent-events answer). */
+export interface EventSink {
+  /** Whether anything went out: after that, an error can only be told as an event. */
+  readonly started: boolean;
+  write(text: string): Promise<void>;
+  end(): void;
+}
+
+export interface CompletionRequest {
+  operation: InferenceOperation;
+  body: Body;
+  workspaceId: string;
+  keyId: string;
+  meta: RequestMeta;
+  /** The request's size, for estimates of its prompt tokens. */
+  requestBytes: number;
+  signal: AbortSignal;
+  log: Logger;
+}
+
+/** A request made ready to run: its preset applied, its plan made, its generation id given. */
+export interface Call extends CompletionRequest {
+  plan: InferencePlan;
+  generationId: string;
+  workspace: { only?: string[]; ignore?: string[] };
+}
+
+export interface CompletionDeps {
+  store: Store;
+  upstreams: Upstreams;
+  workspaces: SpendAdmission;
+  usage: UsageLedger;
+}
+
+export function completionService({ store, upstreams, workspaces, usage }: CompletionDeps) {
+  const recordOf = (call: Call, endpoint: Endpoint, u: Usage, cost: number, details: Record<string, unknown>): UsageRecord =>
+    usageRecordOf(
+      { generationId: call.generationId, workspaceId: call.workspaceId, keyId: call.keyId, kind: 'completion', meta: call.meta },
+      { model: endpoint.model.canonicalId, provider: endpoint.provider.slug, usage: u, cost },
+      { operation: call.operation, ...details },
+    );
+
+  /** Records what the call cost; resolves once the record is durable. */
+  const bill = (call: Call, endpoint: Endpoint, u: Usage, cost: number, details: Record<string, unknown>) =>
+    usage.record(recordOf(call, endpoint, u, cost, details));
+
+  /** Runs `work` with what the call may cost held against the workspace's credit, billed what it returns. */
+  const admitted = (call: Call, work: () => Promise<number>) =>
+    workspaces.billed(
+      call.workspaceId,
+      estimateCompletionCost(call.plan.models, call.operation, call.requestBytes, call.plan.maxOutputTokens),
+      call.signal,
+      work,
+    );
+
+  async function prepare(req: CompletionRequest): Promise<Call> {
+    const body = await withPreset(req.body, req.operation, presetLookup(store, req.workspaceId));
+    const plan = planInference(upstreams.catalog, body, req.operation);
+    const { settings } = await workspaces.get(req.workspaceId);
+    return { ...req, plan, generationId: newGenerationId(), workspace: settings };
+  }
+
+  /** The answer in one piece, in the call's own format, once its usage is recorded. */
+  async function answer(call: Call): Promise<Body> {
+    let out: Body = {};
+    await admitted(call, async () => {
+      const r = await complete(upstreams, call.operation, call.plan, call);
+      const served: Served = { id: call.generationId, model: r.endpoint.model.canonicalId, provider: r.endpoint.provider.slug };
+      await bill(call, r.endpoint, r.usage, r.cost, { stream: false, ending: 'completed', attempts: r.attempts.length + 1 });
+      out = finishBody(call.operation, r.body, served, r.usage, r.cost);
+      return r.cost;
+    });
+    return out;
+  }
+
+  /** Streams the answer to the sink `open` gives once the call is admitted; resolves when it is over, however it ended. */
+  async function stream(call: Call, open: () => EventSink): Promise<void> {
+    await admitted(call, () => relay(call as Call & { operation: StreamingOperation }, open()));
+  }
+
+  /** Relays the stream; resolves with what was billed. */
+  async function relay(call: Call & { operation: StreamingOperation }, out: EventSink): Promise<number> {
+    const format = STREAM_FORMATS[call.operation];
+    const tally = new StreamTally();
+    let opened: OpenedStream;
+    try {
+      opened = await openStream(upstreams, call.operation, call.plan, call);
+    } catch (err) {
+      // Every endpoint failed before the first event. Unless keep-alives already started the
+      // answer, that is an ordinary error response.
+      if (!out.started) {
+        out.end();
+        throw err;
+      }
+      const g = err instanceof GatewayError ? err : new UpstreamError('Provider error');
+      const provider = (g.metadata?.provider_name as string | undefined) ?? null;
+      await out.write(format.error(g, { id: call.generationId, model: call.plan.models[0].canonicalId, provider }, tally));
+      out.end();
+      return 0;
+    }
+
+    const { endpoint } = opened;
+    const served: Served = { id: call.generationId, model: endpoint.model.canonicalId, provider: endpoint.provider.slug };
+    const options = { includeUsage: call.plan.includeUsage, cost: (u: Usage) => costOf(endpoint, u) };
+    /** The stream's last words wait until its usage is recorded. */
+    const held: string[] = [];
+    let failure: unknown = null;
+    // What the stream has produced so far, journaled now and then: billed if this process dies mid-stream.
+    const checkpoints = usage.checkpoints();
+    let checkpointAt = -Infinity;
+    const checkpoint = () => {
+      const u = tally.usage(promptTokensEstimate(call.requestBytes));
+      if (!u.output_tokens) return;
+      const details = { stream: true, ending: 'gateway_stopped', attempts: opened.attempts.length + 1 };
+      checkpoints!.save(recordOf(call, endpoint, u, costOf(endpoint, u), details));
+      checkpointAt = performance.now();
+    };
+    try {
+      for (let event = opened.first; ;) {
+        const text = format.relay(event, served, tally, options);
+        if (text !== null) {
+          if (tally.finished) held.push(text);
+          else await out.write(text);
+        }
+        if (checkpoints && !tally.finished && performance.now() - checkpointAt >= CHECKPOINT_EVERY_MS) checkpoint();
+        const next = await opened.events.next();
+        if (next.done) break;
+        event = next.value;
+      }
+    } catch (err) {
+      failure = err;
+    } finally {
+      opened.release();
+    }
+
+    const ending: Ending = call.signal.aborted ? 'client_closed' : tally.finished && !tally.upstreamError ? 'completed' : 'upstream_failed';
+    const u = tally.usage(promptTokensEstimate(call.requestBytes));
+    const cost = costOf(endpoint, u);
+    upstreams.stats.record(endpoint.key, {
+      ok: ending !== 'upstream_failed',
+      latencyMs: performance.now() - opened.startedAt,
+      outputTokens: u.output_tokens,
+    });
+    let billed = true;
+    try {
+      await bill(call, endpoint, u, cost, { stream: true, ending, attempts: opened.attempts.length + 1 });
+      checkpoints?.end();
+    } catch (err) {
+      billed = false;
+      call.log.error({ err, generation_id: call.generationId }, 'usage record of a stream could not be written');
+    }
+    if (ending === 'upstream_failed' && !tally.upstreamError) {
+      // The provider went away mid-stream (or ended without its closing event): too late to fall back.
+      const f =
+        failure === null
+          ? new UpstreamFailure('invalid_response', endpoint.provider.slug, 'Provider ended the stream before finishing it')
+          : upstreams.http.classify(failure, endpoint.provider.slug, endpoint.provider.timeout_ms);
+      await out.write(format.error(failureToError(f, [...opened.attempts]), served, tally));
+    } else if (!billed) {
+      await out.write(format.error(new UpstreamError('The call finished but its usage could not be recorded'), served, tally));
+    } else {
+      for (const text of held) await out.write(text);
+    }
+    out.end();
+    if (ending === 'upstream_failed' || ending === 'client_closed') {
+      call.log.info({ generation_id: call.generationId, ending, output_tokens: u.output_tokens }, 'stream ended early');
+    }
+    return billed ? cost : 0;
+  }
+
+  return { prepare, answer, stream };
+}

@@ -1,0 +1,241 @@
+// The routing engine: a pure function from (models, preferences, workspace settings, live stats)
+// to the ordered list of endpoints to try. No I/O; randomness and time are inputs.
+import type { CatalogModel, Endpoint, ModelVariant, Operation } from '../catalog';
+import type { ProviderPreferences } from './preferences';
+import { NotFoundError } from '../../infrastructure/errors';
+
+export type Percentile = 'p50' | 'p75' | 'p90' | 'p99';
+export type Percentiles = Partial<Record<Percentile, number>>;
+
+export interface EndpointStat {
+  /** Seconds. */
+  latency: Percentiles | null;
+  /** Output tokens per second. */
+  throughput: Percentiles | null;
+  requests: number;
+  failures: number;
+  /** Unix ms of the latest failure, if any in the window. */
+  lastFailureAt: number | null;
+}
+
+export type StatsSnapshot = ReadonlyMap<string, EndpointStat>;
+
+export interface RouteInput {
+  /** The requested model first, then any fallback models, in order. */
+  models: CatalogModel[];
+  operation: Operation;
+  preferences?: ProviderPreferences;
+  workspace?: { only?: string[]; ignore?: string[] };
+  stats?: StatsSnapshot;
+  /** Names of the parameters the request supplies, for `require_parameters`. */
+  parameters?: string[];
+  variant?: ModelVariant;
+  now: number;
+  random: () => number;
+}
+
+export interface RoutePlan {
+  endpoints: Endpoint[];
+  allowFallbacks: boolean;
+}
+
+/** Endpoints with a failure this recent count as having an outage and go last. */
+export const OUTAGE_WINDOW_MS = 30_000;
+
+/** A base slug (`sandbox-alpha`) matches all of that provider's endpoints; a full tag only its own. */
+function matchesSlug(slug: string, e: Endpoint): boolean {
+  return slug === e.tag || slug === e.provider.slug;
+}
+
+/** Cost of a typical call (1,000 prompt and 250 completion tokens), the price the sorts compare. */
+export function typicalPrice(e: Endpoint): number {
+  const p = e.entry.pricing;
+  return (p.prompt * 1000 + p.completion * 250) / 1e6 + (p.request ?? 0);
+}
+
+/** Which kinds of model an operation applies to: logprob decisions run on chat completions. */
+const OPERATION_KINDS: Record<Operation, readonly string[]> = {
+  chat: ['chat', 'decision'],
+  responses: ['chat'],
+  messages: ['chat'],
+  embeddings: ['embedding'],
+  systemone: ['decision'],
+};
+
+export function servesOperation(e: Endpoint, operation: Operation): boolean {
+  return e.operations.includes(operation) && OPERATION_KINDS[operation].includes(e.model.kind);
+}
+
+type Filter = [name: string, keep: (e: Endpoint) => boolean];
+
+function filters(input: RouteInput): Filter[] {
+  const prefs = input.preferences ?? {};
+  const ws = input.workspace ?? {};
+  const out: Filter[] = [];
+  // `only` lists are ceilings: an endpoint must be allowed by every list that is given.
+  const onlyLists = [prefs.only, ws.only].filter((l): l is string[] => Array.isArray(l));
+  if (onlyLists.length) out.push(['only', (e) => onlyLists.every((l) => l.some((s) => matchesSlug(s, e)))]);
+  const ignore = [...(prefs.ignore ?? []), ...(ws.ignore ?? [])];
+  if (ignore.length) out.push(['ignore', (e) => !ignore.some((s) => matchesSlug(s, e))]);
+  if (prefs.quantizations?.length) out.push(['quantizations', (e) => prefs.quantizations!.includes(e.entry.quantization)]);
+  if (prefs.data_collection === 'deny') out.push(['data_collection', (e) => !e.provider.collects_data]);
+  if (prefs.zdr === true) out.push(['zdr', (e) => e.provider.zdr]);
+  if (prefs.enforce_distillable_text === true) out.push(['enforce_distillable_text', (e) => e.model.distillable]);
+  const caps = prefs.max_price;
+  if (caps && Object.keys(caps).length) {
+    out.push([
+      'max_price',
+      (e) => {
+        const p = e.entry.pricing;
+        const over = (cap: string | undefined, price: number | undefined) =>
+          cap !== undefined && price !== undefined && price > Number(cap);
+        return (
+          !over(caps.prompt, p.prompt) &&
+          !over(caps.completion, p.completion) &&
+          !over(caps.request, p.request ?? 0) &&
+          !over(caps.image, p.image) &&
+          !over(caps.audio, p.audio)
+        );
+      },
+    ]);
+  }
+  if (prefs.require_parameters === true && input.parameters?.length) {
+    out.push(['require_parameters', (e) => input.parameters!.every((p) => e.entry.supported_parameters.includes(p))]);
+  }
+  return out;
+}
+
+function sortSetting(input: RouteInput): { by: string | null; partition: 'model' | 'none' } {
+  const sort = input.preferences?.sort;
+  let by: string | null = typeof sort === 'string' ? sort : (sort?.by ?? null);
+  const partition = (typeof sort === 'object' && sort?.partition) || 'model';
+  // `:nitro` and `:floor` are shortcuts for throughput and price sorting; an explicit sort wins.
+  if (!by && input.variant === 'nitro') by = 'throughput';
+  if (!by && input.variant === 'floor') by = 'price';
+  return { by, partition };
+}
+
+function sortKey(by: string, stats: StatsSnapshot): (a: Endpoint, b: Endpoint) => number {
+  const price = (a: Endpoint, b: Endpoint) => typicalPrice(a) - typicalPrice(b);
+  const stat = (e: Endpoint) => stats.get(e.key);
+  const p50 = (e: Endpoint, what: 'latency' | 'throughput') => stat(e)?.[what]?.p50;
+  const uptime = (e: Endpoint) => {
+    const s = stat(e);
+    return s && s.requests + s.failures > 0 ? s.requests / (s.requests + s.failures) : 1;
+  };
+  switch (by) {
+    case 'latency': // unknown latency sorts after every measured one
+      return (a, b) => (p50(a, 'latency') ?? Infinity) - (p50(b, 'latency') ?? Infinity) || price(a, b);
+    case 'throughput':
+      return (a, b) => (p50(b, 'throughput') ?? -1) - (p50(a, 'throughput') ?? -1) || price(a, b);
+    case 'exacto': // quality: reliability first, then speed, then price
+      return (a, b) => uptime(b) - uptime(a) || (p50(b, 'throughput') ?? -1) - (p50(a, 'throughput') ?? -1) || price(a, b);
+    default:
+      return price;
+  }
+}
+
+/**
+ * Default load balancing: endpoints without a recent outage first, the first of them drawn at
+ * random weighted by 1/price², the other stable ones by price, then the unstable ones by price.
+ */
+function loadBalance(group: Endpoint[], input: RouteInput): Endpoint[] {
+  const stats = input.stats ?? new Map();
+  const outage = (e: Endpoint) => {
+    const t = stats.get(e.key)?.lastFailureAt;
+    return t !== null && t !== undefined && input.now - t < OUTAGE_WINDOW_MS;
+  };
+  const byPrice = (a: Endpoint, b: Endpoint) => typicalPrice(a) - typicalPrice(b);
+  const stable = group.filter((e) => !outage(e)).sort(byPrice);
+  const unstable = group.filter(outage).sort(byPrice);
+  if (stable.length > 1) {
+    const weights = stable.map((e) => 1 / Math.max(typicalPrice(e), 1e-9) ** 2);
+    let r = input.random() * weights.reduce((a, b) => a + b, 0);
+    let pick = stable.length - 1;
+    for (let i = 0; i < weights.length; i++) {
+      r -= weights[i];
+      if (r < 0) {
+        pick = i;
+        break;
+      }
+    }
+    stable.unshift(...stable.splice(pick, 1));
+  }
+  return [...stable, ...unstable];
+}
+
+function meetsCutoffs(e: Endpoint, input: RouteInput): boolean {
+  const prefs = input.preferences ?? {};
+  const s = input.stats?.get(e.key);
+  const check = (
+    pref: number | Percentiles | null | undefined,
+    measured: Percentiles | null | undefined,
+    ok: (m: number, c: number) => boolean,
+  ) => {
+    if (pref === null || pref === undefined) return true;
+    const cutoffs: Percentiles = typeof pref === 'number' ? { p50: pref } : pref;
+    return (Object.entries(cutoffs) as [Percentile, number | null][]).every(
+      ([p, c]) => c === null || measured?.[p] === undefined || ok(measured[p]!, c),
+    );
+  };
+  return (
+    check(prefs.preferred_max_latency as Percentiles | number | null | undefined, s?.latency, (m, c) => m <= c) &&
+    check(prefs.preferred_min_throughput as Percentiles | number | null | undefined, s?.throughput, (m, c) => m >= c)
+  );
+}
+
+function groupByModel(endpoints: Endpoint[], models: CatalogModel[]): Endpoint[][] {
+  return models.map((m) => endpoints.filter((e) => e.model === m)).filter((g) => g.length > 0);
+}
+
+export function planRoute(input: RouteInput): RoutePlan {
+  const prefs = input.preferences ?? {};
+  const names = input.models.map((m) => m.id).join(', ');
+  let candidates = input.models.flatMap((m) => m.endpoints).filter((e) => servesOperation(e, input.operation));
+  if (!candidates.length) {
+    throw new NotFoundError(`No endpoint of ${names} serves ${input.operation}`, { model: names, operation: input.operation });
+  }
+  for (const [name, keep] of filters(input)) {
+    candidates = candidates.filter(keep);
+    if (!candidates.length) {
+      throw new NotFoundError(`No endpoint of ${names} satisfies provider.${name}`, { model: names, preference: `provider.${name}` });
+    }
+  }
+
+  const allowFallbacks = prefs.allow_fallbacks !== false;
+  const { by, partition } = sortSetting(input);
+  const stats = input.stats ?? new Map<string, EndpointStat>();
+  const orderAll = (list: Endpoint[]): Endpoint[] => {
+    const groups = partition === 'none' ? [list] : groupByModel(list, input.models);
+    return groups.flatMap((g) => {
+      const ordered = by ? [...g].sort(sortKey(by, stats)) : loadBalance(g, input);
+      // Preferred latency/throughput cutoffs move misses to the back; they never remove anything.
+      return [...ordered.filter((e) => meetsCutoffs(e, input)), ...ordered.filter((e) => !meetsCutoffs(e, input))];
+    });
+  };
+
+  let endpoints: Endpoint[];
+  if (prefs.order?.length) {
+    const ordered: Endpoint[] = [];
+    for (const slug of prefs.order) for (const e of candidates) if (matchesSlug(slug, e) && !ordered.includes(e)) ordered.push(e);
+    if (!allowFallbacks) {
+      if (!ordered.length)
+        throw new NotFoundError(`No endpoint of ${names} is in provider.order`, { model: names, preference: 'provider.order' });
+      endpoints = ordered;
+    } else {
+      endpoints = [...ordered, ...orderAll(candidates.filter((e) => !ordered.includes(e)))];
+    }
+  } else {
+    endpoints = orderAll(candidates);
+    if (!allowFallbacks) endpoints = endpoints.slice(0, 1);
+  }
+  return { endpoints, allowFallbacks };
+}
+
+/** `provider.options.<slug>` for the endpoint actually called, limited to keys its provider accepts. */
+export function optionsFor(e: Endpoint, prefs: ProviderPreferences | undefined): Record<string, unknown> {
+  const given = prefs?.options?.[e.tag] ?? prefs?.options?.[e.provider.slug];
+  if (!given) return {};
+  const accepted = new Set(e.provider.accepted_options ?? []);
+  return Object.fromEntries(Object.entries(given).filter(([k]) => accepted.has(k)));
+}

@@ -1,0 +1,110 @@
+// Everything needed to call model providers, built once per process and passed in: the catalog,
+// keep-alive HTTP, per-provider concurrency limits and live statistics. `invoke` is the one way
+// decisions and batch lines reach a provider: route ▶ execute with fallbacks ▶ price.
+import type { Config } from '../../infrastructure/config';
+import { Catalog, type CatalogModel, type Endpoint, type ModelVariant, type Operation } from '../catalog';
+import type { ProviderPreferences } from './preferences';
+import { callEndpoint } from './endpoint-call';
+import type { Usage } from '../../infrastructure/providers/formats';
+import { costOf } from '../catalog/usd';
+import { ProviderHttp } from '../../infrastructure/providers/http';
+import { ProviderLimiter } from '../../infrastructure/providers/limiter';
+import type { Store } from '../../infrastructure/store';
+import { optionsFor, planRoute, type RoutePlan } from './engine';
+import { executePlan, type Attempt } from './execute';
+import { LiveStats } from './stats';
+import { unobserved, type UpstreamObserver } from '../../infrastructure/metrics';
+
+export interface Upstreams {
+  catalog: Catalog;
+  http: ProviderHttp;
+  limiter: ProviderLimiter;
+  stats: LiveStats;
+  /** Where each provider call and fallback is reported (the process's metrics). */
+  observer: UpstreamObserver;
+  env: Record<string, string | undefined>;
+}
+
+function catalogEnv(config: Config): Record<string, string | undefined> {
+  return { ...process.env, SANDBOX_URL: config.sandbox.url };
+}
+
+export function createUpstreams(
+  config: Config,
+  store: Store,
+  catalog = Catalog.fromFile(config.catalogPath, catalogEnv(config)),
+  observer: UpstreamObserver = unobserved,
+): Upstreams & { close(): Promise<void> } {
+  const stats = new LiveStats(store);
+  const http = new ProviderHttp();
+  return {
+    catalog,
+    http,
+    stats,
+    limiter: new ProviderLimiter(),
+    observer,
+    env: process.env,
+    close: async () => {
+      await stats.stop();
+      await http.close();
+    },
+  };
+}
+
+export interface InvokeRequest {
+  models: CatalogModel[];
+  variant?: ModelVariant;
+  operation: Operation;
+  preferences?: ProviderPreferences;
+  workspace?: { only?: string[]; ignore?: string[] };
+  /** Parameter names the request supplies, for `require_parameters`. */
+  parameters?: string[];
+  /** The upstream request body; the adapter sets the upstream model id. */
+  body: Record<string, unknown> | ((endpoint: Endpoint) => Record<string, unknown>);
+  signal?: AbortSignal;
+  queueWaitMs?: number;
+}
+
+export interface Invocation {
+  endpoint: Endpoint;
+  body: any;
+  usage: Usage;
+  cost: number;
+  latencyMs: number;
+  attempts: Attempt[];
+}
+
+/** The endpoints to try for a request, in order, from the live statistics. */
+export function routeFor(up: Upstreams, req: InvokeRequest): RoutePlan {
+  return planRoute({
+    models: req.models,
+    variant: req.variant,
+    operation: req.operation,
+    preferences: req.preferences,
+    workspace: req.workspace,
+    parameters: req.parameters,
+    stats: up.stats.snapshot(),
+    now: Date.now(),
+    random: Math.random,
+  });
+}
+
+export async function invoke(up: Upstreams, req: InvokeRequest): Promise<Invocation> {
+  const plan = routeFor(up, req);
+  const { endpoint, response, attempts } = await executePlan(
+    plan,
+    (e, signal) => {
+      const body = typeof req.body === 'function' ? req.body(e) : req.body;
+      return callEndpoint(up.http, e, req.operation, { ...body, ...optionsFor(e, req.preferences) }, { signal, env: up.env });
+    },
+    { limiter: up.limiter, stats: up.stats, observer: up.observer, signal: req.signal, queueWaitMs: req.queueWaitMs },
+  );
+  return {
+    endpoint,
+    body: response.body,
+    usage: response.usage,
+    cost: costOf(endpoint, response.usage),
+    latencyMs: response.latencyMs,
+    attempts,
+  };
+}

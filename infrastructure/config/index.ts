@@ -1,0 +1,245 @@
+// Every environment variable the gateway reads is declared here, once, with its default for the
+// embedded dev stack. Anything invalid stops start-up with a message naming the variable.
+import os from 'node:os';
+import path from 'node:path';
+
+/** The catalog that ships with the gateway (the JSON file stays in the source tree). */
+export const DEFAULT_CATALOG_PATH = path.resolve(__dirname, '..', '..', '..', 'domain', 'catalog', 'default.json');
+
+export class ConfigError extends Error {
+  constructor(variable: string, value: string, expected: string) {
+    super(`Invalid environment variable ${variable}=${JSON.stringify(value)}: expected ${expected}`);
+  }
+}
+
+type Env = Record<string, string | undefined>;
+
+function read(env: Env, name: string): string | undefined {
+  const v = env[name];
+  return v === undefined || v.trim() === '' ? undefined : v.trim();
+}
+
+function port(env: Env, name: string, fallback: number): number {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  const n = Number(raw);
+  if (!/^\d+$/.test(raw) || n < 1 || n > 65535) throw new ConfigError(name, raw, 'a TCP port from 1 to 65535');
+  return n;
+}
+
+function optionalPort(env: Env, name: string): number | null {
+  return read(env, name) === undefined ? null : port(env, name, 0);
+}
+
+function positiveInt(env: Env, name: string, fallback: number, min = 1): number {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  if (!/^\d+$/.test(raw) || Number(raw) < min) throw new ConfigError(name, raw, `a whole number of at least ${min}`);
+  return Number(raw);
+}
+
+function wholeNumber(env: Env, name: string, fallback: number): number {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  if (!/^\d+$/.test(raw)) throw new ConfigError(name, raw, 'a whole number (0 or more)');
+  return Number(raw);
+}
+
+function positiveNumber(env: Env, name: string, fallback: number): number {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  const n = Number(raw);
+  if (!Number.isFinite(n) || n <= 0) throw new ConfigError(name, raw, 'a positive number');
+  return n;
+}
+
+function oneOf<T extends string>(env: Env, name: string, allowed: readonly T[], fallback: T): T {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  if (!(allowed as readonly string[]).includes(raw)) throw new ConfigError(name, raw, `one of ${allowed.join(', ')}`);
+  return raw as T;
+}
+
+function url(env: Env, name: string, protocols: string[]): string | undefined {
+  const raw = read(env, name);
+  if (raw === undefined) return undefined;
+  let parsed: URL;
+  try {
+    parsed = new URL(raw);
+  } catch {
+    throw new ConfigError(name, redactUrl(raw), `a URL (${protocols.join(' or ')})`);
+  }
+  if (!protocols.includes(parsed.protocol)) throw new ConfigError(name, redactUrl(raw), `a URL (${protocols.join(' or ')})`);
+  return raw;
+}
+
+function hostPort(env: Env, name: string): string | undefined {
+  const raw = read(env, name);
+  if (raw === undefined) return undefined;
+  if (!/^[A-Za-z0-9.\-_[\]:]+:\d{1,5}$/.test(raw)) throw new ConfigError(name, raw, 'host:port');
+  return raw;
+}
+
+/** Bytes from "200kb", "10mb", "1gb" or a plain number of bytes. */
+function bytes(env: Env, name: string, fallback: number): number {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  const m = /^(\d+)\s*(b|kb|mb|gb)?$/i.exec(raw);
+  if (!m) throw new ConfigError(name, raw, 'a size such as 1048576, 512kb or 10mb');
+  const unit = { b: 1, kb: 1024, mb: 1024 ** 2, gb: 1024 ** 3 }[(m[2] ?? 'b').toLowerCase() as 'b'];
+  return Number(m[1]) * unit;
+}
+
+/** Hides a password in a connection string before it reaches a message or a log. */
+function redactUrl(raw: string): string {
+  return raw.replace(/\/\/([^:/@]+):([^@]*)@/, '//$1:***@');
+}
+
+export function defaultToolsDir(env: Env = process.env): string {
+  const cache = read(env, 'XDG_CACHE_HOME') ?? path.join(read(env, 'HOME') ?? os.homedir(), '.cache');
+  return path.join(cache, 'inference-gateway', 'bin');
+}
+
+export function loadConfig(env: Env = process.env) {
+  const dataDir = path.resolve(read(env, 'DATA_DIR') ?? '.data');
+  const sandboxPort = port(env, 'SANDBOX_PORT', 8090);
+  return {
+    host: read(env, 'HOST') ?? '127.0.0.1',
+    port: port(env, 'PORT', 8080),
+    logLevel: oneOf(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
+    /** `auto`: readable lines on a terminal, JSON lines otherwise. */
+    logFormat: oneOf(env, 'LOG_FORMAT', ['auto', 'json', 'pretty'] as const, 'auto'),
+    dataDir,
+    toolsDir: path.resolve(read(env, 'TOOLS_DIR') ?? defaultToolsDir(env)),
+    mongo: {
+      /** When unset, `gateway start` runs an embedded FerretDB and points this at it. */
+      uri: url(env, 'MONGODB_URI', ['mongodb:', 'mongodb+srv:']),
+      database: read(env, 'MONGODB_DATABASE') ?? 'gateway',
+      embeddedPort: port(env, 'FERRETDB_PORT', 27017),
+    },
+    temporal: {
+      /** When unset, `gateway start` runs an embedded Temporal dev server and points this at it. */
+      address: hostPort(env, 'TEMPORAL_ADDRESS'),
+      namespace: read(env, 'TEMPORAL_NAMESPACE') ?? 'default',
+      taskQueue: read(env, 'TEMPORAL_TASK_QUEUE') ?? 'gateway',
+      embeddedPort: port(env, 'TEMPORAL_PORT', 7233),
+      uiPort: port(env, 'TEMPORAL_UI_PORT', 8233),
+    },
+    sandbox: {
+      port: sandboxPort,
+      /** Fills `${SANDBOX_URL}` in the catalog's provider URLs. */
+      url: url(env, 'SANDBOX_URL', ['http:', 'https:']) ?? `http://127.0.0.1:${sandboxPort}`,
+    },
+    catalogPath: path.resolve(read(env, 'CATALOG_PATH') ?? DEFAULT_CATALOG_PATH),
+    auth: {
+      /** How long a process trusts a key it has authenticated: a revocation elsewhere applies here within this. 0 turns it off. */
+      keyCacheMs: wholeNumber(env, 'KEY_CACHE_MS', 5_000),
+    },
+    rateLimit: {
+      /** Requests each API key may make per window, counted across all API processes. */
+      requests: positiveInt(env, 'RATE_LIMIT_REQUESTS', 600),
+      windowSeconds: positiveInt(env, 'RATE_LIMIT_WINDOW_SECONDS', 60),
+    },
+    credits: {
+      /** Granted to the `default` workspace that the first start creates, so a first call works. */
+      welcomeUsd: positiveNumber(env, 'WELCOME_CREDITS_USD', 10),
+      /** How long a process trusts its reading of a workspace's balance before re-reading the ledger. */
+      balanceCacheMs: positiveInt(env, 'BALANCE_CACHE_MS', 5_000),
+    },
+    decisions: {
+      /** `inline`: run in the API process; `workflow`: one eagerly started Temporal workflow each. */
+      execution: oneOf(env, 'DECISIONS_EXECUTION', ['inline', 'workflow'] as const, 'inline'),
+      /** A decision that has not finished by then is abandoned with a 524. */
+      timeoutMs: positiveInt(env, 'DECISION_TIMEOUT_MS', 120_000),
+      /** Workflow mode: decisions a process runs as workflows at once; more wait in line (api/decision-execution). */
+      workflowConcurrency: positiveInt(env, 'DECISION_WORKFLOW_CONCURRENCY', 20),
+      maxQuestions: positiveInt(env, 'DECISION_MAX_QUESTIONS', 256),
+      maxChoices: positiveInt(env, 'DECISION_MAX_CHOICES', 255),
+      maxScoreLevels: positiveInt(env, 'DECISION_MAX_SCORE_LEVELS', 255),
+      maxStateBytes: bytes(env, 'DECISION_MAX_STATE_BYTES', 512 * 1024),
+    },
+    webhooks: {
+      /** Lets callback URLs be http and reach loopback and private addresses (a receiver inside your own network). */
+      allowPrivateUrls: oneOf(env, 'WEBHOOKS_ALLOW_PRIVATE_URLS', ['true', 'false'] as const, 'false') === 'true',
+      /** How long a terminal batch keeps trying to deliver its webhook. */
+      retryWindowMs: positiveInt(env, 'WEBHOOK_RETRY_WINDOW_MS', 24 * 3_600_000),
+      /** The wait before the second attempt; each later wait doubles, up to an hour. */
+      firstRetryMs: positiveInt(env, 'WEBHOOK_FIRST_RETRY_MS', 5_000),
+      /** One attempt's limit: a receiver that has not answered by then counts as failed. */
+      timeoutMs: positiveInt(env, 'WEBHOOK_TIMEOUT_MS', 10_000),
+    },
+    metrics: {
+      /** When set, GET /metrics needs `Authorization: Bearer <token>`. */
+      token: read(env, 'METRICS_TOKEN') ?? null,
+      /** When set, /metrics is served on this port (by the API or a worker alone) instead of the API's. */
+      port: optionalPort(env, 'METRICS_PORT'),
+      /** Where the METRICS_PORT server listens: loopback unless an operator opens it (the metrics name every workspace's spend). */
+      host: read(env, 'METRICS_HOST') ?? '127.0.0.1',
+      /** When set, the Temporal SDK runtime serves its own Prometheus metrics (worker polls, task latencies) on this port. */
+      temporalPort: optionalPort(env, 'TEMPORAL_METRICS_PORT'),
+    },
+    inference: {
+      /** A stream whose provider has been silent this long gets an SSE comment, so proxies keep it open. */
+      keepAliveMs: positiveInt(env, 'STREAM_KEEPALIVE_MS', 10_000),
+    },
+    batches: {
+      maxRequests: positiveInt(env, 'BATCH_MAX_REQUESTS', 50_000),
+      maxBytes: bytes(env, 'BATCH_MAX_BYTES', 200 * 1024 ** 2),
+      /** Lines per stored chunk and per chunk activity. */
+      chunkSize: positiveInt(env, 'BATCH_CHUNK_SIZE', 250),
+      /** Chunk activities a batch keeps running at once (the sliding window). */
+      window: positiveInt(env, 'BATCH_WINDOW', 4),
+      /** Lines a chunk activity has in flight at once. */
+      lineConcurrency: positiveInt(env, 'BATCH_LINE_CONCURRENCY', 64),
+      /** Attempts per line for retryable upstream failures (each attempt already falls back across endpoints). */
+      lineAttempts: positiveInt(env, 'BATCH_LINE_ATTEMPTS', 3),
+      /**
+       * How long a chunk waits out an outage (the database refusing writes, finished results kept in
+       * memory; a provider refusing connections, its lines retried) before giving up on it.
+       */
+      outageMs: positiveInt(env, 'BATCH_OUTAGE_MS', 5 * 60_000),
+      /** A chunk silent this long (its worker died) is given to another worker; chunks heartbeat every second. */
+      heartbeatTimeoutMs: positiveInt(env, 'BATCH_HEARTBEAT_TIMEOUT_MS', 10_000, 2_000),
+    },
+    http: {
+      bodyLimitBytes: bytes(env, 'BODY_LIMIT', 10 * 1024 ** 2),
+      /** JSON bodies nested deeper than this are refused (400) before they reach a validator or the database. */
+      bodyMaxDepth: positiveInt(env, 'BODY_MAX_DEPTH', 64),
+      /** A request body that sends nothing for this long is refused (408) and its connection closed. */
+      bodyIdleMs: positiveInt(env, 'BODY_IDLE_TIMEOUT_MS', 15_000),
+      shutdownGraceMs: positiveInt(env, 'SHUTDOWN_GRACE_MS', 10_000),
+    },
+  };
+}
+
+export type Config = ReturnType<typeof loadConfig>;
+
+export interface Addresses {
+  mongoUri: string;
+  temporalAddress: string;
+}
+
+/** Where the services are when nothing says otherwise: the embedded stack's default ports. */
+export function configuredAddresses(config: Config): Addresses {
+  return {
+    mongoUri: config.mongo.uri ?? `mongodb://127.0.0.1:${config.mongo.embeddedPort}/`,
+    temporalAddress: config.temporal.address ?? `127.0.0.1:${config.temporal.embeddedPort}`,
+  };
+}
+
+/** True for an address only this machine can reach. */
+function isLoopback(host: string): boolean {
+  return host === 'localhost' || host === '::1' || host === '[::1]' || /^127\.\d+\.\d+\.\d+$/.test(host);
+}
+
+/**
+ * Where /metrics is served, if anywhere: on METRICS_PORT (bound to METRICS_HOST), or on the API.
+ * The metrics name every workspace's spend, so the API serves them only while it listens on
+ * loopback or they need METRICS_TOKEN; an API open to the network without a token does not.
+ */
+export function metricsExposure(config: Config): { where: 'own-port' | 'api' | 'none'; protectedBy: 'token' | 'loopback' | null } {
+  const protectedBy = (host: string) => (config.metrics.token ? 'token' : isLoopback(host) ? 'loopback' : null);
+  if (config.metrics.port !== null) return { where: 'own-port', protectedBy: protectedBy(config.metrics.host) };
+  const api = protectedBy(config.host);
+  return api ? { where: 'api', protectedBy: api } : { where: 'none', protectedBy: null };
+}

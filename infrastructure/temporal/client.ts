@@ -1,0 +1,62 @@
+// Connections to the Temporal server. The API process shares one NativeConnection between its
+// client and its in-process worker, which eager workflow start requires.
+import { GATEWAY_ERROR_TYPE } from '../../workflows/shared';
+import { decisionWorkflow } from '../../workflows/decision';
+import { NativeConnection, Runtime, makeTelemetryFilterString } from '@temporalio/worker';
+import type { Logger } from '../log';
+import { Client } from '@temporalio/client';
+
+export interface TemporalHandles {
+  connection: NativeConnection;
+  client: Client;
+}
+
+let runtimeInstalled = false;
+
+/** Routes the SDK's own logs into ours. Must run before the first connection creates the runtime. */
+function installRuntime(logger: Logger, metricsAddress: string | null): void {
+  if (runtimeInstalled) return;
+  runtimeInstalled = true;
+  // The SDK narrates worker state changes at info; keep only its warnings unless debugging.
+  const log = logger.child({ component: 'temporal-sdk' }, { level: logger.levelVal < 30 || logger.levelVal > 40 ? logger.level : 'warn' });
+  // A decision that fails with a gateway error (an upstream 502, a 404 …) is an answer, not an incident.
+  const expected = (meta: Record<string, unknown> | undefined) =>
+    (meta?.error as { type?: string } | undefined)?.type === GATEWAY_ERROR_TYPE || meta?.workflowType === decisionWorkflow.name;
+  const at = (level: string) =>
+    level === 'TRACE' ? 'trace' : level === 'DEBUG' ? 'debug' : level === 'WARN' ? 'warn' : level === 'ERROR' ? 'error' : 'info';
+  Runtime.install({
+    // Our own handler stops the worker once; the SDK's would stop it again (IllegalStateError).
+    shutdownSignals: [],
+    logger: {
+      log: (level, message, meta) => log[level === 'WARN' && expected(meta) ? 'debug' : at(level)](meta ?? {}, message),
+      trace: (message, meta) => log.trace(meta ?? {}, message),
+      debug: (message, meta) => log.debug(meta ?? {}, message),
+      info: (message, meta) => log.info(meta ?? {}, message),
+      warn: (message, meta) => (expected(meta) ? log.debug(meta ?? {}, message) : log.warn(meta ?? {}, message)),
+      error: (message, meta) => log.error(meta ?? {}, message),
+    },
+    telemetryOptions: {
+      logging: { filter: makeTelemetryFilterString({ core: 'WARN' }), forward: {} },
+      // The SDK core's own Prometheus endpoint (worker polls, task and activity latencies), on request.
+      ...(metricsAddress === null ? {} : { metrics: { prometheus: { bindAddress: metricsAddress } } }),
+    },
+  });
+}
+
+export async function connectTemporal(
+  address: string,
+  namespace: string,
+  logger: Logger,
+  /** `host:port` for the SDK runtime's Prometheus endpoint, if wanted. */
+  metricsAddress: string | null = null,
+): Promise<TemporalHandles> {
+  installRuntime(logger, metricsAddress);
+  const connection = await NativeConnection.connect({ address });
+  const client = new Client({ connection, namespace });
+  return { connection, client };
+}
+
+/** A cheap round trip that fails fast when the server is gone. */
+export async function pingTemporal(client: Client, timeoutMs = 2_000): Promise<void> {
+  await client.connection.withDeadline(Date.now() + timeoutMs, () => client.workflowService.getSystemInfo({}));
+}

@@ -1,0 +1,39 @@
+// Gateway errors crossing Temporal: an activity turns one into a non-retryable ApplicationFailure
+// carrying its status; the API turns the workflow failure back into the same error class.
+import { ApplicationFailure } from '@temporalio/common';
+import { errorFromStatus, GatewayError, InternalError, RateLimitedError, ServiceUnavailableError } from '../errors';
+
+import { GATEWAY_ERROR_TYPE } from '../../workflows/shared';
+
+interface Details {
+  status: number;
+  metadata: Record<string, unknown> | null;
+  retryAfterSeconds?: number;
+}
+
+/** For activities: gateway errors become final failures; anything else stays retryable. */
+export function toActivityFailure(err: unknown): unknown {
+  if (!(err instanceof GatewayError)) return err;
+  const details: Details = {
+    status: err.status,
+    metadata: err.metadata,
+    ...(err instanceof RateLimitedError ? { retryAfterSeconds: err.retryAfterSeconds } : {}),
+  };
+  return ApplicationFailure.create({ type: GATEWAY_ERROR_TYPE, message: err.message, nonRetryable: true, details: [details] });
+}
+
+/** For clients: the gateway error a workflow failed with, or a 503 when Temporal itself failed. */
+export function fromWorkflowFailure(err: unknown): GatewayError {
+  for (let e: any = err; e; e = e.cause) {
+    if (e instanceof ApplicationFailure && e.type === GATEWAY_ERROR_TYPE) {
+      const d = (e.details?.[0] ?? {}) as Details;
+      if (d.status === 429) return new RateLimitedError(e.message, d.retryAfterSeconds ?? 1, d.metadata);
+      return errorFromStatus(d.status ?? 500, e.message, d.metadata ?? null);
+    }
+  }
+  const name = (err as Error)?.name ?? '';
+  if (/Timeout|Connection|Unavailable|ServiceError/i.test(name) || /UNAVAILABLE|DEADLINE/i.test(String((err as Error)?.message))) {
+    return new ServiceUnavailableError('The orchestration service is unavailable; try again');
+  }
+  return new InternalError('Internal server error');
+}
