@@ -7,6 +7,7 @@ import { pipeline } from 'node:stream/promises';
 import type { Command } from 'commander';
 import { request } from 'undici';
 import { TERMINAL_STATUSES } from '../domain/batches/schema';
+import { clientConfig } from '../infrastructure/config';
 
 /** A failure the user can act on: printed as one line, exit code 1 (2 for a usage mistake). */
 class CliError extends Error {
@@ -24,9 +25,9 @@ interface Api {
 }
 
 function apiFromEnv(): Api {
-  const key = process.env.GATEWAY_API_KEY;
+  const { url, apiKey: key } = clientConfig();
   if (!key) throw new CliError('GATEWAY_API_KEY is not set: export the API key to use (sk-gw-v1-…)', 2);
-  const base = (process.env.GATEWAY_URL ?? 'http://127.0.0.1:8080').replace(/\/+$/, '');
+  const base = url.replace(/\/+$/, '');
   return { base: base.endsWith('/api/v1') ? base : `${base}/api/v1`, key };
 }
 

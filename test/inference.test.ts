@@ -75,7 +75,7 @@ describe('inference routes', function () {
         model('test/big', [{ ...endpoint('big'), pricing: { prompt: 0.01, completion: 0.01 } }]),
       );
     });
-    gw = await startTestGateway({ env: { CATALOG_PATH: catalog, STREAM_KEEPALIVE_MS: '100' } });
+    gw = await startTestGateway({ env: { CATALOG_PATH: catalog }, tune: (c) => (c.inference.keepAliveMs = 100) });
     t = await createTenant(gw.store, 50);
   });
   after(async () => {

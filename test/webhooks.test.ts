@@ -88,10 +88,10 @@ describe('batch completion webhooks', function () {
     gw = await startTestGateway({
       env: {
         WEBHOOKS_ALLOW_PRIVATE_URLS: 'true',
-        WEBHOOK_FIRST_RETRY_MS: '100',
         WEBHOOK_RETRY_WINDOW_MS: '1500',
         WEBHOOK_TIMEOUT_MS: '400',
       },
+      tune: (c) => (c.webhooks.firstRetryMs = 100),
     });
     t = await createTenant(gw.store, 5);
     const s = await call(`${gw.url}/api/v1/webhooks/secret`, { key: t.managementKey });

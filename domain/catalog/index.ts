@@ -90,7 +90,7 @@ export class Catalog {
     }
   }
 
-  static fromObject(raw: unknown, env: Record<string, string | undefined> = process.env, source = '(inline)'): Catalog {
+  static fromObject(raw: unknown, env: Record<string, string | undefined> = {}, source = '(inline)'): Catalog {
     let file: CatalogFile;
     try {
       file = validateFile(raw);
@@ -106,7 +106,7 @@ export class Catalog {
     return new Catalog(file, env, source);
   }
 
-  static fromFile(file: string, env: Record<string, string | undefined> = process.env): Catalog {
+  static fromFile(file: string, env: Record<string, string | undefined>): Catalog {
     let raw: unknown;
     try {
       raw = JSON.parse(fs.readFileSync(file, 'utf8'));

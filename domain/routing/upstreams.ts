@@ -25,14 +25,10 @@ export interface Upstreams {
   env: Record<string, string | undefined>;
 }
 
-function catalogEnv(config: Config): Record<string, string | undefined> {
-  return { ...process.env, SANDBOX_URL: config.sandbox.url };
-}
-
 export function createUpstreams(
   config: Config,
   store: Store,
-  catalog = Catalog.fromFile(config.catalogPath, catalogEnv(config)),
+  catalog = Catalog.fromFile(config.catalogPath, config.catalogEnv),
   observer: UpstreamObserver = unobserved,
 ): Upstreams & { close(): Promise<void> } {
   const stats = new LiveStats(store);
@@ -43,7 +39,7 @@ export function createUpstreams(
     stats,
     limiter: new ProviderLimiter(),
     observer,
-    env: process.env,
+    env: config.catalogEnv,
     close: async () => {
       await stats.stop();
       await http.close();

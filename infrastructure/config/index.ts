@@ -103,6 +103,7 @@ export function defaultToolsDir(env: Env = process.env): string {
 export function loadConfig(env: Env = process.env) {
   const dataDir = path.resolve(read(env, 'DATA_DIR') ?? '.data');
   const sandboxPort = port(env, 'SANDBOX_PORT', 8090);
+  const sandboxUrl = url(env, 'SANDBOX_URL', ['http:', 'https:']) ?? `http://127.0.0.1:${sandboxPort}`;
   return {
     host: read(env, 'HOST') ?? '127.0.0.1',
     port: port(env, 'PORT', 8080),
@@ -128,9 +129,14 @@ export function loadConfig(env: Env = process.env) {
     sandbox: {
       port: sandboxPort,
       /** Fills `${SANDBOX_URL}` in the catalog's provider URLs. */
-      url: url(env, 'SANDBOX_URL', ['http:', 'https:']) ?? `http://127.0.0.1:${sandboxPort}`,
+      url: sandboxUrl,
     },
     catalogPath: path.resolve(read(env, 'CATALOG_PATH') ?? DEFAULT_CATALOG_PATH),
+    /**
+     * The variables a catalog may name: `${VAR}` placeholders in provider URLs and each provider's
+     * `api_key_env`. Provider keys are read from here only, never logged.
+     */
+    catalogEnv: { ...env, SANDBOX_URL: sandboxUrl } as Env,
     auth: {
       /** How long a process trusts a key it has authenticated: a revocation elsewhere applies here within this. 0 turns it off. */
       keyCacheMs: wholeNumber(env, 'KEY_CACHE_MS', 5_000),
@@ -164,7 +170,7 @@ export function loadConfig(env: Env = process.env) {
       /** How long a terminal batch keeps trying to deliver its webhook. */
       retryWindowMs: positiveInt(env, 'WEBHOOK_RETRY_WINDOW_MS', 24 * 3_600_000),
       /** The wait before the second attempt; each later wait doubles, up to an hour. */
-      firstRetryMs: positiveInt(env, 'WEBHOOK_FIRST_RETRY_MS', 5_000),
+      firstRetryMs: 5_000,
       /** One attempt's limit: a receiver that has not answered by then counts as failed. */
       timeoutMs: positiveInt(env, 'WEBHOOK_TIMEOUT_MS', 10_000),
     },
@@ -180,7 +186,7 @@ export function loadConfig(env: Env = process.env) {
     },
     inference: {
       /** A stream whose provider has been silent this long gets an SSE comment, so proxies keep it open. */
-      keepAliveMs: positiveInt(env, 'STREAM_KEEPALIVE_MS', 10_000),
+      keepAliveMs: 10_000,
     },
     batches: {
       maxRequests: positiveInt(env, 'BATCH_MAX_REQUESTS', 50_000),
@@ -213,6 +219,11 @@ export function loadConfig(env: Env = process.env) {
 }
 
 export type Config = ReturnType<typeof loadConfig>;
+
+/** Where the `gateway batches` commands find the gateway, and the key they use. */
+export function clientConfig(env: Env = process.env): { url: string; apiKey: string | null } {
+  return { url: read(env, 'GATEWAY_URL') ?? 'http://127.0.0.1:8080', apiKey: read(env, 'GATEWAY_API_KEY') ?? null };
+}
 
 export interface Addresses {
   mongoUri: string;

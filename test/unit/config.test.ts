@@ -1,6 +1,9 @@
 import { expect } from 'chai';
+import fs from 'node:fs';
 import path from 'node:path';
-import { ConfigError, loadConfig } from '../../infrastructure/config';
+import { clientConfig, ConfigError, loadConfig } from '../../infrastructure/config';
+
+const root = path.resolve(__dirname, '..', '..', '..');
 
 describe('config', () => {
   it('defaults to the embedded stack on loopback', () => {
@@ -12,6 +15,24 @@ describe('config', () => {
     expect(c.temporal.uiPort).to.equal(8233);
     expect(c.dataDir).to.equal(path.resolve('.data'));
     expect(c.toolsDir).to.equal('/home/u/.cache/inference-gateway/bin');
+  });
+
+  it('the variables it reads are exactly the documented ones', () => {
+    // Which variables the config module reads, observed rather than parsed from its source.
+    const read = new Set<string>();
+    const spy = new Proxy({} as Record<string, string | undefined>, {
+      get: (_t, name) => {
+        if (typeof name === 'string' && /^[A-Z][A-Z0-9_]+$/.test(name)) read.add(name);
+        return undefined;
+      },
+      ownKeys: () => [],
+    });
+    loadConfig(spy);
+    clientConfig(spy);
+    for (const convention of ['HOME', 'XDG_CACHE_HOME']) read.delete(convention); // where the tools cache goes
+    const doc = fs.readFileSync(path.join(root, 'docs', 'configuration.md'), 'utf8');
+    const documented = new Set([...doc.matchAll(/^\| `([A-Z][A-Z0-9_]+)` \|/gm)].map((m) => m[1]));
+    expect([...read].sort()).to.deep.equal([...documented].sort());
   });
 
   it('reads every documented variable', () => {
