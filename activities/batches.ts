@@ -251,7 +251,7 @@ export function createBatchActivities({ store, upstreams, batchSettings, usage, 
           const closing = await writeResultsOnce(store, b, missing);
           for (const r of closing) {
             addToTally(t, r);
-            if (r.ok && r.usage) await usage.record(lineUsage(b, r));
+            if (r.ok && r.usage) await usage.recordStored(lineUsage(b, r));
           }
           // The chunk is complete now: page it, unless it paged itself when it finished (a chunk
           // cancelled between its last line and its pages has no missing lines, and no pages yet).

@@ -6,8 +6,9 @@ import { toActivityFailure } from '../infrastructure/temporal/failures';
 
 export type { DecisionJob, DecisionResult } from '../domain/decisions/service';
 
-export function createDecisionActivities(deps: { upstreams: Upstreams; usage: UsageLedger }) {
-  const decide = decisionService(deps);
+export function createDecisionActivities({ upstreams, usage }: { upstreams: Upstreams; usage: UsageLedger }) {
+  // A workflow's activity may run on any worker: its record is in the database before it completes.
+  const decide = decisionService({ upstreams, record: (r) => usage.recordStored(r) });
   return {
     /**
      * The decision service as the workflow mode's local activity (cancelled through its context);

@@ -59,15 +59,13 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   const handoff = new DecisionHandoff();
   // One set of activity functions per process: the worker registers them, inline decisions call them.
   const onRecorded = (doc: UsageDoc) => metrics.spend.inc({ workspace: doc.workspace_id }, doc.cost);
-  const usage = new UsageLedger(store, { onRecorded });
-  const journaled = journal
-    ? new UsageLedger(store, {
-        onRecorded,
-        journal: new UsageJournal(path.join(config.dataDir, 'usage-journal'), config.mongo.database),
-        onTrouble: (message, details) => logger.warn(details, message),
-      })
-    : null;
-  const credits = new SpendAdmission(store, config.credits.balanceCacheMs, Date.now, (id) => journaled?.unstoredCost(id) ?? 0);
+  // The process's one ledger; an API process journals its synchronous calls' records (see usage-ledger.ts).
+  const usage = new UsageLedger(store, {
+    onRecorded,
+    journal: journal ? new UsageJournal(path.join(config.dataDir, 'usage-journal'), config.mongo.database) : undefined,
+    onTrouble: (message, details) => logger.warn(details, message),
+  });
+  const credits = new SpendAdmission(store, config.credits.balanceCacheMs, Date.now, (id) => usage.unstoredCost(id));
   const sender = createWebhookSender(config.webhooks.allowPrivateUrls);
   const activities = createActivities({
     store,
@@ -80,7 +78,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   });
   // Inline decisions are synchronous calls like the others: answered once their usage record is
   // journaled (the database write follows in groups), not after a round trip to the database.
-  const inlineDecisions = decisionService({ upstreams, usage: journaled ?? usage });
+  const inlineDecisions = decisionService({ upstreams, record: (r) => usage.record(r) });
   const metricsServer =
     config.metrics.port === null
       ? null
@@ -125,7 +123,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     await sender.close();
     await store.close();
   };
-  return { store, upstreams, client, handoff, activities, inlineDecisions, journaled, credits, metrics, stop };
+  return { store, upstreams, client, handoff, activities, inlineDecisions, usage, credits, metrics, stop };
 }
 
 export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
@@ -140,7 +138,7 @@ export async function runApiRole(
 ): Promise<{ url: string; usage: UsageLedger; stop: Stop }> {
   const core = await startCore(config, logger, addr, opts.withWorker, true);
   const { store, upstreams, client, handoff, inlineDecisions, credits, metrics, stop } = core;
-  const usage = core.journaled!;
+  const usage = core.usage;
   const decisions =
     config.decisions.execution === 'workflow'
       ? workflowExecution(client, handoff, config.temporal.taskQueue, config.decisions.workflowConcurrency)

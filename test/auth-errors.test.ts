@@ -493,7 +493,7 @@ describe('inline decisions: errors as thrown, not through Temporal', () => {
     const deps = {
       config: gw.config,
       store: gw.store,
-      decisions: inlineExecution(decisionService({ upstreams, usage: new UsageLedger(timingOut) })),
+      decisions: inlineExecution(decisionService({ upstreams, record: (r) => new UsageLedger(timingOut).record(r) })),
       upstreams,
       workspaces: new SpendAdmission(gw.store, 0),
       metrics: new Metrics(),

@@ -462,6 +462,30 @@ describe('usage ledger with a journal', () => {
     expect(await store.usage.countDocuments({ _id: id })).to.equal(1);
     await next.close(1_000);
   });
+
+  it('one ledger serves both kinds of caller: recordStored answers once stored (or refused), record once journaled', async () => {
+    const ledger = new UsageLedger(store, { journal: new UsageJournal(dir, database) });
+    const stored = `gen-stored-${Date.now()}`;
+    expect(await ledger.recordStored(usage(stored))).to.equal(true);
+    expect(await store.usage.countDocuments({ _id: stored })).to.equal(1); // in the database when it answered
+    expect(journaled()).to.deep.equal([]); // and never journaled
+    await ledger.close(1_000);
+
+    // In an outage a caller waiting for the database is refused (its activity retries); a journaled record waits.
+    const broken = await Store.connect(stack.mongoUri, database);
+    await broken.close();
+    const during = new UsageLedger(broken, { journal: new UsageJournal(dir, database), onTrouble: () => undefined });
+    const [waiting, kept] = [`gen-refused-${Date.now()}`, `gen-kept-${Date.now()}`];
+    const refused = during.recordStored(usage(waiting)).catch((err: Error) => err);
+    expect(await during.record(usage(kept))).to.equal(true);
+    expect(await refused).to.be.instanceOf(Error);
+    await during.close(200);
+    expect(journaled()).to.deep.equal([kept]);
+    const next = new UsageLedger(store, { journal: new UsageJournal(dir, database) });
+    await next.flushed();
+    expect(await store.usage.countDocuments({ _id: { $in: [waiting, kept] } })).to.equal(1);
+    await next.close(1_000);
+  });
 });
 
 /** A FerretDB of the test's own (so it can be frozen with SIGSTOP), with a store and a funded tenant on it. */

@@ -4,11 +4,13 @@
 // A record's `_id` is its generation id: a retried call finds its record already there and is not
 // debited twice.
 //
-// A caller's promise settles once its record is safe. Without a journal that is once the database
-// has it (or refused it). With a journal (domain/accounts/usage-journal, the API's synchronous calls) it
-// is once the record's line is written locally; the database write follows in the background,
-// retried through an outage, and a record that never got there is adopted from the journal by the
-// next process. Until it is stored, `generation` and `unstoredCost` still see it.
+// One ledger per process. A caller's promise settles once its record is safe: `recordStored` once
+// the database has it (or refused it), for work another process may take over (activities); `record`
+// once the record's line is written to the process's journal (domain/accounts/usage-journal), for
+// the API's synchronous calls, when the process has one (else as `recordStored`). A journaled
+// record's database write follows in the background, retried through an outage, and a record that
+// never got there is adopted from the journal by the next process. Until it is stored,
+// `generation` and `unstoredCost` still see it.
 import { randomBytes } from 'node:crypto';
 import { ServiceUnavailableError } from '../../infrastructure/errors';
 import { toJsonText } from '../../infrastructure/store/json-text';
@@ -77,11 +79,17 @@ export class UsageLedger {
     }
   }
 
-  /** Resolves true once safe (see above), false when that generation was already recorded. */
-  record(usage: UsageRecord): Promise<boolean> {
+  /** Resolves true once the database has the record, false when that generation was already recorded. */
+  recordStored(usage: UsageRecord): Promise<boolean> {
     const doc = toDoc(usage);
+    return new Promise((resolve, reject) => this.enqueue({ doc, resolve, reject }));
+  }
+
+  /** Resolves true once the record is journaled (stored, without a journal), false when that generation was already recorded. */
+  record(usage: UsageRecord): Promise<boolean> {
     const { journal } = this.opts;
-    if (!journal) return new Promise((resolve, reject) => this.enqueue({ doc, resolve, reject }));
+    if (!journal) return this.recordStored(usage);
+    const doc = toDoc(usage);
     if (this.unstored.size >= MAX_BACKLOG) {
       return Promise.reject(new ServiceUnavailableError('Usage records cannot be stored right now; try again shortly'));
     }
@@ -224,10 +232,15 @@ export class UsageLedger {
         this.totals.inserted(docs, outcomes);
       } catch (err) {
         this.totals.failed(docs);
-        if (this.opts.journal) {
+        const journaled = group.filter((p) => p.segment);
+        if (journaled.length) {
+          // Callers waiting for the database are told now (they have retries of their own); journaled records wait.
+          const waiting = new Set(group.filter((p) => !p.segment));
+          if (waiting.size) this.queue = this.queue.filter((p) => !waiting.has(p));
+          for (const p of waiting) p.reject!(err);
           if (this.closed) return false; // the journal keeps them for the next start
           // Keep the group and try again after a pause (not in a loop against the database).
-          this.opts.onTrouble?.('usage records could not be stored; retrying', { err, records: group.length, retry_ms: this.retryMs });
+          this.opts.onTrouble?.('usage records could not be stored; retrying', { err, records: journaled.length, retry_ms: this.retryMs });
           this.retryTimer = setTimeout(() => void this.drain(), this.retryMs);
           this.retryMs = Math.min(this.retryMs * 2, RETRY_MAX_MS);
           return false;

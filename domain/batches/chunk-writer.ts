@@ -92,7 +92,7 @@ export class ChunkWriter {
     const { store, usage, batch, chunkIndex } = this.o;
     try {
       const stored = await writeResultsOnce(store, batch, group);
-      await Promise.all(stored.filter((r) => r.ok && r.usage).map((r) => usage.record(lineUsage(batch, r))));
+      await Promise.all(stored.filter((r) => r.ok && r.usage).map((r) => usage.recordStored(lineUsage(batch, r))));
       for (const r of group) {
         this.unstored.get(r.line)?.();
         this.unstored.delete(r.line);

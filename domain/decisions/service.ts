@@ -1,7 +1,7 @@
 // A decision as a service: evaluate the questions against the catalog's models, bill the call
 // through the usage ledger, answer. Called directly by the API's inline mode and wrapped by the
 // decision activity for the workflow mode; gateway errors leave as they are.
-import { usageRecordOf, type UsageLedger } from '../accounts/usage-ledger';
+import { usageRecordOf, type UsageRecord } from '../accounts/usage-ledger';
 import type { RequestMeta } from '../accounts/attribution';
 import type { Upstreams } from '../routing/upstreams';
 import { evaluate } from './evaluate';
@@ -29,15 +29,18 @@ export interface DecisionResult {
 
 export type Decide = (job: DecisionJob, signal: AbortSignal) => Promise<DecisionResult>;
 
-/** Evaluates and records usage; answers only once the usage record is safe. A retry re-asks the provider but cannot debit twice. */
-export function decisionService({ upstreams, usage }: { upstreams: Upstreams; usage: UsageLedger }): Decide {
+/**
+ * Evaluates and records usage; answers only once `record` says the usage record is safe (journaled
+ * inline, stored in workflow mode). A retry re-asks the provider but cannot debit twice.
+ */
+export function decisionService({ upstreams, record }: { upstreams: Upstreams; record: (usage: UsageRecord) => Promise<unknown> }): Decide {
   return async (job, signal) => {
     const e = await evaluate(upstreams, job.request, { workspace: job.workspace, signal });
     const details = {
       ...(e.labelMass && { label_mass: e.labelMass, prompt_format: PROMPT_FORMAT }),
       ...(e.providers && { providers: e.providers }),
     };
-    await usage.record(
+    await record(
       usageRecordOf(
         { generationId: job.generationId, workspaceId: job.workspaceId, keyId: job.keyId, kind: 'decision', meta: job.meta },
         { model: e.model, provider: e.provider, usage: e.usage, cost: e.cost },
