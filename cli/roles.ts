@@ -14,7 +14,6 @@ import { SpendAdmission } from '../domain/accounts/spend-admission';
 import { KeyCache } from '../domain/accounts/key-cache';
 import { createUpstreams } from '../domain/routing/upstreams';
 import { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
-import { migrateLedger } from '../domain/accounts/ledger-migration';
 import { UsageLedger } from '../domain/accounts/usage-ledger';
 import { UsageJournal } from '../domain/accounts/usage-journal';
 import { createActivities } from '../activities';
@@ -24,9 +23,6 @@ import { startMetricsServer } from '../api/routes/metrics';
 import { Metrics } from '../infrastructure/metrics';
 import { createWebhookSender } from '../domain/webhooks/deliver';
 import { purgeDeleted } from '../domain/batches/store';
-import { indexStoredBatches } from '../domain/batches/list';
-import { listStoredKeys } from '../domain/accounts/keys';
-import { listStoredPresets } from '../domain/presets/store';
 
 /** How often a process looks for batch deletions left unfinished. */
 const PURGE_EVERY_MS = 30_000;
@@ -42,11 +38,6 @@ import type { Stop } from './signals';
  */
 async function startCore(config: Config, logger: Logger, addr: Addresses, withWorker: boolean, journal: boolean) {
   const store = await Store.connect(addr.mongoUri, config.mongo.database);
-  // Stores written by an older version: brought up to date once (each migration is idempotent).
-  const ledger = await migrateLedger(store);
-  if (ledger && (ledger.workspaces || ledger.grants)) logger.info(ledger, 'ledger migrated to running totals');
-  const listed = { batches: await indexStoredBatches(store), keys: await listStoredKeys(store), presets: await listStoredPresets(store) };
-  if (Object.values(listed).some(Boolean)) logger.info(listed, 'stored batches, keys and presets listed under their workspaces');
   const metrics = new Metrics();
   const upstreams = createUpstreams(config, store, undefined, metrics);
   upstreams.stats.start();

@@ -13,13 +13,12 @@ import { errorMiddleware } from '../api/errors';
 import { jsonBody } from '../api/body';
 import { requestMeta } from '../api/request-meta';
 import { getBalance } from '../domain/accounts/credits';
-import { UsageLedger } from '../domain/accounts/usage-ledger';
+import { UsageLedger, type UsageRecord } from '../domain/accounts/usage-ledger';
 import { createLogger } from '../infrastructure/log';
-import type { UsageDoc } from '../infrastructure/store';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, uniqueName, type Tenant, type TestGateway } from './helpers';
 
-function usage(t: Tenant, id: string, cost: number): Omit<UsageDoc, 'created_at'> {
+function usage(t: Tenant, id: string, cost: number): UsageRecord {
   return {
     _id: id,
     workspace_id: t.workspaceId,

@@ -12,10 +12,6 @@ import {
   batches,
   newBatchId,
   pages,
-  counts,
-  deleteBatch,
-  purgeDeleted,
-  readChunk,
   readProgress,
   resultTexts,
   saveProgress,
@@ -91,7 +87,7 @@ describe('batch chunk activity', () => {
   });
 
   /** A batch in the shared collections, as the API stores one. */
-  const ref = (id: string) => ({ _id: id, layout: 'shared' as const });
+  const ref = (id: string) => ({ _id: id });
   /** Its stored results (a scan of the shared collection: fine in a test). */
   const storedResults = async (id: string) =>
     await store.db
@@ -198,44 +194,6 @@ describe('batch chunk activity', () => {
     } finally {
       await watched.close();
     }
-  });
-
-  it('a batch stored before the shared collections (collections of its own) is still read, counted and deleted', async () => {
-    const id = newBatchId();
-    const old = { _id: id }; // no layout: its lines live in collections named after it
-    const lines = [0, 1, 2].map((i) => ({ line: i, custom_id: `c${i}`, body: JSON.stringify(chat(i)) }));
-    await storeInputs(store, old, lines, 100);
-    await store.db.collection(`${id}_results`).insertMany(
-      lines.map((l) => ({
-        _id: seqId(l.line),
-        line: l.line,
-        custom_id: l.custom_id,
-        id: `gen-${l.line}`,
-        ok: true,
-        provider: 'p',
-        response: { status_code: 200, request_id: 'r', body: { n: l.line } },
-        error: null,
-        usage: null,
-      })) as never[],
-    );
-    await saveProgress(store, old, 0, { ...emptyTally(), completed: 3 }, [0, 1, 2]);
-    const b = testBatchDoc(t, { _id: id, layout: undefined, model: 'test/chunk-counted', total: 3, chunks: 1, status: 'completed' });
-    await batches(store).insertOne(b);
-    const texts: { line: number; text: string }[] = [];
-    for await (const r of resultTexts(store, b, { after: 0 })) texts.push(r);
-    expect(texts.map((r) => [r.line, JSON.parse(r.text).response.body.n])).to.deep.equal([
-      [1, 1],
-      [2, 2],
-    ]);
-    expect(await counts(store, b)).to.deep.equal({ completed: 3, failed: 0 });
-    expect((await readChunk(store, b, 0))?.lines).to.have.length(3);
-
-    await deleteBatch(store, b);
-    expect(await purgeDeleted(store, 100)).to.be.at.least(1);
-    const names = (await store.db.listCollections({}, { nameOnly: true }).toArray()).map((c) => c.name);
-    expect(names.filter((n) => n.startsWith(id))).to.deep.equal([]);
-    expect(await batches(store).countDocuments({ _id: id })).to.equal(0);
-    expect(await store.db.collection('batch_deletions').countDocuments({ _id: id as never })).to.equal(0);
   });
 
   it('a stored tally is never replaced by a smaller one', async () => {

@@ -1,17 +1,7 @@
 // Listing batches from the list index: newest first with every filter, pages that read only what
-// they return, stale entries skipped, deletion and the start-up indexing of older batches.
+// they return, stale entries skipped, deletion.
 import { expect } from 'chai';
-import { indexStoredBatches } from '../domain/batches/list';
-import {
-  batches,
-  createBatch,
-  deleteBatch,
-  listBatches,
-  purgeDeleted,
-  writeStatus,
-  type BatchDoc,
-  type BatchStatus,
-} from '../domain/batches/store';
+import { createBatch, deleteBatch, listBatches, purgeDeleted, writeStatus, type BatchDoc, type BatchStatus } from '../domain/batches/store';
 import { Store } from '../infrastructure/store';
 import { stack } from './fixture';
 import { createTenant, testBatchDoc, uniqueName, type Tenant } from './helpers';
@@ -137,20 +127,5 @@ describe('batch list index', () => {
       /* until every deletion is done */
     }
     expect(await store.db.collection('batch_list').countDocuments({ batch_id: b._id })).to.equal(0);
-  });
-
-  it('indexes batches stored before the index, once', async () => {
-    const db = await Store.connect(stack.mongoUri, uniqueName('oldbatches').replace(/-/g, '_'));
-    try {
-      const old = [0, 1, 2].map((i) => testBatchDoc(t, { model: 'm', total: 1, status: 'completed', created_at: new Date(start + i) }));
-      await batches(db).insertMany(old);
-      expect(await listBatches(db, t.workspaceId, { limit: 10 })).to.deep.equal([]);
-      expect(await indexStoredBatches(db)).to.equal(3);
-      expect(ids(await listBatches(db, t.workspaceId, { statuses: ['completed'], limit: 10 }))).to.deep.equal(ids(old).reverse());
-      expect(await indexStoredBatches(db)).to.equal(null);
-    } finally {
-      await db.db.dropDatabase();
-      await db.close();
-    }
   });
 });

@@ -499,7 +499,7 @@ describe('batches', () => {
         custom_id: chatLine(i).custom_id,
         body: JSON.stringify(chatLine(i).body),
       }));
-      const starts = await storeInputs(gw.store, { _id: id, layout: 'shared' }, lines, 7);
+      const starts = await storeInputs(gw.store, { _id: id }, lines, 7);
       const chunks = starts.length;
       const now = new Date();
       const doc = testBatchDoc(t, {

@@ -13,7 +13,6 @@ import { questions, state } from './decision-sample';
 /** Collections a whole read of which is bounded by design, not by what is stored (docs/queries.md). */
 const BOUNDED_WHOLE = new Set([
   'batch_deletions', // deletions still in progress, a handful
-  'migrations', // one marker per migration
 ]);
 
 type Recorded = { collection: string; op: string; filter: Document };

@@ -479,7 +479,7 @@ for (const mode of ['inline', 'workflow'] as const)
         });
         expect(doc!.input_tokens).to.equal(r.body.usage.input_tokens);
         expect(doc!.cost).to.equal(r.body.usage.cost);
-        expect(fromJsonText(doc!.trace)).to.deep.equal({ trace_id: 'tr-1', team: 'risk' });
+        expect(fromJsonText(doc!.trace!)).to.deep.equal({ trace_id: 'tr-1', team: 'risk' });
         expect(doc!.app).to.deep.equal({ referer: 'https://app.example', title: 'Risk Desk', categories: ['agents', 'cli'] });
         const credits = await call(`${gw.url}/api/v1/credits`, { key: tenant.inferenceKey });
         expect(credits.body.data.total_usage).to.be.closeTo(r.body.usage.cost, 1e-9);

@@ -176,12 +176,12 @@ export function testBatchDoc(t: Tenant, over: Partial<BatchDoc> & Pick<BatchDoc,
     expires_at: new Date(at.getTime() + 86_400_000),
     provider_only: null,
     chunks: 0,
+    chunk_starts: [],
     provider: null,
     usage: null,
     error: null,
     metadata: null,
     meta: { session_id: null, user: null, app: { referer: null, title: null, categories: [] } },
-    layout: 'shared',
     ...over,
   };
 }

@@ -248,7 +248,7 @@ describe('hostile input', () => {
     expect(r.status, JSON.stringify(r.body)).to.equal(200);
     await gw.usage.flushed();
     const doc = await gw.store.usage.findOne({ _id: r.body.id });
-    expect(fromJsonText(doc!.trace)).to.deep.equal(trace);
+    expect(fromJsonText(doc!.trace!)).to.deep.equal(trace);
   });
 
   it('stores a preset whose response_format schema has $ref/$defs and nested arrays, and returns it unchanged', async () => {

@@ -1,14 +1,10 @@
 // The balance from running totals: exact (never a record twice, never one missed, across crashes,
-// failed inserts and retried generations), read by `_id` only, and the migration of a ledger written
-// before totals existed.
+// failed inserts and retried generations), read by `_id` only.
 import { expect } from 'chai';
-import { getBalance, grantCredits } from '../domain/accounts/credits';
-import { migrateLedger } from '../domain/accounts/ledger-migration';
+import { getBalance } from '../domain/accounts/credits';
 import { UsageLedger } from '../domain/accounts/usage-ledger';
 import { TotalsWriter, usageTotals } from '../domain/accounts/usage-totals';
-import { Store, workspaceList, workspaceRange, type UsageDoc } from '../infrastructure/store';
-import { keyOfWorkspace, listKeys, listStoredKeys } from '../domain/accounts/keys';
-import { addPresetVersion, listPresets, listStoredPresets } from '../domain/presets/store';
+import { Store, workspaceRange, type UsageDoc } from '../infrastructure/store';
 import { stack } from './fixture';
 import { createTenant, storeWith, uniqueName, usageRecord, type Tenant } from './helpers';
 
@@ -111,96 +107,6 @@ describe('usage totals: the balance in bounded reads', () => {
       const plan = await explain(coll, filter);
       expect(plan.filterPushdown, coll).to.equal(true);
       expect(JSON.stringify(plan.queryPlanner), coll).to.match(/USING INDEX \S+__id_/);
-    }
-  });
-
-  it('migrates a ledger written before totals, once: unstamped records and grants keyed by id alone', async () => {
-    const db = await Store.connect(stack.mongoUri, uniqueName('legacy').replace(/-/g, '_'));
-    try {
-      const ws = ['ws-legacy-a', 'ws-legacy-b'];
-      await db.creditGrants.insertMany([
-        { _id: 'a1b2c3', workspace_id: ws[0], amount: 5, note: 'old', created_at: new Date() },
-        { _id: 'd4e5f6', workspace_id: ws[1], amount: 2, note: 'old', created_at: new Date() },
-      ]);
-      await db.usage.insertMany([doc('old-1', 1, ws[0]), doc('old-2', 0.5, ws[0]), doc('old-3', 0.25, ws[1])]);
-      expect((await getBalance(db, ws[0])).balance, 'not yet migrated: unseen').to.equal(0);
-
-      expect(await migrateLedger(db)).to.deep.equal({ workspaces: 2, grants: 2 });
-      expect(await getBalance(db, ws[0])).to.deep.equal({ total_credits: 5, total_usage: 1.5, balance: 3.5 });
-      expect(await getBalance(db, ws[1])).to.deep.equal({ total_credits: 2, total_usage: 0.25, balance: 1.75 });
-      // New spending adds to the migrated totals; a second start migrates nothing.
-      const ledger = new UsageLedger(db);
-      await ledger.record(usageRecord('new-1', ws[0], 'k', 0.5));
-      await grantCredits(db, ws[0], 1);
-      expect(await migrateLedger(db)).to.equal(null);
-      expect(await getBalance(db, ws[0])).to.deep.equal({ total_credits: 6, total_usage: 2, balance: 4 });
-      expect(await db.creditGrants.countDocuments({})).to.equal(3);
-    } finally {
-      await db.db.dropDatabase();
-      await db.close();
-    }
-  });
-
-  it('a migration that stopped half-way and runs again leaves the ledger exact', async () => {
-    const db = await Store.connect(stack.mongoUri, uniqueName('legacy').replace(/-/g, '_'));
-    try {
-      await db.creditGrants.insertOne({ _id: 'g-old', workspace_id: 'ws-half', amount: 3, note: 'old', created_at: new Date() });
-      await db.usage.insertOne(doc('old-half', 1, 'ws-half'));
-      // The first run copied the grant and wrote the total, then died before deleting or marking.
-      await db.creditGrants.insertOne({ _id: 'ws-half:g-old', workspace_id: 'ws-half', amount: 3, note: 'old', created_at: new Date() });
-      await usageTotals(db).insertOne({
-        _id: 'ws-half:legacy',
-        workspace_id: 'ws-half',
-        writer: 'legacy',
-        cost: 1,
-        pending: null,
-        updated_at: new Date(),
-      });
-      await migrateLedger(db);
-      expect(await getBalance(db, 'ws-half')).to.deep.equal({ total_credits: 3, total_usage: 1, balance: 2 });
-      expect(await db.creditGrants.countDocuments({})).to.equal(1);
-    } finally {
-      await db.db.dropDatabase();
-      await db.close();
-    }
-  });
-
-  it('lists keys and presets stored before workspaces had lists, once', async () => {
-    const db = await Store.connect(stack.mongoUri, uniqueName('oldlists').replace(/-/g, '_'));
-    try {
-      const t = await createTenant(db, 1); // its keys are listed as they are made
-      const now = new Date();
-      // A key and a preset as an older version stored them: no entry in the workspace's lists.
-      await db.apiKeys.insertOne({
-        _id: 'hash-old',
-        id: 'key_old',
-        workspace_id: t.workspaceId,
-        kind: 'inference',
-        name: 'old',
-        label: 'sk-…',
-        created_at: now,
-        revoked_at: null,
-      });
-      await addPresetVersion(db, {
-        workspaceId: t.workspaceId,
-        slug: 'old-preset',
-        creator: 'k',
-        config: { model: 'm' },
-        systemPrompt: null,
-      });
-      await workspaceList(db, 'workspace_presets').deleteMany({});
-      expect((await listKeys(db, t.workspaceId)).map((k) => k.id)).to.not.include('key_old');
-      expect((await listPresets(db, t.workspaceId, 0, 10)).total_count).to.equal(0);
-
-      expect(await listStoredKeys(db)).to.equal(3);
-      expect(await listStoredPresets(db)).to.equal(1);
-      expect((await listKeys(db, t.workspaceId)).map((k) => k.id)).to.include('key_old');
-      expect((await keyOfWorkspace(db, t.workspaceId, 'key_old'))?._id).to.equal('hash-old');
-      expect((await listPresets(db, t.workspaceId, 0, 10)).data.map((p) => p.slug)).to.deep.equal(['old-preset']);
-      expect([await listStoredKeys(db), await listStoredPresets(db)]).to.deep.equal([null, null]);
-    } finally {
-      await db.db.dropDatabase();
-      await db.close();
     }
   });
 });

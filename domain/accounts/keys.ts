@@ -2,16 +2,7 @@
 // buys nothing against keys this long, and authentication stays one `_id` lookup).
 import { createHash, randomBytes } from 'node:crypto';
 import { NotFoundError } from '../../infrastructure/errors';
-import {
-  listAllUnder,
-  listedUnder,
-  listUnder,
-  migrateOnce,
-  workspaceList,
-  type ApiKeyDoc,
-  type KeyKind,
-  type Store,
-} from '../../infrastructure/store';
+import { listedUnder, listUnder, workspaceList, type ApiKeyDoc, type KeyKind, type Store } from '../../infrastructure/store';
 
 const KEY_PREFIX = 'sk-gw-v1-';
 const KEY_SHAPE = /^sk-gw-v1-[0-9a-f]{64}$/;
@@ -102,17 +93,4 @@ export async function keyOfWorkspace(store: Store, workspaceId: string, id: stri
   const listed = await workspaceList(store, 'workspace_keys').findOne({ _id: `${workspaceId}:${id}` });
   const doc = listed && (await store.apiKeys.findOne({ _id: listed.ref }));
   return doc && doc.workspace_id === workspaceId && doc.id === id ? doc : null;
-}
-
-/** Lists the keys stored before workspaces had lists, once (null when it had run before). */
-export function listStoredKeys(store: Store): Promise<number | null> {
-  return migrateOnce(store, 'key-list-1', async () => {
-    const keys = await store.apiKeys.find({}, { projection: { id: 1, workspace_id: 1 } }).toArray();
-    await listAllUnder(
-      store,
-      'workspace_keys',
-      keys.map((k) => ({ workspaceId: k.workspace_id, id: k.id, ref: k._id })),
-    );
-    return keys.length;
-  });
 }

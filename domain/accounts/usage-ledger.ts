@@ -14,12 +14,16 @@
 import { randomBytes } from 'node:crypto';
 import { ServiceUnavailableError } from '../../infrastructure/errors';
 import { toJsonText } from '../../infrastructure/store/json-text';
-import { insertManyEach, type Store, type UsageDoc } from '../../infrastructure/store';
+import { insertManyEach, type Store, type UsageDoc, type UsageFields } from '../../infrastructure/store';
 import { takeCheckpointMark, type Segment, type UsageJournal } from './usage-journal';
 import { TotalsWriter } from './usage-totals';
 import type { RequestMeta } from './attribution';
 
-export type UsageRecord = Omit<UsageDoc, 'created_at'> & { created_at?: Date };
+/** A usage record as billing code builds it: the caller's trace as an object; stored with its writer's stamp. */
+export type UsageRecord = Omit<UsageFields, 'created_at' | 'trace' | 'writer' | 'group'> & {
+  trace: Record<string, unknown> | null;
+  created_at?: Date;
+};
 
 interface Pending {
   doc: UsageDoc;

@@ -66,6 +66,7 @@ export async function planNewBatch(
     provider_only: body.provider?.only ?? null,
     total: body.requests.length,
     chunks: 0,
+    chunk_starts: [],
     provider: null,
     usage: null,
     error: null,

@@ -7,7 +7,7 @@
 // the old one after, so a batch is always found under its status; a reader skips stale entries by
 // the batch document it reads anyway.
 import type { Document, Filter } from 'mongodb';
-import { inIdOrder, insertManyNew, migrateOnce, type Store } from '../../infrastructure/store';
+import { inIdOrder, insertManyNew, type Store } from '../../infrastructure/store';
 import type { BatchDoc, BatchStatus } from './store';
 import { BATCH_STATUSES } from './schema';
 
@@ -145,18 +145,4 @@ export async function listPage(
     }
   }
   return out;
-}
-
-/** Indexes the batches stored before this index existed, once (null when it had run before). */
-export function indexStoredBatches(store: Store): Promise<number | null> {
-  return migrateOnce(store, 'batch-list-1', async () => {
-    const stored = await store.db
-      .collection<BatchDoc>('batches')
-      .find({}, { projection: { _id: 1, workspace_id: 1, created_at: 1, status: 1 } })
-      .toArray();
-    // Their entries in inserts of a thousand, not a round trip per batch (one start may index many).
-    const entries = stored.flatMap((b) => ['all', b.status].map((list) => entryOf(b, list)));
-    for (let i = 0; i < entries.length; i += 1000) await insertManyNew(listEntries(store), entries.slice(i, i + 1000));
-    return stored.length;
-  });
 }

@@ -4,8 +4,7 @@
 // document's `_id` the batch id and its own key (`<batch id>:<seqId>`), so every read and write is by
 // `_id` and a new batch creates no collection: on FerretDB each collection is a table with catalogue
 // entries that every later operation pays for, and on MongoDB thousands of collections are an
-// anti-pattern too. Batches stored before (no `layout`) keep their collections of their own
-// (`<batch id>_inputs`, …) and are read there: both layouts are read, nothing is migrated.
+// anti-pattern too.
 //
 // Once a chunk is finished its results are also stored as pages of RESULTS_PAGE_LINES lines
 // (`batch_pages`), which is what readers read: any page of results costs one or two reads by `_id`,
@@ -38,14 +37,12 @@ export interface BatchDoc extends Document {
   total: number;
   chunks: number;
   /** The first line of each chunk (chunks hold consecutive lines): where a results page is found. */
-  chunk_starts?: number[];
-  /** `shared`: lines in the collections every batch shares; absent: collections of the batch's own. */
-  layout?: 'shared';
+  chunk_starts: number[];
   provider: string | null;
   usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number; cost: number } | null;
   error: { message: string } | null;
-  /** JSON text (infrastructure/store/json-text), or the object itself in older batches. */
-  metadata: string | Record<string, string> | null;
+  /** JSON text (infrastructure/store/json-text). */
+  metadata: string | null;
   /** Counted from the results when the batch closed; live counts come from the progress documents. */
   final_counts?: { completed: number; failed: number };
   /** Where the terminal batch object is posted, if anywhere. */
@@ -105,16 +102,12 @@ export function newBatchId(now = Date.now()): string {
   return `batch_${now.toString(36).padStart(9, '0')}${randomBytes(8).toString('hex')}`;
 }
 
-/** What storage needs to know of a batch: its id and where its lines live. */
-export type BatchRef = Pick<BatchDoc, '_id' | 'layout'>;
+/** What storage needs to know of a batch: its id. */
+export type BatchRef = Pick<BatchDoc, '_id'>;
 
-/** A batch's collection of one kind, and the `_id` of its document with a given key. */
+/** The shared collection of one kind, and the `_id` of the batch's document with a given key. */
 function place<T extends Document>(store: Store, b: BatchRef, kind: 'inputs' | 'results' | 'progress') {
-  const shared = b.layout === 'shared';
-  return {
-    coll: store.db.collection<T>(shared ? `batch_${kind}` : `${b._id}_${kind}`),
-    id: (key: string) => (shared ? `${b._id}:${key}` : key),
-  };
+  return { coll: store.db.collection<T>(`batch_${kind}`), id: (key: string) => `${b._id}:${key}` };
 }
 
 /** A stored document with its batch-local `_id` back (the key the rest of the code uses). */
@@ -217,9 +210,8 @@ export async function readProgress(store: Store, b: BatchRef, chunkIndex: number
   return d && local(d);
 }
 
-/** Every chunk's progress document (by `_id`, one per chunk; a batch's own collection is read whole). */
+/** Every chunk's progress document (by `_id`, one per chunk). */
 async function allProgress(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks'>): Promise<ProgressDoc[]> {
-  if (b.layout !== 'shared') return place<ProgressDoc>(store, b, 'progress').coll.find({}).toArray();
   const docs = await Promise.all(Array.from({ length: b.chunks }, (_, i) => readProgress(store, b, i)));
   return docs.filter((d): d is ProgressDoc => d !== null);
 }
@@ -297,24 +289,16 @@ async function dropBatchData(
   b: BatchRef & Pick<BatchDoc, 'chunks' | 'total' | 'chunk_starts'> & Partial<Pick<BatchDoc, 'workspace_id'>>,
 ): Promise<void> {
   if (b.workspace_id) await removeEntries(store, { _id: b._id, workspace_id: b.workspace_id });
-  if (b.layout !== 'shared') {
-    for (const kind of ['inputs', 'results', 'progress'] as const) {
-      await place(store, b, kind)
-        .coll.drop()
-        .catch(() => undefined); // already gone, or never created
-    }
-  } else {
-    const chunkKeys = Array.from({ length: b.chunks }, (_, i) => seqId(i));
-    for (const kind of ['inputs', 'progress'] as const) {
-      const { coll, id } = place<{ _id: string }>(store, b, kind);
-      await deleteIds(coll, chunkKeys.map(id));
-    }
-    const { coll, id } = place<{ _id: string }>(store, b, 'results');
-    await deleteIds(
-      coll,
-      Array.from({ length: b.total }, (_, n) => id(seqId(n))),
-    );
+  const chunkKeys = Array.from({ length: b.chunks }, (_, i) => seqId(i));
+  for (const kind of ['inputs', 'progress'] as const) {
+    const { coll, id } = place<{ _id: string }>(store, b, kind);
+    await deleteIds(coll, chunkKeys.map(id));
   }
+  const { coll, id } = place<{ _id: string }>(store, b, 'results');
+  await deleteIds(
+    coll,
+    Array.from({ length: b.total }, (_, n) => id(seqId(n))),
+  );
   await deleteIds(pages(store), pageIds(b));
 }
 
@@ -360,7 +344,7 @@ export async function findBatch(store: Store, workspaceId: string, id: string): 
 
 /** Stores a new batch: its input chunks, then its document. A batch that cannot be stored leaves nothing behind. */
 export async function createBatch(store: Store, doc: BatchDoc, lines: InputLine[], chunkSize: number): Promise<BatchDoc> {
-  const b: BatchDoc = { ...doc, layout: 'shared' };
+  const b = doc;
   try {
     // Inputs and list entries are independent; the batch document, which makes it visible, comes last.
     const [starts] = await Promise.all([storeInputs(store, b, lines, chunkSize), addNewBatch(store, b, b.status)]);
@@ -399,13 +383,6 @@ export async function listBatches(
   );
 }
 
-/** A batch's results in line order, read from its own results collection (batches stored before pages). */
-function resultsInOrder(store: Store, b: BatchRef, opts: { after?: number; limit?: number } = {}) {
-  const filter = opts.after !== undefined && opts.after >= 0 ? { _id: { $gt: seqId(opts.after) } } : {};
-  const cursor = place<ResultDoc>(store, b, 'results').coll.find(filter).sort({ _id: 1 });
-  return opts.limit ? cursor.limit(opts.limit) : cursor;
-}
-
 /** Lines per page of stored results. */
 const RESULTS_PAGE_LINES = 100;
 /** A page larger than this is not stored: its lines are read one by one. */
@@ -429,7 +406,7 @@ const chunkEnd = (starts: number[], total: number, c: number) => (c + 1 < starts
 
 /** The `_id` of every page a batch can have (pages of unfinished chunks do not exist). */
 function pageIds(b: Pick<BatchDoc, '_id' | 'chunk_starts' | 'total'>): string[] {
-  const starts = b.chunk_starts ?? [];
+  const starts = b.chunk_starts;
   return starts.flatMap((start, c) => {
     const lines = chunkEnd(starts, b.total, c) - start;
     return Array.from({ length: Math.ceil(lines / RESULTS_PAGE_LINES) }, (_, p) => pageId(b._id, c, p));
@@ -457,7 +434,7 @@ function locate(starts: number[], total: number, n: number) {
  * as it is, and a page stored already is kept (each line's first stored result wins).
  */
 export async function pageChunk(store: Store, b: BatchDoc, chunkIndex: number, lines: InputLine[], known: ResultDoc[]): Promise<void> {
-  const start = b.chunk_starts?.[chunkIndex];
+  const start = b.chunk_starts[chunkIndex];
   if (start === undefined) return;
   if (await pages(store).findOne({ _id: pageId(b._id, chunkIndex, 0) }, { projection: { _id: 1 } })) return; // paged already
   const byLine = new Map(known.map((r) => [r.line, r]));
@@ -496,10 +473,6 @@ export async function* resultTexts(
   opts: { after?: number; limit?: number } = {},
 ): AsyncGenerator<{ line: number; text: string }> {
   let left = opts.limit ?? Infinity;
-  if (!b.chunk_starts) {
-    for await (const r of resultsInOrder(store, b, opts)) yield { line: r.line, text: JSON.stringify(resultLine(r)) };
-    return;
-  }
   let next = Math.max(0, (opts.after ?? -1) + 1);
   let done = null as { chunk: number; lines: Set<number> } | null;
   while (next < b.total && left > 0) {
@@ -545,7 +518,6 @@ function deletions(store: Store): Collection<DeletionDoc> {
 export async function deleteBatch(store: Store, b: BatchDoc): Promise<void> {
   const batch = {
     _id: b._id,
-    layout: b.layout,
     chunks: b.chunks,
     total: b.total,
     chunk_starts: b.chunk_starts,

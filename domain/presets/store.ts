@@ -10,16 +10,7 @@
 import { fromJsonText, toJsonText } from '../../infrastructure/store/json-text';
 import { createHash } from 'node:crypto';
 import { ConflictError, NotFoundError } from '../../infrastructure/errors';
-import {
-  isDuplicateKey,
-  listAllUnder,
-  listedUnder,
-  listUnder,
-  migrateOnce,
-  type PresetDoc,
-  type PresetVersionDoc,
-  type Store,
-} from '../../infrastructure/store';
+import { isDuplicateKey, listedUnder, listUnder, type PresetDoc, type PresetVersionDoc, type Store } from '../../infrastructure/store';
 
 /** An RFC 4122 version-5-style UUID from a name (SHA-1, as uuidv5 does). */
 function nameUuid(name: string): string {
@@ -196,17 +187,4 @@ export async function getVersion(store: Store, workspaceId: string, slug: string
   const v = await store.presetVersions.findOne({ _id: versionIdOf(presetId, version) });
   if (!v || v.workspace_id !== workspaceId) throw new NotFoundError(`Version ${version} of preset "${slug}" not found`);
   return versionView(v);
-}
-
-/** Lists the presets stored before workspaces had lists, once (null when it had run before). */
-export function listStoredPresets(store: Store): Promise<number | null> {
-  return migrateOnce(store, 'preset-list-1', async () => {
-    const presets = await store.presets.find({}, { projection: { workspace_id: 1 } }).toArray();
-    await listAllUnder(
-      store,
-      'workspace_presets',
-      presets.map((p) => ({ workspaceId: p.workspace_id, id: p._id, ref: p._id })),
-    );
-    return presets.length;
-  });
 }

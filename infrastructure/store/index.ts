@@ -42,7 +42,10 @@ export interface CreditGrantDoc extends Document {
 }
 
 /** One billable call. `_id` is the generation id, so recording it twice is impossible. */
-export interface UsageDoc extends Document {
+export interface UsageDoc extends Document, UsageFields {}
+
+/** A usage record's fields, apart from the driver's Document (whose index signature would make every field optional to `Omit`). */
+export interface UsageFields {
   _id: string;
   workspace_id: string;
   key_id: string;
@@ -54,16 +57,16 @@ export interface UsageDoc extends Document {
   cost: number; // USD, debited from the workspace balance
   session_id: string | null;
   user: string | null;
-  /** The caller's trace object as JSON text (infrastructure/store/json-text), or the object itself in older records. */
-  trace: string | Record<string, unknown> | null;
+  /** The caller's trace object as JSON text (infrastructure/store/json-text). */
+  trace: string | null;
   app: { referer: string | null; title: string | null; categories: string[] };
   batch_id: string | null;
   /** Extra facts about the call, e.g. the label mass of logprob-answered decisions. */
   details?: Record<string, unknown>;
   created_at: Date;
-  /** The ledger that stored it and its insert group (domain/accounts/usage-totals); absent on older records. */
-  writer?: string;
-  group?: number;
+  /** The ledger that stored it and its insert group (domain/accounts/usage-totals). */
+  writer: string;
+  group: number;
 }
 
 export interface PresetDoc extends Document {
@@ -83,8 +86,8 @@ export interface PresetVersionDoc extends Document {
   preset_id: string;
   workspace_id: string;
   version: number;
-  /** JSON text (infrastructure/store/json-text), or the object itself in older versions. */
-  config: string | Record<string, unknown>;
+  /** JSON text (infrastructure/store/json-text). */
+  config: string;
   system_prompt: string | null;
   creator_id: string;
   created_at: Date;
@@ -260,16 +263,6 @@ export async function listUnder(store: Store, name: Parameters<typeof workspaceL
   await workspaceList(store, name).replaceOne({ _id: `${workspaceId}:${id}` }, { ref }, { upsert: true });
 }
 
-/** Lists many at once (a start-up migration), in inserts of a thousand; one already listed is kept. */
-export async function listAllUnder(
-  store: Store,
-  name: Parameters<typeof workspaceList>[1],
-  items: { workspaceId: string; id: string; ref: string }[],
-) {
-  const docs = items.map((x) => ({ _id: `${x.workspaceId}:${x.id}`, ref: x.ref }));
-  for (let i = 0; i < docs.length; i += 1000) await insertManyNew(workspaceList(store, name), docs.slice(i, i + 1000));
-}
-
 /** Every `ref` listed under the workspace. */
 export async function listedUnder(store: Store, name: Parameters<typeof workspaceList>[1], workspaceId: string): Promise<string[]> {
   return (
@@ -277,18 +270,6 @@ export async function listedUnder(store: Store, name: Parameters<typeof workspac
       .find({ _id: workspaceRange(workspaceId) })
       .toArray()
   ).map((d) => d.ref);
-}
-
-/**
- * Runs a start-up migration unless its marker says it ran to the end. The migration must be
- * idempotent: two processes may run it at once, and one that stops half-way runs again.
- */
-export async function migrateOnce<T>(store: Store, marker: string, migrate: () => Promise<T>): Promise<T | null> {
-  const migrations = store.db.collection<{ _id: string; done_at: Date }>('migrations');
-  if (await migrations.findOne({ _id: marker })) return null;
-  const outcome = await migrate();
-  await migrations.replaceOne({ _id: marker }, { done_at: new Date() }, { upsert: true });
-  return outcome;
 }
 
 /**

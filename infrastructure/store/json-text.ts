@@ -8,7 +8,7 @@ export function toJsonText(value: unknown): string {
   return JSON.stringify(value);
 }
 
-/** The stored value as an object again; documents written before this encoding hold the object itself. */
-export function fromJsonText<T>(stored: T | string): T {
-  return typeof stored === 'string' ? (JSON.parse(stored) as T) : stored;
+/** The stored value as an object again. */
+export function fromJsonText<T>(stored: string): T {
+  return JSON.parse(stored) as T;
 }
