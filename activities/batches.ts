@@ -1,283 +1,55 @@
-// Batch activities. Each is idempotent: results are keyed by line number and written once, usage
-// records by generation id, and status writes set values rather than add to them; a chunk resumes
-// from the lines its progress document says are stored. A chunk's steps live in domain/batches/: the
-// LineRunner takes one line to a result, the ChunkWriter stores results; runChunk drives them.
-import { setMaxListeners } from 'node:events';
+// Batch activities: Temporal's entry points into the batch service (domain/batches/service.ts).
+// Each passes in the activity's heartbeat and cancellation, and reports a cancelled chunk as
+// Temporal's CancelledFailure; the steps themselves are idempotent (see the service).
 import { Context } from '@temporalio/activity';
 import { CancelledFailure } from '@temporalio/common';
-import type { Config } from '../infrastructure/config';
-import type { Upstreams } from '../domain/routing/upstreams';
-import type { Store } from '../infrastructure/store';
-import type { Metrics } from '../infrastructure/metrics';
-import type { DeliveryOutcome, WebhookSender } from '../domain/webhooks/deliver';
-import { webhookSecret } from '../domain/accounts/webhook-secret';
-import type { UsageLedger } from '../domain/accounts/usage-ledger';
-import type { SpendAdmission } from '../domain/accounts/spend-admission';
-import {
-  addToTally,
-  batches,
-  writeStatus,
-  batchView,
-  counts,
-  readChunk,
-  readProgress,
-  doneLines,
-  lineBody,
-  lineGenerationId,
-  seqId,
-  sumProgress,
-  writeResultsOnce,
-  pageChunk,
-  type BatchDoc,
-  type BatchStatus,
-  type InputLine,
-  type ResultDoc,
-} from '../domain/batches/store';
-import { lineProblem } from '../domain/batches/lines';
-import { LineRunner } from '../domain/batches/line-runner';
-import { sleep } from '../infrastructure/concurrency/sleep';
-import { ChunkWriter, lineUsage } from '../domain/batches/chunk-writer';
-import { roundUsd } from '../domain/catalog/usd';
+import { batchService, ChunkCancelled, type BatchDeps } from '../domain/batches/service';
+import type { BatchDoc, BatchStatus } from '../domain/batches/store';
+import type { DeliveryOutcome } from '../domain/webhooks/deliver';
 
-export interface BatchDeps {
-  store: Store;
-  upstreams: Upstreams;
-  batchSettings: Config['batches'];
-  /** The one writer of usage records (group commit). */
-  usage: UsageLedger;
-  /** Spend admission, shared with the API in the same process: batch lines hold against the balance too. */
-  credits: SpendAdmission;
-  /** Counts the lines this process finishes. */
-  metrics?: Metrics;
-  /** Sends completion webhooks; a process without it cannot deliver them. */
-  webhooks?: { sender: WebhookSender; timeoutMs: number };
+export type { BatchDeps } from '../domain/batches/service';
+
+type Closing = Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>;
+
+/** The running activity's heartbeat, bound now: timers that call it later run outside its context. */
+function heartbeat(): (details?: unknown) => void {
+  const ctx = Context.current();
+  return (details) => ctx.heartbeat(details);
 }
 
-/**
- * Runs lines `concurrency` at a time, writing results in the background (every 250 ms, at once past
- * 100 pending, waiting past 1,000), heartbeating on its own clock (a slow database write must not
- * look like a dead worker), and keeping what finished whether it completes, is cancelled or fails.
- */
-async function runChunk(
-  ctx: Context,
-  lines: InputLine[],
-  runner: LineRunner,
-  writer: ChunkWriter,
-  signal: AbortSignal,
-  concurrency: number,
-  chunkIndex: number,
-): Promise<{ completed: number; failed: number }> {
-  const ticker = setInterval(() => void writer.flush(), 250);
-  const beat = () => ctx.heartbeat({ done: writer.done.size });
-  const beater = setInterval(beat, 1000);
-  beat();
-  const queue = [...lines];
-  const worker = async () => {
-    for (let line = queue.shift(); line && !signal.aborted && !writer.gaveUp; line = queue.shift()) {
-      const { result, stored } = await runner.run(line);
-      writer.add(result, stored);
-      if (writer.backlog >= 100) void writer.flush();
-      // Backpressure: wait when the database falls far behind.
-      while (writer.backlog >= 1000 && !signal.aborted && !writer.gaveUp) {
-        await writer.flush();
-        if (writer.failing) await sleep(1000, signal);
-      }
-    }
-  };
-  try {
-    await Promise.all(Array.from({ length: Math.min(concurrency, queue.length) }, worker));
-  } catch (err) {
-    // A line stopped by the chunk's signal: to Temporal, the chunk was cancelled.
-    throw signal.aborted ? new CancelledFailure('batch chunk cancelled') : err;
-  } finally {
-    clearInterval(ticker);
-    // Keep what finished, cancelled or not, for as long as the database may come back.
-    for (await writer.flush(); writer.backlog && !writer.gaveUp; await writer.flush()) await sleep(1000);
-    clearInterval(beater);
-    writer.forgetUnstored();
-    beat();
-  }
-  if (writer.backlog)
-    throw new Error(
-      `batch chunk ${chunkIndex}: results could not be stored: ${writer.error instanceof Error ? writer.error.message : String(writer.error)}`,
-    );
-  if (signal.aborted) throw new CancelledFailure('batch chunk cancelled');
-  return { completed: writer.tally.completed, failed: writer.tally.failed };
-}
-
-export function createBatchActivities({ store, upstreams, batchSettings, usage, credits, metrics, webhooks }: BatchDeps) {
-  async function load(batchId: string): Promise<BatchDoc> {
-    const b = await batches(store).findOne({ _id: batchId });
-    if (!b) throw new Error(`batch ${batchId} not found`);
-    return b;
-  }
-
+export function createBatchActivities(deps: BatchDeps) {
+  const service = batchService(deps);
   return {
-    /** Checks every line against the endpoint's request shape; nothing is sent anywhere. */
     /** Checks every line; with `start`, a batch whose lines are all valid is marked in_progress. */
-    async validateBatchLines(batchId: string, start = false): Promise<{ invalid: number; examples: string[] }> {
-      const b = await load(batchId);
-      const examples: string[] = [];
-      let invalid = 0;
-      for (let i = 0; i < b.chunks; i++) {
-        const chunk = await readChunk(store, b, i);
-        for (const line of chunk?.lines ?? []) {
-          const problem = lineProblem(b.endpoint, lineBody(line));
-          if (problem) {
-            invalid++;
-            if (examples.length < 10) examples.push(`${line.custom_id} (${problem})`);
-          }
-        }
-        Context.current().heartbeat(i);
-      }
-      if (start && !invalid) await writeStatus(store, b, { status: 'in_progress', in_progress_at: new Date() });
-      return { invalid, examples };
+    validateBatchLines(batchId: string, start = false): Promise<{ invalid: number; examples: string[] }> {
+      return service.validateLines(batchId, start, heartbeat());
     },
 
-    /**
-     * One attempt to post the terminal batch object (without inline results: a receiver fetches
-     * those) to its callback URL, signed with the workspace's secret. The webhook id is the same
-     * for every attempt, so a receiver can drop repeats.
-     */
-    async deliverBatchWebhook(batchId: string): Promise<DeliveryOutcome> {
-      if (!webhooks) throw new Error('this worker cannot send webhooks');
-      const b = await load(batchId);
-      if (!b.callback_url) return { ok: true, status: null, error: null };
-      const body = JSON.stringify(batchView(b, await counts(store, b)));
-      const secret = await webhookSecret(store, b.workspace_id);
-      return webhooks.sender.send({ url: b.callback_url, secret, id: `msg_${batchId}`, body, timeoutMs: webhooks.timeoutMs });
+    /** One attempt to post the terminal batch to its callback URL (the workflow retries). */
+    deliverBatchWebhook(batchId: string): Promise<DeliveryOutcome> {
+      return service.deliverWebhook(batchId);
     },
 
-    async recordWebhookOutcome(batchId: string, outcome: NonNullable<BatchDoc['webhook']>): Promise<void> {
-      await batches(store).updateOne({ _id: batchId }, { $set: { webhook: outcome } });
+    recordWebhookOutcome(batchId: string, outcome: NonNullable<BatchDoc['webhook']>): Promise<void> {
+      return service.recordWebhookOutcome(batchId, outcome);
     },
 
-    async setBatchStatus(batchId: string, status: BatchStatus): Promise<void> {
-      const set: Partial<BatchDoc> & { status: BatchStatus } = { status };
-      if (status === 'in_progress') set.in_progress_at = new Date();
-      await writeStatus(store, await load(batchId), set);
+    setBatchStatus(batchId: string, status: BatchStatus): Promise<void> {
+      return service.setStatus(batchId, status);
     },
 
-    /** Runs one chunk's lines with bounded concurrency; returns how many it finished here. */
-    /** Runs one chunk's lines with bounded concurrency; returns the chunk's counts. */
+    /** Runs one chunk's lines; returns the chunk's counts. */
     async processBatchChunk(batchId: string, chunkIndex: number): Promise<{ completed: number; failed: number }> {
-      const ctx = Context.current();
-      const b = await load(batchId);
-      const chunk = await readChunk(store, b, chunkIndex);
-      if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
-      // Resume from this chunk's progress document: written after every stored group of results,
-      // it is never behind the last heartbeat Temporal kept (older after a server restart).
-      const saved = await readProgress(store, b, chunkIndex);
-      const writer = new ChunkWriter({ store, usage, batch: b, chunkIndex, outageMs: batchSettings.outageMs }, saved);
-      const abort = new AbortController();
-      // Every line in flight listens on this one signal: more than Node's default of 10 is expected.
-      setMaxListeners(batchSettings.lineConcurrency + 16, abort.signal);
-      ctx.cancelled.catch(() => abort.abort());
-      const ws = await store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } });
-      const runner = new LineRunner({
-        store,
-        upstreams,
-        batch: b,
-        workspace: ws?.settings,
-        credits,
-        lineAttempts: batchSettings.lineAttempts,
-        outageMs: batchSettings.outageMs,
-        signal: abort.signal,
-      });
-      const before = { ...writer.tally };
-      const counts = await runChunk(
-        ctx,
-        chunk.lines.filter((l) => !writer.done.has(l.line)),
-        runner,
-        writer,
-        abort.signal,
-        batchSettings.lineConcurrency,
-        chunkIndex,
-      );
-      // Only what this run finished: a resumed chunk's earlier lines were counted where they ran.
-      metrics?.batchLines.inc({ outcome: 'completed' }, counts.completed - before.completed);
-      metrics?.batchLines.inc({ outcome: 'failed' }, counts.failed - before.failed);
-      // Every line is done: store the chunk's results as pages, what readers read.
-      await pageChunk(
-        store,
-        b,
-        chunkIndex,
-        chunk.lines,
-        chunk.lines.flatMap((l) => writer.storedResult(l.line) ?? []),
-      );
-      return counts;
+      try {
+        return await service.runChunk(batchId, chunkIndex, { heartbeat: heartbeat(), signal: Context.current().cancellationSignal });
+      } catch (err) {
+        throw err instanceof ChunkCancelled ? new CancelledFailure(err.message) : err;
+      }
     },
 
-    /**
-     * Closes a batch: unfinished lines of an expired or cancelled batch get error results (finished
-     * ones keep theirs), usage totals and the serving provider are summed from the chunk tallies, and the
-     * terminal status is set.
-     */
-    async closeBatch(
-      batchId: string,
-      status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>,
-      errorMessage: string | null = null,
-      /** Mark the batch finalizing first (a completed batch's last step before its terminal status). */
-      finalizing = false,
-    ): Promise<void> {
-      const b = await load(batchId);
-      if (finalizing) await writeStatus(store, b, { status: 'finalizing' });
-      // Every chunk has stopped (the workflow waits for cancelled chunks to finish), so the chunks'
-      // progress documents hold every stored result: their tallies, and which lines are done.
-      const t = await sumProgress(store, b);
-      if (status === 'expired' || status === 'cancelled') {
-        const have = await doneLines(store, b);
-        const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
-        const message =
-          status === 'expired'
-            ? 'The batch expired before this request was processed'
-            : 'The batch was cancelled before this request was processed';
-        for (let i = 0; i < b.chunks; i++) {
-          const chunk = await readChunk(store, b, i);
-          const missing: ResultDoc[] = (chunk?.lines ?? [])
-            .filter((l) => !have.has(l.line))
-            .map((l) => ({
-              _id: seqId(l.line),
-              line: l.line,
-              custom_id: l.custom_id,
-              id: lineGenerationId(batchId, l.line),
-              ok: false,
-              provider: null,
-              response: null,
-              error: { type, message },
-              usage: null,
-            }));
-          // A result stored by a chunk that died before saving its progress is kept, counted and billed.
-          const closing = await writeResultsOnce(store, b, missing);
-          for (const r of closing) {
-            addToTally(t, r);
-            if (r.ok && r.usage) await usage.recordStored(lineUsage(b, r));
-          }
-          // The chunk is complete now: page it, unless it paged itself when it finished (a chunk
-          // cancelled between its last line and its pages has no missing lines, and no pages yet).
-          if (chunk) await pageChunk(store, b, i, chunk.lines, closing);
-          Context.current().heartbeat(i);
-        }
-      }
-      const finalCounts = { completed: t.completed, failed: t.failed };
-      const provider = Object.entries(t.providers).sort((x, y) => y[1] - x[1])[0]?.[0] ?? null;
-      await writeStatus(store, b, {
-        status,
-        finalized_at: new Date(),
-        provider,
-        error: errorMessage ? { message: errorMessage } : null,
-        final_counts: finalCounts,
-        usage:
-          status === 'failed'
-            ? null
-            : {
-                prompt_tokens: t.input_tokens,
-                completion_tokens: t.output_tokens,
-                total_tokens: t.input_tokens + t.output_tokens,
-                cost: roundUsd(t.cost),
-              },
-      });
-      metrics?.batchesFinished.inc({ status });
+    /** Closes a batch with its terminal status (finalizing first, for a completed batch). */
+    closeBatch(batchId: string, status: Closing, errorMessage: string | null = null, finalizing = false): Promise<void> {
+      return service.closeBatch(batchId, status, errorMessage, finalizing, heartbeat());
     },
   };
 }

@@ -1,0 +1,301 @@
+// Batches as a service: checking a batch's lines, running one chunk of them, closing the batch,
+// and its completion webhook. Each step is idempotent: results are keyed by line number and written
+// once, usage records by generation id, and status writes set values rather than add to them; a
+// chunk resumes from the lines its progress document says are stored. The Temporal activities
+// (activities/batches.ts) wrap these steps: they pass the heartbeat and the cancellation signal in
+// and translate ChunkCancelled for Temporal. A chunk's parts: the LineRunner takes one line to a
+// result, the ChunkWriter stores results, runLines drives them.
+import { setMaxListeners } from 'node:events';
+import type { Config } from '../../infrastructure/config';
+import type { Store } from '../../infrastructure/store';
+import type { Metrics } from '../../infrastructure/metrics';
+import { sleep } from '../../infrastructure/concurrency/sleep';
+import type { Upstreams } from '../routing/upstreams';
+import type { DeliveryOutcome, WebhookSender } from '../webhooks/deliver';
+import { webhookSecret } from '../accounts/webhook-secret';
+import type { UsageLedger } from '../accounts/usage-ledger';
+import type { SpendAdmission } from '../accounts/spend-admission';
+import { roundUsd } from '../catalog/usd';
+import {
+  addToTally,
+  batches,
+  writeStatus,
+  batchView,
+  counts,
+  readChunk,
+  readProgress,
+  doneLines,
+  lineBody,
+  lineGenerationId,
+  seqId,
+  sumProgress,
+  writeResultsOnce,
+  pageChunk,
+  type BatchDoc,
+  type BatchStatus,
+  type InputLine,
+  type ResultDoc,
+} from './store';
+import { lineProblem } from './lines';
+import { LineRunner } from './line-runner';
+import { ChunkWriter, lineUsage } from './chunk-writer';
+
+export interface BatchDeps {
+  store: Store;
+  upstreams: Upstreams;
+  batchSettings: Config['batches'];
+  /** The process's usage ledger: a line's record is stored before its chunk reports it. */
+  usage: UsageLedger;
+  /** Spend admission, shared with the API in the same process: batch lines hold against the balance too. */
+  credits: SpendAdmission;
+  /** Counts the lines this process finishes. */
+  metrics?: Metrics;
+  /** Sends completion webhooks; a process without it cannot deliver them. */
+  webhooks?: { sender: WebhookSender; timeoutMs: number };
+}
+
+/** A chunk stopped because it was cancelled (what it finished is kept). */
+export class ChunkCancelled extends Error {
+  constructor() {
+    super('batch chunk cancelled');
+    this.name = 'ChunkCancelled';
+  }
+}
+
+/** How a long step reports that it is alive, and how it is told to stop. */
+export interface StepControl {
+  heartbeat(details?: unknown): void;
+  signal: AbortSignal;
+}
+
+/**
+ * Runs lines `concurrency` at a time, writing results in the background (every 250 ms, at once past
+ * 100 pending, waiting past 1,000), heartbeating on its own clock (a slow database write must not
+ * look like a dead worker), and keeping what finished whether it completes, is cancelled or fails.
+ */
+async function runLines(
+  heartbeat: StepControl['heartbeat'],
+  lines: InputLine[],
+  runner: LineRunner,
+  writer: ChunkWriter,
+  signal: AbortSignal,
+  concurrency: number,
+  chunkIndex: number,
+): Promise<{ completed: number; failed: number }> {
+  const ticker = setInterval(() => void writer.flush(), 250);
+  const beat = () => heartbeat({ done: writer.done.size });
+  const beater = setInterval(beat, 1000);
+  beat();
+  const queue = [...lines];
+  const worker = async () => {
+    for (let line = queue.shift(); line && !signal.aborted && !writer.gaveUp; line = queue.shift()) {
+      const { result, stored } = await runner.run(line);
+      writer.add(result, stored);
+      if (writer.backlog >= 100) void writer.flush();
+      // Backpressure: wait when the database falls far behind.
+      while (writer.backlog >= 1000 && !signal.aborted && !writer.gaveUp) {
+        await writer.flush();
+        if (writer.failing) await sleep(1000, signal);
+      }
+    }
+  };
+  try {
+    await Promise.all(Array.from({ length: Math.min(concurrency, queue.length) }, worker));
+  } catch (err) {
+    // A line stopped by the chunk's signal: to Temporal, the chunk was cancelled.
+    throw signal.aborted ? new ChunkCancelled() : err;
+  } finally {
+    clearInterval(ticker);
+    // Keep what finished, cancelled or not, for as long as the database may come back.
+    for (await writer.flush(); writer.backlog && !writer.gaveUp; await writer.flush()) await sleep(1000);
+    clearInterval(beater);
+    writer.forgetUnstored();
+    beat();
+  }
+  if (writer.backlog)
+    throw new Error(
+      `batch chunk ${chunkIndex}: results could not be stored: ${writer.error instanceof Error ? writer.error.message : String(writer.error)}`,
+    );
+  if (signal.aborted) throw new ChunkCancelled();
+  return { completed: writer.tally.completed, failed: writer.tally.failed };
+}
+
+export function batchService({ store, upstreams, batchSettings, usage, credits, metrics, webhooks }: BatchDeps) {
+  async function load(batchId: string): Promise<BatchDoc> {
+    const b = await batches(store).findOne({ _id: batchId });
+    if (!b) throw new Error(`batch ${batchId} not found`);
+    return b;
+  }
+
+  return {
+    /** Checks every line against the endpoint's request shape (nothing is sent anywhere); with `start`, a batch whose lines are all valid is marked in_progress. */
+    async validateLines(
+      batchId: string,
+      start: boolean,
+      heartbeat: StepControl['heartbeat'],
+    ): Promise<{ invalid: number; examples: string[] }> {
+      const b = await load(batchId);
+      const examples: string[] = [];
+      let invalid = 0;
+      for (let i = 0; i < b.chunks; i++) {
+        const chunk = await readChunk(store, b, i);
+        for (const line of chunk?.lines ?? []) {
+          const problem = lineProblem(b.endpoint, lineBody(line));
+          if (problem) {
+            invalid++;
+            if (examples.length < 10) examples.push(`${line.custom_id} (${problem})`);
+          }
+        }
+        heartbeat(i);
+      }
+      if (start && !invalid) await writeStatus(store, b, { status: 'in_progress', in_progress_at: new Date() });
+      return { invalid, examples };
+    },
+
+    /**
+     * One attempt to post the terminal batch object (without inline results: a receiver fetches
+     * those) to its callback URL, signed with the workspace's secret. The webhook id is the same
+     * for every attempt, so a receiver can drop repeats.
+     */
+    async deliverWebhook(batchId: string): Promise<DeliveryOutcome> {
+      if (!webhooks) throw new Error('this worker cannot send webhooks');
+      const b = await load(batchId);
+      if (!b.callback_url) return { ok: true, status: null, error: null };
+      const body = JSON.stringify(batchView(b, await counts(store, b)));
+      const secret = await webhookSecret(store, b.workspace_id);
+      return webhooks.sender.send({ url: b.callback_url, secret, id: `msg_${batchId}`, body, timeoutMs: webhooks.timeoutMs });
+    },
+
+    async recordWebhookOutcome(batchId: string, outcome: NonNullable<BatchDoc['webhook']>): Promise<void> {
+      await batches(store).updateOne({ _id: batchId }, { $set: { webhook: outcome } });
+    },
+
+    async setStatus(batchId: string, status: BatchStatus): Promise<void> {
+      const set: Partial<BatchDoc> & { status: BatchStatus } = { status };
+      if (status === 'in_progress') set.in_progress_at = new Date();
+      await writeStatus(store, await load(batchId), set);
+    },
+
+    /** Runs one chunk's lines with bounded concurrency; returns the chunk's counts. Throws ChunkCancelled when stopped. */
+    async runChunk(batchId: string, chunkIndex: number, control: StepControl): Promise<{ completed: number; failed: number }> {
+      const b = await load(batchId);
+      const chunk = await readChunk(store, b, chunkIndex);
+      if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
+      // Resume from this chunk's progress document: written after every stored group of results,
+      // it is never behind the last heartbeat Temporal kept (older after a server restart).
+      const saved = await readProgress(store, b, chunkIndex);
+      const writer = new ChunkWriter({ store, usage, batch: b, chunkIndex, outageMs: batchSettings.outageMs }, saved);
+      const abort = new AbortController();
+      // Every line in flight listens on this one signal: more than Node's default of 10 is expected.
+      setMaxListeners(batchSettings.lineConcurrency + 16, abort.signal);
+      if (control.signal.aborted) abort.abort();
+      else control.signal.addEventListener('abort', () => abort.abort(), { once: true });
+      const ws = await store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } });
+      const runner = new LineRunner({
+        store,
+        upstreams,
+        batch: b,
+        workspace: ws?.settings,
+        credits,
+        lineAttempts: batchSettings.lineAttempts,
+        outageMs: batchSettings.outageMs,
+        signal: abort.signal,
+      });
+      const before = { ...writer.tally };
+      const counts = await runLines(
+        control.heartbeat,
+        chunk.lines.filter((l) => !writer.done.has(l.line)),
+        runner,
+        writer,
+        abort.signal,
+        batchSettings.lineConcurrency,
+        chunkIndex,
+      );
+      // Only what this run finished: a resumed chunk's earlier lines were counted where they ran.
+      metrics?.batchLines.inc({ outcome: 'completed' }, counts.completed - before.completed);
+      metrics?.batchLines.inc({ outcome: 'failed' }, counts.failed - before.failed);
+      // Every line is done: store the chunk's results as pages, what readers read.
+      await pageChunk(
+        store,
+        b,
+        chunkIndex,
+        chunk.lines,
+        chunk.lines.flatMap((l) => writer.storedResult(l.line) ?? []),
+      );
+      return counts;
+    },
+
+    /**
+     * Closes a batch: unfinished lines of an expired or cancelled batch get error results (finished
+     * ones keep theirs), usage totals and the serving provider are summed from the chunk tallies, and the
+     * terminal status is set.
+     */
+    async closeBatch(
+      batchId: string,
+      status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>,
+      errorMessage: string | null = null,
+      /** Mark the batch finalizing first (a completed batch's last step before its terminal status). */
+      finalizing: boolean,
+      heartbeat: StepControl['heartbeat'],
+    ): Promise<void> {
+      const b = await load(batchId);
+      if (finalizing) await writeStatus(store, b, { status: 'finalizing' });
+      // Every chunk has stopped (the workflow waits for cancelled chunks to finish), so the chunks'
+      // progress documents hold every stored result: their tallies, and which lines are done.
+      const t = await sumProgress(store, b);
+      if (status === 'expired' || status === 'cancelled') {
+        const have = await doneLines(store, b);
+        const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
+        const message =
+          status === 'expired'
+            ? 'The batch expired before this request was processed'
+            : 'The batch was cancelled before this request was processed';
+        for (let i = 0; i < b.chunks; i++) {
+          const chunk = await readChunk(store, b, i);
+          const missing: ResultDoc[] = (chunk?.lines ?? [])
+            .filter((l) => !have.has(l.line))
+            .map((l) => ({
+              _id: seqId(l.line),
+              line: l.line,
+              custom_id: l.custom_id,
+              id: lineGenerationId(batchId, l.line),
+              ok: false,
+              provider: null,
+              response: null,
+              error: { type, message },
+              usage: null,
+            }));
+          // A result stored by a chunk that died before saving its progress is kept, counted and billed.
+          const closing = await writeResultsOnce(store, b, missing);
+          for (const r of closing) {
+            addToTally(t, r);
+            if (r.ok && r.usage) await usage.recordStored(lineUsage(b, r));
+          }
+          // The chunk is complete now: page it, unless it paged itself when it finished (a chunk
+          // cancelled between its last line and its pages has no missing lines, and no pages yet).
+          if (chunk) await pageChunk(store, b, i, chunk.lines, closing);
+          heartbeat(i);
+        }
+      }
+      const finalCounts = { completed: t.completed, failed: t.failed };
+      const provider = Object.entries(t.providers).sort((x, y) => y[1] - x[1])[0]?.[0] ?? null;
+      await writeStatus(store, b, {
+        status,
+        finalized_at: new Date(),
+        provider,
+        error: errorMessage ? { message: errorMessage } : null,
+        final_counts: finalCounts,
+        usage:
+          status === 'failed'
+            ? null
+            : {
+                prompt_tokens: t.input_tokens,
+                completion_tokens: t.output_tokens,
+                total_tokens: t.input_tokens + t.output_tokens,
+                cost: roundUsd(t.cost),
+              },
+      });
+      metrics?.batchesFinished.inc({ status });
+    },
+  };
+}
