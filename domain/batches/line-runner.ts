@@ -10,7 +10,7 @@ import { presetLookup, withPreset, type PresetLookup } from '../presets/apply';
 import { upstreamBodyOf } from '../completions/request';
 import type { Store } from '../../infrastructure/store';
 import { OPERATION_OF } from './lines';
-import { lineBody, lineGenerationId, seqId, type BatchDoc, type InputLine, type ResultDoc } from './store';
+import { failedResult, lineBody, lineGenerationId, seqId, type BatchDoc, type InputLine, type ResultDoc } from './store';
 import { sleep } from '../../infrastructure/concurrency/sleep';
 
 const RETRYABLE = new Set([429, 502, 503, 524, 529]);
@@ -66,17 +66,7 @@ export class LineRunner {
   }
 
   private failure(line: InputLine, status: number, message: string, provider: string | null = null): ResultDoc {
-    return {
-      _id: seqId(line.line),
-      line: line.line,
-      custom_id: line.custom_id,
-      id: lineGenerationId(this.o.batch._id, line.line),
-      ok: false,
-      provider,
-      response: null,
-      error: { type: errorTypeOf(status), message, code: status },
-      usage: null,
-    };
+    return failedResult(this.o.batch._id, line, { type: errorTypeOf(status), message, code: status }, provider);
   }
 
   async run(line: InputLine): Promise<LineOutcome> {

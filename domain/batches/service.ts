@@ -26,8 +26,7 @@ import {
   readProgress,
   doneLines,
   lineBody,
-  lineGenerationId,
-  seqId,
+  failedResult,
   sumProgress,
   writeResultsOnce,
   pageChunk,
@@ -254,17 +253,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
           const chunk = await readChunk(store, b, i);
           const missing: ResultDoc[] = (chunk?.lines ?? [])
             .filter((l) => !have.has(l.line))
-            .map((l) => ({
-              _id: seqId(l.line),
-              line: l.line,
-              custom_id: l.custom_id,
-              id: lineGenerationId(batchId, l.line),
-              ok: false,
-              provider: null,
-              response: null,
-              error: { type, message },
-              usage: null,
-            }));
+            .map((l) => failedResult(batchId, l, { type, message }));
           // A result stored by a chunk that died before saving its progress is kept, counted and billed.
           const closing = await writeResultsOnce(store, b, missing);
           for (const r of closing) {

@@ -97,6 +97,26 @@ export function lineGenerationId(batchId: string, line: number): string {
   return `gen-batch-${batchId.slice('batch_'.length)}-${line}`;
 }
 
+/** A line's result when it failed (or was never run): the one shape of a failed line. */
+export function failedResult(
+  batchId: string,
+  line: InputLine,
+  error: NonNullable<ResultDoc['error']>,
+  provider: string | null = null,
+): ResultDoc {
+  return {
+    _id: seqId(line.line),
+    line: line.line,
+    custom_id: line.custom_id,
+    id: lineGenerationId(batchId, line.line),
+    ok: false,
+    provider,
+    response: null,
+    error,
+    usage: null,
+  };
+}
+
 /** `batch_` + time (so ids sort by creation) + randomness. */
 export function newBatchId(now = Date.now()): string {
   return `batch_${now.toString(36).padStart(9, '0')}${randomBytes(8).toString('hex')}`;
