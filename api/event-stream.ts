@@ -46,6 +46,11 @@ export class EventStream {
     });
   }
 
+  /** A header for the answer; too late (ignored) once it has started. */
+  setHeader(name: string, value: string): void {
+    if (!this.committed) this.headers[name] = value;
+  }
+
   private send(text: string): boolean {
     if (this.clientGone) return true;
     this.commit();

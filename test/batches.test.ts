@@ -155,7 +155,10 @@ describe('batches', () => {
     ];
     for (const [endpoint, model, body, check] of endpoints) {
       it(`runs a ${endpoint} batch to completion`, async () => {
-        const r = await create({ endpoint, model, requests: Array.from({ length: 9 }, (_, i) => ({ custom_id: `x${i}`, body: body(i) })) });
+        // The messages batch is held to the Anthropic-format endpoint: served natively (test/translation.test.ts covers the others).
+        const native = endpoint === '/v1/messages' ? { provider: { only: ['sandbox-claude'] } } : {};
+        const requests = Array.from({ length: 9 }, (_, i) => ({ custom_id: `x${i}`, body: body(i) }));
+        const r = await create({ endpoint, model, ...native, requests });
         expect(r.status, JSON.stringify(r.body)).to.equal(202);
         const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed']);
         expect(done.status, JSON.stringify(done.error)).to.equal('completed');

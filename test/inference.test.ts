@@ -85,7 +85,7 @@ describe('inference routes', function () {
   describe('answers in one piece', () => {
     it('chat completions: our generation id, the dated model id, the provider, and the usage the provider reported, with its cost', async () => {
       const body = { model: 'test/good', messages: [{ role: 'user', content: 'Say something' }], max_tokens: 8 };
-      const r = await post('/chat/completions', body);
+      const r = await post('/chat/completions', { ...body, provider: { only: ['good'] } }); // native (translation: translation.test.ts)
       expect(r.status, JSON.stringify(r.body)).to.equal(200);
       expect(r.body.id).to.match(/^gen-/);
       expect(r.headers.get('x-generation-id')).to.equal(r.body.id);
@@ -111,7 +111,7 @@ describe('inference routes', function () {
       const res = await fetch(url('/messages'), {
         method: 'POST',
         headers: { 'x-api-key': t.inferenceKey, 'anthropic-version': '2023-06-01', 'content-type': 'application/json' },
-        body: JSON.stringify(body),
+        body: JSON.stringify({ ...body, provider: { only: ['good-claude'] } }),
       });
       const r = (await res.json()) as any;
       expect(res.status, JSON.stringify(r)).to.equal(200);
@@ -145,7 +145,8 @@ describe('inference routes', function () {
   describe('streams', () => {
     it('chat: chunks naming us, usage with cost in the last chunk when asked, then [DONE]; billed what the provider reported', async () => {
       const body = { model: 'test/good', messages: [{ role: 'user', content: 'Stream please' }], max_tokens: 10, stream: true };
-      const r = await streamCall(url('/chat/completions'), t.inferenceKey, { ...body, stream_options: { include_usage: true } });
+      const only = { provider: { only: ['good'] } };
+      const r = await streamCall(url('/chat/completions'), t.inferenceKey, { ...body, ...only, stream_options: { include_usage: true } });
       expect(r.status).to.equal(200);
       expect(r.headers.get('content-type')).to.match(/^text\/event-stream/);
       const id = r.headers.get('x-generation-id')!;
@@ -163,17 +164,17 @@ describe('inference routes', function () {
       expect(g).to.include({ tokens_prompt: upstream.usage.prompt_tokens, tokens_completion: upstream.usage.completion_tokens });
 
       // Not asked for: no usage chunk (the gateway still asks the provider, to bill).
-      const plain = await streamCall(url('/chat/completions'), t.inferenceKey, body);
+      const plain = await streamCall(url('/chat/completions'), t.inferenceKey, { ...body, ...only });
       expect(plain.events.some((e) => e.json?.usage)).to.equal(false);
       expect((await generation(plain.headers.get('x-generation-id')!)).tokens_completion).to.equal(upstream.usage.completion_tokens);
       // OpenRouter's form of the same request.
-      const or = await streamCall(url('/chat/completions'), t.inferenceKey, { ...body, usage: { include: true } });
+      const or = await streamCall(url('/chat/completions'), t.inferenceKey, { ...body, ...only, usage: { include: true } });
       expect(or.events.at(-2)!.json.usage).to.include(upstream.usage);
     });
 
     it("messages: Anthropic's typed events, message_start naming us, usage in message_delta", async () => {
       const body = { model: 'test/good', max_tokens: 7, messages: [{ role: 'user', content: 'Stream' }], stream: true };
-      const r = await streamCall(url('/messages'), t.inferenceKey, body);
+      const r = await streamCall(url('/messages'), t.inferenceKey, { ...body, provider: { only: ['good-claude'] } });
       expect(r.status).to.equal(200);
       const types = r.events.map((e) => e.event);
       expect(types[0]).to.equal('message_start');
@@ -348,7 +349,12 @@ describe('inference routes', function () {
       expect(chat.body.choices).to.deep.equal(chatUpstream.choices);
 
       // Messages: another model beside the preset; the preset's system block comes first, its max_tokens applies.
-      const messages = await post('/messages', { model: 'test/good@preset/terse', system: 'Also polite.', messages: user });
+      const messages = await post('/messages', {
+        model: 'test/good@preset/terse',
+        system: 'Also polite.',
+        messages: user,
+        provider: { only: ['good-claude'] },
+      });
       expect(messages.status, JSON.stringify(messages.body)).to.equal(200);
       expect(messages.body).to.include({ model: 'test/good-20260301', provider: 'good-claude' });
       const messagesUpstream = await direct(MESSAGES, {

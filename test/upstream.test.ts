@@ -147,7 +147,11 @@ describe('provider adapters and execution against the sandbox', () => {
     expect(emb.usage).to.deep.equal({ input_tokens: 2, output_tokens: 0 });
     expect(emb.cost).to.be.closeTo((2 * 0.02) / 1e6, 1e-15);
 
-    const msg = await go({ operation: 'messages', body: { max_tokens: 6, messages: [{ role: 'user', content: 'hi' }] } });
+    const msg = await go({
+      operation: 'messages',
+      body: { max_tokens: 6, messages: [{ role: 'user', content: 'hi' }] },
+      preferences: { only: ['claude'] },
+    });
     expect(msg.endpoint.tag).to.equal('claude');
     expect(msg.body.type).to.equal('message');
     expect(msg.usage.output_tokens).to.equal(msg.body.usage.output_tokens);

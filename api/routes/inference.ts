@@ -2,7 +2,7 @@
 // the provider's own format, in one piece or streamed. The rules (presets, routing, billing, the
 // stream's lifecycle) are the completions service's (domain/completions/service.ts); this parses and renders.
 import type Koa from 'koa';
-import { completionService } from '../../domain/completions/service';
+import { completionService, DROPPED_HEADER } from '../../domain/completions/service';
 import type { InferenceOperation } from '../../domain/completions/formats';
 import {
   ChatCompletion,
@@ -42,8 +42,10 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
       if (call.plan.stream) {
         await completions.stream(call, () => new EventStream(ctx, { 'x-generation-id': call.generationId }, keepAliveMs));
       } else {
-        ctx.body = await completions.answer(call);
+        const { body: answer, dropped } = await completions.answer(call);
+        ctx.body = answer;
         ctx.set('x-generation-id', call.generationId);
+        if (dropped.length) ctx.set(DROPPED_HEADER, dropped.join(','));
       }
     } finally {
       done();

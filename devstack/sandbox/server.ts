@@ -16,6 +16,7 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { countTokens, distribution, hashOf, optionLogprobs, seeded, sentence, textOf } from './generate';
+import { CHAT_FINISH, chatView, decide, MESSAGES_STOP, messagesView } from './conversation';
 import { encodeEvent, STREAMERS } from './stream';
 
 type Json = Record<string, any>;
@@ -79,7 +80,9 @@ const CREATED = 1_767_225_600; // fixed, so answers are byte-for-byte repeatable
 
 function chatCompletion(body: Json, maxWords: number): Json {
   if (!Array.isArray(body.messages) || body.messages.length === 0) throw new HttpFailure(400, 'messages: must be a non-empty array');
-  const hash = hashOf(body);
+  // Stop sequences cut the answer the request would get without them, as they cut a real model's.
+  const { stop: _stop, ...unstopped } = body;
+  const hash = hashOf(unstopped);
   const rand = seeded(hash);
   const promptText = body.messages.map((m: Json) => textOf(m.content)).join('\n');
   const lastUser = [...body.messages].reverse().find((m: Json) => m.role === 'user');
@@ -89,11 +92,10 @@ function chatCompletion(body: Json, maxWords: number): Json {
       .split(',')
       .map((s) => s.trim())
       .filter(Boolean) ?? [];
-  const maxTokens = Number(body.max_completion_tokens ?? body.max_tokens ?? 16);
   const topK = Math.min(Number(body.top_logprobs ?? 0), 20);
-  let content: string;
+  let content = '';
   let logprobs: Json | null = null;
-  let completionTokens: number;
+  let completionTokens = 0;
   if (labels.length > 0) {
     // A constrained question: answer with one label, log-probabilities over the labels plus a
     // little mass on unrelated tokens, as a real model spreads it.
@@ -117,21 +119,51 @@ function chatCompletion(body: Json, maxWords: number): Json {
       };
     }
   } else {
-    content = sentence(rand, Math.max(1, Math.min(maxTokens, maxWords)));
-    completionTokens = Math.min(maxTokens, content.split(' ').length);
-    if (body.logprobs) {
+    const outcome = decide(chatView(body), rand, maxWords, hash);
+    const message: Json = { role: 'assistant', content: outcome.toolCall ? null : outcome.text };
+    if (outcome.stop === 'refusal') Object.assign(message, { content: null, refusal: outcome.text });
+    if (outcome.reasoning) message.reasoning = outcome.reasoning;
+    if (outcome.toolCall) {
+      const { id, name, arguments: args } = outcome.toolCall;
+      message.tool_calls = [{ id, type: 'function', function: { name, arguments: JSON.stringify(args) } }];
+    }
+    const said = [outcome.reasoning, outcome.text, outcome.toolCall && JSON.stringify(outcome.toolCall.arguments)]
+      .filter(Boolean)
+      .join(' ');
+    completionTokens = said.split(' ').length;
+    if (body.logprobs && !outcome.toolCall) {
       logprobs = {
-        content: content.split(' ').map((w) => ({ token: w, logprob: Math.log(0.5 + rand() / 2), bytes: null, top_logprobs: [] })),
+        content: outcome.text.split(' ').map((w) => ({ token: w, logprob: Math.log(0.5 + rand() / 2), bytes: null, top_logprobs: [] })),
       };
     }
+    return chatAnswer(
+      body,
+      hash,
+      message,
+      logprobs,
+      CHAT_FINISH[outcome.stop],
+      countTokens(promptText) + 85 * chatView(body).images,
+      completionTokens,
+    );
   }
-  const promptTokens = countTokens(promptText);
+  return chatAnswer(body, hash, { role: 'assistant', content }, logprobs, 'stop', countTokens(promptText), completionTokens);
+}
+
+function chatAnswer(
+  body: Json,
+  hash: string,
+  message: Json,
+  logprobs: Json | null,
+  finish: string,
+  promptTokens: number,
+  completionTokens: number,
+): Json {
   return {
     id: `chatcmpl-${hash.slice(0, 24)}`,
     object: 'chat.completion',
     created: CREATED,
     model: body.model,
-    choices: [{ index: 0, message: { role: 'assistant', content }, logprobs, finish_reason: 'stop' }],
+    choices: [{ index: 0, message, logprobs, finish_reason: finish }],
     usage: { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens },
   };
 }
@@ -182,19 +214,28 @@ function embeddings(body: Json): Json {
 function message(body: Json, maxWords: number): Json {
   if (!Array.isArray(body.messages) || body.messages.length === 0) throw new HttpFailure(400, 'messages: must be a non-empty array');
   if (!Number.isInteger(body.max_tokens)) throw new HttpFailure(400, 'max_tokens: Field required');
-  const hash = hashOf(body);
-  const text = sentence(seeded(hash), Math.max(1, Math.min(body.max_tokens, maxWords)));
+  const { stop_sequences: _stops, ...unstopped } = body;
+  const hash = hashOf(unstopped);
+  const view = messagesView(body);
+  const outcome = decide(view, seeded(hash), maxWords, hash);
+  const content: Json[] = [];
+  if (outcome.reasoning) content.push({ type: 'thinking', thinking: outcome.reasoning, signature: `sig_${hash.slice(0, 16)}` });
+  if (outcome.text) content.push({ type: 'text', text: outcome.text });
+  if (outcome.toolCall)
+    content.push({ type: 'tool_use', id: `toolu_${hash.slice(0, 20)}`, name: outcome.toolCall.name, input: outcome.toolCall.arguments });
+  const said = [outcome.reasoning, outcome.text, outcome.toolCall && JSON.stringify(outcome.toolCall.arguments)].filter(Boolean).join(' ');
   return {
     id: `msg_${hash.slice(0, 24)}`,
     type: 'message',
     role: 'assistant',
     model: body.model,
-    content: [{ type: 'text', text }],
-    stop_reason: 'end_turn',
-    stop_sequence: null,
+    content,
+    stop_reason: MESSAGES_STOP[outcome.stop],
+    stop_sequence: outcome.stopSequence,
     usage: {
-      input_tokens: countTokens(textOf(body.system ?? '') + body.messages.map((m: Json) => textOf(m.content)).join('\n')),
-      output_tokens: text.split(' ').length,
+      input_tokens:
+        countTokens(textOf(body.system ?? '') + body.messages.map((m: Json) => textOf(m.content)).join('\n')) + 85 * view.images,
+      output_tokens: said.split(' ').length,
     },
   };
 }

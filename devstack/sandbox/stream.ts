@@ -11,7 +11,10 @@ export interface SseEvent {
   content: boolean;
 }
 
-const words = (text: string) => text.split(' ').map((w, i) => (i === 0 ? w : ` ${w}`));
+const words = (text: string) => (text ? text.split(' ').map((w, i) => (i === 0 ? w : ` ${w}`)) : []);
+
+/** A tool call's arguments as the pieces a provider streams them in. */
+const pieces = (json: string) => json.match(/.{1,8}/gs) ?? [];
 
 function chat(full: Json, request: Json): SseEvent[] {
   const base = { id: full.id, object: 'chat.completion.chunk', created: full.created, model: full.model };
@@ -20,8 +23,15 @@ function chat(full: Json, request: Json): SseEvent[] {
     data: JSON.stringify({ ...base, choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] }),
     content,
   });
+  const message = full.choices[0].message;
   const out = [chunk({ role: 'assistant', content: '' }, null)];
-  for (const w of words(full.choices[0].message.content)) out.push(chunk({ content: w }, null, true));
+  for (const w of words(message.reasoning ?? '')) out.push(chunk({ reasoning: w }, null, true));
+  for (const w of words(message.content ?? '')) out.push(chunk({ content: w }, null, true));
+  for (const w of words(message.refusal ?? '')) out.push(chunk({ refusal: w }, null, true));
+  for (const [index, tc] of (message.tool_calls ?? []).entries()) {
+    out.push(chunk({ tool_calls: [{ index, id: tc.id, type: 'function', function: { name: tc.function.name, arguments: '' } }] }, null));
+    for (const p of pieces(tc.function.arguments)) out.push(chunk({ tool_calls: [{ index, function: { arguments: p } }] }, null, true));
+  }
   out.push(chunk({}, full.choices[0].finish_reason));
   if (request.stream_options?.include_usage) {
     out.push({ event: null, data: JSON.stringify({ ...base, choices: [], usage: full.usage }), content: false });
@@ -32,21 +42,41 @@ function chat(full: Json, request: Json): SseEvent[] {
 
 function messages(full: Json): SseEvent[] {
   const ev = (type: string, body: Json, content = false): SseEvent => ({ event: type, data: JSON.stringify({ type, ...body }), content });
-  const text = full.content[0].text as string;
-  return [
+  const out = [
     ev('message_start', {
-      message: { ...full, content: [], stop_reason: null, usage: { input_tokens: full.usage.input_tokens, output_tokens: 1 } },
+      message: {
+        ...full,
+        content: [],
+        stop_reason: null,
+        stop_sequence: null,
+        usage: { input_tokens: full.usage.input_tokens, output_tokens: 1 },
+      },
     }),
-    ev('content_block_start', { index: 0, content_block: { type: 'text', text: '' } }),
     ev('ping', {}),
-    ...words(text).map((w) => ev('content_block_delta', { index: 0, delta: { type: 'text_delta', text: w } }, true)),
-    ev('content_block_stop', { index: 0 }),
+  ];
+  for (const [index, block] of (full.content as Json[]).entries()) {
+    const delta = (d: Json) => ev('content_block_delta', { index, delta: d }, true);
+    if (block.type === 'thinking') {
+      out.push(ev('content_block_start', { index, content_block: { type: 'thinking', thinking: '', signature: '' } }));
+      out.push(...words(block.thinking).map((w) => delta({ type: 'thinking_delta', thinking: w })));
+      out.push(ev('content_block_delta', { index, delta: { type: 'signature_delta', signature: block.signature } }));
+    } else if (block.type === 'tool_use') {
+      out.push(ev('content_block_start', { index, content_block: { ...block, input: {} } }));
+      out.push(...pieces(JSON.stringify(block.input)).map((p) => delta({ type: 'input_json_delta', partial_json: p })));
+    } else {
+      out.push(ev('content_block_start', { index, content_block: { type: 'text', text: '' } }));
+      out.push(...words(block.text).map((w) => delta({ type: 'text_delta', text: w })));
+    }
+    out.push(ev('content_block_stop', { index }));
+  }
+  out.push(
     ev('message_delta', {
-      delta: { stop_reason: full.stop_reason, stop_sequence: null },
+      delta: { stop_reason: full.stop_reason, stop_sequence: full.stop_sequence },
       usage: { output_tokens: full.usage.output_tokens },
     }),
     ev('message_stop', {}),
-  ];
+  );
+  return out;
 }
 
 function responses(full: Json): SseEvent[] {

@@ -5,7 +5,7 @@
 import { errorTypeOf, GatewayError, PaymentRequiredError, RateLimitedError } from '../../infrastructure/errors';
 import type { Hold, SpendAdmission } from '../accounts/spend-admission';
 import { estimateCompletionCost } from '../completions/estimate';
-import { invoke, type Upstreams } from '../routing/upstreams';
+import { invoke, sessionKey, type Upstreams } from '../routing/upstreams';
 import { presetLookup, withPreset, type PresetLookup } from '../presets/apply';
 import { upstreamBodyOf } from '../completions/request';
 import type { Store } from '../../infrastructure/store';
@@ -92,7 +92,9 @@ export class LineRunner {
       throw err;
     }
     try {
-      const result = await this.call(line, upstreamBody);
+      // A line's own session id, else the session of the request that created the batch.
+      const sessionId = typeof body.session_id === 'string' && body.session_id ? body.session_id : batch.meta.session_id;
+      const result = await this.call(line, upstreamBody, sessionKey(batch.workspace_id, sessionId));
       if (!result.ok || !result.usage) return { result };
       return { result, stored: hold.settleUnstored(result.usage.cost) };
     } finally {
@@ -111,7 +113,7 @@ export class LineRunner {
     );
   }
 
-  private async call(line: InputLine, upstreamBody: Record<string, unknown>): Promise<ResultDoc> {
+  private async call(line: InputLine, upstreamBody: Record<string, unknown>, session: string | undefined): Promise<ResultDoc> {
     const { batch, signal } = this.o;
     const id = lineGenerationId(batch._id, line.line);
     let unreachableSince: number | null = null;
@@ -123,6 +125,7 @@ export class LineRunner {
           operation: this.operation,
           preferences: batch.provider_only ? { only: batch.provider_only } : undefined,
           workspace: this.o.workspace,
+          session,
           body: upstreamBody,
           signal,
         });

@@ -5,6 +5,7 @@
 import type { EventSourceMessage } from 'eventsource-parser';
 import type { Endpoint } from '../catalog';
 import { openEndpointStream, streamErrorOf } from '../routing/endpoint-call';
+import type { StreamTranslator } from '../../infrastructure/providers/translate';
 import { UpstreamFailure } from '../../infrastructure/providers/failure';
 import { optionsFor } from '../routing/engine';
 import { executePlan, type Attempt } from '../routing/execute';
@@ -16,6 +17,8 @@ import { sseEvents } from './sse';
 export interface CallContext {
   workspace: { only?: string[]; ignore?: string[] } | undefined;
   signal: AbortSignal;
+  /** The sticky-routing key, when the call names a session. */
+  session?: string;
 }
 
 function requestOf(operation: InferenceOperation, plan: InferencePlan, ctx: CallContext): InvokeRequest {
@@ -26,6 +29,7 @@ function requestOf(operation: InferenceOperation, plan: InferencePlan, ctx: Call
     preferences: plan.preferences,
     workspace: ctx.workspace,
     parameters: plan.parameters,
+    session: ctx.session,
     body: plan.upstreamBody,
     signal: ctx.signal,
   };
@@ -37,14 +41,26 @@ export function complete(up: Upstreams, operation: InferenceOperation, plan: Inf
 
 export interface OpenedStream {
   endpoint: Endpoint;
-  /** The first event, already read; then the rest. */
+  /** The first event, already read; then the rest (in the caller's format, translated if need be). */
   first: EventSourceMessage;
   events: AsyncGenerator<EventSourceMessage>;
+  /** Parameters the provider's format could not take. */
+  dropped: string[];
   attempts: Attempt[];
   /** When the call was made (performance.now()). */
   startedAt: number;
   /** Gives back the provider's concurrency slot, held while the stream runs. */
   release(): void;
+}
+
+/** The provider's events, from the first one read, as the caller's format has them. */
+async function* translated(
+  first: EventSourceMessage,
+  rest: AsyncGenerator<EventSourceMessage>,
+  translate: StreamTranslator,
+): AsyncGenerator<EventSourceMessage> {
+  yield* translate(first);
+  for await (const event of rest) yield* translate(event);
 }
 
 export async function openStream(
@@ -59,14 +75,17 @@ export async function openStream(
     async (e, signal) => {
       const startedAt = performance.now();
       const body = { ...plan.upstreamBody, ...optionsFor(e, plan.preferences) };
-      const res = await openEndpointStream(up.http, e, operation, body, { signal, env: up.env });
-      const events = sseEvents(res.body);
+      const { response: res, translate, dropped } = await openEndpointStream(up.http, e, operation, body, { signal, env: up.env });
+      const raw = sseEvents(res.body);
       try {
-        const first = await events.next();
+        const first = await raw.next();
         if (first.done) throw new UpstreamFailure('invalid_response', e.provider.slug, 'Provider ended the stream before sending anything');
         const refused = streamErrorOf(e, first.value);
         if (refused) throw refused;
-        return { events, first: first.value, startedAt };
+        const events = translate ? translated(first.value, raw, translate) : raw;
+        const head = translate ? await events.next() : first;
+        if (head.done) throw new UpstreamFailure('invalid_response', e.provider.slug, 'Provider ended the stream before sending anything');
+        return { events, first: head.value, startedAt, dropped };
       } catch (err) {
         res.body.destroy();
         throw up.http.classify(err, e.provider.slug, e.provider.timeout_ms);

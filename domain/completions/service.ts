@@ -12,7 +12,7 @@ import type { Usage } from '../../infrastructure/providers/formats';
 import { UpstreamFailure } from '../../infrastructure/providers/failure';
 import { presetLookup, withPreset } from '../presets/apply';
 import { failureToError } from '../routing/execute';
-import type { Upstreams } from '../routing/upstreams';
+import { sessionKey, type Upstreams } from '../routing/upstreams';
 import { newGenerationId, usageRecordOf, type UsageLedger, type UsageRecord } from '../accounts/usage-ledger';
 import type { RequestMeta } from '../accounts/attribution';
 import type { SpendAdmission } from '../accounts/spend-admission';
@@ -22,6 +22,9 @@ import { estimateCompletionCost, promptTokensEstimate } from './estimate';
 import { complete, openStream, type OpenedStream } from './execute';
 
 type Body = Record<string, any>;
+
+/** Names the parameters the serving provider's format could not take (dropped, as `require_parameters` allows). */
+export const DROPPED_HEADER = 'x-gateway-dropped-params';
 
 /** How often a stream journals what it has produced so far (the first time as soon as it has produced any). */
 const CHECKPOINT_EVERY_MS = 1_000;
@@ -33,6 +36,8 @@ type Ending = 'completed' | 'client_closed' | 'upstream_failed';
 export interface EventSink {
   /** Whether anything went out: after that, an error can only be told as an event. */
   readonly started: boolean;
+  /** A header for the answer, when it has not started. */
+  setHeader(name: string, value: string): void;
   write(text: string): Promise<void>;
   end(): void;
 }
@@ -54,6 +59,7 @@ export interface Call extends CompletionRequest {
   plan: InferencePlan;
   generationId: string;
   workspace: { only?: string[]; ignore?: string[] };
+  session: string | undefined;
 }
 
 export interface CompletionDeps {
@@ -88,17 +94,23 @@ export function completionService({ store, upstreams, workspaces, usage }: Compl
     const body = await withPreset(req.body, req.operation, presetLookup(store, req.workspaceId));
     const plan = planInference(upstreams.catalog, body, req.operation);
     const { settings } = await workspaces.get(req.workspaceId);
-    return { ...req, plan, generationId: newGenerationId(), workspace: settings };
+    return {
+      ...req,
+      plan,
+      generationId: newGenerationId(),
+      workspace: settings,
+      session: sessionKey(req.workspaceId, req.meta.session_id),
+    };
   }
 
-  /** The answer in one piece, in the call's own format, once its usage is recorded. */
-  async function answer(call: Call): Promise<Body> {
-    let out: Body = {};
+  /** The answer in one piece, in the call's own format, once its usage is recorded; and the parameters dropped. */
+  async function answer(call: Call): Promise<{ body: Body; dropped: string[] }> {
+    let out = { body: {} as Body, dropped: [] as string[] };
     await admitted(call, async () => {
       const r = await complete(upstreams, call.operation, call.plan, call);
       const served: Served = { id: call.generationId, model: r.endpoint.model.canonicalId, provider: r.endpoint.provider.slug };
       await bill(call, r.endpoint, r.usage, r.cost, { stream: false, ending: 'completed', attempts: r.attempts.length + 1 });
-      out = finishBody(call.operation, r.body, served, r.usage, r.cost);
+      out = { body: finishBody(call.operation, r.body, served, r.usage, r.cost), dropped: r.dropped };
       return r.cost;
     });
     return out;
@@ -131,6 +143,7 @@ export function completionService({ store, upstreams, workspaces, usage }: Compl
     }
 
     const { endpoint } = opened;
+    if (opened.dropped.length) out.setHeader(DROPPED_HEADER, opened.dropped.join(','));
     const served: Served = { id: call.generationId, model: endpoint.model.canonicalId, provider: endpoint.provider.slug };
     const options = { includeUsage: call.plan.includeUsage, cost: (u: Usage) => costOf(endpoint, u) };
     /** The stream's last words wait until its usage is recorded. */

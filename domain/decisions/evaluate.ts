@@ -25,10 +25,17 @@ export interface Evaluation {
 export async function evaluate(
   up: Upstreams,
   request: DecisionsRequest,
-  opts: { workspace?: { only?: string[]; ignore?: string[] }; signal?: AbortSignal } = {},
+  opts: { workspace?: { only?: string[]; ignore?: string[] }; signal?: AbortSignal; session?: string } = {},
 ): Promise<Evaluation> {
   const { model, variant } = up.catalog.resolve(request.model);
-  const common = { models: [model], variant, preferences: request.provider ?? undefined, workspace: opts.workspace, signal: opts.signal };
+  const common = {
+    models: [model],
+    variant,
+    preferences: request.provider ?? undefined,
+    workspace: opts.workspace,
+    signal: opts.signal,
+    session: opts.session,
+  };
   const native = model.endpoints.some((e) => servesOperation(e, 'systemone'));
 
   if (native) {

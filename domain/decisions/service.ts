@@ -3,7 +3,7 @@
 // decision activity for the workflow mode; gateway errors leave as they are.
 import { usageRecordOf, type UsageRecord } from '../accounts/usage-ledger';
 import type { RequestMeta } from '../accounts/attribution';
-import type { Upstreams } from '../routing/upstreams';
+import { sessionKey, type Upstreams } from '../routing/upstreams';
 import { evaluate } from './evaluate';
 import { PROMPT_FORMAT } from './prompt';
 import type { Answer, DecisionsRequest } from './types';
@@ -35,7 +35,8 @@ export type Decide = (job: DecisionJob, signal: AbortSignal) => Promise<Decision
  */
 export function decisionService({ upstreams, record }: { upstreams: Upstreams; record: (usage: UsageRecord) => Promise<unknown> }): Decide {
   return async (job, signal) => {
-    const e = await evaluate(upstreams, job.request, { workspace: job.workspace, signal });
+    const session = sessionKey(job.workspaceId, job.meta.session_id);
+    const e = await evaluate(upstreams, job.request, { workspace: job.workspace, signal, session });
     const details = {
       ...(e.labelMass && { label_mass: e.labelMass, prompt_format: PROMPT_FORMAT }),
       ...(e.providers && { providers: e.providers }),

@@ -1,14 +1,21 @@
-// One call to one endpoint, in its provider's wire format: the body is passed through with the
-// upstream model id; the format says where it goes, how it is authenticated and what it used.
+// One call to one endpoint, in its provider's wire format: the body is sent with the upstream model
+// id, translated first when the provider serves the operation only through another one (see
+// infrastructure/providers/translate); the format says where it goes, how it is authenticated and
+// what it used, and the answer comes back in the caller's operation's terms.
+import type { EventSourceMessage } from 'eventsource-parser';
 import type { Endpoint, Operation } from '../catalog';
 import { UpstreamFailure } from '../../infrastructure/providers/failure';
 import { PROVIDER_FORMATS, type ProviderFormat, type Usage } from '../../infrastructure/providers/formats';
 import type { ProviderHttp, StreamResponse } from '../../infrastructure/providers/http';
+import { translationFor, type StreamTranslator, type Translation } from '../../infrastructure/providers/translate';
 
 export interface ProviderResponse {
+  /** The answer, in the terms of the operation asked for. */
   body: any;
   usage: Usage;
   latencyMs: number;
+  /** Parameters the provider's format could not take, dropped from the request. */
+  dropped: string[];
 }
 
 interface CallOptions {
@@ -16,18 +23,27 @@ interface CallOptions {
   env: Record<string, string | undefined>;
 }
 
-/** The endpoint's format and the URL of the operation, refusing an operation the format does not serve. */
-function target(e: Endpoint, operation: Operation): { format: ProviderFormat; url: string } {
+interface Target {
+  format: ProviderFormat;
+  url: string;
+  /** The operation the provider is called with. */
+  operation: Operation;
+  translation: Translation | null;
+}
+
+/** Where and how the endpoint is called for the operation, refusing one its format cannot serve. */
+function target(e: Endpoint, operation: Operation): Target {
   const format = PROVIDER_FORMATS[e.provider.adapter];
-  const path = format.paths[operation];
-  if (!path) {
+  const translation = translationFor(e.provider.adapter, operation);
+  if (translation === undefined) {
     throw new UpstreamFailure(
       'invalid_response',
       e.provider.slug,
       `${e.provider.slug} (${e.provider.adapter}) does not serve ${operation}`,
     );
   }
-  return { format, url: `${e.provider.base_url}${path}` };
+  const sent = translation?.target ?? operation;
+  return { format, url: `${e.provider.base_url}${format.paths[sent]}`, operation: sent, translation };
 }
 
 function httpOptions(e: Endpoint, format: ProviderFormat, opts: CallOptions) {
@@ -41,16 +57,31 @@ function httpOptions(e: Endpoint, format: ProviderFormat, opts: CallOptions) {
   };
 }
 
-/** Opens a streamed call; its events are the provider's, in its format. */
+/** The body the provider is sent: translated if need be, with the upstream model id. */
+function upstreamBody(e: Endpoint, t: Target, body: Record<string, unknown>, dropped: string[]): Record<string, unknown> {
+  return { ...(t.translation ? t.translation.request(body, dropped) : body), model: e.entry.upstream_model };
+}
+
+export interface OpenedEndpointStream {
+  response: StreamResponse;
+  /** Turns each of the provider's events into the caller's format's (null: they are the same). */
+  translate: StreamTranslator | null;
+  dropped: string[];
+}
+
+/** Opens a streamed call; its events are the provider's, in its format, with the translator to the caller's. */
 export async function openEndpointStream(
   http: ProviderHttp,
   e: Endpoint,
   operation: Operation,
   body: Record<string, unknown>,
   opts: CallOptions,
-): Promise<StreamResponse> {
-  const { format, url } = target(e, operation);
-  return http.postStream(url, format.streamBody(operation, { ...body, model: e.entry.upstream_model }), httpOptions(e, format, opts));
+): Promise<OpenedEndpointStream> {
+  const t = target(e, operation);
+  const dropped: string[] = [];
+  const sent = t.format.streamBody(t.operation, upstreamBody(e, t, body, dropped));
+  const response = await http.postStream(t.url, sent, httpOptions(e, t.format, opts));
+  return { response, translate: t.translation?.stream() ?? null, dropped };
 }
 
 export async function callEndpoint(
@@ -60,13 +91,17 @@ export async function callEndpoint(
   body: Record<string, unknown>,
   opts: CallOptions,
 ): Promise<ProviderResponse> {
-  const { format, url } = target(e, operation);
+  const t = target(e, operation);
+  const dropped: string[] = [];
+  const sent = upstreamBody(e, t, body, dropped);
   const started = performance.now();
-  const res = await http.postJson(url, { ...body, model: e.entry.upstream_model }, httpOptions(e, format, opts));
-  return { body: res.body, usage: format.usageOf(operation, res.body), latencyMs: performance.now() - started };
+  const res = await http.postJson(t.url, sent, httpOptions(e, t.format, opts));
+  const usage = t.format.usageOf(t.operation, res.body);
+  const answer = t.translation ? t.translation.answer(res.body) : res.body;
+  return { body: answer, usage, latencyMs: performance.now() - started, dropped };
 }
 
 /** An error event in a stream the endpoint accepted, as the failure it means (null: not an error). */
-export function streamErrorOf(e: Endpoint, event: Parameters<ProviderFormat['streamError']>[0]): UpstreamFailure | null {
+export function streamErrorOf(e: Endpoint, event: EventSourceMessage): UpstreamFailure | null {
   return PROVIDER_FORMATS[e.provider.adapter].streamError(event, e.provider.slug);
 }

@@ -1,8 +1,10 @@
 // The routing engine: a pure function from (models, preferences, workspace settings, live stats)
 // to the ordered list of endpoints to try. No I/O; randomness and time are inputs.
+import { createHash } from 'node:crypto';
 import type { CatalogModel, Endpoint, ModelVariant, Operation } from '../catalog';
 import type { ProviderPreferences } from './preferences';
 import { NotFoundError } from '../../infrastructure/errors';
+import { translationFor } from '../../infrastructure/providers/translate';
 
 export type Percentile = 'p50' | 'p75' | 'p90' | 'p99';
 export type Percentiles = Partial<Record<Percentile, number>>;
@@ -30,6 +32,11 @@ export interface RouteInput {
   /** Names of the parameters the request supplies, for `require_parameters`. */
   parameters?: string[];
   variant?: ModelVariant;
+  /**
+   * A sticky-routing key (the workspace's session id): where the router may choose, calls with one
+   * key go to the same endpoint while it is healthy, in every process, and move together when not.
+   */
+  session?: string;
   now: number;
   random: () => number;
 }
@@ -62,8 +69,13 @@ const OPERATION_KINDS: Record<Operation, readonly string[]> = {
   systemone: ['decision'],
 };
 
+/**
+ * Whether the endpoint can serve the operation: natively, or (chat models only: a decision's
+ * logprobs do not survive translation) through its provider format's translation.
+ */
 export function servesOperation(e: Endpoint, operation: Operation): boolean {
-  return e.operations.includes(operation) && OPERATION_KINDS[operation].includes(e.model.kind);
+  if (!OPERATION_KINDS[operation].includes(e.model.kind)) return false;
+  return e.operations.includes(operation) || (e.model.kind === 'chat' && Boolean(translationFor(e.provider.adapter, operation)));
 }
 
 type Filter = [name: string, keep: (e: Endpoint) => boolean];
@@ -135,9 +147,30 @@ function sortKey(by: string, stats: StatsSnapshot): (a: Endpoint, b: Endpoint) =
   }
 }
 
+/** The price weight of the default load balancing: cheaper endpoints are drawn more often. */
+const weightOf = (e: Endpoint) => 1 / Math.max(typicalPrice(e), 1e-9) ** 2;
+
+/**
+ * Weighted rendezvous hashing: each endpoint scores `weight / -ln(u)`, `u` a hash of the session and
+ * the endpoint in (0, 1). The highest score wins; the same key ranks the same endpoints the same way
+ * in every process, with no state; sessions spread over endpoints in proportion to their weights;
+ * and an endpoint leaving the list moves only the sessions it had, each to its own next choice.
+ */
+function rendezvousOrder(group: Endpoint[], session: string): Endpoint[] {
+  const score = (e: Endpoint) => {
+    const u = (createHash('sha1').update(session).update('\0').update(e.key).digest().readUIntBE(0, 6) + 1) / (2 ** 48 + 1);
+    return weightOf(e) / -Math.log(u);
+  };
+  return group
+    .map((e) => ({ e, s: score(e) }))
+    .sort((a, b) => b.s - a.s)
+    .map((x) => x.e);
+}
+
 /**
  * Default load balancing: endpoints without a recent outage first, the first of them drawn at
  * random weighted by 1/price², the other stable ones by price, then the unstable ones by price.
+ * With a session key, both parts are in the session's rendezvous order instead.
  */
 function loadBalance(group: Endpoint[], input: RouteInput): Endpoint[] {
   const stats = input.stats ?? new Map();
@@ -146,10 +179,18 @@ function loadBalance(group: Endpoint[], input: RouteInput): Endpoint[] {
     return t !== null && t !== undefined && input.now - t < OUTAGE_WINDOW_MS;
   };
   const byPrice = (a: Endpoint, b: Endpoint) => typicalPrice(a) - typicalPrice(b);
+  if (input.session)
+    return [
+      ...rendezvousOrder(
+        group.filter((e) => !outage(e)),
+        input.session,
+      ),
+      ...rendezvousOrder(group.filter(outage), input.session),
+    ];
   const stable = group.filter((e) => !outage(e)).sort(byPrice);
   const unstable = group.filter(outage).sort(byPrice);
   if (stable.length > 1) {
-    const weights = stable.map((e) => 1 / Math.max(typicalPrice(e), 1e-9) ** 2);
+    const weights = stable.map(weightOf);
     let r = input.random() * weights.reduce((a, b) => a + b, 0);
     let pick = stable.length - 1;
     for (let i = 0; i < weights.length; i++) {

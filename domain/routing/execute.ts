@@ -86,6 +86,8 @@ export async function executePlan<T = ProviderResponse>(
   const measure = opts.measure ?? measureResponse;
   const maxRetryAfter = opts.maxRetryAfterMs ?? 5_000;
   let last: UpstreamFailure | null = null;
+  /** A request some endpoint's format refused (a 400 naming the field): what the caller hears if every endpoint failed that way. */
+  let refusal: GatewayError | null = null;
   for (let i = 0; i < plan.endpoints.length; i++) {
     const e = plan.endpoints[i];
     const isLast = i === plan.endpoints.length - 1;
@@ -106,13 +108,17 @@ export async function executePlan<T = ProviderResponse>(
         }
         return { endpoint: e, response, attempts, release: () => undefined };
       } catch (err) {
+        if (err instanceof GatewayError && err.status < 500) refusal = err; // the request, not the provider: no fallback can send it as it is
         const f =
           err instanceof UpstreamFailure
             ? err
-            : new UpstreamFailure('invalid_response', e.provider.slug, (err as Error).message ?? String(err));
+            : err instanceof GatewayError && err.status < 500
+              ? new UpstreamFailure('refused', e.provider.slug, err.message, err.status)
+              : new UpstreamFailure('invalid_response', e.provider.slug, (err as Error).message ?? String(err));
         last = f;
         attempts.push({ provider: e.provider.slug, endpoint: e.tag, kind: f.kind, status: f.status, message: f.message });
-        if (f.kind !== 'capacity' && f.kind !== 'aborted') opts.stats?.record(e.key, { ok: false, latencyMs: 0, outputTokens: 0 });
+        if (f.kind !== 'capacity' && f.kind !== 'aborted' && f.kind !== 'refused')
+          opts.stats?.record(e.key, { ok: false, latencyMs: 0, outputTokens: 0 });
         if (startedAt) opts.observer?.call(e.provider.slug, e.model.canonicalId, f.kind, (performance.now() - startedAt) / 1000);
         if (!f.retryable || opts.signal?.aborted) throw failureToError(f, attempts);
         if (!isLast) opts.observer?.fallback(e.model.canonicalId);
@@ -130,5 +136,6 @@ export async function executePlan<T = ProviderResponse>(
       }
     }
   }
+  if (refusal && last?.kind === 'refused') throw refusal;
   throw failureToError(last ?? new UpstreamFailure('capacity', 'none', 'no endpoint to try'), attempts);
 }

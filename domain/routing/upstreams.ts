@@ -55,6 +55,8 @@ export interface InvokeRequest {
   workspace?: { only?: string[]; ignore?: string[] };
   /** Parameter names the request supplies, for `require_parameters`. */
   parameters?: string[];
+  /** The sticky-routing key: workspace and session id (see engine.ts). */
+  session?: string;
   /** The upstream request body; the adapter sets the upstream model id. */
   body: Record<string, unknown> | ((endpoint: Endpoint) => Record<string, unknown>);
   signal?: AbortSignal;
@@ -68,6 +70,8 @@ export interface Invocation {
   cost: number;
   latencyMs: number;
   attempts: Attempt[];
+  /** Parameters the serving provider's format could not take. */
+  dropped: string[];
 }
 
 /** The endpoints to try for a request, in order, from the live statistics. */
@@ -79,6 +83,7 @@ export function routeFor(up: Upstreams, req: InvokeRequest): RoutePlan {
     preferences: req.preferences,
     workspace: req.workspace,
     parameters: req.parameters,
+    session: req.session,
     stats: up.stats.snapshot(),
     now: Date.now(),
     random: Math.random,
@@ -102,5 +107,11 @@ export async function invoke(up: Upstreams, req: InvokeRequest): Promise<Invocat
     cost: costOf(endpoint, response.usage),
     latencyMs: response.latencyMs,
     attempts,
+    dropped: response.dropped,
   };
+}
+
+/** The sticky-routing key of a call: its session id within its workspace (sessions of two workspaces never collide). */
+export function sessionKey(workspaceId: string, sessionId: string | null | undefined): string | undefined {
+  return sessionId ? `${workspaceId}\n${sessionId}` : undefined;
 }

@@ -1,6 +1,16 @@
 // What can go wrong calling a provider, classified once so routing can decide whether to fall back
 // and the API can map the final failure to the interface's statuses.
-export type FailureKind = 'http' | 'rate_limited' | 'overloaded' | 'timeout' | 'connection' | 'capacity' | 'invalid_response' | 'aborted';
+export type FailureKind =
+  | 'http'
+  | 'rate_limited'
+  | 'overloaded'
+  | 'timeout'
+  | 'connection'
+  | 'capacity'
+  | 'invalid_response'
+  | 'aborted'
+  /** The request cannot be put in the provider's format (a translation refused it): never sent. */
+  | 'refused';
 
 export class UpstreamFailure extends Error {
   constructor(

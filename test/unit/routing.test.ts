@@ -52,7 +52,6 @@ export const testCatalog = Catalog.fromObject({
         endpoint('alpha', 0.5, { variant: 'turbo', quantization: 'fp4' }),
         endpoint('beta', 2, { supported_parameters: ['temperature', 'tools'] }),
         endpoint('delta', 3, { quantization: 'int8', pricing: { prompt: 3, completion: 3, request: 0.01 } }),
-        endpoint('claude', 1.5),
       ],
     },
     {
@@ -66,10 +65,32 @@ export const testCatalog = Catalog.fromObject({
       distillable: false,
       endpoints: [endpoint('beta', 0.2, { quantization: 'fp16' })],
     },
+    {
+      id: 'acme/mixed',
+      name: 'Mixed formats',
+      kind: 'chat',
+      family: 'acme/mixed',
+      version: '1',
+      released: '20260101',
+      context_length: 1000,
+      distillable: true,
+      endpoints: [endpoint('alpha', 1), endpoint('claude', 1.5)],
+    },
+    {
+      id: 'acme/decide',
+      name: 'Decisions on chat endpoints',
+      kind: 'decision',
+      family: 'acme/decide',
+      version: '1',
+      released: '20260101',
+      context_length: 1000,
+      distillable: true,
+      endpoints: [endpoint('alpha', 1), endpoint('claude', 1.5)],
+    },
   ],
 });
 
-const [chat2, chat1] = testCatalog.models;
+const [chat2, chat1, mixed, decide] = testCatalog.models;
 const tags = (input: Partial<RouteInput>) =>
   planRoute({ models: [chat2], operation: 'chat', now: 1_000_000, random: () => 0, ...input }).endpoints.map(
     (e) => `${e.model.id === 'acme/chat-1' ? 'c1:' : ''}${e.tag}`,
@@ -111,6 +132,48 @@ describe('routing engine', () => {
     const total = w.reduce((a, b) => a + b);
     expect(counts.get('alpha/turbo')! / 20000).to.be.closeTo(w[0] / total, 0.02);
     expect(counts.get('beta')! / 20000).to.be.closeTo(w[2] / total, 0.01);
+  });
+
+  describe('sticky sessions', () => {
+    const draws = [() => 0, () => 0.5, () => 0.999];
+    const route = (session: string, extra: Partial<RouteInput> = {}) =>
+      draws.map((random) => tags({ session, random, preferences: { only: ['alpha', 'beta', 'delta'] }, ...extra }));
+
+    it('one session gets one order, whatever the draw, and other sessions spread by price weight', () => {
+      for (const session of ['s1', 's2', 'ws-a\nchat-42']) {
+        const [first, ...rest] = route(session);
+        for (const r of rest) expect(r).to.deep.equal(first);
+      }
+      const firsts = new Map<string, number>();
+      for (let i = 0; i < 4000; i++) {
+        const first = tags({ session: `session-${i}`, preferences: { only: ['alpha', 'beta'] } })[0];
+        firsts.set(first, (firsts.get(first) ?? 0) + 1);
+      }
+      const [turbo, alpha, beta] = ['alpha/turbo', 'alpha', 'beta'].map((t) => chat2.endpoints.find((e) => e.tag === t)!);
+      const w = [turbo, alpha, beta].map((e) => 1 / typicalPrice(e) ** 2);
+      const total = w.reduce((x, y) => x + y, 0);
+      ['alpha/turbo', 'alpha', 'beta'].forEach((t, i) => expect((firsts.get(t) ?? 0) / 4000, t).to.be.closeTo(w[i] / total, 0.03));
+    });
+
+    it("an endpoint with an outage or filtered out moves its sessions to each one's next choice, the same in every process", () => {
+      for (const session of Array.from({ length: 50 }, (_, i) => `s-${i}`)) {
+        const order = route(session)[0];
+        const down = stat({ lastFailureAt: 1_000_000 - 1000 });
+        const failed = tags({
+          session,
+          stats: new Map([[`acme/chat-2@${order[0]}`, down]]),
+          preferences: { only: ['alpha', 'beta', 'delta'] },
+        });
+        expect(failed).to.deep.equal([...order.slice(1), order[0]]);
+        const without = tags({ session, preferences: { only: ['alpha', 'beta', 'delta'], ignore: [order[0]] } });
+        expect(without).to.deep.equal(order.slice(1).filter((t) => !t.startsWith(`${order[0]}/`)));
+      }
+    });
+
+    it('explicit order and sort preferences win over the session', () => {
+      expect(tags({ session: 's1', preferences: { sort: 'price' } })).to.deep.equal(tags({ preferences: { sort: 'price' } }));
+      expect(tags({ session: 's1', preferences: { order: ['delta'] } })[0]).to.equal('delta');
+    });
   });
 
   it('moves endpoints with an outage in the last 30 s to the back', () => {
@@ -171,7 +234,9 @@ describe('routing engine', () => {
       ['delta', 'alpha/turbo', 'alpha'],
     ],
     [':floor sorts by price', { variant: 'floor' }, ['alpha/turbo', 'alpha', 'beta', 'delta']],
-    ['operation: only endpoints that speak it', { operation: 'messages' }, ['claude']],
+    ['operation: every chat endpoint, whatever its format', { models: [mixed], operation: 'messages' }, ['alpha', 'claude']],
+    ['operation: and through every chat API', { models: [mixed], operation: 'chat' }, ['alpha', 'claude']],
+    ['operation: a decision model only natively (logprobs do not survive translation)', { models: [decide], operation: 'chat' }, ['alpha']],
   ];
   for (const [name, input, expected] of filterCases) {
     it(name, () => expect(tags(input)).to.deep.equal(expected));
