@@ -527,10 +527,12 @@ describe('batches', () => {
               batchId: id,
               chunks,
               window: 2,
+              heartbeatTimeoutMs: gw.config.batches.heartbeatTimeoutMs,
               expiresAt: doc.expires_at.getTime(),
               phase: 'validate',
               nextChunk: 0,
               cancelRequested: false,
+              lines: 80,
             },
           ],
         });

@@ -31,12 +31,12 @@ export interface BatchWorkflowInput {
   phase: 'validate' | 'process';
   nextChunk: number;
   cancelRequested: boolean;
-  /** Request lines in the batch, for the details the Web UI shows (absent in runs started before it was). */
-  lines?: number;
+  /** Request lines in the batch, for the details the Web UI shows. */
+  lines: number;
   /** Lines finished by earlier runs of this batch (continue-as-new). */
   done?: { completed: number; failed: number };
-  /** How long a chunk may go without a heartbeat before it is moved to another worker (absent: 10 s). */
-  heartbeatTimeoutMs?: number;
+  /** How long a chunk may go without a heartbeat before it is moved to another worker (BATCH_HEARTBEAT_TIMEOUT_MS). */
+  heartbeatTimeoutMs: number;
   /** Present when the batch has a callback URL: how long to keep trying, and the first wait between attempts. */
   webhook?: { windowMs: number; firstRetryMs: number };
 }
@@ -104,13 +104,12 @@ const CHUNKS_PER_RUN = 100;
  */
 const STATUS_IN_NEIGHBOURS = 'status-in-neighbour-activities';
 
-// Chunk work heartbeats every second; a heartbeat timeout of 10 s (BATCH_HEARTBEAT_TIMEOUT_MS) moves
-// a crashed worker's chunk to another worker within seconds while leaving room for a slow database
-// write. Cancelling waits until the chunk has really stopped (not only asked it to): a chunk that
+// Chunk work heartbeats every second; the heartbeat timeout (the input's, BATCH_HEARTBEAT_TIMEOUT_MS,
+// 10 s by default) moves a crashed worker's chunk to another worker within seconds while leaving
+// room for a slow database write. Cancelling waits until the chunk has really stopped (not only asked it to): a chunk that
 // kept running after the batch closed would call providers and write results nobody counts.
 const chunks = proxyActivities<Activities>({
   startToCloseTimeout: '2 hours',
-  heartbeatTimeout: '10 seconds',
   cancellationType: ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
   retry: { initialInterval: '1 second', maximumInterval: '30 seconds', backoffCoefficient: 2 },
 });
@@ -145,7 +144,7 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
   // The Web UI's "current details": how far the batch has got, kept up to date as chunks finish.
   const showProgress = () =>
     setCurrentDetails(
-      `**${status}** · ${done.completed + done.failed} of ${input.lines ?? '?'} lines done (${done.completed} completed, ${done.failed} failed) · ${chunksDone} of ${input.chunks} chunks`,
+      `**${status}** · ${done.completed + done.failed} of ${input.lines} lines done (${done.completed} completed, ${done.failed} failed) · ${chunksDone} of ${input.chunks} chunks`,
     );
   showProgress();
 
@@ -217,7 +216,7 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
         .executeWithOptions(
           {
             summary: `chunk ${next + 1} of ${input.chunks}`,
-            ...(input.heartbeatTimeoutMs && { heartbeatTimeout: input.heartbeatTimeoutMs }),
+            heartbeatTimeout: input.heartbeatTimeoutMs,
           },
           [input.batchId, next],
         )
