@@ -3,7 +3,8 @@
 // routing, usage record durably written) and (c) through the Portkey open-source gateway pointed at
 // the sandbox as a custom OpenAI-compatible host, at concurrency 1, 50 and 200, with CPU per request
 // of every process; then a streamed completion through each, for time to first token, tokens per
-// second, and whether chunks arrive one by one (none held back).
+// second, and whether chunks arrive one by one (none held back). Translated rows: the OpenAI shape
+// to an Anthropic-format provider and the reverse, against the untranslated gateway rows.
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -25,7 +26,24 @@ import {
   type Stack,
 } from './harness';
 
-const BARS = { added_p50_ms_at_c1: 1.0, added_ttft_p50_ms: 2, rps_at_c50_at_least_portkey: true, added_p50_at_most_portkey: true };
+const BARS = {
+  added_p50_ms_at_c1: 1.0,
+  added_ttft_p50_ms: 2,
+  rps_at_c50_at_least_portkey: true,
+  added_p50_at_most_portkey: true,
+  translated_extra_p50_ms: 0.1,
+};
+
+type TargetName = 'direct' | 'gateway' | 'portkey' | 'direct_messages' | 'gateway_messages' | 'chat_to_messages' | 'messages_to_chat';
+
+/** What each proxied target's added latency is measured against: the provider it ends at, called directly. */
+const BASELINE: Record<string, TargetName> = {
+  gateway: 'direct',
+  portkey: 'direct',
+  gateway_messages: 'direct_messages',
+  chat_to_messages: 'direct_messages',
+  messages_to_chat: 'direct',
+};
 const TOTALS: Record<number, number> = { 1: 2000, 50: 10_000, 200: 10_000 };
 const STREAMS = 40;
 /** Rounds each load level is split into, targets taking turns (see measuredInRounds). */
@@ -44,22 +62,36 @@ const WARM_UP = { requests: 5_000, concurrency: 8, streams: 500, streamConcurren
 
 const messages = [{ role: 'user', content: 'Say this is a test' }];
 
-type Target = { url: string; headers: Record<string, string>; model: string };
+/** `api`: the shape the target speaks (what its answers and stream events look like). */
+type Target = { url: string; headers: Record<string, string>; model: string; api?: 'chat' | 'messages' };
+
+/** A whole answer in the target's shape. */
+const answered = (t: Target) => (t.api === 'messages' ? '"content"' : '"choices"');
 type Row = LoadResult & { cpu_ms_per_request: Record<string, number> };
 
 function benchCatalog(): string {
   const catalog = JSON.parse(fs.readFileSync(DEFAULT_CATALOG_PATH, 'utf8'));
-  const provider = (slug: string, faults: string) =>
-    providerEntry(slug, `\${SANDBOX_URL}/${faults}openai/v1`, { max_concurrency: 1000, timeout_ms: 30_000 });
+  const provider = (slug: string, faults: string, adapter: 'openai' | 'anthropic' = 'openai') =>
+    providerEntry(slug, `\${SANDBOX_URL}/${faults}${adapter === 'openai' ? 'openai/v1' : 'anthropic'}`, {
+      adapter,
+      max_concurrency: 1000,
+      timeout_ms: 30_000,
+    });
   catalog.providers.push(
     provider('bench', ''),
     provider('bench-stream', `~max_words=${STREAM_WORDS},chunk_delay=${STREAM_GAP_MS}/`),
     provider('bench-stream-warm', `~max_words=${WARM_UP.streamWords}/`),
+    provider('bench-claude', '', 'anthropic'),
+    provider('bench-claude-stream', `~max_words=${STREAM_WORDS},chunk_delay=${STREAM_GAP_MS}/`, 'anthropic'),
+    provider('bench-claude-stream-warm', `~max_words=${WARM_UP.streamWords}/`, 'anthropic'),
   );
   for (const [id, slug] of [
     ['bench/chat', 'bench'],
     ['bench/stream', 'bench-stream'],
     ['bench/stream-warm', 'bench-stream-warm'],
+    ['bench/claude', 'bench-claude'],
+    ['bench/claude-stream', 'bench-claude-stream'],
+    ['bench/claude-stream-warm', 'bench-claude-stream-warm'],
   ]) {
     const endpoint = endpointEntry(slug, 0.1, {
       upstream_model: 'bench-model',
@@ -109,7 +141,7 @@ async function measuredInRounds(stack: Stack, targets: Record<string, Target>, b
       const t = targets[name];
       const before = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, cpuSeconds(p.pid)]));
       const run = await loadSamples(t.url, { ...body, model: t.model }, t.headers, concurrency, Math.ceil(total / ROUNDS), (_s, text) =>
-        text.includes('"choices"'),
+        text.includes(answered(t)),
       );
       for (const [n, p] of Object.entries(stack.processes))
         cpu[name] = { ...cpu[name], [n]: (cpu[name]?.[n] ?? 0) + cpuSeconds(p.pid) - before[n] };
@@ -166,7 +198,8 @@ async function streamOnce(t: Target): Promise<{ ttft: number; tps: number; event
   const parser = createParser({
     onEvent: (e) => {
       if (e.data === '[DONE]') return;
-      const content = JSON.parse(e.data).choices?.[0]?.delta?.content;
+      const data = JSON.parse(e.data);
+      const content = t.api === 'messages' ? data.delta?.text : data.choices?.[0]?.delta?.content;
       if (!content) return;
       last = performance.now();
       if (!count) first = last;
@@ -242,16 +275,28 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
       'x-portkey-provider': 'openai',
       'x-portkey-custom-host': `${stack.sandboxUrl}/${faults}openai/v1`,
     });
-    const targets: Record<'direct' | 'gateway' | 'portkey', Target> = {
+    const auth = { authorization: `Bearer ${key}` };
+    const chatUrl = `${stack.gatewayUrl}/api/v1/chat/completions`;
+    const messagesUrl = `${stack.gatewayUrl}/api/v1/messages`;
+    const targets: Record<TargetName, Target> = {
       direct: { url: `${stack.sandboxUrl}/openai/v1/chat/completions`, headers: {}, model: 'bench-model' },
-      gateway: { url: `${stack.gatewayUrl}/api/v1/chat/completions`, headers: { authorization: `Bearer ${key}` }, model: 'bench/chat' },
+      gateway: { url: chatUrl, headers: auth, model: 'bench/chat' },
       portkey: { url: `${portkey.url}/v1/chat/completions`, headers: portkeyHeaders(''), model: 'bench-model' },
+      // The Anthropic side: the provider alone, the gateway untranslated, and both translations.
+      direct_messages: { url: `${stack.sandboxUrl}/anthropic/v1/messages`, headers: {}, model: 'bench-model', api: 'messages' },
+      gateway_messages: { url: messagesUrl, headers: auth, model: 'bench/claude', api: 'messages' },
+      chat_to_messages: { url: chatUrl, headers: auth, model: 'bench/claude' },
+      messages_to_chat: { url: messagesUrl, headers: auth, model: 'bench/chat', api: 'messages' },
     };
     const body = { messages, max_tokens: 16 };
-    const warmStreams: Record<string, Target> = {
+    const warmStreams: Record<TargetName, Target> = {
       direct: { ...targets.direct, url: `${stack.sandboxUrl}/~max_words=${WARM_UP.streamWords}/openai/v1/chat/completions` },
       gateway: { ...targets.gateway, model: 'bench/stream-warm' },
       portkey: { ...targets.portkey, headers: portkeyHeaders(`~max_words=${WARM_UP.streamWords}/`) },
+      direct_messages: { ...targets.direct_messages, url: `${stack.sandboxUrl}/~max_words=${WARM_UP.streamWords}/anthropic/v1/messages` },
+      gateway_messages: { ...targets.gateway_messages, model: 'bench/claude-stream-warm' },
+      chat_to_messages: { ...targets.chat_to_messages, model: 'bench/claude-stream-warm' },
+      messages_to_chat: { ...targets.messages_to_chat, model: 'bench/stream-warm' },
     };
     for (const name of Object.keys(targets) as (keyof typeof targets)[]) {
       const t = targets[name];
@@ -266,21 +311,23 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
         concurrency,
         ...(await measuredInRounds(stack, targets, body, concurrency, TOTALS[concurrency] ?? 2000)),
       };
-      for (const name of ['gateway', 'portkey']) row[`${name}_added_p50_ms`] = round(row[name].p50_ms - row.direct.p50_ms);
+      for (const [name, base] of Object.entries(BASELINE)) row[`${name}_added_p50_ms`] = round(row[name].p50_ms - row[base].p50_ms);
       rows.push(row);
     }
 
-    const streamTargets: Record<string, Target> = {
-      direct: {
-        ...targets.direct,
-        url: `${stack.sandboxUrl}/~max_words=${STREAM_WORDS},chunk_delay=${STREAM_GAP_MS}/openai/v1/chat/completions`,
-      },
+    const paced = `~max_words=${STREAM_WORDS},chunk_delay=${STREAM_GAP_MS}/`;
+    const streamTargets: Record<TargetName, Target> = {
+      direct: { ...targets.direct, url: `${stack.sandboxUrl}/${paced}openai/v1/chat/completions` },
       gateway: { ...targets.gateway, model: 'bench/stream' },
-      portkey: { ...targets.portkey, headers: portkeyHeaders(`~max_words=${STREAM_WORDS},chunk_delay=${STREAM_GAP_MS}/`) },
+      portkey: { ...targets.portkey, headers: portkeyHeaders(paced) },
+      direct_messages: { ...targets.direct_messages, url: `${stack.sandboxUrl}/${paced}anthropic/v1/messages` },
+      gateway_messages: { ...targets.gateway_messages, model: 'bench/claude-stream' },
+      chat_to_messages: { ...targets.chat_to_messages, model: 'bench/claude-stream' },
+      messages_to_chat: { ...targets.messages_to_chat, model: 'bench/stream' },
     };
     const streams: Record<string, any> = await streamed(streamTargets);
-    for (const name of ['gateway', 'portkey'])
-      streams[`${name}_added_ttft_p50_ms`] = round(streams[name].ttft_p50_ms - streams.direct.ttft_p50_ms);
+    for (const [name, base] of Object.entries(BASELINE))
+      streams[`${name}_added_ttft_p50_ms`] = round(streams[name].ttft_p50_ms - streams[base].ttft_p50_ms);
 
     const at = (c: number) => rows.find((r) => r.concurrency === c);
     const c1 = at(1);
@@ -291,6 +338,14 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
       rps_at_c50_at_least_portkey: c50 && c50.gateway.rps >= c50.portkey.rps && c50.gateway.errors === 0,
       added_ttft_p50: streams.gateway_added_ttft_p50_ms <= BARS.added_ttft_p50_ms,
       no_chunk_held_back: streams.gateway.events_per_read <= streams.direct.events_per_read * 1.1,
+      // Translation costs at most 0.1 ms of added p50 at c=1 over the untranslated call of the same API.
+      translated_added_p50_at_c1:
+        c1 &&
+        c1.chat_to_messages_added_p50_ms <= c1.gateway_added_p50_ms + BARS.translated_extra_p50_ms &&
+        c1.messages_to_chat_added_p50_ms <= c1.gateway_messages_added_p50_ms + BARS.translated_extra_p50_ms,
+      translated_added_ttft_p50:
+        streams.chat_to_messages_added_ttft_p50_ms <= BARS.added_ttft_p50_ms &&
+        streams.messages_to_chat_added_ttft_p50_ms <= BARS.added_ttft_p50_ms,
     };
     const result = {
       benchmark: 'proxy',
@@ -305,21 +360,21 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
     const cpu = (r: Row) => ['gateway', 'portkey', 'ferretdb', 'sandbox'].map((n) => r.cpu_ms_per_request[n]).join(' / ');
     console.log('\n   c | target   | req/s   | p50 / p99 ms    | added p50 | errors | CPU ms/req: gateway / portkey / ferretdb / sandbox');
     for (const r of rows) {
-      for (const name of ['direct', 'gateway', 'portkey']) {
+      for (const name of Object.keys(targets)) {
         const x = r[name] as Row;
-        const added = name === 'direct' ? '' : String(r[`${name}_added_p50_ms`]);
+        const added = String(r[`${name}_added_p50_ms`] ?? '');
         console.log(
-          `${String(r.concurrency).padStart(4)} | ${name.padEnd(8)} | ${String(x.rps).padEnd(7)} | ${`${x.p50_ms} / ${x.p99_ms}`.padEnd(15)} | ${added.padEnd(9)} | ${String(x.errors).padEnd(6)} | ${cpu(x)}`,
+          `${String(r.concurrency).padStart(4)} | ${name.padEnd(16)} | ${String(x.rps).padEnd(7)} | ${`${x.p50_ms} / ${x.p99_ms}`.padEnd(15)} | ${added.padEnd(9)} | ${String(x.errors).padEnd(6)} | ${cpu(x)}`,
         );
       }
     }
     console.log(
       `\nstreamed (${STREAM_WORDS} tokens, one per ${STREAM_GAP_MS} ms): target | TTFT p50 / p90 ms | tokens/s p50 | events per read`,
     );
-    for (const name of ['direct', 'gateway', 'portkey']) {
+    for (const name of Object.keys(targets)) {
       const s = streams[name] as StreamStats;
       console.log(
-        `${name.padEnd(8)} | ${s.ttft_p50_ms} / ${s.ttft_p90_ms} | ${s.tokens_per_s_p50} | ${s.events_per_read} (errors ${s.errors}${s.first_error ? `: ${s.first_error}` : ''})`,
+        `${name.padEnd(16)} | ${s.ttft_p50_ms} / ${s.ttft_p90_ms} | ${s.tokens_per_s_p50} | ${s.events_per_read} (errors ${s.errors}${s.first_error ? `: ${s.first_error}` : ''})`,
       );
     }
     console.log(`verdicts: ${JSON.stringify(verdicts)}`);

@@ -123,7 +123,7 @@ describe('inference routes', function () {
     });
 
     it('responses (OpenAI Responses shape)', async () => {
-      const r = await post('/responses', { model: 'test/good', input: 'Write a line', max_output_tokens: 5 });
+      const r = await post('/responses', { model: 'test/good', input: 'Write a line', max_output_tokens: 5, provider: { only: ['good'] } });
       expect(r.status, JSON.stringify(r.body)).to.equal(200);
       const upstream = await direct(RESPONSES, { input: 'Write a line', max_output_tokens: 5, model: 'good-model' });
       expect(r.body).to.include({ object: 'response', status: 'completed', model: 'test/good-20260301', provider: 'good' });
@@ -196,7 +196,12 @@ describe('inference routes', function () {
     });
 
     it('responses: typed, numbered events, the completed response naming us with usage and cost', async () => {
-      const r = await streamCall(url('/responses'), t.inferenceKey, { model: 'test/good', input: 'Go', stream: true });
+      const r = await streamCall(url('/responses'), t.inferenceKey, {
+        model: 'test/good',
+        input: 'Go',
+        stream: true,
+        provider: { only: ['good'] },
+      });
       expect(r.status).to.equal(200);
       const types = r.events.map((e) => e.event);
       expect(types[0]).to.equal('response.created');

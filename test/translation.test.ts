@@ -1,6 +1,6 @@
-// Any chat model through any chat API: the official OpenAI client on /chat/completions against a
-// model only an Anthropic-format provider serves, and the Anthropic client on /messages against one
-// only an OpenAI-format provider serves; plain, streamed (the SDKs' own stream helpers), tool calls
+// Any chat model through any chat API: the official OpenAI client on /chat/completions and
+// /responses against a model only an Anthropic-format provider serves, and the Anthropic client on
+// /messages against one only an OpenAI-format provider serves; plain, streamed (the SDKs' own stream helpers), tool calls
 // round trip, images, stop reasons, usage; what cannot be carried is a 400; batches too.
 import { expect } from 'chai';
 import OpenAI from 'openai';
@@ -162,6 +162,45 @@ describe('format translation: any chat model through any chat API', function () 
     });
   });
 
+  describe('the OpenAI client on /responses, to a model only an Anthropic-format provider serves', () => {
+    const model = 'tr/claude-only';
+    const tools = [{ type: 'function' as const, ...weather, strict: false }];
+
+    it('plain and streamed: the stream helper accumulates the same response, usage included', async () => {
+      const ask = { model, instructions: 'Be brief.', input: 'Hello there', max_output_tokens: 50 };
+      const r = await openai.responses.create(ask);
+      expect(r.status).to.equal('completed');
+      expect(r.output_text).to.be.a('string').and.not.empty;
+      expect(r.usage!.input_tokens).to.be.greaterThan(0);
+      const final = await openai.responses.stream(ask).finalResponse();
+      expect(final.output_text).to.equal(r.output_text);
+      expect(final.status).to.equal('completed');
+      expect(final.usage).to.include({ input_tokens: r.usage!.input_tokens, output_tokens: r.usage!.output_tokens });
+    });
+
+    it('function calls round trip, streamed and not; a capped answer is incomplete', async () => {
+      const input: OpenAI.Responses.ResponseInput = [{ role: 'user', content: 'Weather in Paris?' }];
+      const r = await openai.responses.create({ model, input, tools, max_output_tokens: 50 });
+      const call = r.output.find((o) => o.type === 'function_call') as OpenAI.Responses.ResponseFunctionToolCall;
+      expect(call.name).to.equal('get_weather');
+      expect(JSON.parse(call.arguments)).to.have.keys('city', 'days');
+      const streamed = await openai.responses.stream({ model, input, tools, max_output_tokens: 50 }).finalResponse();
+      const streamedCall = streamed.output.find((o) => o.type === 'function_call') as OpenAI.Responses.ResponseFunctionToolCall;
+      expect(streamedCall).to.include({ name: call.name, arguments: call.arguments, call_id: call.call_id });
+
+      const answered = await openai.responses.create({
+        model,
+        tools,
+        max_output_tokens: 50,
+        input: [...input, call, { type: 'function_call_output', call_id: call.call_id, output: 'Sunny and 21 degrees' }],
+      });
+      expect(answered.output_text).to.match(/^The tool said: Sunny and 21 degrees\./);
+      const capped = await openai.responses.create({ model, input: 'Long answer', max_output_tokens: 3 });
+      expect(capped.status).to.equal('incomplete');
+      expect(capped.incomplete_details).to.deep.equal({ reason: 'max_output_tokens' });
+    });
+  });
+
   describe('the Anthropic client, to a model only an OpenAI-format provider serves', () => {
     const model = 'tr/gpt-only';
 
@@ -232,6 +271,7 @@ describe('format translation: any chat model through any chat API', function () 
     const cases = [
       { endpoint: '/v1/chat/completions', model: 'tr/claude-only', body: { messages: [{ role: 'user', content: 'hi' }], max_tokens: 5 } },
       { endpoint: '/v1/messages', model: 'tr/gpt-only', body: { messages: [{ role: 'user', content: 'hi' }], max_tokens: 5 } },
+      { endpoint: '/v1/responses', model: 'tr/claude-only', body: { input: 'hi', max_output_tokens: 5 } },
     ];
     for (const c of cases) {
       const created = await call(`${gw.url}/api/v1/batches`, {
@@ -243,6 +283,7 @@ describe('format translation: any chat model through any chat API', function () 
       expect(done.request_counts, c.endpoint).to.include({ completed: 2, failed: 0 });
       const body = done.results[0].response.body;
       if (c.endpoint === '/v1/messages') expect(body).to.include({ type: 'message', stop_reason: 'max_tokens' });
+      else if (c.endpoint === '/v1/responses') expect(body).to.include({ object: 'response', status: 'incomplete' });
       else expect(body.choices[0]).to.include({ finish_reason: 'length' });
     }
   });

@@ -1,9 +1,11 @@
 // How a client's operation reaches a provider of a given wire format: natively (the format serves
 // it), or translated to an operation the format serves, with the answer and the stream translated
-// back. OpenAI Chat Completions and Anthropic Messages reach each other's providers; a new pair is
-// a translation added here.
+// back. OpenAI Chat Completions and Anthropic Messages reach each other's providers; OpenAI
+// Responses reaches Messages providers through Chat Completions (translations compose). A new pair
+// is a translation added here.
 import { PROVIDER_FORMATS, type FormatName, type Operation } from '../formats';
 import { chatAnswerToMessages, chatRequestToMessages, messagesAnswerToChat, messagesRequestToChat } from './chat-messages';
+import { chatAnswerToResponses, chatToResponsesStream, responsesRequestToChat } from './chat-responses';
 import { chatToMessagesStream, messagesToChatStream, type StreamTranslator } from './streams';
 
 export type { StreamTranslator } from './streams';
@@ -26,6 +28,16 @@ const TRANSLATIONS: Partial<Record<Operation, Translation>> = {
   messages: { target: 'chat', request: messagesRequestToChat, answer: chatAnswerToMessages, stream: chatToMessagesStream },
   // A Chat Completions call to a Messages provider.
   chat: { target: 'messages', request: chatRequestToMessages, answer: messagesAnswerToChat, stream: messagesToChatStream },
+  // A Responses call to a Messages provider, through Chat Completions.
+  responses: {
+    target: 'messages',
+    request: (body, dropped) => chatRequestToMessages(responsesRequestToChat(body, dropped), dropped),
+    answer: (body) => chatAnswerToResponses(messagesAnswerToChat(body)),
+    stream: () => {
+      const [toChat, toResponses] = [messagesToChatStream(), chatToResponsesStream()];
+      return (event) => toChat(event).flatMap(toResponses);
+    },
+  },
 };
 
 /** Null when the format serves the operation itself, the translation when it serves it translated, undefined when not at all. */
