@@ -146,6 +146,26 @@ describe('format translation: any chat model through any chat API', function () 
       expect(stopped.choices[0].message.content!.split(' ')).to.not.include(word);
     });
 
+    it('structured output: a JSON schema answer, streamed and not', async () => {
+      const response_format = {
+        type: 'json_schema' as const,
+        json_schema: {
+          name: 'city',
+          schema: { type: 'object', properties: { name: { type: 'string' }, population: { type: 'integer' } } },
+        },
+      };
+      const ask = { model, max_tokens: 50, response_format, messages: [{ role: 'user' as const, content: 'A city, as JSON' }] };
+      const r = await openai.chat.completions.create(ask);
+      expect(r.choices[0].finish_reason).to.equal('stop');
+      expect(r.choices[0].message.tool_calls).to.equal(undefined);
+      const parsed = JSON.parse(r.choices[0].message.content!);
+      expect(parsed).to.have.keys('name', 'population');
+      expect(parsed.population).to.be.a('number');
+      const streamed = await openai.chat.completions.stream(ask).finalChatCompletion();
+      expect(streamed.choices[0].message.content).to.equal(r.choices[0].message.content);
+      expect(streamed.choices[0].finish_reason).to.equal('stop');
+    });
+
     it('names the parameters the provider cannot take, and refuses content it cannot carry with a 400 naming the field', async () => {
       const r = await call(`${gw.url}/api/v1/chat/completions`, {
         key: t.inferenceKey,

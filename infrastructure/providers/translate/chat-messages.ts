@@ -6,6 +6,12 @@ import { BadRequestError } from '../../errors';
 
 type Json = Record<string, any>;
 
+/**
+ * Structured output on Messages: a tool of this name whose input schema is the requested JSON
+ * schema, and a tool choice that forces it; its input comes back as the answer's text.
+ */
+export const JSON_OUTPUT_TOOL = 'gateway_json_output';
+
 /** Anthropic requires an output cap; a Chat Completions request may leave it out. */
 const DEFAULT_MAX_TOKENS = 4096;
 
@@ -202,7 +208,14 @@ export function chatRequestToMessages(body: Json, dropped: string[]): Json {
     if (out.max_tokens <= budget) out.max_tokens = budget + out.max_tokens; // the cap counts the thinking too
   }
   if (body.n !== undefined && body.n !== 1) refuse('n', 'more than one choice', 'anthropic');
-  if (body.response_format && body.response_format.type !== 'text') refuse('response_format', 'a structured output format', 'anthropic');
+  const format = body.response_format;
+  if (format && format.type !== 'text') {
+    if (out.tools?.length) refuse('response_format', 'a structured output format together with tools', 'anthropic');
+    const schema = format.type === 'json_schema' ? (format.json_schema?.schema ?? { type: 'object' }) : { type: 'object' };
+    out.tools = [{ name: JSON_OUTPUT_TOOL, description: "Give the answer as this tool's input.", input_schema: schema }];
+    out.tool_choice = { type: 'tool', name: JSON_OUTPUT_TOOL };
+    delete out.thinking; // a forced tool choice does not go with extended thinking
+  }
   for (const k of CHAT_ONLY) if (body[k] !== undefined) dropped.push(k);
   return out;
 }
@@ -212,10 +225,14 @@ export function messagesAnswerToChat(msg: Json): Json {
   let text = '';
   let reasoning = '';
   const toolCalls: Json[] = [];
+  let structured = false;
   for (const block of msg.content ?? []) {
     if (block.type === 'text') text += block.text;
     else if (block.type === 'thinking') reasoning += block.thinking;
-    else if (block.type === 'tool_use')
+    else if (block.type === 'tool_use' && block.name === JSON_OUTPUT_TOOL) {
+      text += JSON.stringify(block.input ?? {});
+      structured = true;
+    } else if (block.type === 'tool_use')
       toolCalls.push({ id: block.id, type: 'function', function: { name: block.name, arguments: JSON.stringify(block.input ?? {}) } });
   }
   const message: Json = { role: 'assistant', content: text || null };
@@ -227,7 +244,14 @@ export function messagesAnswerToChat(msg: Json): Json {
     object: 'chat.completion',
     created: Math.floor(Date.now() / 1000),
     model: msg.model,
-    choices: [{ index: 0, message, logprobs: null, finish_reason: chatStopReason(msg.stop_reason) ?? 'stop' }],
+    choices: [
+      {
+        index: 0,
+        message,
+        logprobs: null,
+        finish_reason: structured && msg.stop_reason === 'tool_use' ? 'stop' : (chatStopReason(msg.stop_reason) ?? 'stop'),
+      },
+    ],
     usage: chatUsageOf(msg.usage ?? {}),
   };
 }

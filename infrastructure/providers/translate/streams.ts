@@ -3,7 +3,7 @@
 // gives the events (none, one or several) the client's format has for it, so that the client's
 // own stream helpers accumulate the same answer the non-streamed translation gives.
 import type { EventSourceMessage } from 'eventsource-parser';
-import { chatStopReason, chatUsageOf, messagesStopReason, messagesUsageOf } from './chat-messages';
+import { chatStopReason, chatUsageOf, JSON_OUTPUT_TOOL, messagesStopReason, messagesUsageOf } from './chat-messages';
 
 type Json = Record<string, any>;
 
@@ -29,6 +29,8 @@ export function messagesToChatStream(): StreamTranslator {
   let finish: string | null = null;
   /** Chat tool-call index of each content block that is a tool use. */
   const toolIndex = new Map<number, number>();
+  /** Content blocks that carry structured output: their JSON is the answer's text. */
+  const structured = new Set<number>();
   const chunk = (delta: Json, finishReason: string | null = null) =>
     bare({ ...base, choices: [{ index: 0, delta, logprobs: null, finish_reason: finishReason }] });
 
@@ -44,6 +46,10 @@ export function messagesToChatStream(): StreamTranslator {
       }
       case 'content_block_start': {
         const b = data.content_block ?? {};
+        if (b.type === 'tool_use' && b.name === JSON_OUTPUT_TOOL) {
+          structured.add(data.index);
+          return [];
+        }
         if (b.type === 'tool_use') {
           const index = toolIndex.size;
           toolIndex.set(data.index, index);
@@ -56,12 +62,13 @@ export function messagesToChatStream(): StreamTranslator {
         const d = data.delta ?? {};
         if (d.type === 'text_delta') return [chunk({ content: d.text })];
         if (d.type === 'thinking_delta') return [chunk({ reasoning: d.thinking })];
+        if (d.type === 'input_json_delta' && structured.has(data.index)) return d.partial_json ? [chunk({ content: d.partial_json })] : [];
         if (d.type === 'input_json_delta' && toolIndex.has(data.index))
           return [chunk({ tool_calls: [{ index: toolIndex.get(data.index), function: { arguments: d.partial_json } }] })];
         return [];
       }
       case 'message_delta':
-        finish = chatStopReason(data.delta?.stop_reason) ?? finish;
+        finish = structured.size && data.delta?.stop_reason === 'tool_use' ? 'stop' : (chatStopReason(data.delta?.stop_reason) ?? finish);
         usage = { ...usage, ...Object.fromEntries(Object.entries(data.usage ?? {}).filter(([, v]) => v !== null)) };
         return [];
       case 'message_stop':
