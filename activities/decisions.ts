@@ -2,13 +2,22 @@ import { Context } from '@temporalio/activity';
 import type { UsageLedger } from '../domain/accounts/usage-ledger';
 import { decisionService, type DecisionJob, type DecisionResult } from '../domain/decisions/service';
 import type { Upstreams } from '../domain/routing/upstreams';
+import type { Broadcaster } from '../domain/traces/broadcast';
 import { toActivityFailure } from '../infrastructure/temporal/failures';
 
 export type { DecisionJob, DecisionResult } from '../domain/decisions/service';
 
-export function createDecisionActivities({ upstreams, usage }: { upstreams: Upstreams; usage: UsageLedger }) {
+export function createDecisionActivities({
+  upstreams,
+  usage,
+  broadcast,
+}: {
+  upstreams: Upstreams;
+  usage: UsageLedger;
+  broadcast?: Broadcaster;
+}) {
   // A workflow's activity may run on any worker: its record is in the database before it completes.
-  const decide = decisionService({ upstreams, record: (r) => usage.recordStored(r) });
+  const decide = decisionService({ upstreams, record: (r) => usage.recordStored(r), broadcast });
   return {
     /**
      * The decision service as the workflow mode's local activity (cancelled through its context);

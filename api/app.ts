@@ -18,6 +18,7 @@ import { inferenceRoutes } from './routes/inference';
 import { presetRoutes } from './routes/presets';
 import { batchRoutes } from './routes/batches';
 import { webhookRoutes } from './routes/webhooks';
+import { traceRoutes } from './routes/traces';
 import { defineRoute, mountRoutes, type AnyRoute } from './route';
 import { buildOpenApi } from './openapi';
 import type { AppDeps } from './deps';
@@ -33,6 +34,7 @@ function apiRoutes(deps: AppDeps): AnyRoute[] {
     ...presetRoutes(deps),
     ...batchRoutes(deps),
     ...webhookRoutes(deps),
+    ...traceRoutes(deps),
     ...accountRoutes(deps),
     ...modelRoutes(deps),
   ];

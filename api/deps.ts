@@ -10,6 +10,7 @@ import type { UsageLedger } from '../domain/accounts/usage-ledger';
 import type { Upstreams } from '../domain/routing/upstreams';
 import type { DecisionExecution } from './decision-execution';
 import type { Metrics } from '../infrastructure/metrics';
+import type { Broadcaster } from '../domain/traces/broadcast';
 
 export interface AppDeps {
   config: Config;
@@ -27,6 +28,8 @@ export interface AppDeps {
   usage: UsageLedger;
   /** The process's Prometheus metrics. */
   metrics: Metrics;
+  /** Sends generations to the trace destinations. */
+  broadcast: Broadcaster;
   /** Under `gateway start`: the state of each embedded process it supervises (for /readyz). */
   embedded?: () => Record<string, 'ok' | 'restarting'>;
 }

@@ -17,6 +17,7 @@ import { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
 import { UsageLedger } from '../domain/accounts/usage-ledger';
 import { UsageJournal } from '../domain/accounts/usage-journal';
 import { createActivities } from '../activities';
+import { Broadcaster } from '../domain/traces/broadcast';
 import { decisionService } from '../domain/decisions/service';
 import { inlineExecution, workflowExecution } from '../api/decision-execution';
 import { startMetricsServer } from '../api/routes/metrics';
@@ -57,6 +58,16 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     onTrouble: (message, details) => logger.warn(details, message),
   });
   const credits = new SpendAdmission(store, config.credits.balanceCacheMs, Date.now, (id) => usage.unstoredCost(id));
+  // The OTLP exporter library would add the operator's OTEL_EXPORTER_OTLP_* headers to every
+  // destination, a workspace's too: the config module has read them, so they leave the environment.
+  for (const name of Object.keys(process.env)) if (name.startsWith('OTEL_EXPORTER_OTLP_')) delete process.env[name];
+  const broadcast = new Broadcaster(store, {
+    global: config.traces.endpoint
+      ? { url: config.traces.endpoint, headers: config.traces.headers, includeContent: config.traces.includeContent }
+      : null,
+    allowPrivate: config.webhooks.allowPrivateUrls,
+    count: (destination, outcome, n) => metrics.traceSpans.inc({ destination, outcome }, n),
+  });
   const sender = createWebhookSender(config.webhooks.allowPrivateUrls);
   const activities = createActivities({
     store,
@@ -66,10 +77,11 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     credits,
     metrics,
     webhooks: { sender, timeoutMs: config.webhooks.timeoutMs },
+    broadcast,
   });
   // Inline decisions are synchronous calls like the others: answered once their usage record is
   // journaled (the database write follows in groups), not after a round trip to the database.
-  const inlineDecisions = decisionService({ upstreams, record: (r) => usage.record(r) });
+  const inlineDecisions = decisionService({ upstreams, record: (r) => usage.record(r), broadcast });
   const metricsServer =
     config.metrics.port === null
       ? null
@@ -111,10 +123,11 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     await stopWorker();
     await connection.close();
     await upstreams.close();
+    await broadcast.close();
     await sender.close();
     await store.close();
   };
-  return { store, upstreams, client, handoff, activities, inlineDecisions, usage, credits, metrics, stop };
+  return { store, upstreams, client, handoff, activities, inlineDecisions, usage, credits, metrics, broadcast, stop };
 }
 
 export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
@@ -128,7 +141,7 @@ export async function runApiRole(
   opts: { withWorker: boolean; embedded?: AppDeps['embedded'] },
 ): Promise<{ url: string; usage: UsageLedger; stop: Stop }> {
   const core = await startCore(config, logger, addr, opts.withWorker, true);
-  const { store, upstreams, client, handoff, inlineDecisions, credits, metrics, stop } = core;
+  const { store, upstreams, client, handoff, inlineDecisions, credits, metrics, broadcast, stop } = core;
   const usage = core.usage;
   const decisions =
     config.decisions.execution === 'workflow'
@@ -146,6 +159,7 @@ export async function runApiRole(
       upstreams,
       usage,
       metrics,
+      broadcast,
       workspaces: credits,
       keys: new KeyCache(store, config.auth.keyCacheMs),
       embedded: opts.embedded,

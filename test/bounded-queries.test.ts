@@ -60,7 +60,7 @@ describe('bounded queries: every request path and periodic loop reads by _id', f
   let recorder: ReturnType<typeof recordQueries>;
 
   before(async function () {
-    gw = await startTestGateway({ env: { METRICS_TOKEN: 'scrape' } });
+    gw = await startTestGateway({ env: { METRICS_TOKEN: 'scrape', WEBHOOKS_ALLOW_PRIVATE_URLS: 'true' } });
     const info = await gw.store.db.admin().command({ buildInfo: 1 });
     if (!info.ferretdbVersion) this.skip(); // the plans below are FerretDB's
   });
@@ -99,6 +99,11 @@ describe('bounded queries: every request path and periodic loop reads by _id', f
     ok(await manage(`/keys/${key.body.data.id}`), 'key get');
     ok(await manage(`/keys/${key.body.data.id}`, { method: 'DELETE' }), 'key revoke');
     ok(await manage('/webhooks/secret'), 'webhook secret');
+    // A trace destination that receives nothing (the discard port): its exports fail off the request path.
+    const destination = await manage('/trace-destinations', { body: { endpoint: 'http://127.0.0.1:9/v1/traces' } });
+    ok(destination, 'trace destination add');
+    ok(await manage('/trace-destinations'), 'trace destinations list');
+    ok(await manage(`/trace-destinations/${destination.body.data.id}`, { method: 'DELETE' }), 'trace destination remove');
     ok(await api('/models'), 'models');
 
     const created = await api('/batches', {

@@ -6,6 +6,8 @@ import { errorTypeOf, GatewayError, PaymentRequiredError, RateLimitedError } fro
 import type { Hold, SpendAdmission } from '../accounts/spend-admission';
 import { estimateCompletionCost } from '../completions/estimate';
 import { invoke, sessionKey, type Upstreams } from '../routing/upstreams';
+import type { Broadcaster } from '../traces/broadcast';
+import { finishReasonOf } from '../traces/span';
 import { presetLookup, withPreset, type PresetLookup } from '../presets/apply';
 import { upstreamBodyOf } from '../completions/request';
 import type { Store } from '../../infrastructure/store';
@@ -33,6 +35,8 @@ export interface LineRunnerOptions {
   /** How long a provider refusing connections is waited out. */
   outageMs: number;
   signal: AbortSignal;
+  /** Where each line's generation is sent as a span (trace broadcast). */
+  broadcast?: Pick<Broadcaster, 'generation'>;
 }
 
 /** A line's result; `stored` is to be called once its usage record is in the ledger (billed lines only). */
@@ -94,12 +98,42 @@ export class LineRunner {
     try {
       // A line's own session id, else the session of the request that created the batch.
       const sessionId = typeof body.session_id === 'string' && body.session_id ? body.session_id : batch.meta.session_id;
+      const startedAt = Date.now();
       const result = await this.call(line, upstreamBody, sessionKey(batch.workspace_id, sessionId));
+      this.broadcast(body, result, startedAt);
       if (!result.ok || !result.usage) return { result };
       return { result, stored: hold.settleUnstored(result.usage.cost) };
     } finally {
       hold.release(); // no-op once settled
     }
+  }
+
+  /** The line's generation as a span for the trace destinations (a line the provider answered, or failed). */
+  private broadcast(body: Record<string, unknown>, result: ResultDoc, startedAt: number): void {
+    const { batch } = this.o;
+    const answer = result.response?.body;
+    this.o.broadcast?.generation({
+      workspaceId: batch.workspace_id,
+      id: result.id,
+      api: this.operation,
+      kind: 'batch_line',
+      requestedModel: batch.model,
+      model: this.target.model.canonicalId,
+      provider: result.provider,
+      usage: result.usage ?? { input_tokens: 0, output_tokens: 0 },
+      cost: result.usage?.cost ?? 0,
+      finishReason: finishReasonOf(answer),
+      startedAt,
+      endedAt: Date.now(),
+      meta: {
+        session_id: (body.session_id as string | undefined) ?? batch.meta.session_id,
+        user: batch.meta.user,
+        trace: (body.trace as Record<string, unknown>) ?? null,
+      },
+      batchId: batch._id,
+      error: result.error?.message ?? null,
+      content: () => ({ input: upstreamBodyOf(body), output: answer ?? null }),
+    });
   }
 
   /** What the line may cost, as a synchronous call of the same body would hold. */

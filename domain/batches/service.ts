@@ -38,6 +38,7 @@ import {
 import { lineProblem } from './lines';
 import { LineRunner } from './line-runner';
 import { ChunkWriter, lineUsage } from './chunk-writer';
+import type { Broadcaster } from '../traces/broadcast';
 
 export interface BatchDeps {
   store: Store;
@@ -51,6 +52,8 @@ export interface BatchDeps {
   metrics?: Metrics;
   /** Sends completion webhooks; a process without it cannot deliver them. */
   webhooks?: { sender: WebhookSender; timeoutMs: number };
+  /** Sends each line's generation to the trace destinations. */
+  broadcast?: Broadcaster;
 }
 
 /** A chunk stopped because it was cancelled (what it finished is kept). */
@@ -119,7 +122,7 @@ async function runLines(
   return { completed: writer.tally.completed, failed: writer.tally.failed };
 }
 
-export function batchService({ store, upstreams, batchSettings, usage, credits, metrics, webhooks }: BatchDeps) {
+export function batchService({ store, upstreams, batchSettings, usage, credits, metrics, webhooks, broadcast }: BatchDeps) {
   async function load(batchId: string): Promise<BatchDoc> {
     const b = await batches(store).findOne({ _id: batchId });
     if (!b) throw new Error(`batch ${batchId} not found`);
@@ -199,6 +202,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
         lineAttempts: batchSettings.lineAttempts,
         outageMs: batchSettings.outageMs,
         signal: abort.signal,
+        broadcast,
       });
       const before = { ...writer.tally };
       const counts = await runLines(

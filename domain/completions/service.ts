@@ -13,6 +13,8 @@ import { UpstreamFailure } from '../../infrastructure/providers/failure';
 import { presetLookup, withPreset } from '../presets/apply';
 import { failureToError } from '../routing/execute';
 import { sessionKey, type Upstreams } from '../routing/upstreams';
+import type { Broadcaster } from '../traces/broadcast';
+import { finishReasonOf } from '../traces/span';
 import { newGenerationId, usageRecordOf, type UsageLedger, type UsageRecord } from '../accounts/usage-ledger';
 import type { RequestMeta } from '../accounts/attribution';
 import type { SpendAdmission } from '../accounts/spend-admission';
@@ -67,9 +69,37 @@ export interface CompletionDeps {
   upstreams: Upstreams;
   workspaces: SpendAdmission;
   usage: UsageLedger;
+  /** Where each call's generation is sent as a span (trace broadcast). */
+  broadcast?: Pick<Broadcaster, 'generation'>;
 }
 
-export function completionService({ store, upstreams, workspaces, usage }: CompletionDeps) {
+export function completionService({ store, upstreams, workspaces, usage, broadcast }: CompletionDeps) {
+  /** The call's generation, for the trace destinations. */
+  const broadcastCall = (
+    call: Call,
+    endpoint: Endpoint,
+    u: Usage,
+    cost: number,
+    at: { startedAt: number; finishReason: string | null; output: unknown; error?: string | null },
+  ) =>
+    broadcast?.generation({
+      workspaceId: call.workspaceId,
+      id: call.generationId,
+      api: call.operation,
+      kind: 'completion',
+      requestedModel: typeof call.body.model === 'string' ? call.body.model : null,
+      model: endpoint.model.canonicalId,
+      provider: endpoint.provider.slug,
+      usage: u,
+      cost,
+      finishReason: at.finishReason,
+      startedAt: at.startedAt,
+      endedAt: Date.now(),
+      meta: call.meta,
+      error: at.error ?? null,
+      content: () => ({ input: call.plan.upstreamBody, output: at.output }),
+    });
+
   const recordOf = (call: Call, endpoint: Endpoint, u: Usage, cost: number, details: Record<string, unknown>): UsageRecord =>
     usageRecordOf(
       { generationId: call.generationId, workspaceId: call.workspaceId, keyId: call.keyId, kind: 'completion', meta: call.meta },
@@ -106,11 +136,13 @@ export function completionService({ store, upstreams, workspaces, usage }: Compl
   /** The answer in one piece, in the call's own format, once its usage is recorded; and the parameters dropped. */
   async function answer(call: Call): Promise<{ body: Body; dropped: string[] }> {
     let out = { body: {} as Body, dropped: [] as string[] };
+    const startedAt = Date.now();
     await admitted(call, async () => {
       const r = await complete(upstreams, call.operation, call.plan, call);
       const served: Served = { id: call.generationId, model: r.endpoint.model.canonicalId, provider: r.endpoint.provider.slug };
       await bill(call, r.endpoint, r.usage, r.cost, { stream: false, ending: 'completed', attempts: r.attempts.length + 1 });
       out = { body: finishBody(call.operation, r.body, served, r.usage, r.cost), dropped: r.dropped };
+      broadcastCall(call, r.endpoint, r.usage, r.cost, { startedAt, finishReason: finishReasonOf(r.body), output: r.body });
       return r.cost;
     });
     return out;
@@ -123,6 +155,7 @@ export function completionService({ store, upstreams, workspaces, usage }: Compl
 
   /** Relays the stream; resolves with what was billed. */
   async function relay(call: Call & { operation: StreamingOperation }, out: EventSink): Promise<number> {
+    const startedAt = Date.now();
     const format = STREAM_FORMATS[call.operation];
     const tally = new StreamTally();
     let opened: OpenedStream;
@@ -206,6 +239,8 @@ export function completionService({ store, upstreams, workspaces, usage }: Compl
       for (const text of held) await out.write(text);
     }
     out.end();
+    // A stream's answer is not kept (it went to the client event by event): its span carries the prompt only.
+    broadcastCall(call, endpoint, u, cost, { startedAt, finishReason: null, output: null, error: ending === 'completed' ? null : ending });
     if (ending === 'upstream_failed' || ending === 'client_closed') {
       call.log.info({ generation_id: call.generationId, ending, output_tokens: u.output_tokens }, 'stream ended early');
     }

@@ -4,6 +4,7 @@
 import { usageRecordOf, type UsageRecord } from '../accounts/usage-ledger';
 import type { RequestMeta } from '../accounts/attribution';
 import { sessionKey, type Upstreams } from '../routing/upstreams';
+import type { Broadcaster } from '../traces/broadcast';
 import { evaluate } from './evaluate';
 import { PROMPT_FORMAT } from './prompt';
 import type { Answer, DecisionsRequest } from './types';
@@ -33,8 +34,17 @@ export type Decide = (job: DecisionJob, signal: AbortSignal) => Promise<Decision
  * Evaluates and records usage; answers only once `record` says the usage record is safe (journaled
  * inline, stored in workflow mode). A retry re-asks the provider but cannot debit twice.
  */
-export function decisionService({ upstreams, record }: { upstreams: Upstreams; record: (usage: UsageRecord) => Promise<unknown> }): Decide {
+export function decisionService({
+  upstreams,
+  record,
+  broadcast,
+}: {
+  upstreams: Upstreams;
+  record: (usage: UsageRecord) => Promise<unknown>;
+  broadcast?: Pick<Broadcaster, 'generation'>;
+}): Decide {
   return async (job, signal) => {
+    const startedAt = Date.now();
     const session = sessionKey(job.workspaceId, job.meta.session_id);
     const e = await evaluate(upstreams, job.request, { workspace: job.workspace, signal, session });
     const details = {
@@ -49,6 +59,22 @@ export function decisionService({ upstreams, record }: { upstreams: Upstreams; r
       ),
     );
     const { model, provider, providers, answers } = e;
+    broadcast?.generation({
+      workspaceId: job.workspaceId,
+      id: job.generationId,
+      api: 'decision',
+      kind: 'decision',
+      requestedModel: job.request.model,
+      model,
+      provider,
+      usage: e.usage,
+      cost: e.cost,
+      finishReason: null,
+      startedAt,
+      endedAt: Date.now(),
+      meta: job.meta,
+      content: () => ({ input: { state: job.request.state, questions: job.request.questions }, output: answers }),
+    });
     return { id: job.generationId, model, provider, ...(providers && { providers }), answers, usage: { ...e.usage, cost: e.cost } };
   };
 }

@@ -80,27 +80,27 @@ export function refusedAddress(url: URL, allowPrivate: boolean): string | null {
 }
 
 /** The parsed URL when it may receive webhooks; a 400 naming the reason otherwise. */
-export async function checkCallbackUrl(raw: string, allowPrivate: boolean): Promise<URL> {
+export async function checkCallbackUrl(raw: string, allowPrivate: boolean, field = 'callback_url'): Promise<URL> {
   let url: URL;
   try {
     url = new URL(raw);
   } catch {
-    throw new BadRequestError('callback_url: is not a URL');
+    throw new BadRequestError(`${field}: is not a URL`);
   }
   if (url.protocol !== 'https:' && !(allowPrivate && url.protocol === 'http:')) {
-    throw new BadRequestError('callback_url: must be an https URL');
+    throw new BadRequestError(`${field}: must be an https URL`);
   }
-  if (url.username || url.password) throw new BadRequestError('callback_url: must not carry credentials');
+  if (url.username || url.password) throw new BadRequestError(`${field}: must not carry credentials`);
   if (allowPrivate) return url;
   const host = url.hostname.replace(/^\[(.*)\]$/, '$1');
   let addresses: string[];
   try {
     addresses = net.isIP(host) ? [host] : (await dns.promises.lookup(host, { all: true, verbatim: true })).map((a) => a.address);
   } catch {
-    throw new BadRequestError(`callback_url: host ${host} does not resolve`);
+    throw new BadRequestError(`${field}: host ${host} does not resolve`);
   }
   if (addresses.some(isPrivateAddress)) {
-    throw new BadRequestError(`callback_url: ${host} resolves to a private, loopback or link-local address`);
+    throw new BadRequestError(`${field}: ${host} resolves to a private, loopback or link-local address`);
   }
   return url;
 }

@@ -174,6 +174,7 @@ export function loadConfig(env: Env = process.env) {
       /** One attempt's limit: a receiver that has not answered by then counts as failed. */
       timeoutMs: positiveInt(env, 'WEBHOOK_TIMEOUT_MS', 10_000),
     },
+    traces: tracesConfig(env),
     metrics: {
       /** When set, GET /metrics needs `Authorization: Bearer <token>`. */
       token: read(env, 'METRICS_TOKEN') ?? null,
@@ -219,6 +220,41 @@ export function loadConfig(env: Env = process.env) {
 }
 
 export type Config = ReturnType<typeof loadConfig>;
+
+/** `k=v,k2=v2`, values URL-encoded: the OTLP headers format. */
+function otlpHeaders(env: Env, name: string): Record<string, string> {
+  const raw = read(env, name);
+  if (!raw) return {};
+  const out: Record<string, string> = {};
+  // Header values are credentials: an error names the variable, never its value.
+  const invalid = () => new ConfigError(name, '(not shown)', 'comma-separated key=value pairs, values URL-encoded');
+  for (const pair of raw.split(',')) {
+    const at = pair.indexOf('=');
+    if (at <= 0) throw invalid();
+    try {
+      out[pair.slice(0, at).trim()] = decodeURIComponent(pair.slice(at + 1).trim());
+    } catch {
+      throw invalid();
+    }
+  }
+  return out;
+}
+
+/**
+ * The operator's trace destination, by the standard OpenTelemetry variables: the traces endpoint
+ * (or the base endpoint plus /v1/traces) and headers; prompts and completions go along only with
+ * OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true.
+ */
+function tracesConfig(env: Env) {
+  const base = url(env, 'OTEL_EXPORTER_OTLP_ENDPOINT', ['http:', 'https:']);
+  const endpoint =
+    url(env, 'OTEL_EXPORTER_OTLP_TRACES_ENDPOINT', ['http:', 'https:']) ?? (base ? `${base.replace(/\/+$/, '')}/v1/traces` : null);
+  return {
+    endpoint,
+    headers: { ...otlpHeaders(env, 'OTEL_EXPORTER_OTLP_HEADERS'), ...otlpHeaders(env, 'OTEL_EXPORTER_OTLP_TRACES_HEADERS') },
+    includeContent: oneOf(env, 'OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT', ['true', 'false'] as const, 'false') === 'true',
+  };
+}
 
 /** Where the `gateway batches` commands find the gateway, and the key they use. */
 export function clientConfig(env: Env = process.env): { url: string; apiKey: string | null } {

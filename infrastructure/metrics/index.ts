@@ -57,6 +57,12 @@ export class Metrics implements UpstreamObserver {
     labelNames: ['outcome'] as const,
     registers: [this.registry],
   });
+  readonly traceSpans = new Counter({
+    name: 'gateway_trace_spans_total',
+    help: 'Generation spans by destination (global or workspace) and outcome: exported, failed (the destination refused or was unreachable) or dropped (its queue was full)',
+    labelNames: ['destination', 'outcome'] as const,
+    registers: [this.registry],
+  });
   readonly spend = new Counter({
     name: 'gateway_spend_usd_total',
     help: 'USD billed through this process, by workspace',
