@@ -1,10 +1,11 @@
-// `npm run bench [decisions|batches|proxy|results|growth …]`: runs the named benchmarks (all by default) and writes
+// `npm run bench [decisions|batches|proxy|results|growth|broadcast …]`: runs the named benchmarks (all by default) and writes
 // their results as JSON under bench/results/.
 import { benchDecisions } from './decisions';
 import { benchBatches } from './batches';
 import { benchProxy } from './proxy';
 import { benchResults } from './results';
 import { benchGrowth } from './growth';
+import { benchBroadcast } from './broadcast';
 
 const all: Record<string, () => Promise<unknown>> = {
   // BENCH_LEVELS=1,50 runs only those concurrency levels.
@@ -15,6 +16,8 @@ const all: Record<string, () => Promise<unknown>> = {
   results: () => benchResults(),
   // BENCH_GROWTH_BATCHES and BENCH_GROWTH_USAGE set what is stored before the second measurement (10,000 batches, 1,000,000 usage records).
   growth: () => benchGrowth(),
+  // What a trace destination that is down or slow costs requests.
+  broadcast: () => benchBroadcast(),
 };
 
 async function main() {

@@ -45,7 +45,7 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
         const { body: answer, dropped } = await completions.answer(call);
         ctx.body = answer;
         ctx.set('x-generation-id', call.generationId);
-        if (dropped.length) ctx.set(DROPPED_HEADER, dropped.join(','));
+        if (dropped.length) ctx.set(DROPPED_HEADER, [...dropped].sort().join(','));
       }
     } finally {
       done();

@@ -176,7 +176,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     }
 
     const { endpoint } = opened;
-    if (opened.dropped.length) out.setHeader(DROPPED_HEADER, opened.dropped.join(','));
+    if (opened.dropped.length) out.setHeader(DROPPED_HEADER, [...opened.dropped].sort().join(','));
     const served: Served = { id: call.generationId, model: endpoint.model.canonicalId, provider: endpoint.provider.slug };
     const options = { includeUsage: call.plan.includeUsage, cost: (u: Usage) => costOf(endpoint, u) };
     /** The stream's last words wait until its usage is recorded. */

@@ -45,14 +45,15 @@ export class Broadcaster {
 
   /** Queues the generation's span for every destination; returns at once. */
   generation(g: Generation): void {
-    if (this.global) this.global.sink.emit(generationSpan(g, this.global.includeContent));
+    if (this.global?.sink.accepts()) this.global.sink.emit(generationSpan(g, this.global.includeContent));
     void this.destinationsOf(g.workspaceId)
       .then((list) => {
         let plain: ReturnType<typeof generationSpan> | null = null;
         let full: ReturnType<typeof generationSpan> | null = null;
         for (const d of list) {
-          const span = d.include_content ? (full ??= generationSpan(g, true)) : (plain ??= generationSpan(g, false));
-          this.sinkFor(d).emit(span);
+          const sink = this.sinkFor(d);
+          if (!sink.accepts()) continue;
+          sink.emit(d.include_content ? (full ??= generationSpan(g, true)) : (plain ??= generationSpan(g, false)));
         }
       })
       .catch(() => this.o.count?.('workspace', 'dropped', 1)); // the list could not be read: counted, never thrown

@@ -98,12 +98,18 @@ export class TraceDestination {
     this.tracer = this.provider.getTracer('inference-gateway');
   }
 
-  /** Queues the span; never waits on the destination. */
+  /**
+   * Whether a span would be queued now; when not, it is counted as dropped. Asked before a span is
+   * built, so a destination that has stopped taking spans costs a call nothing but this check.
+   */
+  accepts(): boolean {
+    if (this.pending < this.maxQueue) return true;
+    this.o.count('dropped', 1);
+    return false;
+  }
+
+  /** Queues the span (after `accepts`); never waits on the destination. */
   emit(s: SpanRecord): void {
-    if (this.pending >= this.maxQueue) {
-      this.o.count('dropped', 1);
-      return;
-    }
     this.pending++;
     const parent = s.parentSpanId
       ? trace.setSpanContext(context.active(), {

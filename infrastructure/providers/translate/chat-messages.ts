@@ -19,29 +19,43 @@ const DEFAULT_MAX_TOKENS = 4096;
 const EFFORT_BUDGET: Record<string, number> = { minimal: 1024, low: 2048, medium: 8192, high: 16384 };
 const effortOf = (budget: number) => (budget < 2048 ? 'low' : budget < 16384 ? 'medium' : 'high');
 
-/** Chat Completions parameters with no Messages counterpart: dropped (and named) when present. */
-const CHAT_ONLY = [
-  'frequency_penalty',
-  'presence_penalty',
-  'logit_bias',
-  'logprobs',
-  'top_logprobs',
-  'seed',
-  'service_tier',
-  'store',
-  'metadata',
-  'modalities',
-  'prediction',
-  'audio',
-  'web_search_options',
-  'verbosity',
-  'min_p',
-  'top_a',
-  'repetition_penalty',
-] as const;
+/** The Chat Completions fields the translation carries; any other is dropped and named. */
+const CHAT_FIELDS = new Set([
+  'messages',
+  'max_tokens',
+  'max_completion_tokens',
+  'temperature',
+  'top_p',
+  'top_k',
+  'stop',
+  'user',
+  'tools',
+  'tool_choice',
+  'parallel_tool_calls',
+  'reasoning',
+  'reasoning_effort',
+  'n',
+  'response_format',
+]);
 
-/** Messages parameters with no Chat Completions counterpart. */
-const MESSAGES_ONLY = ['top_k', 'service_tier', 'container', 'mcp_servers'] as const;
+/** The Messages fields the translation carries; any other (top_k, service_tier, container, …) is dropped and named. */
+const MESSAGES_FIELDS = new Set([
+  'messages',
+  'system',
+  'max_tokens',
+  'temperature',
+  'top_p',
+  'stop_sequences',
+  'metadata',
+  'tools',
+  'tool_choice',
+  'thinking',
+]);
+
+/** Names every field of `body` the translation does not carry, so that none is lost in silence. */
+export function dropUnknown(body: Json, carried: Set<string>, dropped: string[]): void {
+  for (const k of Object.keys(body)) if (body[k] !== undefined && !carried.has(k) && !dropped.includes(k)) dropped.push(k);
+}
 
 const STOP_TO_CHAT: Record<string, string> = {
   end_turn: 'stop',
@@ -216,7 +230,7 @@ export function chatRequestToMessages(body: Json, dropped: string[]): Json {
     out.tool_choice = { type: 'tool', name: JSON_OUTPUT_TOOL };
     delete out.thinking; // a forced tool choice does not go with extended thinking
   }
-  for (const k of CHAT_ONLY) if (body[k] !== undefined) dropped.push(k);
+  dropUnknown(body, CHAT_FIELDS, dropped);
   return out;
 }
 
@@ -367,7 +381,7 @@ export function messagesRequestToChat(body: Json, dropped: string[]): Json {
     if (tc.disable_parallel_tool_use === true) out.parallel_tool_calls = false;
   }
   if (body.thinking?.type === 'enabled') out.reasoning_effort = effortOf(body.thinking.budget_tokens ?? 0);
-  for (const k of MESSAGES_ONLY) if (body[k] !== undefined) dropped.push(k);
+  dropUnknown(body, MESSAGES_FIELDS, dropped);
   return out;
 }
 

@@ -5,21 +5,25 @@
 import type { EventSourceMessage } from 'eventsource-parser';
 import { BadRequestError } from '../../errors';
 import type { StreamTranslator } from './streams';
+import { dropUnknown } from './chat-messages';
 
 type Json = Record<string, any>;
 
-/** Responses parameters with no Chat Completions counterpart. */
-const RESPONSES_ONLY = [
-  'include',
-  'truncation',
-  'background',
-  'store',
-  'metadata',
-  'prompt',
-  'prompt_cache_key',
-  'safety_identifier',
-  'service_tier',
-] as const;
+/** The Responses fields the translation carries; any other (include, store, truncation, …) is dropped and named. */
+const RESPONSES_FIELDS = new Set([
+  'input',
+  'instructions',
+  'previous_response_id',
+  'max_output_tokens',
+  'temperature',
+  'top_p',
+  'parallel_tool_calls',
+  'user',
+  'tools',
+  'tool_choice',
+  'text',
+  'reasoning',
+]);
 
 function refuse(field: string, what: string): never {
   throw new BadRequestError(`${field}: ${what} cannot be sent through Chat Completions (the route to this provider)`);
@@ -109,7 +113,7 @@ export function responsesRequestToChat(body: Json, dropped: string[]): Json {
     out.response_format = { type: 'json_schema', json_schema: { name: format.name, schema: format.schema, strict: format.strict } };
   else if (format?.type === 'json_object') out.response_format = { type: 'json_object' };
   if (body.reasoning?.effort) out.reasoning_effort = body.reasoning.effort;
-  for (const k of RESPONSES_ONLY) if (body[k] !== undefined) dropped.push(k);
+  dropUnknown(body, RESPONSES_FIELDS, dropped);
   return out;
 }
 
