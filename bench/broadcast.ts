@@ -6,7 +6,7 @@
 import http from 'node:http';
 import os from 'node:os';
 import type { AddressInfo } from 'node:net';
-import { benchKey, loadSamples, startStack, summarize, writeResult, type LoadSamples } from './harness';
+import { benchKey, loadSamples, mergeSamples, startStack, summarize, writeResult, type LoadSamples } from './harness';
 
 const BARS = { added_p50_ms_at_c1: 0.1, rps_ratio_at_c50: 0.9 };
 const TOTALS: Record<number, number> = { 1: 2000, 50: 10_000 };
@@ -69,15 +69,7 @@ export async function benchBroadcast() {
           const run = await loadSamples(url(name), body, headers, concurrency, Math.ceil(TOTALS[concurrency] / ROUNDS), (_s, t) =>
             t.includes('"choices"'),
           );
-          const acc = samples[name];
-          samples[name] = acc
-            ? {
-                concurrency,
-                latencies: acc.latencies.concat(run.latencies),
-                errors: acc.errors + run.errors,
-                seconds: acc.seconds + run.seconds,
-              }
-            : run;
+          samples[name] = mergeSamples(samples[name], run);
         }
       }
       rows.push({ concurrency, ...Object.fromEntries(names.map((n) => [n, summarize(samples[n])])) });

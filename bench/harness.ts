@@ -223,6 +223,17 @@ export async function loadSamples(
   return { concurrency, latencies, errors, seconds };
 }
 
+/** Two runs of one target at one concurrency as one (rounds taking turns, merged). */
+export function mergeSamples(acc: LoadSamples | undefined, run: LoadSamples): LoadSamples {
+  if (!acc) return run;
+  return {
+    concurrency: run.concurrency,
+    latencies: acc.latencies.concat(run.latencies),
+    errors: acc.errors + run.errors,
+    seconds: acc.seconds + run.seconds,
+  };
+}
+
 export function summarize(s: LoadSamples): LoadResult {
   const latencies = [...s.latencies].sort((a, b) => a - b);
   const r = (x: number) => Math.round(x * 100) / 100;

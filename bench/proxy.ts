@@ -15,6 +15,7 @@ import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entr
 import { startProcess, freePort, type ManagedProcess } from '../devstack/processes';
 import {
   benchKey,
+  mergeSamples,
   closedLoop,
   cpuSeconds,
   loadSamples,
@@ -145,15 +146,7 @@ async function measuredInRounds(stack: Stack, targets: Record<string, Target>, b
       );
       for (const [n, p] of Object.entries(stack.processes))
         cpu[name] = { ...cpu[name], [n]: (cpu[name]?.[n] ?? 0) + cpuSeconds(p.pid) - before[n] };
-      const acc = samples[name];
-      samples[name] = acc
-        ? {
-            concurrency,
-            latencies: acc.latencies.concat(run.latencies),
-            errors: acc.errors + run.errors,
-            seconds: acc.seconds + run.seconds,
-          }
-        : run;
+      samples[name] = mergeSamples(samples[name], run);
     }
   }
   const rows: Record<string, Row> = {};

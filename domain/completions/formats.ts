@@ -7,6 +7,7 @@ import type { EventSourceMessage } from 'eventsource-parser';
 import type { GatewayError } from '../../infrastructure/errors';
 import { openai } from '../../infrastructure/providers/formats/openai';
 import type { Usage } from '../../infrastructure/providers/formats';
+import { jsonObject } from '../../infrastructure/providers/formats/format';
 
 export type InferenceOperation = 'chat' | 'messages' | 'responses' | 'embeddings';
 export type StreamingOperation = Exclude<InferenceOperation, 'embeddings'>;
@@ -74,14 +75,7 @@ export interface StreamFormat {
   error(err: GatewayError, served: Served, tally: StreamTally): string;
 }
 
-function parse(data: string): Json | null {
-  try {
-    const v = JSON.parse(data);
-    return v && typeof v === 'object' ? v : null;
-  } catch {
-    return null;
-  }
-}
+const parse = jsonObject;
 
 const chat: StreamFormat = {
   relay(event, served, tally, opts) {

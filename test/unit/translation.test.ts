@@ -11,6 +11,10 @@ import {
   messagesRequestToChat,
 } from '../../infrastructure/providers/translate/chat-messages';
 import { chatToMessagesStream, messagesToChatStream } from '../../infrastructure/providers/translate/streams';
+import { ChatCompletionRequest, MessagesRequest } from '../../domain/completions/schema';
+import { BadRequestError } from '../../infrastructure/errors';
+import { fromSchema } from '../fuzz/arbitraries';
+import { compileBody } from '../../infrastructure/validation';
 
 type Json = Record<string, any>;
 
@@ -250,6 +254,56 @@ describe('format translation (properties)', () => {
         expect(again.system).to.deep.equal(messages.system);
         expect(again.tools).to.deep.equal(messages.tools);
         expect(dropped).to.deep.equal([]);
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  it('any request its schema accepts is translated with every tool, call and result, or refused with a 400 naming the field', () => {
+    const count = (items: Json[] | undefined, keep: (x: Json) => boolean) => (items ?? []).filter(keep).length;
+    /** Generated from the schema, kept when the route's own validator accepts it (as the gateway would). */
+    const valid = (schema: Json) => {
+      const validate = compileBody(schema as never);
+      return (fromSchema(schema) as fc.Arbitrary<Json>).filter((body) => {
+        try {
+          validate(body);
+          return true;
+        } catch {
+          return false;
+        }
+      });
+    };
+    const blocks = (body: Json) => (body.messages ?? []).flatMap((m: Json) => (Array.isArray(m.content) ? m.content : []));
+    const outcome = (translate: () => Json) => {
+      try {
+        return translate();
+      } catch (err) {
+        expect(err).to.be.instanceOf(BadRequestError);
+        expect((err as Error).message).to.match(/^[\w.[\]]+: /); // names the field
+        return null;
+      }
+    };
+    fc.assert(
+      fc.property(valid(ChatCompletionRequest), (body) => {
+        const out = outcome(() => chatRequestToMessages(body, []));
+        if (!out) return;
+        const calls = (body.messages ?? []).flatMap((m: Json) => (m.role === 'assistant' ? (m.tool_calls ?? []) : []));
+        expect(count(blocks(out), (b) => b.type === 'tool_use')).to.equal(calls.length);
+        expect(count(blocks(out), (b) => b.type === 'tool_result')).to.equal(count(body.messages, (m) => m.role === 'tool'));
+        expect(out.tools?.length ?? 0).to.equal(
+          body.tools?.length ?? (body.response_format && body.response_format.type !== 'text' ? 1 : 0),
+        );
+      }),
+      { numRuns: 300 },
+    );
+    fc.assert(
+      fc.property(valid(MessagesRequest), (body) => {
+        const out = outcome(() => messagesRequestToChat(body, []));
+        if (!out) return;
+        const uses = count(blocks(body), (b) => b.type === 'tool_use');
+        expect((out.messages as Json[]).flatMap((m) => m.tool_calls ?? []).length).to.equal(uses);
+        expect(count(out.messages, (m) => m.role === 'tool')).to.equal(count(blocks(body), (b) => b.type === 'tool_result'));
+        expect(out.tools?.length ?? 0).to.equal(body.tools?.length ?? 0);
       }),
       { numRuns: 300 },
     );

@@ -32,15 +32,18 @@ export interface ProviderFormat {
 /** A count as a provider reports it: a non-negative integer, else 0. */
 export const tokens = (v: unknown): number => (Number.isFinite(v) && (v as number) >= 0 ? Math.round(v as number) : 0);
 
-/** Parses an event's data as a JSON object (null when it is not one). */
-export function eventJson(event: EventSourceMessage): Json | null {
+/** Parses text as a JSON object (null when it is not one): how every stream event's data is read. */
+export function jsonObject(text: string): Json | null {
   try {
-    const v = JSON.parse(event.data);
+    const v = JSON.parse(text);
     return v && typeof v === 'object' ? v : null;
   } catch {
     return null;
   }
 }
+
+/** Parses an event's data as a JSON object (null when it is not one). */
+export const eventJson = (event: EventSourceMessage): Json | null => jsonObject(event.data);
 
 /** The failure an error answer means, from its status and the error object's `message` and `type`. */
 export function failureFrom(status: number, error: Json | null, provider: string, retryAfterMs: number | null, fallbackText?: string) {

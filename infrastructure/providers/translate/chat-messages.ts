@@ -82,6 +82,19 @@ function refuse(field: string, what: string, target: string): never {
   throw new BadRequestError(`${field}: ${what} cannot be sent to a provider of the ${target} format`);
 }
 
+/** `value` when it is a JSON object; else a 400 naming the field (parts and tools are open-ended in the schemas). */
+export function objectAt(value: unknown, field: string): Json {
+  if (!value || typeof value !== 'object' || Array.isArray(value)) throw new BadRequestError(`${field}: must be an object`);
+  return value as Json;
+}
+
+/** `value` as a list (absent: empty); else a 400 naming the field. */
+function listAt(value: unknown, field: string): unknown[] {
+  if (value === undefined || value === null) return [];
+  if (!Array.isArray(value)) throw new BadRequestError(`${field}: must be an array`);
+  return value;
+}
+
 function parseArguments(text: unknown, field: string): Json {
   if (text === undefined || text === null || text === '') return {};
   try {
@@ -123,7 +136,7 @@ function blocksOf(content: unknown, field: string): Json[] {
   if (content === null || content === undefined) return [];
   if (typeof content === 'string') return content ? [{ type: 'text', text: content }] : [];
   if (!Array.isArray(content)) return refuse(field, 'content that is neither text nor parts', 'anthropic');
-  return content.map((p, i) => blockOfPart(p, `${field}[${i}]`)).filter((b) => b.type !== 'text' || b.text);
+  return content.map((p, i) => blockOfPart(objectAt(p, `${field}[${i}]`), `${field}[${i}]`)).filter((b) => b.type !== 'text' || b.text);
 }
 
 /** Adds a turn, merging it into the previous one of the same role (tool results of one turn share a user turn). */
@@ -167,7 +180,8 @@ export function chatRequestToMessages(body: Json, dropped: string[]): Json {
           blocks.push({ type: 'thinking', thinking: m.reasoning, signature: m.reasoning_signature ?? '' });
         blocks.push(...blocksOf(m.content, `${field}.content`));
         if (typeof m.refusal === 'string' && m.refusal) blocks.push({ type: 'text', text: m.refusal });
-        (m.tool_calls ?? []).forEach((tc: Json, j: number) => {
+        listAt(m.tool_calls, `${field}.tool_calls`).forEach((item, j) => {
+          const tc = objectAt(item, `${field}.tool_calls[${j}]`);
           if (tc.type !== 'function') refuse(`${field}.tool_calls[${j}].type`, `a "${tc.type}" tool call`, 'anthropic');
           blocks.push({
             type: 'tool_use',
@@ -202,9 +216,10 @@ export function chatRequestToMessages(body: Json, dropped: string[]): Json {
   if (body.stop !== undefined && body.stop !== null) out.stop_sequences = Array.isArray(body.stop) ? body.stop : [body.stop];
   if (typeof body.user === 'string') out.metadata = { user_id: body.user };
   if (Array.isArray(body.tools) && body.tools.length) {
-    out.tools = body.tools.map((t: Json, i: number) => {
+    out.tools = body.tools.map((item: unknown, i: number) => {
+      const t = objectAt(item, `tools[${i}]`);
       if (t.type !== 'function') refuse(`tools[${i}].type`, `a "${t.type}" tool`, 'anthropic');
-      const f = t.function ?? {};
+      const f = objectAt(t.function, `tools[${i}].function`);
       return {
         name: f.name,
         ...(f.description !== undefined && { description: f.description }),
@@ -314,7 +329,7 @@ const contentOf = (parts: Json[]) => (textOnly(parts) ? parts.map((p) => p.text)
 function toolResultText(content: unknown, field: string): string | Json[] {
   if (typeof content === 'string') return content;
   if (!Array.isArray(content)) return '';
-  return contentOf(content.map((b, i) => partOfBlock(b, `${field}[${i}]`)));
+  return contentOf(content.map((b, i) => partOfBlock(objectAt(b, `${field}[${i}]`), `${field}[${i}]`)));
 }
 
 export function messagesRequestToChat(body: Json, dropped: string[]): Json {
@@ -325,7 +340,10 @@ export function messagesRequestToChat(body: Json, dropped: string[]): Json {
   }
   (body.messages as Json[]).forEach((m, i) => {
     const field = `messages[${i}].content`;
-    const blocks: Json[] = typeof m.content === 'string' ? [{ type: 'text', text: m.content }] : m.content;
+    const blocks: Json[] =
+      typeof m.content === 'string'
+        ? [{ type: 'text', text: m.content }]
+        : listAt(m.content, field).map((b, j) => objectAt(b, `${field}[${j}]`));
     if (m.role === 'user') {
       // Tool results become tool messages, which must come straight after the assistant's calls.
       const parts: Json[] = [];
@@ -364,7 +382,8 @@ export function messagesRequestToChat(body: Json, dropped: string[]): Json {
   if (Array.isArray(body.stop_sequences) && body.stop_sequences.length) out.stop = body.stop_sequences;
   if (typeof body.metadata?.user_id === 'string') out.user = body.metadata.user_id;
   if (Array.isArray(body.tools) && body.tools.length) {
-    out.tools = body.tools.map((t: Json, i: number) => {
+    out.tools = body.tools.map((item: unknown, i: number) => {
+      const t = objectAt(item, `tools[${i}]`);
       if (t.type && t.type !== 'custom') refuse(`tools[${i}].type`, `a "${t.type}" server tool`, 'openai');
       return {
         type: 'function',

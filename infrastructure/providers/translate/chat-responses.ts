@@ -5,7 +5,7 @@
 import type { EventSourceMessage } from 'eventsource-parser';
 import { BadRequestError } from '../../errors';
 import type { StreamTranslator } from './streams';
-import { dropUnknown } from './chat-messages';
+import { dropUnknown, objectAt } from './chat-messages';
 
 type Json = Record<string, any>;
 
@@ -51,7 +51,7 @@ function partOf(part: Json, field: string): Json {
 function contentOf(content: unknown, field: string): string | Json[] {
   if (typeof content === 'string') return content;
   if (!Array.isArray(content)) return refuse(field, 'content that is neither text nor parts');
-  const parts = content.map((p, i) => partOf(p, `${field}[${i}]`));
+  const parts = content.map((p, i) => partOf(objectAt(p, `${field}[${i}]`), `${field}[${i}]`));
   return parts.every((p) => p.type === 'text') ? parts.map((p) => p.text).join('') : parts;
 }
 
@@ -62,8 +62,9 @@ export function responsesRequestToChat(body: Json, dropped: string[]): Json {
   const items: Json[] = typeof body.input === 'string' ? [{ role: 'user', content: body.input }] : body.input;
   /** The assistant turn being built from consecutive function calls (and reasoning). */
   let assistant: Json | null = null;
-  items.forEach((item, i) => {
+  items.forEach((entry, i) => {
     const field = `input[${i}]`;
+    const item = objectAt(entry, field);
     const type = item.type ?? 'message';
     if (type === 'function_call') {
       if (!assistant) messages.push((assistant = { role: 'assistant', content: null, tool_calls: [] }));
@@ -98,7 +99,8 @@ export function responsesRequestToChat(body: Json, dropped: string[]): Json {
   if (body.max_output_tokens !== undefined) out.max_tokens = body.max_output_tokens;
   for (const k of ['temperature', 'top_p', 'parallel_tool_calls', 'user'] as const) if (body[k] !== undefined) out[k] = body[k];
   if (Array.isArray(body.tools) && body.tools.length) {
-    out.tools = body.tools.map((t: Json, i: number) => {
+    out.tools = body.tools.map((entry: unknown, i: number) => {
+      const t = objectAt(entry, `tools[${i}]`);
       if (t.type !== 'function') refuse(`tools[${i}].type`, `a "${t.type}" tool`);
       const fn = { name: t.name, parameters: t.parameters, ...(t.description !== undefined && { description: t.description }) };
       return { type: 'function', function: { ...fn, ...(t.strict !== undefined && { strict: t.strict }) } };

@@ -3,6 +3,7 @@
 // gives the events (none, one or several) the client's format has for it, so that the client's
 // own stream helpers accumulate the same answer the non-streamed translation gives.
 import type { EventSourceMessage } from 'eventsource-parser';
+import { jsonObject } from '../formats/format';
 import { chatStopReason, chatUsageOf, JSON_OUTPUT_TOOL, messagesStopReason, messagesUsageOf } from './chat-messages';
 
 type Json = Record<string, any>;
@@ -10,14 +11,7 @@ type Json = Record<string, any>;
 /** One upstream event in, the client's events out. */
 export type StreamTranslator = (event: EventSourceMessage) => EventSourceMessage[];
 
-function parse(data: string): Json | null {
-  try {
-    const v = JSON.parse(data);
-    return v && typeof v === 'object' ? v : null;
-  } catch {
-    return null;
-  }
-}
+const parse = jsonObject;
 
 const typed = (type: string, body: Json): EventSourceMessage => ({ event: type, data: JSON.stringify({ type, ...body }) });
 const bare = (body: Json | '[DONE]'): EventSourceMessage => ({ data: body === '[DONE]' ? body : JSON.stringify(body) });
