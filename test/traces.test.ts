@@ -206,5 +206,11 @@ describe('trace broadcast over OTLP/HTTP', function () {
     const refused = await call(`${gw.url}/api/v1/trace-destinations`, { key: b.managementKey, body: { endpoint: 'ftp://example.com/x' } });
     expect(refused.status).to.equal(400);
     expect(refused.body.error.message).to.match(/^endpoint: /);
+    const injected = await call(`${gw.url}/api/v1/trace-destinations`, {
+      key: b.managementKey,
+      body: { endpoint: 'https://example.com/v1/traces', headers: { 'x-key': 'a\r\nx-other: b' } },
+    });
+    expect(injected.status).to.equal(400);
+    expect(injected.body.error.message).to.match(/headers/);
   });
 });

@@ -18,7 +18,7 @@ const NewDestination = Type.Object(
   {
     endpoint: Type.String({ maxLength: 2048, description: 'OTLP/HTTP traces URL, e.g. https://collector.example.com/v1/traces' }),
     headers: Type.Optional(
-      Type.Record(Type.String({ pattern: '^[A-Za-z0-9-]{1,64}$' }), Type.String({ maxLength: 4096 }), {
+      Type.Record(Type.String({ pattern: '^[A-Za-z0-9-]{1,64}$' }), Type.String({ maxLength: 4096, pattern: '^[\\x20-\\x7e\\t]*$' }), {
         maxProperties: 16,
         description: 'Sent with each export (an API key, for example)',
       }),
