@@ -173,6 +173,21 @@ describe('format translation: any chat model through any chat API', function () 
       });
       expect(r.status, JSON.stringify(r.body)).to.equal(200);
       expect(r.headers.get('x-gateway-dropped-params')).to.equal('frequency_penalty,seed');
+      // A parameter the call requires is never dropped: the endpoint refuses it (and no other can take it here).
+      const required = await call(`${gw.url}/api/v1/chat/completions`, {
+        key: t.inferenceKey,
+        body: {
+          model,
+          messages: [{ role: 'user', content: 'hi' }],
+          max_tokens: 5,
+          temperature: 1.5,
+          provider: { require_parameters: true },
+        },
+      });
+      expect(required.status, JSON.stringify(required.body)).to.equal(400);
+      expect(required.body.error.message).to.match(
+        /^provider\.require_parameters: temperature cannot be sent to tr-claude \(anthropic format\)/,
+      );
       const audio = await call(`${gw.url}/api/v1/chat/completions`, {
         key: t.inferenceKey,
         body: { model, messages: [{ role: 'user', content: [{ type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } }] }] },

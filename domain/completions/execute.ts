@@ -75,7 +75,12 @@ export async function openStream(
     async (e, signal) => {
       const startedAt = performance.now();
       const body = { ...plan.upstreamBody, ...optionsFor(e, plan.preferences) };
-      const { response: res, translate, dropped } = await openEndpointStream(up.http, e, operation, body, { signal, env: up.env });
+      const requireParameters = plan.preferences?.require_parameters === true;
+      const {
+        response: res,
+        translate,
+        dropped,
+      } = await openEndpointStream(up.http, e, operation, body, { signal, env: up.env, requireParameters });
       const raw = sseEvents(res.body);
       try {
         const first = await raw.next();

@@ -5,6 +5,7 @@
 import type { EventSourceMessage } from 'eventsource-parser';
 import type { Endpoint, Operation } from '../catalog';
 import { UpstreamFailure } from '../../infrastructure/providers/failure';
+import { BadRequestError } from '../../infrastructure/errors';
 import { PROVIDER_FORMATS, type ProviderFormat, type Usage } from '../../infrastructure/providers/formats';
 import type { ProviderHttp, StreamResponse } from '../../infrastructure/providers/http';
 import { translationFor, type StreamTranslator, type Translation } from '../../infrastructure/providers/translate';
@@ -21,6 +22,8 @@ export interface ProviderResponse {
 interface CallOptions {
   signal?: AbortSignal;
   env: Record<string, string | undefined>;
+  /** `provider.require_parameters`: a parameter the translation would drop makes this endpoint refuse the call instead. */
+  requireParameters?: boolean;
 }
 
 interface Target {
@@ -58,8 +61,21 @@ function httpOptions(e: Endpoint, format: ProviderFormat, opts: CallOptions) {
 }
 
 /** The body the provider is sent: translated if need be, with the upstream model id. */
-function upstreamBody(e: Endpoint, t: Target, body: Record<string, unknown>, dropped: string[]): Record<string, unknown> {
-  return { ...(t.translation ? t.translation.request(body, dropped) : body), model: e.entry.upstream_model };
+function upstreamBody(
+  e: Endpoint,
+  t: Target,
+  body: Record<string, unknown>,
+  dropped: string[],
+  opts: CallOptions,
+): Record<string, unknown> {
+  const sent = t.translation ? t.translation.request(body, dropped) : body;
+  if (opts.requireParameters && dropped.length) {
+    // Required parameters are never dropped: this endpoint cannot take the call (another may).
+    throw new BadRequestError(
+      `provider.require_parameters: ${[...dropped].sort().join(', ')} cannot be sent to ${e.provider.slug} (${e.provider.adapter} format)`,
+    );
+  }
+  return { ...sent, model: e.entry.upstream_model };
 }
 
 export interface OpenedEndpointStream {
@@ -79,7 +95,7 @@ export async function openEndpointStream(
 ): Promise<OpenedEndpointStream> {
   const t = target(e, operation);
   const dropped: string[] = [];
-  const sent = t.format.streamBody(t.operation, upstreamBody(e, t, body, dropped));
+  const sent = t.format.streamBody(t.operation, upstreamBody(e, t, body, dropped, opts));
   const response = await http.postStream(t.url, sent, httpOptions(e, t.format, opts));
   return { response, translate: t.translation?.stream() ?? null, dropped };
 }
@@ -93,7 +109,7 @@ export async function callEndpoint(
 ): Promise<ProviderResponse> {
   const t = target(e, operation);
   const dropped: string[] = [];
-  const sent = upstreamBody(e, t, body, dropped);
+  const sent = upstreamBody(e, t, body, dropped, opts);
   const started = performance.now();
   const res = await http.postJson(t.url, sent, httpOptions(e, t.format, opts));
   const usage = t.format.usageOf(t.operation, res.body);

@@ -96,7 +96,14 @@ export async function invoke(up: Upstreams, req: InvokeRequest): Promise<Invocat
     plan,
     (e, signal) => {
       const body = typeof req.body === 'function' ? req.body(e) : req.body;
-      return callEndpoint(up.http, e, req.operation, { ...body, ...optionsFor(e, req.preferences) }, { signal, env: up.env });
+      const requireParameters = req.preferences?.require_parameters === true;
+      return callEndpoint(
+        up.http,
+        e,
+        req.operation,
+        { ...body, ...optionsFor(e, req.preferences) },
+        { signal, env: up.env, requireParameters },
+      );
     },
     { limiter: up.limiter, stats: up.stats, observer: up.observer, signal: req.signal, queueWaitMs: req.queueWaitMs },
   );
