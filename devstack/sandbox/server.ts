@@ -119,7 +119,8 @@ function chatCompletion(body: Json, maxWords: number): Json {
       };
     }
   } else {
-    const outcome = decide(chatView(body), rand, maxWords, hash);
+    const view = chatView(body);
+    const outcome = decide(view, rand, maxWords, hash);
     const message: Json = { role: 'assistant', content: outcome.toolCall ? null : outcome.text };
     if (outcome.stop === 'refusal') Object.assign(message, { content: null, refusal: outcome.text });
     if (outcome.reasoning) message.reasoning = outcome.reasoning;
@@ -142,7 +143,7 @@ function chatCompletion(body: Json, maxWords: number): Json {
       message,
       logprobs,
       CHAT_FINISH[outcome.stop],
-      countTokens(promptText) + 85 * chatView(body).images,
+      countTokens(promptText) + 85 * view.images,
       completionTokens,
     );
   }

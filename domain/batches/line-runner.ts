@@ -100,7 +100,7 @@ export class LineRunner {
       const sessionId = typeof body.session_id === 'string' && body.session_id ? body.session_id : batch.meta.session_id;
       const startedAt = Date.now();
       const result = await this.call(line, upstreamBody, sessionKey(batch.workspace_id, sessionId));
-      this.broadcast(body, result, startedAt);
+      this.broadcast(body, sessionId, result, startedAt);
       if (!result.ok || !result.usage) return { result };
       return { result, stored: hold.settleUnstored(result.usage.cost) };
     } finally {
@@ -109,7 +109,7 @@ export class LineRunner {
   }
 
   /** The line's generation as a span for the trace destinations (a line the provider answered, or failed). */
-  private broadcast(body: Record<string, unknown>, result: ResultDoc, startedAt: number): void {
+  private broadcast(body: Record<string, unknown>, sessionId: string | null, result: ResultDoc, startedAt: number): void {
     const { batch } = this.o;
     const answer = result.response?.body;
     this.o.broadcast?.generation({
@@ -126,7 +126,7 @@ export class LineRunner {
       startedAt,
       endedAt: Date.now(),
       meta: {
-        session_id: (body.session_id as string | undefined) ?? batch.meta.session_id,
+        session_id: sessionId,
         user: batch.meta.user,
         trace: (body.trace as Record<string, unknown>) ?? null,
       },

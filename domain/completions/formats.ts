@@ -75,15 +75,13 @@ export interface StreamFormat {
   error(err: GatewayError, served: Served, tally: StreamTally): string;
 }
 
-const parse = jsonObject;
-
 const chat: StreamFormat = {
   relay(event, served, tally, opts) {
     if (event.data.trim() === '[DONE]') {
       tally.finished = true;
       return 'data: [DONE]\n\n';
     }
-    const chunk = parse(event.data);
+    const chunk = jsonObject(event.data);
     if (!chunk) return null;
     if (chunk.error) tally.upstreamError = String(chunk.error.message ?? 'upstream error');
     chunk.id = served.id;
@@ -130,7 +128,7 @@ const ANTHROPIC_ERROR_TYPES: Record<number, string> = {
 
 const messages: StreamFormat = {
   relay(event, served, tally, opts) {
-    const data = parse(event.data);
+    const data = jsonObject(event.data);
     if (!data) return null;
     const type = event.event ?? data.type;
     if (type === 'message_start' && data.message) {
@@ -159,7 +157,7 @@ const messages: StreamFormat = {
 
 const responses: StreamFormat = {
   relay(event, served, tally, opts) {
-    const data = parse(event.data);
+    const data = jsonObject(event.data);
     if (!data) return null;
     const type = event.event ?? data.type;
     if (Number.isInteger(data.sequence_number)) tally.sequence = data.sequence_number;

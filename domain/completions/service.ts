@@ -87,7 +87,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
       id: call.generationId,
       api: call.operation,
       kind: 'completion',
-      requestedModel: typeof call.body.model === 'string' ? call.body.model : null,
+      requestedModel: call.plan.models[0].id, // the model asked for, a preset's included
       model: endpoint.model.canonicalId,
       provider: endpoint.provider.slug,
       usage: u,

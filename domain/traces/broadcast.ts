@@ -1,10 +1,10 @@
 // Trace broadcast: every generation (a chat call, a decision, a batch line) is sent as a span to
 // the operator's destination (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) and to each of its workspace's
 // own. Nothing here is on the request path: `generation` queues spans and returns; a workspace's
-// destinations are read in the background (cached, like its balance) and a span waits for that
-// read, never the call.
+// destinations are read in the background (cached, like its balance; the previous list is served
+// while it is read again) and only a workspace's first span waits for that read, never the call.
 import type { Store } from '../../infrastructure/store';
-import { TraceDestination, type SpanOutcome } from '../../infrastructure/tracing';
+import { TraceDestination, type SpanOutcome, type SpanRecord } from '../../infrastructure/tracing';
 import { guardedLookup } from '../webhooks/address';
 import { listDestinations, type TraceDestinationDoc } from './destinations';
 import { generationSpan, type Generation } from './span';
@@ -21,14 +21,24 @@ export interface BroadcastOptions {
   cacheMs?: number;
 }
 
+/** A workspace destination as the broadcaster sends to it. */
+interface Listed {
+  sink: TraceDestination;
+  includeContent: boolean;
+}
+
+/** A workspace's destinations as last read, and the read that refreshes them. */
 interface Cached {
   at: number;
-  list: Promise<TraceDestinationDoc[]>;
+  reading: Promise<Listed[]>;
+  /** The list once read: served while a newer read is on its way, so no span waits for the database then. */
+  listed: Listed[] | null;
 }
 
 export class Broadcaster {
   private readonly global: { sink: TraceDestination; includeContent: boolean } | null;
   private readonly cache = new Map<string, Cached>();
+  /** Every workspace destination's exporter, by the destination's `_id`, with what it was made for. */
   private readonly sinks = new Map<string, { key: string; sink: TraceDestination }>();
   private readonly cacheMs: number;
 
@@ -46,42 +56,65 @@ export class Broadcaster {
   /** Queues the generation's span for every destination; returns at once. */
   generation(g: Generation): void {
     if (this.global?.sink.accepts()) this.global.sink.emit(generationSpan(g, this.global.includeContent));
-    void this.destinationsOf(g.workspaceId)
-      .then((list) => {
-        let plain: ReturnType<typeof generationSpan> | null = null;
-        let full: ReturnType<typeof generationSpan> | null = null;
-        for (const d of list) {
-          const sink = this.sinkFor(d);
-          if (!sink.accepts()) continue;
-          sink.emit(d.include_content ? (full ??= generationSpan(g, true)) : (plain ??= generationSpan(g, false)));
-        }
-      })
-      .catch(() => this.o.count?.('workspace', 'dropped', 1)); // the list could not be read: counted, never thrown
+    const c = this.destinationsOf(g.workspaceId);
+    if (c.listed) return this.emit(c.listed, g);
+    c.reading.then(
+      (listed) => this.emit(listed, g),
+      () => this.o.count?.('workspace', 'dropped', 1), // the list could not be read: counted, never thrown
+    );
   }
 
-  private destinationsOf(workspaceId: string): Promise<TraceDestinationDoc[]> {
+  private emit(listed: Listed[], g: Generation): void {
+    let plain: SpanRecord | null = null;
+    let full: SpanRecord | null = null;
+    for (const d of listed) {
+      if (!d.sink.accepts()) continue;
+      d.sink.emit(d.includeContent ? (full ??= generationSpan(g, true)) : (plain ??= generationSpan(g, false)));
+    }
+  }
+
+  /** The workspace's destinations, read again in the background once the cache period has passed. */
+  private destinationsOf(workspaceId: string): Cached {
     const c = this.cache.get(workspaceId);
-    if (c && Date.now() - c.at < this.cacheMs) return c.list;
-    const list = listDestinations(this.store, workspaceId);
-    this.cache.set(workspaceId, { at: Date.now(), list });
-    list.catch(() => this.cache.delete(workspaceId));
-    return list;
+    if (c && Date.now() - c.at < this.cacheMs) return c;
+    const next: Cached = {
+      at: Date.now(),
+      listed: c?.listed ?? null,
+      reading: listDestinations(this.store, workspaceId).then((docs) => this.sinksOf(workspaceId, docs)),
+    };
+    next.reading.then(
+      (listed) => (next.listed = listed),
+      () => this.cache.delete(workspaceId),
+    );
+    this.cache.set(workspaceId, next);
+    return next;
   }
 
-  /** One exporter per destination, made anew when its endpoint or headers change. */
-  private sinkFor(d: TraceDestinationDoc): TraceDestination {
-    const key = JSON.stringify([d.endpoint, d.headers]);
-    const known = this.sinks.get(d._id);
-    if (known?.key === key) return known.sink;
-    void known?.sink.close();
-    const sink = new TraceDestination({
-      url: d.endpoint,
-      headers: d.headers,
-      lookup: guardedLookup(this.o.allowPrivate),
-      count: (outcome, n) => this.o.count?.('workspace', outcome, n),
+  /** One exporter per destination, made anew when its endpoint or headers change; a removed one's is closed. */
+  private sinksOf(workspaceId: string, docs: TraceDestinationDoc[]): Listed[] {
+    const ids = new Set(docs.map((d) => d._id));
+    for (const [id, known] of this.sinks) {
+      if (id.startsWith(`${workspaceId}:`) && !ids.has(id)) {
+        void known.sink.close();
+        this.sinks.delete(id);
+      }
+    }
+    return docs.map((d) => {
+      const key = JSON.stringify([d.endpoint, d.headers]);
+      let known = this.sinks.get(d._id);
+      if (known?.key !== key) {
+        void known?.sink.close();
+        const sink = new TraceDestination({
+          url: d.endpoint,
+          headers: d.headers,
+          lookup: guardedLookup(this.o.allowPrivate),
+          count: (outcome, n) => this.o.count?.('workspace', outcome, n),
+        });
+        known = { key, sink };
+        this.sinks.set(d._id, known);
+      }
+      return { sink: known.sink, includeContent: d.include_content };
     });
-    this.sinks.set(d._id, { key, sink });
-    return sink;
   }
 
   /** Sends what is queued (tests, shutdown). */

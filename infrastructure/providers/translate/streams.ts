@@ -11,8 +11,6 @@ type Json = Record<string, any>;
 /** One upstream event in, the client's events out. */
 export type StreamTranslator = (event: EventSourceMessage) => EventSourceMessage[];
 
-const parse = jsonObject;
-
 const typed = (type: string, body: Json): EventSourceMessage => ({ event: type, data: JSON.stringify({ type, ...body }) });
 const bare = (body: Json | '[DONE]'): EventSourceMessage => ({ data: body === '[DONE]' ? body : JSON.stringify(body) });
 
@@ -29,7 +27,7 @@ export function messagesToChatStream(): StreamTranslator {
     bare({ ...base, choices: [{ index: 0, delta, logprobs: null, finish_reason: finishReason }] });
 
   return (event) => {
-    const data = parse(event.data);
+    const data = jsonObject(event.data);
     if (!data) return [];
     switch (event.event ?? data.type) {
       case 'message_start': {
@@ -128,7 +126,7 @@ export function chatToMessagesStream(): StreamTranslator {
 
   return (event) => {
     if (event.data.trim() === '[DONE]') return finish();
-    const c = parse(event.data);
+    const c = jsonObject(event.data);
     if (!c) return [];
     if (c.error) {
       const type = c.error.code === 529 || c.error.type === 'overloaded_error' ? 'overloaded_error' : 'api_error';
