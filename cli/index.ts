@@ -55,8 +55,31 @@ export function buildProgram(): Command {
     .action(async (opts: { withWorker: boolean }) => {
       const config = configOrExit();
       const logger = loggerFor(config, 'gateway-api');
+      const { apiProcessMember, startApiProcesses } = await import('./api-processes');
+      const member = apiProcessMember();
+      if (!member && config.apiProcesses > 1) {
+        const api = await startApiProcesses({
+          count: config.apiProcesses,
+          args: ['api', ...(opts.withWorker ? ['--with-worker'] : [])],
+          env: process.env,
+          logger,
+          temporalMetricsPort: config.metrics.temporalPort,
+          shutdownGraceMs: config.http.shutdownGraceMs,
+          giveUp: (message) => {
+            logger.fatal(message);
+            process.exit(1);
+          },
+        }).catch(fail);
+        stopOnSignals(logger, [api.stop]);
+        return;
+      }
       const { runApiRole } = await import('./roles');
-      const api = await runApiRole(config, logger, configuredAddresses(config), { withWorker: opts.withWorker }).catch(fail);
+      const api = await runApiRole(config, logger, configuredAddresses(config), {
+        withWorker: opts.withWorker,
+        embedded: member?.embedded,
+        processIndex: member?.index,
+      }).catch(fail);
+      member?.ready(api.url);
       stopOnSignals(logger, [api.stop]);
     });
 

@@ -138,9 +138,11 @@ export async function runApiRole(
   config: Config,
   logger: Logger,
   addr: Addresses,
-  opts: { withWorker: boolean; embedded?: AppDeps['embedded'] },
+  opts: { withWorker: boolean; embedded?: AppDeps['embedded']; processIndex?: number },
 ): Promise<{ url: string; usage: UsageLedger; stop: Stop }> {
   const core = await startCore(config, logger, addr, opts.withWorker, true);
+  // One of several API processes on one port: each scrape answers for all of them.
+  if (opts.processIndex !== undefined) core.metrics.shareAcrossProcesses(opts.processIndex);
   const { store, upstreams, client, handoff, inlineDecisions, credits, metrics, broadcast, stop } = core;
   const usage = core.usage;
   const decisions =

@@ -12,6 +12,7 @@ import { startProcess, type ManagedProcess } from '../devstack/processes';
 import { Supervisor } from '../devstack/supervisor';
 import { RunRecord } from '../devstack/run-file';
 import { runApiRole } from './roles';
+import { startApiProcesses } from './api-processes';
 import { stopOnSignals, type Stop } from './signals';
 import { Store } from '../infrastructure/store';
 import { bootstrapIfEmpty } from '../domain/accounts/bootstrap';
@@ -69,13 +70,16 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   ]);
   const tools = await ensureTools(config.toolsDir, { temporal: embeddedTemporal, ferretdb: embeddedMongo }, say);
 
-  supervisor = new Supervisor(logger, (part, message) => {
-    logger.fatal({ part }, 'embedded process keeps crashing; stopping the gateway');
-    say(message);
+  /** Something keeps crashing: everything started is stopped, newest first, and the gateway exits non-zero. */
+  const haltAll = () =>
     void (async () => {
       for (const stop of [...stops].reverse()) await stop().catch(() => undefined);
       process.exit(1);
     })();
+  supervisor = new Supervisor(logger, (part, message) => {
+    logger.fatal({ part }, 'embedded process keeps crashing; stopping the gateway');
+    say(message);
+    haltAll();
   });
   stops.push(async () => {
     await supervisor!.stop();
@@ -157,9 +161,28 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
     say(`  ${first.key}`);
   }
 
-  const api = await runApiRole(config, logger, { mongoUri, temporalAddress }, { withWorker: true, embedded: () => supervisor.status() });
+  const api =
+    config.apiProcesses > 1
+      ? await startApiProcesses({
+          count: config.apiProcesses,
+          args: ['api', '--with-worker'],
+          env: { ...process.env, MONGODB_URI: mongoUri, TEMPORAL_ADDRESS: temporalAddress },
+          logger,
+          temporalMetricsPort: config.metrics.temporalPort,
+          shutdownGraceMs: config.http.shutdownGraceMs,
+          embedded: () => supervisor.status(),
+          giveUp: (message) => {
+            logger.fatal(message);
+            haltAll();
+          },
+        })
+      : await runApiRole(config, logger, { mongoUri, temporalAddress }, { withWorker: true, embedded: () => supervisor.status() });
   stops.push(api.stop);
-  say(`worker polling task queue "${config.temporal.taskQueue}"`);
+  say(
+    config.apiProcesses > 1
+      ? `${config.apiProcesses} API processes sharing the port (API_PROCESSES), each with a worker polling task queue "${config.temporal.taskQueue}"`
+      : `worker polling task queue "${config.temporal.taskQueue}"`,
+  );
   say(
     `API on ${api.url}/api/v1 (health: ${api.url}/readyz) — decisions run ${config.decisions.execution === 'inline' ? 'inline, in the API process' : 'as Temporal workflows'} (DECISIONS_EXECUTION)`,
   );

@@ -31,6 +31,8 @@ async function embeddedStackEnv(dataDir: string): Promise<NodeJS.ProcessEnv> {
     SANDBOX_PORT: String(await freePort()),
     DATA_DIR: dataDir,
     LOG_LEVEL: 'info',
+    // Two API processes sharing PORT, whatever the machine's cores: the cluster is what `start` runs.
+    API_PROCESSES: '2',
     MONGODB_URI: '',
     TEMPORAL_ADDRESS: '',
   };
@@ -183,6 +185,18 @@ describe('gateway CLI', () => {
         expect(((await me.json()) as { data: { balance: number } }).data.balance).to.equal(10);
         const ready = await fetch(`http://127.0.0.1:${env.PORT}/readyz`);
         expect(ready.status).to.equal(200);
+        // Two API processes share the port: concurrent connections reach both, and a scrape of either sums them.
+        expect(said.join('\n')).to.include('2 API processes sharing the port (API_PROCESSES)');
+        await Promise.all(
+          Array.from({ length: 20 }, () =>
+            fetch(`http://127.0.0.1:${env.PORT}/api/v1/credits`, { headers: { authorization: `Bearer ${firstKey}` } }),
+          ),
+        );
+        const scrape = await (await fetch(`http://127.0.0.1:${env.PORT}/metrics`)).text();
+        const served = [0, 1].map((i) => Number(scrape.match(new RegExp(`gateway_api_process_requests\\{process="${i}"\\} (\\d+)`))?.[1]));
+        expect(served[0], scrape.slice(0, 2000)).to.be.above(0);
+        expect(served[1]).to.be.above(0);
+        expect(served[0] + served[1]).to.be.at.least(21);
         const ui = await fetch(`http://127.0.0.1:${env.TEMPORAL_UI_PORT}/`);
         expect(ui.status).to.equal(200);
         // `gateway check` runs a workflow through the started worker and writes to the embedded database.
@@ -210,7 +224,8 @@ describe('gateway CLI', () => {
         expect(code).to.equal(0);
         const output = [...said, ...complained].join('\n');
         expect(output).to.include('shutting down').and.not.include('IllegalStateError');
-        expect(output.match(/shutting down/g)).to.have.length(1);
+        // Once by the gateway (each API process says it of itself too).
+        expect(said.filter((l) => l.includes('shutting down') && JSON.parse(l).name === 'gateway')).to.have.length(1);
         for (const pid of children) expect(alive(pid), `child ${pid} still running`).to.equal(false);
       }
     } finally {
@@ -244,6 +259,25 @@ describe('gateway CLI', () => {
       expect(down.body.error.message).to.include('sandbox: restarting');
       expect(down.body.error.metadata.embedded.sandbox).to.equal('restarting');
       await until('sandbox back', async () => (await readyz())?.status === 200);
+
+      // An API process dies: the other keeps answering on the port, and another takes its place.
+      const apiPids = () =>
+        descendants(gateway)
+          .filter((p) => /index\.js api --with-worker/.test(p.cmd))
+          .map((p) => p.pid);
+      expect(apiPids()).to.have.length(2);
+      const [victim] = apiPids();
+      process.kill(victim, 'SIGKILL');
+      await new Promise((r) => setTimeout(r, 200)); // the connections it held are closed with it
+      for (let i = 0; i < 20; i++) expect((await readyz())?.status, 'the other process answers').to.equal(200);
+      await until('a new API process', () => {
+        const pids = apiPids();
+        return pids.length === 2 && !pids.includes(victim) ? pids : undefined;
+      });
+      await until('both API processes ready', async () => {
+        const scrape = await (await fetch(`http://127.0.0.1:${env.PORT}/metrics`)).text();
+        return /gateway_api_process_requests\{process="0"\}/.test(scrape) && /gateway_api_process_requests\{process="1"\}/.test(scrape);
+      });
 
       // FerretDB dies: restarted on the same port and data; the API reconnects by itself.
       process.kill(commandPid(gateway, /ferretdb/)!, 'SIGKILL');
@@ -352,6 +386,7 @@ describe('gateway CLI', () => {
       TEMPORAL_TASK_QUEUE: `start-external-${Date.now()}`,
       TOOLS_DIR: '/nonexistent-tools',
       DATA_DIR: path.join(stack.tmpDir, `external-${Date.now()}`),
+      API_PROCESSES: '1',
     };
     const { child, said } = await startUntilReady(env, 45_000);
     try {

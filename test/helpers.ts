@@ -198,6 +198,8 @@ export async function startGatewayProcess(
   const proc = startProcess(name, process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), ...args], {
     ...process.env,
     LOG_LEVEL: 'warn',
+    // One API process unless a test asks for several (the default is one per core).
+    API_PROCESSES: '1',
     ...env,
     PORT: String(port),
   });

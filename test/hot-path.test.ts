@@ -122,6 +122,48 @@ describe('rate limiter without contention', () => {
     }
   });
 
+  it('one gateway of two API processes sharing its port (API_PROCESSES=2) at c=100 admits exactly the limit, both processes serving', async () => {
+    const database = uniqueName('rl_cluster').replace(/-/g, '_');
+    const store = await Store.connect(stack.mongoUri, database);
+    const dataDir = path.join(stack.tmpDir, uniqueName('rl-cluster'));
+    const gw = await startGatewayProcess(
+      'rl-cluster',
+      ['api'],
+      {
+        API_PROCESSES: '2',
+        RATE_LIMIT_REQUESTS: '200',
+        RATE_LIMIT_WINDOW_SECONDS: '3600',
+        MONGODB_URI: stack.mongoUri,
+        MONGODB_DATABASE: database,
+        TEMPORAL_ADDRESS: stack.temporalAddress,
+        DATA_DIR: dataDir,
+      },
+      '/healthz',
+    );
+    try {
+      const t = await createTenant(store);
+      const statuses: number[] = [];
+      await Promise.all(
+        Array.from({ length: 100 }, async () => {
+          for (let i = 0; i < 6; i++) statuses.push((await call(`${gw.url}/api/v1/key`, { key: t.inferenceKey })).status);
+        }),
+      );
+      expect(statuses.filter((s) => s === 200)).to.have.length(200);
+      expect(statuses.filter((s) => s === 429)).to.have.length(400);
+      const scrape = await (await fetch(`${gw.url}/metrics`)).text();
+      const served = [0, 1].map((i) => Number(scrape.match(new RegExp(`gateway_api_process_requests\\{process="${i}"\\} (\\d+)`))?.[1]));
+      expect(served[0], scrape.slice(0, 500)).to.be.above(50);
+      expect(served[1]).to.be.above(50);
+      expect(served[0] + served[1]).to.be.at.least(600); // and the readiness probes
+      // Each process journals its own calls: two live journal instances in the one directory.
+      const alive = fs.readdirSync(path.join(dataDir, 'usage-journal')).filter((f) => f.endsWith('.alive'));
+      expect(alive).to.have.length(2);
+    } finally {
+      await gw.proc.stop();
+      await store.close();
+    }
+  });
+
   it("deletes a finished window's blocks by id when the key is next seen", async () => {
     let now = 1_000_000_000_000;
     const limiter = new RateLimiter(a.store, 128, 60, () => now);

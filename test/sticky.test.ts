@@ -45,39 +45,49 @@ async function switchableProxy(sandboxUrl: string) {
   };
 }
 
-describe('sticky sessions across API processes', function () {
-  this.timeout(120_000);
-  let proxy: Awaited<ReturnType<typeof switchableProxy>>;
-  let store: Store;
-  let t: Tenant;
-  const apis: { proc: ManagedProcess; url: string }[] = [];
+// Two API processes either way: two gateways on two ports, or one gateway whose two processes share
+// its port (API_PROCESSES=2; concurrent connections are dealt to both).
+const LAYOUTS = [
+  { name: 'two gateways on two ports', gateways: 2, processes: '1' },
+  { name: 'one gateway of two API processes sharing its port', gateways: 1, processes: '2' },
+];
 
-  before(async () => {
-    proxy = await switchableProxy(stack.sandboxUrl);
-    const catalog = writeTestCatalog('sticky', (c) => {
-      c.providers.push(...SLUGS.map((slug) => providerEntry(slug, `${proxy.url}/${slug}/openai/v1`)));
-      // Equal prices: each endpoint is as likely a session's first choice.
-      c.models.push(
-        modelEntry(
-          'sticky/chat',
-          SLUGS.map((slug) => endpointEntry(slug, 1, { upstream_model: 'sandbox-chat-small' })),
-        ),
-        modelEntry(
-          'sticky/decide',
-          SLUGS.map((slug) =>
-            endpointEntry(slug, 1, { upstream_model: 'sandbox-chat-small', supported_parameters: ['logprobs', 'top_logprobs'] }),
+for (const layout of LAYOUTS)
+  describe(`sticky sessions across API processes: ${layout.name}`, function () {
+    this.timeout(120_000);
+    let proxy: Awaited<ReturnType<typeof switchableProxy>>;
+    let store: Store;
+    let t: Tenant;
+    const procs: ManagedProcess[] = [];
+    /** Where call n goes: apis[n % 2]. */
+    const apis: { url: string }[] = [];
+
+    before(async () => {
+      proxy = await switchableProxy(stack.sandboxUrl);
+      const catalog = writeTestCatalog('sticky', (c) => {
+        c.providers.push(...SLUGS.map((slug) => providerEntry(slug, `${proxy.url}/${slug}/openai/v1`)));
+        // Equal prices: each endpoint is as likely a session's first choice.
+        c.models.push(
+          modelEntry(
+            'sticky/chat',
+            SLUGS.map((slug) => endpointEntry(slug, 1, { upstream_model: 'sandbox-chat-small' })),
           ),
-          { kind: 'decision' },
-        ),
-      );
-    });
-    const database = uniqueName('sticky').replace(/-/g, '_');
-    store = await Store.connect(stack.mongoUri, database);
-    t = await createTenant(store, 100);
-    const taskQueue = uniqueName('sticky-tq');
-    for (const name of ['sticky-api-1', 'sticky-api-2']) {
-      apis.push(
-        await startGatewayProcess(name, ['api', '--with-worker'], {
+          modelEntry(
+            'sticky/decide',
+            SLUGS.map((slug) =>
+              endpointEntry(slug, 1, { upstream_model: 'sandbox-chat-small', supported_parameters: ['logprobs', 'top_logprobs'] }),
+            ),
+            { kind: 'decision' },
+          ),
+        );
+      });
+      const database = uniqueName('sticky').replace(/-/g, '_');
+      store = await Store.connect(stack.mongoUri, database);
+      t = await createTenant(store, 100);
+      const taskQueue = uniqueName('sticky-tq');
+      for (const name of ['sticky-api-1', 'sticky-api-2'].slice(0, layout.gateways)) {
+        const api = await startGatewayProcess(name, ['api', '--with-worker'], {
+          API_PROCESSES: layout.processes,
           CATALOG_PATH: catalog,
           MONGODB_URI: stack.mongoUri,
           MONGODB_DATABASE: database,
@@ -86,84 +96,94 @@ describe('sticky sessions across API processes', function () {
           SANDBOX_URL: stack.sandboxUrl,
           DATA_DIR: path.join(stack.tmpDir, uniqueName(name)),
           RATE_LIMIT_REQUESTS: '100000',
-        }),
-      );
-    }
-  });
-  after(async () => {
-    await Promise.all(apis.map((a) => a.proc.stop()));
-    await store?.close();
-    await proxy?.close();
-  });
-
-  /** 100 calls of one session, alternating between the two processes (a body session id, or the header). */
-  async function providersOf(session: string, calls = 100): Promise<string[]> {
-    const providers: string[] = [];
-    for (let i = 0; i < calls; i += 10) {
-      const batch = Array.from({ length: 10 }, (_, j) => {
-        const n = i + j;
-        const body = { model: 'sticky/chat', messages: [{ role: 'user', content: `call ${n}` }], max_tokens: 5 };
-        return call(`${apis[n % 2].url}/api/v1/chat/completions`, {
-          key: t.inferenceKey,
-          ...(n % 3 ? { body: { ...body, session_id: session } } : { body, headers: { 'x-session-id': session } }),
         });
-      });
-      for (const r of await Promise.all(batch)) {
-        expect(r.status, JSON.stringify(r.body)).to.equal(200);
-        providers.push(r.body.provider);
+        procs.push(api.proc);
+        apis.push(api);
       }
-    }
-    return providers;
-  }
-
-  it('100 calls of one session hit one endpoint; after it fails they move together to one other', async () => {
-    const before = new Set(await providersOf('conversation-1'));
-    expect(before.size, [...before].join()).to.equal(1);
-    const [first] = before;
-    proxy.down.add(first);
-    try {
-      const after = new Set(await providersOf('conversation-1'));
-      expect(after.size, [...after].join()).to.equal(1);
-      expect([...after][0]).to.not.equal(first);
-    } finally {
-      proxy.down.delete(first);
-    }
-  });
-
-  it('different sessions spread over the endpoints', async () => {
-    const firsts = new Set<string>();
-    for (let s = 0; s < 16; s++) firsts.add((await providersOf(`spread-${s}`, 2))[0]);
-    expect(firsts.size).to.be.at.least(2);
-  });
-
-  it("decisions and batch lines follow their session's endpoint", async () => {
-    const session = 'conversation-2';
-    // Decisions of one session, alternating between the processes: one endpoint.
-    const decided = new Set<string>();
-    for (let i = 0; i < 10; i++) {
-      const decision = await call(`${apis[i % 2].url}/api/v1/systemone`, {
-        key: t.inferenceKey,
-        body: { model: 'sticky/decide', state: `x${i}`, questions: { q: { type: 'noul', instructions: 'ok?' } }, session_id: session },
-      });
-      expect(decision.status, JSON.stringify(decision.body)).to.equal(200);
-      decided.add(decision.body.provider);
-    }
-    expect(decided.size, [...decided].join()).to.equal(1);
-
-    // A batch's lines with the session of the chat calls, on the same model: the same endpoint.
-    const [chatProvider] = await providersOf(session, 4);
-    const requests = Array.from({ length: 6 }, (_, i) => ({
-      custom_id: `l${i}`,
-      body: { messages: [{ role: 'user', content: `line ${i}` }], max_tokens: 5, session_id: session },
-    }));
-    const created = await call(`${apis[0].url}/api/v1/batches`, {
-      key: t.inferenceKey,
-      body: { endpoint: '/v1/chat/completions', model: 'sticky/chat', requests },
+      if (apis.length === 1) apis.push(apis[0]);
     });
-    expect(created.status, JSON.stringify(created.body)).to.equal(202);
-    const done = await waitForStatus(apis[0].url, t.inferenceKey, created.body.id, ['completed']);
-    expect(done.request_counts).to.include({ completed: 6, failed: 0 });
-    const lines = await store.usage.find({ batch_id: created.body.id }).toArray();
-    expect(lines.map((u) => u.provider)).to.deep.equal(Array(6).fill(chatProvider));
+    after(async () => {
+      await Promise.all(procs.map((p) => p.stop()));
+      await store?.close();
+      await proxy?.close();
+    });
+
+    /** 100 calls of one session, alternating between the two processes (a body session id, or the header). */
+    async function providersOf(session: string, calls = 100): Promise<string[]> {
+      const providers: string[] = [];
+      for (let i = 0; i < calls; i += 10) {
+        const batch = Array.from({ length: 10 }, (_, j) => {
+          const n = i + j;
+          const body = { model: 'sticky/chat', messages: [{ role: 'user', content: `call ${n}` }], max_tokens: 5 };
+          return call(`${apis[n % 2].url}/api/v1/chat/completions`, {
+            key: t.inferenceKey,
+            ...(n % 3 ? { body: { ...body, session_id: session } } : { body, headers: { 'x-session-id': session } }),
+          });
+        });
+        for (const r of await Promise.all(batch)) {
+          expect(r.status, JSON.stringify(r.body)).to.equal(200);
+          providers.push(r.body.provider);
+        }
+      }
+      return providers;
+    }
+
+    it('100 calls of one session hit one endpoint; after it fails they move together to one other', async () => {
+      const before = new Set(await providersOf('conversation-1'));
+      expect(before.size, [...before].join()).to.equal(1);
+      const [first] = before;
+      proxy.down.add(first);
+      try {
+        const after = new Set(await providersOf('conversation-1'));
+        expect(after.size, [...after].join()).to.equal(1);
+        expect([...after][0]).to.not.equal(first);
+      } finally {
+        proxy.down.delete(first);
+      }
+      if (layout.gateways === 1) {
+        // Both processes of the one gateway answered some of those calls.
+        const scrape = await (await fetch(`${apis[0].url}/metrics`)).text();
+        for (const i of [0, 1]) {
+          const served = Number(scrape.match(new RegExp(`gateway_api_process_requests\\{process="${i}"\\} (\\d+)`))?.[1]);
+          expect(served, `process ${i}`).to.be.above(10);
+        }
+      }
+    });
+
+    it('different sessions spread over the endpoints', async () => {
+      const firsts = new Set<string>();
+      for (let s = 0; s < 16; s++) firsts.add((await providersOf(`spread-${s}`, 2))[0]);
+      expect(firsts.size).to.be.at.least(2);
+    });
+
+    it("decisions and batch lines follow their session's endpoint", async () => {
+      const session = 'conversation-2';
+      // Decisions of one session, alternating between the processes: one endpoint.
+      const decided = new Set<string>();
+      for (let i = 0; i < 10; i++) {
+        const decision = await call(`${apis[i % 2].url}/api/v1/systemone`, {
+          key: t.inferenceKey,
+          body: { model: 'sticky/decide', state: `x${i}`, questions: { q: { type: 'noul', instructions: 'ok?' } }, session_id: session },
+        });
+        expect(decision.status, JSON.stringify(decision.body)).to.equal(200);
+        decided.add(decision.body.provider);
+      }
+      expect(decided.size, [...decided].join()).to.equal(1);
+
+      // A batch's lines with the session of the chat calls, on the same model: the same endpoint.
+      const [chatProvider] = await providersOf(session, 4);
+      const requests = Array.from({ length: 6 }, (_, i) => ({
+        custom_id: `l${i}`,
+        body: { messages: [{ role: 'user', content: `line ${i}` }], max_tokens: 5, session_id: session },
+      }));
+      const created = await call(`${apis[0].url}/api/v1/batches`, {
+        key: t.inferenceKey,
+        body: { endpoint: '/v1/chat/completions', model: 'sticky/chat', requests },
+      });
+      expect(created.status, JSON.stringify(created.body)).to.equal(202);
+      const done = await waitForStatus(apis[0].url, t.inferenceKey, created.body.id, ['completed']);
+      expect(done.request_counts).to.include({ completed: 6, failed: 0 });
+      const lines = await store.usage.find({ batch_id: created.body.id }).toArray();
+      expect(lines.map((u) => u.provider)).to.deep.equal(Array(6).fill(chatProvider));
+    });
   });
-});

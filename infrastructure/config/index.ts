@@ -107,6 +107,11 @@ export function loadConfig(env: Env = process.env) {
   return {
     host: read(env, 'HOST') ?? '127.0.0.1',
     port: port(env, 'PORT', 8080),
+    /**
+     * API processes sharing PORT (`gateway start` and `gateway api`): one per core, up to four (each
+     * carries its own Temporal worker and connections; past four the database is the limit).
+     */
+    apiProcesses: positiveInt(env, 'API_PROCESSES', Math.min(os.availableParallelism(), 4)),
     logLevel: oneOf(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
     /** `auto`: readable lines on a terminal, JSON lines otherwise. */
     logFormat: oneOf(env, 'LOG_FORMAT', ['auto', 'json', 'pretty'] as const, 'auto'),

@@ -2,6 +2,7 @@
 // templates, catalog ids, provider slugs, outcome kinds, workspace ids): never keys, prompts or
 // anything else a caller writes.
 import { collectDefaultMetrics, Counter, Histogram, Registry } from 'prom-client';
+import { joinClusterMetrics } from './cluster';
 
 /** What the routing layer reports about each provider call; `Metrics` is one, a test may be another. */
 export interface UpstreamObserver {
@@ -99,9 +100,21 @@ export class Metrics implements UpstreamObserver {
     this.fallbacks.inc({ model });
   }
 
+  private source = (): Promise<string> => this.registry.metrics();
+
+  /**
+   * Under a cluster primary (API_PROCESSES > 1): every scrape of this process answers with the sum
+   * over all the API processes, this one counted as process `index`.
+   */
+  shareAcrossProcesses(index: number): void {
+    this.source = joinClusterMetrics(this.registry, index, async () =>
+      (await this.httpRequests.get()).values.reduce((n, v) => (v.metricName?.endsWith('_count') ? n + v.value : n), 0),
+    );
+  }
+
   /** The text a Prometheus scrape reads. */
   text(): Promise<string> {
-    return this.registry.metrics();
+    return this.source();
   }
 
   get contentType(): string {

@@ -1,5 +1,6 @@
 import { expect } from 'chai';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { clientConfig, ConfigError, loadConfig } from '../../infrastructure/config';
 
@@ -15,6 +16,8 @@ describe('config', () => {
     expect(c.temporal.uiPort).to.equal(8233);
     expect(c.dataDir).to.equal(path.resolve('.data'));
     expect(c.toolsDir).to.equal('/home/u/.cache/inference-gateway/bin');
+    expect(c.apiProcesses).to.equal(Math.min(os.availableParallelism(), 4));
+    expect(loadConfig({ API_PROCESSES: '3' }).apiProcesses).to.equal(3);
   });
 
   it('the variables it reads are exactly the documented ones', () => {
@@ -69,6 +72,7 @@ describe('config', () => {
     ['TEMPORAL_ADDRESS', 'no-port'],
     ['BODY_LIMIT', 'ten'],
     ['SHUTDOWN_GRACE_MS', '0'],
+    ['API_PROCESSES', '0'],
     ['BATCH_HEARTBEAT_TIMEOUT_MS', '1000'], // chunks heartbeat every second: a shorter timeout would move healthy chunks
   ];
   for (const [name, value] of invalid) {

@@ -37,6 +37,7 @@ describe('docker-compose.yml', () => {
     expect(services.api.build).to.equal('.');
     expect(services.worker.image).to.equal(services.api.image);
     expect(services.api.command).to.deep.equal(['api']);
+    expect(services.api.environment.API_PROCESSES).to.equal('2');
     expect(services.worker.command).to.deep.equal(['worker']);
   });
 
