@@ -86,6 +86,8 @@ export async function startStack(
       LOG_LEVEL: 'warn',
       RATE_LIMIT_REQUESTS: '100000000',
       TEMPORAL_TASK_QUEUE: `bench-${name}`,
+      // One API process unless a run asks for more (API_PROCESSES defaults to one per core).
+      API_PROCESSES: '1',
       DATA_DIR: path.join(dataDir, name),
       ...env,
       ...extra,
@@ -147,12 +149,36 @@ export async function benchKey(stack: Stack, workspace = 'bench'): Promise<strin
   }
 }
 
-/** User + system CPU seconds a process has used so far. */
+/** [ppid, CPU seconds] of each running process, from /proc (stat fields 4, 14 and 15). */
+function processTable(): Map<number, [number, number]> {
+  const table = new Map<number, [number, number]>();
+  for (const d of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const fields = fs.readFileSync(`/proc/${d}/stat`, 'utf8').split(') ')[1].split(' ');
+      // utime and stime, in clock ticks (100 per second on Linux)
+      table.set(Number(d), [Number(fields[1]), (Number(fields[11]) + Number(fields[12])) / 100]);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return table;
+}
+
+/**
+ * User + system CPU seconds a process and the processes under it (a gateway's API processes) have
+ * used so far. A child that exited is not counted: none does during a measurement.
+ */
 export function cpuSeconds(pid: number | undefined): number {
   if (!pid) return 0;
-  const fields = fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
-  // utime and stime, in clock ticks (100 per second on Linux)
-  return (Number(fields[11]) + Number(fields[12])) / 100;
+  const table = processTable();
+  let total = 0;
+  const walk = (p: number) => {
+    total += table.get(p)?.[1] ?? 0;
+    for (const [child, [ppid]] of table) if (ppid === p) walk(child);
+  };
+  walk(pid);
+  return total;
 }
 
 export interface LoadResult {

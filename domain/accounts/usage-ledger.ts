@@ -41,7 +41,7 @@ const MAX_BACKLOG = 100_000;
 const RETRY_FIRST_MS = 100;
 const RETRY_MAX_MS = 5_000;
 /** How long a journaled record waits for others to share its insert. */
-const JOURNAL_GROUP_MS = 10;
+const JOURNAL_GROUP_MS = 20;
 /** How long the ledger is idle before its totals are settled (their pending group cleared). */
 const SETTLE_IDLE_MS = 1_000;
 /** How often a journaling ledger looks for dead processes' journals. */
@@ -57,6 +57,8 @@ export interface LedgerOptions {
 
 export class UsageLedger {
   private queue: Pending[] = [];
+  /** Queued records whose caller waits for the database (`recordStored`): they go at once. */
+  private callersWaiting = 0;
   private writing = false;
   /** Round trips made so far, for tests and the benchmark: records ÷ writes is the grouping. */
   writes = 0;
@@ -134,6 +136,7 @@ export class UsageLedger {
     if (this.retryTimer) clearTimeout(this.retryTimer);
     if (this.settleTimer) clearTimeout(this.settleTimer);
     this.queue = [];
+    this.callersWaiting = 0;
     this.opts.journal?.close();
   }
 
@@ -187,6 +190,7 @@ export class UsageLedger {
 
   private enqueue(p: Pending): void {
     this.queue.push(p);
+    if (!p.segment) this.callersWaiting++;
     if (!this.writing) this.enqueueDrain();
   }
 
@@ -194,13 +198,17 @@ export class UsageLedger {
     this.writing = true;
     // Let records finished in the same turn of the event loop join the first write. Journaled
     // records are safe already: they wait a few milliseconds more, so that one insert carries
-    // several even at low concurrency (each insert costs the database ~0.9 ms of CPU).
-    if (this.opts.journal) setTimeout(() => void this.drain(), JOURNAL_GROUP_MS);
+    // several even at low concurrency (each insert and its totals update cost the database ~1 ms
+    // of CPU). Not when a caller waits for the database, or a group is full.
+    if (this.opts.journal && !this.callersWaiting && this.queue.length < MAX_GROUP) setTimeout(() => void this.drain(), JOURNAL_GROUP_MS);
     else setImmediate(() => void this.drain());
   }
 
   private async drain(): Promise<void> {
-    if (!(await this.writeQueued())) return; // a retry is scheduled
+    if (!(await this.writeGroup())) return; // a retry is scheduled
+    // What arrived during the write gathers for a while too: written at once, each insert carried
+    // only the one or two records a write's duration lets in, at c=1 one insert per two calls.
+    if (this.queue.length) return this.enqueueDrain();
     this.nowIdle();
     // Idle a while: the totals lose their pending group, so readers need no lookup. Not at once:
     // under steady load the next group's write does it, and a lone call costs one write, not two.
@@ -223,38 +231,38 @@ export class UsageLedger {
     for (const resolve of this.idle.splice(0)) resolve();
   }
 
-  /** Writes the queue in groups; false when a journaled write failed and was scheduled again. */
-  private async writeQueued(): Promise<boolean> {
-    while (this.queue.length) {
-      const group = this.queue.slice(0, MAX_GROUP);
-      const docs = group.map((p) => p.doc);
-      this.writes++;
-      let outcomes: Awaited<ReturnType<typeof insertManyEach>>;
-      try {
-        await this.totals.begin(docs);
-        outcomes = await insertManyEach(this.store.usage, docs);
-        this.totals.inserted(docs, outcomes);
-      } catch (err) {
-        this.totals.failed(docs);
-        const journaled = group.filter((p) => p.segment);
-        if (journaled.length) {
-          // Callers waiting for the database are told now (they have retries of their own); journaled records wait.
-          const waiting = new Set(group.filter((p) => !p.segment));
-          if (waiting.size) this.queue = this.queue.filter((p) => !waiting.has(p));
-          for (const p of waiting) p.reject!(err);
-          if (this.closed) return false; // the journal keeps them for the next start
-          // Keep the group and try again after a pause (not in a loop against the database).
-          this.opts.onTrouble?.('usage records could not be stored; retrying', { err, records: journaled.length, retry_ms: this.retryMs });
-          this.retryTimer = setTimeout(() => void this.drain(), this.retryMs);
-          this.retryMs = Math.min(this.retryMs * 2, RETRY_MAX_MS);
-          return false;
-        }
-        outcomes = group.map(() => err as Error);
+  /** Writes the queue's next group; false when a journaled write failed and was scheduled again. */
+  private async writeGroup(): Promise<boolean> {
+    const group = this.queue.slice(0, MAX_GROUP);
+    const docs = group.map((p) => p.doc);
+    this.writes++;
+    let outcomes: Awaited<ReturnType<typeof insertManyEach>>;
+    try {
+      await this.totals.begin(docs);
+      outcomes = await insertManyEach(this.store.usage, docs);
+      this.totals.inserted(docs, outcomes);
+    } catch (err) {
+      this.totals.failed(docs);
+      const journaled = group.filter((p) => p.segment);
+      if (journaled.length) {
+        // Callers waiting for the database are told now (they have retries of their own); journaled records wait.
+        const waiting = new Set(group.filter((p) => !p.segment));
+        if (waiting.size) this.queue = this.queue.filter((p) => !waiting.has(p));
+        this.callersWaiting -= waiting.size;
+        for (const p of waiting) p.reject!(err);
+        if (this.closed) return false; // the journal keeps them for the next start
+        // Keep the group and try again after a pause (not in a loop against the database).
+        this.opts.onTrouble?.('usage records could not be stored; retrying', { err, records: journaled.length, retry_ms: this.retryMs });
+        this.retryTimer = setTimeout(() => void this.drain(), this.retryMs);
+        this.retryMs = Math.min(this.retryMs * 2, RETRY_MAX_MS);
+        return false;
       }
-      this.retryMs = RETRY_FIRST_MS;
-      this.queue.splice(0, group.length);
-      group.forEach((p, i) => this.settle(p, outcomes[i]));
+      outcomes = group.map(() => err as Error);
     }
+    this.retryMs = RETRY_FIRST_MS;
+    this.queue.splice(0, group.length);
+    for (const p of group) if (!p.segment) this.callersWaiting--;
+    group.forEach((p, i) => this.settle(p, outcomes[i]));
     return true;
   }
 
