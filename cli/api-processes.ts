@@ -1,5 +1,8 @@
-// API_PROCESSES > 1: several API processes share one port (node:cluster; the primary hands each new
-// connection to the next process in turn). The primary serves no request itself: it starts the
+// API_PROCESSES > 1: several API processes share one port (node:cluster). Each accepts connections
+// from the shared socket itself (SCHED_NONE): the primary's round robin handed them over one at a
+// time, each after the receiving process's acknowledgement, and since libuv 1.45 a busy process
+// accepts one connection per event-loop turn, so a burst of new connections under load waited
+// seconds (see docs/performance.md). The primary serves no request itself: it starts the
 // processes, restarts one that dies, gathers their metrics and stops them on a signal. Each process
 // has its own usage journal (one instance per process in the journal directory), key and rate-limit
 // caches and Temporal worker; what they must agree on (balances, rate-limit tickets, sessions'
@@ -38,6 +41,7 @@ export interface ApiProcessesOptions {
 
 export async function startApiProcesses(opts: ApiProcessesOptions): Promise<{ url: string; stop: Stop }> {
   const { count, logger } = opts;
+  cluster.schedulingPolicy = cluster.SCHED_NONE;
   cluster.setupPrimary({ exec: path.join(__dirname, 'index.js'), args: opts.args });
   serveClusterMetrics();
   let stopping = false;

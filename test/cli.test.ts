@@ -63,6 +63,23 @@ function descendants(pid: number): { pid: number; cmd: string }[] {
   return out;
 }
 
+/**
+ * Kills every process started with this DATA_DIR (a test that failed midway leaves its gateway
+ * running): the gateway and its API processes by their environment, the embedded services by
+ * their command lines.
+ */
+function killEverythingOf(dataDir: string): void {
+  for (const d of fs.readdirSync('/proc').filter((x) => /^\d+$/.test(x))) {
+    try {
+      const env = fs.readFileSync(`/proc/${d}/environ`, 'utf8').split('\0');
+      const cmd = fs.readFileSync(`/proc/${d}/cmdline`, 'utf8');
+      if (env.includes(`DATA_DIR=${dataDir}`) || cmd.includes(dataDir)) process.kill(Number(d), 'SIGKILL');
+    } catch {
+      // gone, or not ours to read
+    }
+  }
+}
+
 /** The supervised command (not its watchdog) whose command line matches. */
 function commandPid(gateway: number, match: RegExp): number | undefined {
   return descendants(gateway).find((p) => match.test(p.cmd) && !p.cmd.includes('watchdog.js'))?.pid;
@@ -324,7 +341,7 @@ describe('gateway CLI', () => {
       expect(kills).to.be.at.least(5);
       expect(output).to.match(/sandbox exited 5 times within 60 s/);
     } finally {
-      spawnSync('pkill', ['-9', '-f', dataDir]);
+      killEverythingOf(dataDir);
       fs.rmSync(dataDir, { recursive: true, force: true });
     }
   });
@@ -368,7 +385,7 @@ describe('gateway CLI', () => {
       expect(fs.existsSync(path.join(dataDir, 'run.json')), 'a clean stop leaves no run record').to.equal(false);
     } finally {
       leftover.kill('SIGKILL');
-      spawnSync('pkill', ['-9', '-f', dataDir]);
+      killEverythingOf(dataDir);
       fs.rmSync(dataDir, { recursive: true, force: true });
     }
   });
