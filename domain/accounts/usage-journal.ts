@@ -44,6 +44,16 @@ export function takeCheckpointMark(doc: UsageDoc): boolean {
   return true;
 }
 
+/**
+ * A record's line: relaxed Extended JSON, as `EJSON.parse` reads it back. Written by hand because a
+ * usage record's one value JSON has no form for is its `created_at` date, and `EJSON.stringify`
+ * cost three times as much on every synchronous call's path.
+ */
+export function journalLine(doc: UsageDoc, checkpoint = false): string {
+  const line = { ...doc, created_at: { $date: doc.created_at.toISOString() }, ...(checkpoint && { [CHECKPOINT]: true }) };
+  return `${JSON.stringify(line)}\n`;
+}
+
 /** Instances open in this process: never adopted by another journal of the same process (tests). */
 const openHere = new Set<string>();
 
@@ -94,7 +104,7 @@ export class UsageJournal {
       this.current = { file, fd: fs.openSync(file, 'a'), records: 0, unconfirmed: 0 };
     }
     const segment = this.current;
-    fs.writeSync(segment.fd!, `${BSON.EJSON.stringify(checkpoint ? { ...doc, [CHECKPOINT]: true } : doc, { relaxed: true })}\n`);
+    fs.writeSync(segment.fd!, journalLine(doc, checkpoint));
     segment.records++;
     segment.unconfirmed++;
     if (segment.records >= SEGMENT_RECORDS) this.closeSegment(segment);
