@@ -1,4 +1,4 @@
-// `npm run bench [decisions|batches|proxy|results|growth|broadcast …]`: runs the named benchmarks (all by default) and writes
+// `npm run bench [decisions|batches|proxy|results|growth|broadcast|accept …]`: runs the named benchmarks (all by default) and writes
 // their results as JSON under bench/results/.
 import { benchDecisions } from './decisions';
 import { benchBatches } from './batches';
@@ -6,6 +6,7 @@ import { benchProxy } from './proxy';
 import { benchResults } from './results';
 import { benchGrowth } from './growth';
 import { benchBroadcast } from './broadcast';
+import { benchAccept } from './accept';
 
 const all: Record<string, () => Promise<unknown>> = {
   // BENCH_LEVELS=1,50 runs only those concurrency levels.
@@ -18,6 +19,8 @@ const all: Record<string, () => Promise<unknown>> = {
   growth: () => benchGrowth(),
   // What a trace destination that is down or slow costs requests.
   broadcast: () => benchBroadcast(),
+  // Connection bursts under load: one Node process against two sharing the port.
+  accept: () => benchAccept(),
 };
 
 async function main() {

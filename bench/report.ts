@@ -5,7 +5,7 @@ import path from 'node:path';
 
 const root = path.join(__dirname, '..', '..');
 const resultsDir = path.join(root, 'bench', 'results');
-const ORDER = ['decisions', 'proxy', 'batches', 'results', 'growth', 'broadcast'];
+const ORDER = ['decisions', 'proxy', 'batches', 'results', 'growth', 'broadcast', 'accept'];
 
 type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
 
@@ -60,6 +60,13 @@ function section(name: string, result: Record<string, Json>): string[] {
   return lines;
 }
 
+/** The page's `## name` sections, each with its text. */
+function sectionsOf(page: string): Map<string, string> {
+  const sections = new Map<string, string>();
+  for (const part of page.split(/^(?=## )/m).slice(1)) sections.set(/^## (\S+)/.exec(part)![1], part);
+  return sections;
+}
+
 function main(): void {
   const names = fs.existsSync(resultsDir)
     ? fs
@@ -67,7 +74,6 @@ function main(): void {
         .filter((f) => f.endsWith('-latest.json'))
         .map((f) => f.slice(0, -'-latest.json'.length))
     : [];
-  names.sort((a, b) => (ORDER.indexOf(a) + 1 || 99) - (ORDER.indexOf(b) + 1 || 99));
   const out = [
     '# Benchmarks',
     '',
@@ -77,11 +83,21 @@ function main(): void {
     'gateway, Temporal, FerretDB and the sandbox share the cores.',
     '',
   ];
-  for (const name of names) out.push(...section(name, JSON.parse(fs.readFileSync(path.join(resultsDir, `${name}-latest.json`), 'utf8'))));
-  if (!names.length) out.push('No results yet: run `npm run bench` first.', '');
   const file = path.join(root, 'docs', 'benchmarks.md');
+  // A benchmark not run on this checkout keeps the section the page had (bench/results/ holds only
+  // what was run here, and not every benchmark is run for every change).
+  const kept = fs.existsSync(file) ? sectionsOf(fs.readFileSync(file, 'utf8')) : new Map<string, string>();
+  const all = [...new Set([...names, ...kept.keys()])];
+  all.sort((a, b) => (ORDER.indexOf(a) + 1 || 99) - (ORDER.indexOf(b) + 1 || 99));
+  for (const name of all) {
+    if (names.includes(name)) out.push(...section(name, JSON.parse(fs.readFileSync(path.join(resultsDir, `${name}-latest.json`), 'utf8'))));
+    else out.push(kept.get(name)!.trimEnd(), '');
+  }
+  if (!all.length) out.push('No results yet: run `npm run bench` first.', '');
   fs.writeFileSync(file, `${out.join('\n').trimEnd()}\n`);
-  console.log(`wrote ${path.relative(root, file)} (${names.join(', ') || 'no results'})`);
+  console.log(
+    `wrote ${path.relative(root, file)} (from results: ${names.join(', ') || 'none'}; kept: ${all.filter((n) => !names.includes(n)).join(', ') || 'none'})`,
+  );
 }
 
 main();
