@@ -19,7 +19,8 @@ export interface AppDeps {
   temporal: Client;
   /** How decisions run: in-process, or as workflows (DECISIONS_EXECUTION). */
   decisions: DecisionExecution;
-  pingTemporal: (timeoutMs?: number) => Promise<void>;
+  /** A round trip to the Temporal server (its caller bounds the wait). */
+  pingTemporal: () => Promise<unknown>;
   rateLimiter: RateLimiter;
   keys: KeyCache;
   workspaces: SpendAdmission;

@@ -9,9 +9,8 @@ import cluster from 'node:cluster';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
-import { Client } from 'undici';
 import { freePort, startProcess } from '../devstack/processes';
-import { percentiles, writeResult } from './harness';
+import { loadSamples, mergeSamples, summarize, writeResult, type LoadSamples } from './harness';
 
 const CLIENTS = 200;
 const REQUESTS = 10_000;
@@ -39,36 +38,19 @@ function serve(): void {
     .listen(Number(process.env.ACCEPT_PORT), '127.0.0.1');
 }
 
-/** ROUNDS rounds, each on CLIENTS new connections; every latency of the three. */
+/** ROUNDS rounds, each on CLIENTS new connections (the load generator opens one per worker). */
 async function load(url: string) {
-  const latencies: number[] = [];
-  let seconds = 0;
-  for (let round = 0; round < ROUNDS; round++) {
-    const clients = Array.from({ length: CLIENTS }, () => new Client(url, { pipelining: 1 }));
-    let issued = 0;
-    const started = performance.now();
-    await Promise.all(
-      clients.map(async (c) => {
-        while (issued < REQUESTS) {
-          issued++;
-          const t0 = performance.now();
-          const res = await c.request({ path: '/', method: 'POST', body: '{}' });
-          await res.body.text();
-          latencies.push(performance.now() - t0);
-        }
-      }),
-    );
-    seconds += (performance.now() - started) / 1000;
-    await Promise.all(clients.map((c) => c.close()));
-  }
-  const { p50_ms, p99_ms } = percentiles(latencies);
+  let merged: LoadSamples | undefined;
+  for (let round = 0; round < ROUNDS; round++) merged = mergeSamples(merged, await loadSamples(url, {}, {}, CLIENTS, REQUESTS));
+  const { rps, p50_ms, p99_ms, errors } = summarize(merged!);
   return {
-    rps: Math.round((latencies.length / seconds) * 10) / 10,
+    rps,
     p50_ms,
     p99_ms,
-    max_ms: Math.round(Math.max(...latencies)),
+    max_ms: Math.round(Math.max(...merged!.latencies)),
     // Requests that waited for their connection to be accepted: the other latencies stay under it.
-    over_300_ms: latencies.filter((ms) => ms > 300).length,
+    over_300_ms: merged!.latencies.filter((ms) => ms > 300).length,
+    errors,
   };
 }
 

@@ -156,7 +156,7 @@ export async function runApiRole(
       store,
       temporal: client,
       decisions,
-      pingTemporal: (timeoutMs) => pingTemporal(client, timeoutMs),
+      pingTemporal: () => pingTemporal(client),
       rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds),
       upstreams,
       usage,

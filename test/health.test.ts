@@ -1,4 +1,5 @@
 import { expect } from 'chai';
+import { AsyncLocalStorage } from 'node:async_hooks';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
@@ -28,6 +29,21 @@ describe('health, request ids and the error envelope', () => {
     const res = await fetch(`${gw.url}/readyz`);
     expect(res.status).to.equal(200);
     expect(await res.json()).to.deep.equal({ status: 'ok', checks: { mongodb: 'ok', temporal: 'ok' }, decisions_execution: 'inline' });
+  });
+
+  it("GET /readyz's Temporal ping runs in no AsyncLocalStorage (the first would turn on promise hooks for every request after it)", async () => {
+    let runs = 0;
+    const run = AsyncLocalStorage.prototype.run;
+    AsyncLocalStorage.prototype.run = function (this: AsyncLocalStorage<unknown>, ...args: Parameters<typeof run>) {
+      runs++;
+      return run.apply(this, args);
+    } as typeof run;
+    try {
+      for (let i = 0; i < 3; i++) expect((await fetch(`${gw.url}/readyz`)).status).to.equal(200);
+    } finally {
+      AsyncLocalStorage.prototype.run = run;
+    }
+    expect(runs).to.equal(0);
   });
 
   it('generates a request id, echoes it, and puts it on the request log line', async () => {

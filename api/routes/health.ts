@@ -26,7 +26,7 @@ export function healthRoutes(deps: AppDeps): Router {
         () => null,
         (e: Error) => `mongodb: ${e.message}`,
       ),
-      within(deps.pingTemporal(READY_WITHIN_MS)).then(
+      within(deps.pingTemporal()).then(
         () => null,
         (e: Error) => `temporal: ${e.message}`,
       ),

@@ -56,7 +56,20 @@ export async function connectTemporal(
   return { connection, client };
 }
 
-/** A cheap round trip that fails fast when the server is gone. */
-export async function pingTemporal(client: Client, timeoutMs = 2_000): Promise<void> {
-  await client.connection.withDeadline(Date.now() + timeoutMs, () => client.workflowService.getSystemInfo({}));
+const pings = new WeakMap<Client, Promise<unknown>>();
+
+/**
+ * A cheap round trip to the server; the caller bounds how long it waits (/readyz does). Not under
+ * the connection's `withDeadline`: that runs the call in an AsyncLocalStorage, and the first use of
+ * one turns on Node's promise hooks for the rest of the process, 2–3% of every request's CPU from
+ * the first /readyz on. One ping at a time per client: a probe while one is unanswered shares it.
+ */
+export function pingTemporal(client: Client): Promise<unknown> {
+  let ping = pings.get(client);
+  if (!ping) {
+    ping = client.workflowService.getSystemInfo({}).finally(() => pings.delete(client));
+    ping.catch(() => undefined); // a failure nobody waits for any more is nobody's
+    pings.set(client, ping);
+  }
+  return ping;
 }
