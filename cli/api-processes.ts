@@ -1,4 +1,5 @@
-// API_PROCESSES > 1: several API processes share one port (node:cluster). Each accepts connections
+// API_PROCESSES > 1: several API processes share one port (node:cluster), with, under `gateway
+// start`, a Temporal worker in a process of its own beside them. Each accepts connections
 // from the shared socket itself (SCHED_NONE): the primary's round robin handed them over one at a
 // time, each after the receiving process's acknowledgement, and since libuv 1.45 a busy process
 // accepts one connection per event-loop turn, so a burst of new connections under load waited
@@ -27,6 +28,12 @@ export interface ApiProcessesOptions {
   count: number;
   /** The `gateway` command each process runs (`api`, with `--with-worker` or not). */
   args: string[];
+  /**
+   * A Temporal worker in a process of its own beside them (`gateway worker`), restarted like them
+   * and counted in their metrics: the API processes then run no activity, whose context (an
+   * AsyncLocalStorage) would turn on Node's promise hooks for every later request.
+   */
+  worker?: boolean;
   env: NodeJS.ProcessEnv;
   logger: Logger;
   /** Temporal's own metrics: process i serves them on this port + i (each process is its own Temporal client). */
@@ -42,13 +49,16 @@ export interface ApiProcessesOptions {
 export async function startApiProcesses(opts: ApiProcessesOptions): Promise<{ url: string; stop: Stop }> {
   const { count, logger } = opts;
   cluster.schedulingPolicy = cluster.SCHED_NONE;
-  cluster.setupPrimary({ exec: path.join(__dirname, 'index.js'), args: opts.args });
   serveClusterMetrics();
+  /** The worker process's number: after the API processes'. */
+  const workerIndex = count;
   let stopping = false;
   const exits: number[] = [];
   const live = new Map<number, Worker>();
 
   const fork = (index: number): Worker => {
+    // Settings apply to the forks after them: each fork says which command it runs.
+    cluster.setupPrimary({ exec: path.join(__dirname, 'index.js'), args: index === workerIndex ? ['worker'] : opts.args });
     const env: NodeJS.ProcessEnv = { ...opts.env, [INDEX_ENV]: String(index) };
     if (opts.temporalMetricsPort !== null) env.TEMPORAL_METRICS_PORT = String(opts.temporalMetricsPort + index);
     const worker = cluster.fork(env);
@@ -67,7 +77,10 @@ export async function startApiProcesses(opts: ApiProcessesOptions): Promise<{ ur
         void stop().then(() => opts.giveUp(message));
         return;
       }
-      logger.error({ process: index, code, signal }, 'API process exited; starting another');
+      logger.error(
+        { process: index, code, signal },
+        index === workerIndex ? 'worker process exited; starting another' : 'API process exited; starting another',
+      );
       setTimeout(() => !stopping && fork(index), 500).unref();
     });
     return worker;
@@ -121,8 +134,9 @@ export async function startApiProcesses(opts: ApiProcessesOptions): Promise<{ ur
   relay.unref();
 
   try {
-    const urls = await Promise.all(Array.from({ length: count }, (_, i) => ready(fork(i), i)));
-    logger.info({ url: urls[0], processes: count }, 'API processes listening');
+    const started = Array.from({ length: count + (opts.worker ? 1 : 0) }, (_, i) => ready(fork(i), i));
+    const urls = await Promise.all(started);
+    logger.info({ url: urls[0], processes: count, worker_process: opts.worker === true }, 'API processes listening');
     return { url: urls[0], stop };
   } catch (err) {
     await stop();
@@ -132,7 +146,7 @@ export async function startApiProcesses(opts: ApiProcessesOptions): Promise<{ ur
 
 /**
  * In a process the primary started: which one it is, the embedded services' state it relays, and
- * how to say the API is listening. Null in a process of its own.
+ * how to say it is ready (an API process: listening, with its URL). Null in a process of its own.
  */
 export function apiProcessMember(): { index: number; embedded: () => EmbeddedStatus; ready(url: string): void } | null {
   if (!cluster.isWorker) return null;

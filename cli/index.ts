@@ -90,7 +90,10 @@ export function buildProgram(): Command {
       const config = configOrExit();
       const logger = loggerFor(config, 'gateway-worker');
       const { runWorkerRole } = await import('./roles');
-      const stop = await runWorkerRole(config, logger, configuredAddresses(config)).catch(fail);
+      const { apiProcessMember } = await import('./api-processes');
+      const member = apiProcessMember();
+      const stop = await runWorkerRole(config, logger, configuredAddresses(config), { processIndex: member?.index }).catch(fail);
+      member?.ready('');
       stopOnSignals(logger, [stop]);
     });
 

@@ -130,8 +130,11 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   return { store, upstreams, client, handoff, activities, inlineDecisions, usage, credits, metrics, broadcast, stop };
 }
 
-export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses): Promise<Stop> {
-  return (await startCore(config, logger, addr, true, false)).stop;
+export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses, opts: { processIndex?: number } = {}): Promise<Stop> {
+  const core = await startCore(config, logger, addr, true, false);
+  // The worker beside API processes: its batch metrics are part of theirs.
+  if (opts.processIndex !== undefined) core.metrics.shareAcrossProcesses(opts.processIndex, false);
+  return core.stop;
 }
 
 export async function runApiRole(

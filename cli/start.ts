@@ -161,11 +161,15 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
     say(`  ${first.key}`);
   }
 
+  const workerBeside = config.decisions.execution === 'inline';
   const api =
     config.apiProcesses > 1
       ? await startApiProcesses({
           count: config.apiProcesses,
-          args: ['api', '--with-worker'],
+          // Decisions as workflows start eagerly on the API process's own worker; otherwise the
+          // worker runs beside the API processes, which then run no activity (see api-processes).
+          args: ['api', ...(workerBeside ? [] : ['--with-worker'])],
+          worker: workerBeside,
           env: { ...process.env, MONGODB_URI: mongoUri, TEMPORAL_ADDRESS: temporalAddress },
           logger,
           temporalMetricsPort: config.metrics.temporalPort,
@@ -180,7 +184,7 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   stops.push(api.stop);
   say(
     config.apiProcesses > 1
-      ? `${config.apiProcesses} API processes sharing the port (API_PROCESSES), each with a worker polling task queue "${config.temporal.taskQueue}"`
+      ? `${config.apiProcesses} API processes sharing the port (API_PROCESSES), ${workerBeside ? 'and a worker process' : 'each with a worker'} polling task queue "${config.temporal.taskQueue}"`
       : `worker polling task queue "${config.temporal.taskQueue}"`,
   );
   say(

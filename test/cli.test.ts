@@ -280,7 +280,7 @@ describe('gateway CLI', () => {
       // An API process dies: the other keeps answering on the port, and another takes its place.
       const apiPids = () =>
         descendants(gateway)
-          .filter((p) => /index\.js api --with-worker/.test(p.cmd))
+          .filter((p) => /index\.js api\s*$/.test(p.cmd))
           .map((p) => p.pid);
       expect(apiPids()).to.have.length(2);
       const [victim] = apiPids();
@@ -294,6 +294,15 @@ describe('gateway CLI', () => {
       await until('both API processes ready', async () => {
         const scrape = await (await fetch(`http://127.0.0.1:${env.PORT}/metrics`)).text();
         return /gateway_api_process_requests\{process="0"\}/.test(scrape) && /gateway_api_process_requests\{process="1"\}/.test(scrape);
+      });
+      // The Temporal worker runs beside them in a process of its own, and is replaced the same way.
+      const workerPid = () => descendants(gateway).find((p) => /index\.js worker\s*$/.test(p.cmd))?.pid;
+      const worker = workerPid();
+      expect(worker, 'a worker process').to.be.a('number');
+      process.kill(worker!, 'SIGKILL');
+      await until('a new worker process', () => {
+        const pid = workerPid();
+        return pid && pid !== worker ? pid : undefined;
       });
 
       // FerretDB dies: restarted on the same port and data; the API reconnects by itself.

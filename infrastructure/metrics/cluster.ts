@@ -28,19 +28,21 @@ export function serveClusterMetrics(): void {
 }
 
 /**
- * In an API process under a primary: `registry` is what this process adds to the sum, counted as
- * process `index`. Returns how to read the sum.
+ * In a process under a primary: `registry` is what this process adds to the sum; an API process's
+ * requests are counted as process `index`. Returns how to read the sum.
  */
-export function joinClusterMetrics(registry: Registry, index: number, requests: () => Promise<number>): () => Promise<string> {
-  new Gauge({
-    name: 'gateway_api_process_requests',
-    help: 'HTTP requests answered by each API process sharing the port, since it started',
-    labelNames: ['process'] as const,
-    registers: [registry],
-    async collect() {
-      this.set({ process: String(index) }, await requests());
-    },
-  });
+export function joinClusterMetrics(registry: Registry, index: number, requests: (() => Promise<number>) | null): () => Promise<string> {
+  if (requests) {
+    new Gauge({
+      name: 'gateway_api_process_requests',
+      help: 'HTTP requests answered by each API process sharing the port, since it started',
+      labelNames: ['process'] as const,
+      registers: [registry],
+      async collect() {
+        this.set({ process: String(index) }, await requests());
+      },
+    });
+  }
   AggregatorRegistry.setRegistries([registry]);
   // Its constructor installs the listener that answers the primary's requests.
   new AggregatorRegistry();

@@ -104,12 +104,13 @@ export class Metrics implements UpstreamObserver {
 
   /**
    * Under a cluster primary (API_PROCESSES > 1): every scrape of this process answers with the sum
-   * over all the API processes, this one counted as process `index`.
+   * over all its processes, this one counted as process `index` (when it serves requests).
    */
-  shareAcrossProcesses(index: number): void {
-    this.source = joinClusterMetrics(this.registry, index, async () =>
-      (await this.httpRequests.get()).values.reduce((n, v) => (v.metricName?.endsWith('_count') ? n + v.value : n), 0),
-    );
+  shareAcrossProcesses(index: number, servesRequests = true): void {
+    const requests = servesRequests
+      ? async () => (await this.httpRequests.get()).values.reduce((n, v) => (v.metricName?.endsWith('_count') ? n + v.value : n), 0)
+      : null;
+    this.source = joinClusterMetrics(this.registry, index, requests);
   }
 
   /** The text a Prometheus scrape reads. */
