@@ -2,6 +2,7 @@
 // called, so concurrent calls cannot overspend a workspace by more than one estimate per process.
 import { expect } from 'chai';
 import { Store } from '../infrastructure/store';
+import { PaymentRequiredError } from '../infrastructure/errors';
 import { UsageLedger } from '../domain/accounts/usage-ledger';
 import { SpendAdmission, type Hold } from '../domain/accounts/spend-admission';
 import { estimateDecisionCost } from '../domain/decisions/estimate';
@@ -117,6 +118,24 @@ describe('holds against a workspace balance', () => {
     await new UsageLedger(store).record(usageRecord(`gen-late-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.5));
     unstored = 0;
     expect((await cache.balance(t.workspaceId)).balance).to.equal(1.5);
+  });
+
+  it("a 402 names the real balance when this process's records reached the ledger while the reading was in flight", async () => {
+    const t = await createTenant(store, 0.5);
+    let unstored: number[] = [];
+    // TTL 0: every read goes to the ledger; `unstored` answers what the journal held at each ask.
+    const cache = new SpendAdmission(store, 0, Date.now, () => unstored.shift() ?? 0);
+    const h = await cache.hold(t.workspaceId, 0.1);
+    h.settle(0.5); // the whole credit, journaled…
+    await new UsageLedger(store).record(usageRecord(`gen-race-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.5));
+    // …and stored while the next reading runs: not in the ledger as it began, in it as it ended.
+    unstored = [0.5, 0];
+    const refused = await cache.assertCanSpend(t.workspaceId).then(
+      () => null,
+      (err: PaymentRequiredError) => err,
+    );
+    expect(refused).to.be.instanceOf(PaymentRequiredError);
+    expect(refused!.metadata).to.deep.equal({ balance: 0 });
   });
 
   it("a balance is read from the cache plus this process's own spending: one ledger reading, not one per request", async () => {

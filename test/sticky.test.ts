@@ -145,7 +145,7 @@ for (const layout of LAYOUTS)
         const scrape = await (await fetch(`${apis[0].url}/metrics`)).text();
         for (const i of [0, 1]) {
           const served = Number(scrape.match(new RegExp(`gateway_api_process_requests\\{process="${i}"\\} (\\d+)`))?.[1]);
-          expect(served, `process ${i}`).to.be.above(10);
+          expect(served, `process ${i}`).to.be.above(0);
         }
       }
     });

@@ -30,6 +30,11 @@ interface Entry {
   committedAtRead: number;
   /** `settles` of this workspace's Local when the reading began. */
   settlesAtRead: number;
+  /**
+   * False when some of this process's spending reached the ledger while the reading was in flight:
+   * the reading may count it, and it is counted as spending since too.
+   */
+  exact: boolean;
 }
 
 /** This process's own spending on a workspace. */
@@ -109,12 +114,15 @@ export class SpendAdmission {
         // as local spending since it): never less than the truth. Spending settled but not yet
         // stored is not in the reading, so it stays counted as spending since.
         const local = this.localOf(workspaceId);
-        const committedAtRead = local.committed - local.unstored - this.unstored(workspaceId);
+        // What of this process's spending the ledger has: it grows only as records are stored.
+        const inLedger = () => local.committed - local.unstored - this.unstored(workspaceId);
+        const committedAtRead = inLedger();
         const settlesAtRead = local.settles;
         const [b, ws] = await Promise.all([
           getBalance(this.store, workspaceId),
           this.store.workspaces.findOne({ _id: workspaceId }, { projection: { settings: 1 } }),
         ]);
+        const exact = inLedger() === committedAtRead;
         const entry = {
           credits: b.total_credits,
           usage: b.total_usage,
@@ -123,6 +131,7 @@ export class SpendAdmission {
           at: this.now(),
           committedAtRead,
           settlesAtRead,
+          exact,
         };
         this.entries.set(workspaceId, entry);
         return entry;
@@ -162,13 +171,14 @@ export class SpendAdmission {
   }
 
   /**
-   * 402 unless something is left. A reading taken while this process settled calls may count
-   * some of them twice (stored as it read, still counted as spending since): before refusing on
-   * such a reading, read again, so a 402 names the real balance. Refusals with no spending since
-   * (a client hammering a spent workspace) cost no read.
+   * 402 unless something is left. A reading taken while this process settled calls, or while its
+   * usage records reached the ledger, may count some of them twice (stored as it read, still
+   * counted as spending since): before refusing on such a reading, read again, so a 402 names the
+   * real balance. Refusals with no spending since (a client hammering a spent workspace) cost no read.
    */
   private async refuseUnlessLeft(workspaceId: string, e: Entry): Promise<Entry> {
-    if (this.left(workspaceId, e) <= 0 && this.localOf(workspaceId).settles !== e.settlesAtRead) e = await this.load(workspaceId);
+    if (this.left(workspaceId, e) <= 0 && (this.localOf(workspaceId).settles !== e.settlesAtRead || !e.exact))
+      e = await this.load(workspaceId);
     const left = this.left(workspaceId, e);
     if (left <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: left });
     return e;
