@@ -269,6 +269,7 @@ describe('gateway CLI', () => {
         for (const pid of children) expect(alive(pid), `child ${pid} still running`).to.equal(false);
       }
     } finally {
+      killEverythingOf(dataDir);
       fs.rmSync(dataDir, { recursive: true, force: true });
     }
   });
