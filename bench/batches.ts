@@ -5,7 +5,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
-import { benchKey, cpuSeconds, startStack, writeResult } from './harness';
+import { benchKey, cpuByProcess, startStack, writeResult } from './harness';
 
 const CONCURRENCY = 100;
 
@@ -107,13 +107,13 @@ export async function benchBatches(opts: { lines?: number; big?: number; env?: R
       ['bench/200ms', 200, big],
     ] as const) {
       if (n <= 0 || !latencies.includes(latencyMs)) continue;
-      const cpuBefore = Object.fromEntries(Object.entries(stack.processes).map(([name, p]) => [name, cpuSeconds(p.pid)]));
+      const cpuBefore = cpuByProcess(stack.processes);
       const r = await runBatch(stack.gatewayUrl, key, model, n);
       // Share of one core each process used over the batch's wall time.
       const cores = Object.fromEntries(
-        Object.entries(stack.processes).map(([name, p]) => [
+        Object.entries(cpuByProcess(stack.processes)).map(([name, s]) => [
           name,
-          Math.round(((cpuSeconds(p.pid) - cpuBefore[name]) / r.seconds) * 100) / 100,
+          Math.round(((s - cpuBefore[name]) / r.seconds) * 100) / 100,
         ]),
       );
       const ideal = (n * latencyMs) / 1000 / CONCURRENCY;

@@ -4,7 +4,7 @@
 // concurrency 1, 10, 50 and 200; plus, on the same server, the Temporal floor (bench/temporal-floor).
 // Each row has req/s, p50/p99, errors and CPU milliseconds per request of every process.
 import os from 'node:os';
-import { benchKey, closedLoop, cpuSeconds, startStack, writeResult, type LoadResult, type Stack } from './harness';
+import { benchKey, closedLoop, cpuByProcess, startStack, writeResult, type LoadResult, type Stack } from './harness';
 import { measureTemporalFloor } from './temporal-floor';
 
 const body = {
@@ -32,10 +32,10 @@ const BARS = {
 type Row = LoadResult & { cpu_ms_per_request: Record<string, number> };
 
 async function measured(stack: Stack, url: string, headers: Record<string, string>, concurrency: number, total: number): Promise<Row> {
-  const before = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, cpuSeconds(p.pid)]));
+  const before = cpuByProcess(stack.processes);
   const run = await closedLoop(url, body, headers, concurrency, total, (_s, text) => text.includes('"answers"'));
   const cpu = Object.fromEntries(
-    Object.entries(stack.processes).map(([n, p]) => [n, Math.round(((cpuSeconds(p.pid) - before[n]) / run.requests) * 1e5) / 100]),
+    Object.entries(cpuByProcess(stack.processes)).map(([n, s]) => [n, Math.round(((s - before[n]) / run.requests) * 1e5) / 100]),
   );
   return { ...run, cpu_ms_per_request: cpu };
 }

@@ -149,36 +149,44 @@ export async function benchKey(stack: Stack, workspace = 'bench'): Promise<strin
   }
 }
 
-/** [ppid, CPU seconds] of each running process, from /proc (stat fields 4, 14 and 15). */
-function processTable(): Map<number, [number, number]> {
-  const table = new Map<number, [number, number]>();
+/** Each running process's CPU seconds (user + system, from /proc) and its children's pids. */
+function processTable(): { cpu: Map<number, number>; children: Map<number, number[]> } {
+  const cpu = new Map<number, number>();
+  const children = new Map<number, number[]>();
   for (const d of fs.readdirSync('/proc')) {
     if (!/^\d+$/.test(d)) continue;
     try {
+      // After the command's name: ppid is the 2nd field, utime and stime the 12th and 13th (clock ticks, 100 a second).
       const fields = fs.readFileSync(`/proc/${d}/stat`, 'utf8').split(') ')[1].split(' ');
-      // utime and stime, in clock ticks (100 per second on Linux)
-      table.set(Number(d), [Number(fields[1]), (Number(fields[11]) + Number(fields[12])) / 100]);
+      const pid = Number(d);
+      const ppid = Number(fields[1]);
+      cpu.set(pid, (Number(fields[11]) + Number(fields[12])) / 100);
+      children.set(ppid, [...(children.get(ppid) ?? []), pid]);
     } catch {
       // gone meanwhile
     }
   }
-  return table;
+  return { cpu, children };
+}
+
+/** CPU seconds of a process and every process under it (a gateway's API processes) in `table`. */
+function treeCpu(table: ReturnType<typeof processTable>, pid: number | undefined): number {
+  if (!pid) return 0;
+  return (table.cpu.get(pid) ?? 0) + (table.children.get(pid) ?? []).reduce((s, child) => s + treeCpu(table, child), 0);
 }
 
 /**
- * User + system CPU seconds a process and the processes under it (a gateway's API processes) have
- * used so far. A child that exited is not counted: none does during a measurement.
+ * CPU seconds a process and the processes under it have used so far. A child that exited is not
+ * counted: none does during a measurement.
  */
 export function cpuSeconds(pid: number | undefined): number {
-  if (!pid) return 0;
+  return treeCpu(processTable(), pid);
+}
+
+/** `cpuSeconds` of each named process, from one reading of /proc. */
+export function cpuByProcess(processes: Record<string, { pid: number | undefined }>): Record<string, number> {
   const table = processTable();
-  let total = 0;
-  const walk = (p: number) => {
-    total += table.get(p)?.[1] ?? 0;
-    for (const [child, [ppid]] of table) if (ppid === p) walk(child);
-  };
-  walk(pid);
-  return total;
+  return Object.fromEntries(Object.entries(processes).map(([name, p]) => [name, treeCpu(table, p.pid)]));
 }
 
 export interface LoadResult {

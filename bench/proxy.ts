@@ -17,7 +17,7 @@ import {
   benchKey,
   mergeSamples,
   closedLoop,
-  cpuSeconds,
+  cpuByProcess,
   loadSamples,
   startStack,
   summarize,
@@ -145,12 +145,12 @@ async function measuredInRounds(stack: Stack, targets: Record<string, Target>, b
     for (let i = 0; i < names.length; i++) {
       const name = names[(round + i) % names.length];
       const t = targets[name];
-      const before = Object.fromEntries(Object.entries(stack.processes).map(([n, p]) => [n, cpuSeconds(p.pid)]));
+      const before = cpuByProcess(stack.processes);
       const run = await loadSamples(t.url, { ...body, model: t.model }, t.headers, concurrency, Math.ceil(total / ROUNDS), (_s, text) =>
         text.includes(answered(t)),
       );
-      for (const [n, p] of Object.entries(stack.processes))
-        cpu[name] = { ...cpu[name], [n]: (cpu[name]?.[n] ?? 0) + cpuSeconds(p.pid) - before[n] };
+      for (const [n, s] of Object.entries(cpuByProcess(stack.processes)))
+        cpu[name] = { ...cpu[name], [n]: (cpu[name]?.[n] ?? 0) + s - before[n] };
       samples[name] = mergeSamples(samples[name], run);
     }
   }

@@ -4,10 +4,10 @@
 // time, each after the receiving process's acknowledgement, and since libuv 1.45 a busy process
 // accepts one connection per event-loop turn, so a burst of new connections under load waited
 // seconds (see docs/performance.md). The primary serves no request itself: it starts the
-// processes, restarts one that dies, gathers their metrics and stops them on a signal. Each process
-// has its own usage journal (one instance per process in the journal directory), key and rate-limit
-// caches and Temporal worker; what they must agree on (balances, rate-limit tickets, sessions'
-// endpoints, batches) is in the database or derived the same way everywhere.
+// processes, restarts one that dies, gathers their metrics and stops them on a signal. Each API
+// process has its own usage journal (one instance per process in the journal directory), key and
+// rate-limit caches; what they must agree on (balances, rate-limit tickets, sessions' endpoints,
+// batches) is in the database or derived the same way everywhere.
 import cluster, { type Worker } from 'node:cluster';
 import path from 'node:path';
 import type { Logger } from '../infrastructure/log';
@@ -18,7 +18,7 @@ type EmbeddedStatus = Record<string, 'ok' | 'restarting'>;
 
 const READY = 'gateway:ready';
 const EMBEDDED = 'gateway:embedded';
-/** Which process this is, 0 to API_PROCESSES − 1: its metrics label and Temporal metrics port offset. */
+/** Which process this is (API processes 0 to API_PROCESSES − 1, then the worker): its metrics label and Temporal metrics port offset. */
 const INDEX_ENV = 'GATEWAY_API_PROCESS';
 /** A process dying this often within RESTART_WINDOW_MS is not restarted again: the gateway stops. */
 const MAX_RESTARTS = 5;
@@ -127,8 +127,9 @@ export async function startApiProcesses(opts: ApiProcessesOptions): Promise<{ ur
   const relay = setInterval(() => {
     if (!opts.embedded) return;
     const status = opts.embedded();
-    if (JSON.stringify(status) === said) return;
-    said = JSON.stringify(status);
+    const text = JSON.stringify(status);
+    if (text === said) return;
+    said = text;
     for (const w of live.values()) if (w.isConnected()) w.send({ type: EMBEDDED, status });
   }, 100);
   relay.unref();

@@ -205,6 +205,24 @@ describe('usage ledger with group commit', () => {
     expect(ledger.writes).to.be.at.most(2);
   });
 
+  it('journaled records that arrive one at a time gather for their group, during a write too: not one insert per record or two', async () => {
+    const journal = new UsageJournal(path.join(stack.tmpDir, uniqueName('trickle')), store.db.databaseName);
+    const ledger = new UsageLedger(store, { journal });
+    const ids = Array.from({ length: 60 }, (_, i) => `gen-trickle-${Date.now()}-${i}`);
+    const started = performance.now();
+    for (const id of ids) {
+      expect(await ledger.record(usage(id))).to.equal(true); // journaled: answered at once
+      await new Promise((r) => setTimeout(r, 1)); // the next call, a moment later
+    }
+    const elapsedMs = performance.now() - started;
+    await ledger.flushed();
+    expect(await store.usage.countDocuments({ _id: { $in: ids } })).to.equal(ids.length);
+    // One insert per 20 ms window at most (and the last one's): written as soon as the previous
+    // insert finished, the records that arrived during it went alone, 30–60 inserts for these 60.
+    expect(ledger.writes, `${ledger.writes} inserts in ${Math.round(elapsedMs)} ms`).to.be.at.most(Math.ceil(elapsedMs / 20) + 2);
+    await ledger.close(1_000);
+  });
+
   it('a lone record is written at once, and a repeated generation is not debited twice', async () => {
     const ledger = new UsageLedger(store);
     const id = `gen-lone-${Date.now()}`;

@@ -57,8 +57,6 @@ export interface LedgerOptions {
 
 export class UsageLedger {
   private queue: Pending[] = [];
-  /** Queued records whose caller waits for the database (`recordStored`): they go at once. */
-  private callersWaiting = 0;
   private writing = false;
   /** Round trips made so far, for tests and the benchmark: records ÷ writes is the grouping. */
   writes = 0;
@@ -136,7 +134,6 @@ export class UsageLedger {
     if (this.retryTimer) clearTimeout(this.retryTimer);
     if (this.settleTimer) clearTimeout(this.settleTimer);
     this.queue = [];
-    this.callersWaiting = 0;
     this.opts.journal?.close();
   }
 
@@ -190,7 +187,6 @@ export class UsageLedger {
 
   private enqueue(p: Pending): void {
     this.queue.push(p);
-    if (!p.segment) this.callersWaiting++;
     if (!this.writing) this.enqueueDrain();
   }
 
@@ -200,7 +196,8 @@ export class UsageLedger {
     // records are safe already: they wait a few milliseconds more, so that one insert carries
     // several even at low concurrency (each insert and its totals update cost the database ~1 ms
     // of CPU). Not when a caller waits for the database, or a group is full.
-    if (this.opts.journal && !this.callersWaiting && this.queue.length < MAX_GROUP) setTimeout(() => void this.drain(), JOURNAL_GROUP_MS);
+    const wait = this.opts.journal && this.queue.length < MAX_GROUP && this.queue.every((p) => p.segment);
+    if (wait) setTimeout(() => void this.drain(), JOURNAL_GROUP_MS);
     else setImmediate(() => void this.drain());
   }
 
@@ -248,7 +245,6 @@ export class UsageLedger {
         // Callers waiting for the database are told now (they have retries of their own); journaled records wait.
         const waiting = new Set(group.filter((p) => !p.segment));
         if (waiting.size) this.queue = this.queue.filter((p) => !waiting.has(p));
-        this.callersWaiting -= waiting.size;
         for (const p of waiting) p.reject!(err);
         if (this.closed) return false; // the journal keeps them for the next start
         // Keep the group and try again after a pause (not in a loop against the database).
@@ -261,7 +257,6 @@ export class UsageLedger {
     }
     this.retryMs = RETRY_FIRST_MS;
     this.queue.splice(0, group.length);
-    for (const p of group) if (!p.segment) this.callersWaiting--;
     group.forEach((p, i) => this.settle(p, outcomes[i]));
     return true;
   }

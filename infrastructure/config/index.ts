@@ -109,7 +109,7 @@ export function loadConfig(env: Env = process.env) {
     port: port(env, 'PORT', 8080),
     /**
      * API processes sharing PORT (`gateway start` and `gateway api`): one per core, up to four (each
-     * carries its own Temporal worker and connections; past four the database is the limit).
+     * has its own connections and caches; past four the database is the limit).
      */
     apiProcesses: positiveInt(env, 'API_PROCESSES', Math.min(os.availableParallelism(), 4)),
     logLevel: oneOf(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
