@@ -23,6 +23,7 @@ import {
 import { stack } from './fixture';
 import { addPresetVersion } from '../domain/presets/store';
 import { ChunkWriter } from '../domain/batches/chunk-writer';
+import { LiveCounts } from '../domain/batches/live-counts';
 import { LineRunner } from '../domain/batches/line-runner';
 import { createTenant, testActivities, testBatchDoc, uniqueName, writeTestCatalog, type Tenant } from './helpers';
 
@@ -89,11 +90,13 @@ describe('batch chunk activity', () => {
   /** A batch in the shared collections, as the API stores one. */
   const ref = (id: string) => ({ _id: id });
   /** Its stored results (a scan of the shared collection: fine in a test). */
-  const storedResults = async (id: string) =>
-    await store.db
-      .collection<ResultDoc>('batch_results')
-      .find({ _id: { $regex: `^${id}:` } })
-      .toArray();
+  const storedResults = async (id: string): Promise<ResultDoc[]> =>
+    (
+      await store.db
+        .collection<{ _id: string; text: string }>('batch_results')
+        .find({ _id: { $regex: `^${id}:` } })
+        .toArray()
+    ).map((d) => JSON.parse(d.text));
   const progressOf = (id: string, chunk = 0) => readProgress(store, ref(id), chunk);
 
   async function storeBatch(bodies: Record<string, unknown>[]): Promise<string> {
@@ -136,6 +139,77 @@ describe('batch chunk activity', () => {
     expect((await countedCalls(tag)) - mid, 'only the four unstored lines are called again').to.equal(4);
     expect(out).to.deep.equal({ completed: 10, failed: 0 });
     expect(await storedResults(id)).to.have.length(10);
+  });
+
+  it("stores each line's result as one JSON text beside its _id (FerretDB's cost grows with fields, not documents)", async () => {
+    const id = await storeBatch([chat(0), chat(1)]);
+    await new MockActivityEnvironment().run(activities.processBatchChunk, id, 0);
+    const raw = await store.db
+      .collection('batch_results')
+      .find({ _id: { $regex: `^${id}:` } } as never)
+      .toArray();
+    expect(raw).to.have.length(2);
+    for (const d of raw) expect(Object.keys(d)).to.deep.equal(['_id', 'text']);
+    const [r] = (await storedResults(id)).filter((x) => x.line === 0);
+    expect(r).to.include({ custom_id: 'c0', ok: true, provider: 'chunk-counted' });
+    expect(r.response!.status_code).to.equal(200);
+  });
+
+  it('a chunk stores an empty progress document as it starts, before any line is sent', async () => {
+    const id = await storeBatch([chat(0), chat(1)]);
+    const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
+    try {
+      const writes: { name: string; coll: string; body: Record<string, unknown> }[] = [];
+      watched.client.on('commandStarted', (e) => {
+        if (['insert', 'update'].includes(e.commandName))
+          writes.push({ name: e.commandName, coll: e.command[e.commandName], body: e.command as Record<string, unknown> });
+      });
+      await new MockActivityEnvironment().run(testActivities(watched, upstreams, loadConfig({})).processBatchChunk, id, 0);
+      const first = writes.findIndex((w) => w.coll === 'batch_progress');
+      expect(first).to.be.greaterThan(-1);
+      // Before any result: the marker, with nothing counted.
+      expect(writes.slice(0, first).map((w) => w.coll)).to.not.include('batch_results');
+      const marker = (writes[first].body.updates as { u: Record<string, unknown> }[])[0].u;
+      expect(marker).to.include({ completed: 0, failed: 0, n: 0 });
+      expect(await progressOf(id)).to.include({ completed: 2, n: 2 });
+    } finally {
+      await watched.close();
+    }
+  });
+
+  it("a running batch's live counts read a few progress documents per poll, not every chunk's", async () => {
+    // 5 chunks of 100 lines (the last of 30): 0 and 1 finished, 2 half-way, 3 and 4 not started.
+    const id = await storeBatch(Array.from({ length: 430 }, (_, i) => chat(i)));
+    for (const c of [0, 1]) await new MockActivityEnvironment().run(activities.processBatchChunk, id, c);
+    await saveProgress(store, ref(id), 2, { ...emptyTally(), completed: 40, failed: 2 }, []);
+    const b = (await batches(store).findOne({ _id: id }))!;
+    const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
+    try {
+      const reads: string[] = [];
+      watched.client.on('commandStarted', (e) => {
+        if (e.commandName === 'find' && e.command.find === 'batch_progress') reads.push(String(e.command.filter._id));
+      });
+      const live = new LiveCounts(watched);
+      const poll = async () => {
+        reads.length = 0;
+        const c = await live.of(b);
+        return { ...c, reads: reads.map((r) => Number(r.slice(r.lastIndexOf(':') + 1))) };
+      };
+      // The first poll reads up to the first chunk that has not started; the next ones skip the finished chunks.
+      expect(await poll()).to.deep.equal({ completed: 240, failed: 2, reads: [0, 1, 2, 3] });
+      expect(await poll()).to.deep.equal({ completed: 240, failed: 2, reads: [2, 3] });
+      // Chunk 3 starts, chunk 2 finishes: both are read once more, then chunk 2 is remembered.
+      await saveProgress(store, ref(id), 3, { ...emptyTally(), completed: 1 }, []);
+      await saveProgress(store, ref(id), 2, { ...emptyTally(), completed: 98, failed: 2 }, []);
+      expect(await poll()).to.deep.equal({ completed: 299, failed: 2, reads: [2, 3, 4] });
+      expect(await poll()).to.deep.equal({ completed: 299, failed: 2, reads: [3, 4] });
+      // A closed batch's counts are its own: nothing is read.
+      reads.length = 0;
+      expect(await live.of({ ...b, final_counts: { completed: 428, failed: 2 } })).to.deep.equal({ completed: 428, failed: 2 });
+      expect(reads).to.have.length(0);
+    } finally {
+      await watched.close();
+    }
   });
 
   it('a finished chunk stores its results as pages: any page of results is one or two reads by _id, never a scan', async () => {
@@ -188,7 +262,13 @@ describe('batch chunk activity', () => {
         error: { type: 'x', message: 'x' },
         usage: null,
       }));
-      await store.db.collection('batch_results').insertMany(partial.map((r) => ({ ...r, _id: `${id}:${r._id}` })) as never[]);
+      // Line 300 as this version stores a result (its JSON text), 302 as earlier versions did (its fields).
+      const [text, fields] = partial;
+      const { _id: textId, ...textFields } = text;
+      await store.db.collection('batch_results').insertMany([
+        { _id: `${id}:${textId}`, text: JSON.stringify(textFields) },
+        { ...fields, _id: `${id}:${fields._id}` },
+      ] as never[]);
       expect(await read({ after: 295, limit: 10 })).to.deep.equal([296, 297, 298, 299, 300, 302]);
       expect(await read({})).to.have.length(302);
     } finally {

@@ -7,7 +7,6 @@ import { batchWorkflow, batchWorkflowStart, cancelBatchSignal } from '../../work
 import { planNewBatch } from '../../domain/batches/create';
 import {
   batchView,
-  counts,
   createBatch,
   deleteBatch,
   purgeDeleted,
@@ -17,6 +16,7 @@ import {
   resultTexts,
   type BatchDoc,
 } from '../../domain/batches/store';
+import { LiveCounts } from '../../domain/batches/live-counts';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
 import { defineRoute, type AnyRoute } from '../route';
@@ -60,6 +60,7 @@ const MAX_RESULT_READS = 4;
 export function batchRoutes({ config, store, temporal, upstreams, metrics }: AppDeps): AnyRoute[] {
   const settings = config.batches;
   const resultReads = new Map<string, number>();
+  const live = new LiveCounts(store);
 
   /** Counts a result stream of the workspace as open (429 past MAX_RESULT_READS); the function returned ends it. */
   function claimResultRead(workspaceId: string): () => void {
@@ -96,7 +97,7 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics }: App
 
   /** The batch object; a terminal batch's results stream inline, never held in memory at once. */
   async function respondWithBatch(ctx: Parameters<AnyRoute['handler']>[0], b: BatchDoc, withResults = true): Promise<void> {
-    const view = batchView(b, await counts(store, b));
+    const view = batchView(b, await live.of(b));
     if (!withResults || !isTerminal(b.status) || b.status === 'failed') {
       ctx.body = view;
       return;
@@ -187,7 +188,7 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics }: App
           limit: query.limit,
         });
         const items = page.slice(0, query.limit);
-        const data = await Promise.all(items.map(async (b) => batchView(b, await counts(store, b))));
+        const data = await Promise.all(items.map(async (b) => batchView(b, await live.of(b))));
         ctx.body = {
           object: 'list',
           data,
@@ -251,7 +252,7 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics }: App
         const b = await owned(params.id, authOf(ctx).workspaceId);
         if (isTerminal(b.status)) throw new ConflictError(`Batch ${b._id} is already ${b.status}`);
         await temporal.workflow.getHandle(b._id).signal(cancelBatchSignal);
-        ctx.body = { ...batchView(b, await counts(store, b)), status: 'cancelling' };
+        ctx.body = { ...batchView(b, await live.of(b)), status: 'cancelling' };
       },
     }),
     defineRoute({

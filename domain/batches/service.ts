@@ -21,7 +21,6 @@ import {
   batches,
   writeStatus,
   batchView,
-  counts,
   readChunk,
   readProgress,
   doneLines,
@@ -29,6 +28,8 @@ import {
   failedResult,
   sumProgress,
   writeResultsOnce,
+  saveProgress,
+  emptyTally,
   pageChunk,
   type BatchDoc,
   type BatchStatus,
@@ -163,7 +164,8 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       if (!webhooks) throw new Error('this worker cannot send webhooks');
       const b = await load(batchId);
       if (!b.callback_url) return { ok: true, status: null, error: null };
-      const body = JSON.stringify(batchView(b, await counts(store, b)));
+      // Sent once the batch is closed: its counts are final.
+      const body = JSON.stringify(batchView(b, b.final_counts ?? (await sumProgress(store, b))));
       const secret = await webhookSecret(store, b.workspace_id);
       return webhooks.sender.send({ url: b.callback_url, secret, id: `msg_${batchId}`, body, timeoutMs: webhooks.timeoutMs });
     },
@@ -186,6 +188,8 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       // Resume from this chunk's progress document: written after every stored group of results,
       // it is never behind the last heartbeat Temporal kept (older after a server restart).
       const saved = await readProgress(store, b, chunkIndex);
+      // An empty progress document says the chunk has started: readers stop at the first chunk without one (live-counts).
+      if (!saved) await saveProgress(store, b, chunkIndex, emptyTally(), []);
       const writer = new ChunkWriter({ store, usage, batch: b, chunkIndex, outageMs: batchSettings.outageMs }, saved);
       const abort = new AbortController();
       // Every line in flight listens on this one signal: more than Node's default of 10 is expected.
