@@ -141,6 +141,30 @@ describe('batch chunk activity', () => {
     expect(await storedResults(id)).to.have.length(10);
   });
 
+  it('validation uses the check made at creation, and checks the chunks of a batch stored without one', async () => {
+    const id = await storeBatch([chat(0), { messages: [] }, chat(2)]);
+    const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
+    try {
+      const chunkReads: unknown[] = [];
+      watched.client.on('commandStarted', (e) => {
+        if (e.commandName === 'find' && e.command.find === 'batch_inputs') chunkReads.push(e.command.filter);
+      });
+      const validate = testActivities(watched, upstreams, loadConfig({})).validateBatchLines;
+      // Stored as an earlier version stored it: no check recorded, so every chunk is read.
+      const fromChunks = (await new MockActivityEnvironment().run(validate, id, false)) as { invalid: number; examples: string[] };
+      expect(fromChunks.invalid).to.equal(1);
+      expect(fromChunks.examples[0]).to.match(/^c1 \(messages/);
+      expect(chunkReads).to.have.length(1);
+      // As the API stores a batch now: the check made at creation is used, nothing is read back.
+      chunkReads.length = 0;
+      await batches(store).updateOne({ _id: id }, { $set: { validation: { invalid: 2, examples: ['recorded'] } } });
+      expect(await new MockActivityEnvironment().run(validate, id, false)).to.deep.equal({ invalid: 2, examples: ['recorded'] });
+      expect(chunkReads).to.have.length(0);
+    } finally {
+      await watched.close();
+    }
+  });
+
   it("stores each line's result as one JSON text beside its _id (FerretDB's cost grows with fields, not documents)", async () => {
     const id = await storeBatch([chat(0), chat(1)]);
     await new MockActivityEnvironment().run(activities.processBatchChunk, id, 0);

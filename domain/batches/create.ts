@@ -9,7 +9,7 @@ import { planRoute } from '../routing/engine';
 import type { CreateBatchBody } from './schema';
 import { toJsonText } from '../../infrastructure/store/json-text';
 import { checkCallbackUrl } from '../webhooks/address';
-import { OPERATION_OF } from './lines';
+import { checkLine, OPERATION_OF, type LineCheck } from './lines';
 import { MAX_CHUNK_BYTES, newBatchId, type BatchDoc, type InputLine } from './store';
 
 export interface NewBatch {
@@ -43,11 +43,15 @@ export async function planNewBatch(
 
   const id = newBatchId(now.getTime());
   const completionWindow = body.completion_window ?? '24h';
+  // Each body checked against the endpoint's shape now, while it is parsed (a few µs a line): the
+  // workflow's validation step reads this instead of every chunk back from the database.
+  const validation: LineCheck = { invalid: 0, examples: [] };
   const lines = body.requests.map((r, line) => {
     const text = toJsonText(r.body);
     if (text.length > MAX_CHUNK_BYTES) {
       throw new PayloadTooLargeError(`requests[${line}].body: larger than ${MAX_CHUNK_BYTES / 1024 ** 2} MB (custom_id "${r.custom_id}")`);
     }
+    checkLine(body.endpoint, r.custom_id, r.body, validation);
     return { line, custom_id: r.custom_id, body: text };
   });
   const doc: BatchDoc = {
@@ -73,6 +77,7 @@ export async function planNewBatch(
     metadata: body.metadata ? toJsonText(body.metadata) : null,
     callback_url: callbackUrl,
     meta: { session_id: who.meta.session_id, user: who.meta.user, app: who.meta.app },
+    validation,
   };
   return { doc, lines, modelId: model.id };
 }

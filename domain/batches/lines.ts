@@ -68,3 +68,17 @@ export function lineProblem(endpoint: BatchEndpoint, body: unknown): string | nu
     throw err;
   }
 }
+
+/** What checking lines found: how many do not suit the endpoint, and the first ten named. */
+export interface LineCheck {
+  invalid: number;
+  examples: string[];
+}
+
+/** Checks one line's body, counting it into `into` when it does not suit the endpoint. */
+export function checkLine(endpoint: BatchEndpoint, customId: string, body: unknown, into: LineCheck): void {
+  const problem = lineProblem(endpoint, body);
+  if (!problem) return;
+  into.invalid++;
+  if (into.examples.length < 10) into.examples.push(`${customId} (${problem})`);
+}

@@ -22,6 +22,7 @@ import {
   writeStatus,
   batchView,
   readChunk,
+  eachChunk,
   readProgress,
   doneLines,
   lineBody,
@@ -36,7 +37,7 @@ import {
   type InputLine,
   type ResultDoc,
 } from './store';
-import { lineProblem } from './lines';
+import { checkLine } from './lines';
 import { LineRunner } from './line-runner';
 import { ChunkWriter, lineUsage } from './chunk-writer';
 import type { Broadcaster } from '../traces/broadcast';
@@ -138,21 +139,16 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       heartbeat: StepControl['heartbeat'],
     ): Promise<{ invalid: number; examples: string[] }> {
       const b = await load(batchId);
-      const examples: string[] = [];
-      let invalid = 0;
-      for (let i = 0; i < b.chunks; i++) {
-        const chunk = await readChunk(store, b, i);
-        for (const line of chunk?.lines ?? []) {
-          const problem = lineProblem(b.endpoint, lineBody(line));
-          if (problem) {
-            invalid++;
-            if (examples.length < 10) examples.push(`${line.custom_id} (${problem})`);
-          }
+      let found = b.validation;
+      if (!found) {
+        found = { invalid: 0, examples: [] };
+        for await (const { index, chunk } of eachChunk(store, b)) {
+          for (const line of chunk?.lines ?? []) checkLine(b.endpoint, line.custom_id, lineBody(line), found);
+          heartbeat(index);
         }
-        heartbeat(i);
       }
-      if (start && !invalid) await writeStatus(store, b, { status: 'in_progress', in_progress_at: new Date() });
-      return { invalid, examples };
+      if (start && !found.invalid) await writeStatus(store, b, { status: 'in_progress', in_progress_at: new Date() });
+      return { invalid: found.invalid, examples: found.examples };
     },
 
     /**
@@ -257,8 +253,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
           status === 'expired'
             ? 'The batch expired before this request was processed'
             : 'The batch was cancelled before this request was processed';
-        for (let i = 0; i < b.chunks; i++) {
-          const chunk = await readChunk(store, b, i);
+        for await (const { index: i, chunk } of eachChunk(store, b)) {
           const missing: ResultDoc[] = (chunk?.lines ?? [])
             .filter((l) => !have.has(l.line))
             .map((l) => failedResult(batchId, l, { type, message }));

@@ -16,6 +16,7 @@ import { insertManyNew, type Store } from '../../infrastructure/store';
 import { addNewBatch, listPage, moveBatch, removeEntries, type Listed } from './list';
 import { fromJsonText } from '../../infrastructure/store/json-text';
 import type { BATCH_ENDPOINTS, BATCH_STATUSES } from './schema';
+import type { LineCheck } from './lines';
 
 export type BatchStatus = (typeof BATCH_STATUSES)[number];
 export type BatchEndpoint = (typeof BATCH_ENDPOINTS)[number];
@@ -49,6 +50,8 @@ export interface BatchDoc extends Document {
   callback_url?: string | null;
   /** How the completion webhook went, once it has (delivered, or given up). */
   webhook?: { status: 'delivered' | 'failed'; attempts: number; last_status: number | null; last_error: string | null } | null;
+  /** Every line checked against the endpoint's shape at creation; batches stored before this have none, and are checked from their chunks. */
+  validation?: LineCheck;
   /** Session and attribution of the creating request, copied onto each line's usage record. */
   meta: { session_id: string | null; user: string | null; app: { referer: string | null; title: string | null; categories: string[] } };
 }
@@ -62,16 +65,30 @@ export function seqId(n: number): string {
   return n.toString().padStart(9, '0');
 }
 
-export interface InputChunkDoc extends Document {
-  _id: string; // seqId(chunk index)
-  /**
-   * Each body is stored as its JSON text: any key a caller may send (`$ref` in a schema, a dotted
-   * name) is stored as sent, and a chunk's size is known before it is written.
-   */
-  lines: { line: number; custom_id: string; body: string }[];
+/** One request line; its body is kept as its JSON text, so any key a caller may send (`$ref` in a schema, a dotted name) is stored as sent and its size is known before it is written. */
+export interface InputLine {
+  line: number;
+  custom_id: string;
+  body: string;
 }
 
-export type InputLine = InputChunkDoc['lines'][number];
+/** One input chunk: consecutive lines. */
+export interface InputChunk {
+  lines: InputLine[];
+}
+
+/**
+ * How a chunk is stored: its lines' custom ids and bodies as two arrays of strings, the lines
+ * numbered on from `first`. FerretDB converts every field it reads or writes, so a chunk of 250
+ * lines stored as objects cost it 9 ms of CPU per read and 2.6 per write; as arrays, 3.5 and 1.0
+ * (measured). Chunks stored as objects by earlier versions (`lines`) are still read.
+ */
+interface StoredChunkDoc extends Document {
+  _id: string; // <batch id>:seqId(chunk index)
+  first: number;
+  custom_ids: string[];
+  bodies: string[];
+}
 
 /** A chunk stays well under MongoDB's 16 MB document limit; a single line may use all of it. */
 export const MAX_CHUNK_BYTES = 8 * 1024 * 1024;
@@ -154,9 +171,30 @@ function place<T extends Document>(store: Store, b: BatchRef, kind: 'inputs' | '
 const local = <T extends { _id: string }>(doc: T): T => ({ ...doc, _id: doc._id.slice(doc._id.lastIndexOf(':') + 1) });
 
 /** One input chunk. */
-export async function readChunk(store: Store, b: BatchRef, chunkIndex: number): Promise<InputChunkDoc | null> {
-  const { coll, id } = place<InputChunkDoc>(store, b, 'inputs');
-  return coll.findOne({ _id: id(seqId(chunkIndex)) });
+export async function readChunk(store: Store, b: BatchRef, chunkIndex: number): Promise<InputChunk | null> {
+  const { coll, id } = place<StoredChunkDoc & { lines?: InputLine[] }>(store, b, 'inputs');
+  const doc = await coll.findOne({ _id: id(seqId(chunkIndex)) });
+  if (!doc) return null;
+  if (doc.lines) return { lines: doc.lines }; // stored by an earlier version
+  return { lines: doc.bodies.map((body, i) => ({ line: doc.first + i, custom_id: doc.custom_ids[i], body })) };
+}
+
+/** Every input chunk in order, each read while the caller works on the one before. */
+export async function* eachChunk(
+  store: Store,
+  b: BatchRef & Pick<BatchDoc, 'chunks'>,
+): AsyncGenerator<{ index: number; chunk: InputChunk | null }> {
+  const read = (i: number) => {
+    const reading = readChunk(store, b, i);
+    reading.catch(() => undefined); // a caller that stops early leaves no unhandled rejection; an awaited one still throws
+    return reading;
+  };
+  let next = b.chunks > 0 ? read(0) : null;
+  for (let index = 0; index < b.chunks; index++) {
+    const chunk = await next!;
+    next = index + 1 < b.chunks ? read(index + 1) : null;
+    yield { index, chunk };
+  }
 }
 
 /**
@@ -285,11 +323,16 @@ function chunked(lines: InputLine[], chunkSize: number): InputLine[][] {
 
 /** Stores the input lines in chunks; returns each chunk's first line. Idempotent: a retried write changes nothing. */
 export async function storeInputs(store: Store, b: BatchRef, lines: InputLine[], chunkSize: number): Promise<number[]> {
-  const { coll, id } = place<InputChunkDoc>(store, b, 'inputs');
-  const chunks = chunked(lines, chunkSize).map((ls, i) => ({ _id: id(seqId(i)), lines: ls }));
+  const { coll, id } = place<StoredChunkDoc>(store, b, 'inputs');
+  const chunks = chunked(lines, chunkSize).map((ls, i): StoredChunkDoc => ({
+    _id: id(seqId(i)),
+    first: ls[0].line,
+    custom_ids: ls.map((l) => l.custom_id),
+    bodies: ls.map((l) => l.body),
+  }));
   // The driver splits an insert into messages under the server's size limit.
   for (let i = 0; i < chunks.length; i += 20) await insertManyNew(coll, chunks.slice(i, i + 20));
-  return chunks.map((c) => c.lines[0].line);
+  return chunks.map((c) => c.first);
 }
 
 /** The chunks' tallies added up. */
