@@ -178,21 +178,27 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
 
     /** Runs one chunk's lines with bounded concurrency; returns the chunk's counts. Throws ChunkCancelled when stopped. */
     async runChunk(batchId: string, chunkIndex: number, control: StepControl): Promise<{ completed: number; failed: number }> {
-      const b = await load(batchId);
-      const chunk = await readChunk(store, b, chunkIndex);
-      if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
+      // The reads a chunk starts with go together: until they are back its lines are not running,
+      // and a batch's chunks start one after another all through it.
       // Resume from this chunk's progress document: written after every stored group of results,
       // it is never behind the last heartbeat Temporal kept (older after a server restart).
-      const saved = await readProgress(store, b, chunkIndex);
-      // An empty progress document says the chunk has started: readers stop at the first chunk without one (live-counts).
-      if (!saved) await saveProgress(store, b, chunkIndex, emptyTally(), []);
+      const [b, chunk, saved] = await Promise.all([
+        load(batchId),
+        readChunk(store, { _id: batchId }, chunkIndex),
+        readProgress(store, { _id: batchId }, chunkIndex),
+      ]);
+      if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
+      const [ws] = await Promise.all([
+        store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } }),
+        // An empty progress document says the chunk has started: readers stop at the first chunk without one (live-counts).
+        saved ? null : saveProgress(store, b, chunkIndex, emptyTally(), []),
+      ]);
       const writer = new ChunkWriter({ store, usage, batch: b, chunkIndex, outageMs: batchSettings.outageMs }, saved);
       const abort = new AbortController();
       // Every line in flight listens on this one signal: more than Node's default of 10 is expected.
       setMaxListeners(batchSettings.lineConcurrency + 16, abort.signal);
       if (control.signal.aborted) abort.abort();
       else control.signal.addEventListener('abort', () => abort.abort(), { once: true });
-      const ws = await store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } });
       const runner = new LineRunner({
         store,
         upstreams,

@@ -515,7 +515,9 @@ function locate(starts: number[], total: number, n: number) {
 export async function pageChunk(store: Store, b: BatchDoc, chunkIndex: number, lines: InputLine[], known: ResultDoc[]): Promise<void> {
   const start = b.chunk_starts[chunkIndex];
   if (start === undefined) return;
-  if (await pages(store).findOne({ _id: pageId(b._id, chunkIndex, 0) }, { projection: { _id: 1 } })) return; // paged already
+  // A chunk whose results this run wrote pages them without asking first (a page stored already is kept).
+  if (known.length < lines.length && (await pages(store).findOne({ _id: pageId(b._id, chunkIndex, 0) }, { projection: { _id: 1 } })))
+    return; // paged already
   const byLine = new Map(known.map((r) => [r.line, r]));
   for (const r of await resultsOf(
     store,
