@@ -309,6 +309,16 @@ describe('batch chunk activity', () => {
     expect(await progressOf(id)).to.include({ completed: 6, n: 6 });
   });
 
+  it('a progress document keeps its done lines as runs, however many lines are done', async () => {
+    const id = newBatchId();
+    const done = [...Array.from({ length: 400 }, (_, i) => 499 - i), 7, 3, 4, 5];
+    await saveProgress(store, ref(id), 0, { ...emptyTally(), completed: done.length }, done);
+    const raw = await store.db.collection('batch_progress').findOne({ _id: `${id}:${seqId(0)}` } as never);
+    expect(raw!.done_runs).to.deep.equal([3, 5, 7, 7, 100, 499]);
+    expect(raw!.done).to.equal(undefined);
+    expect((await progressOf(id))!.done).to.deep.equal([...done].sort((x, y) => x - y));
+  });
+
   it("a line naming a missing preset (or another workspace's) fails alone with a clear error", async () => {
     const other = await createTenant(store, 1);
     await addPresetVersion(store, {

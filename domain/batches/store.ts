@@ -265,14 +265,45 @@ export function pickTally(d: ChunkTally): ChunkTally {
 }
 
 /**
+ * How a progress document stores its done lines: as runs, `[first, last, first, last, …]` (a flat
+ * array: FerretDB refuses arrays in arrays). A chunk's done lines are nearly always one run, and the
+ * document is written again after every group: as a list of line numbers it grew with the chunk,
+ * and FerretDB's cost with it. Documents of earlier versions hold the list (`done`).
+ */
+interface StoredProgressDoc extends Document, ChunkTally {
+  _id: string;
+  n?: number;
+  done_runs?: number[];
+  done?: number[];
+}
+
+/** Sorted, distinct line numbers as runs. */
+function toRuns(lines: number[]): number[] {
+  const sorted = [...lines].sort((x, y) => x - y);
+  const runs: number[] = [];
+  for (const n of sorted) {
+    const last = runs.length - 1;
+    if (last > 0 && n <= runs[last] + 1) runs[last] = Math.max(runs[last], n);
+    else runs.push(n, n);
+  }
+  return runs;
+}
+
+function fromRuns(runs: number[]): number[] {
+  const lines: number[] = [];
+  for (let i = 0; i + 1 < runs.length; i += 2) for (let n = runs[i]; n <= runs[i + 1]; n++) lines.push(n);
+  return lines;
+}
+
+/**
  * Saves a chunk's tally unless a larger one is already stored (an older attempt of the same chunk
  * still running), so the counts clients see never go backwards. (The filter names the `_id`: an
  * indexed lookup, FerretDB's included with the build's patch.)
  */
 export async function saveProgress(store: Store, b: BatchRef, chunkIndex: number, tally: ChunkTally, done: number[]): Promise<void> {
-  const { coll, id } = place<ProgressDoc>(store, b, 'progress');
+  const { coll, id } = place<StoredProgressDoc>(store, b, 'progress');
   const n = tally.completed + tally.failed;
-  const doc: ProgressDoc = { _id: id(seqId(chunkIndex)), ...pickTally(tally), done, n };
+  const doc: StoredProgressDoc = { _id: id(seqId(chunkIndex)), ...pickTally(tally), done_runs: toRuns(done), n };
   try {
     await coll.replaceOne({ _id: doc._id, $or: [{ n: { $lte: n } }, { n: { $exists: false } }] }, doc, { upsert: true });
   } catch (err) {
@@ -283,9 +314,11 @@ export async function saveProgress(store: Store, b: BatchRef, chunkIndex: number
 
 /** One chunk's progress document, if it has one yet. */
 export async function readProgress(store: Store, b: BatchRef, chunkIndex: number): Promise<ProgressDoc | null> {
-  const { coll, id } = place<ProgressDoc>(store, b, 'progress');
+  const { coll, id } = place<StoredProgressDoc>(store, b, 'progress');
   const d = await coll.findOne({ _id: id(seqId(chunkIndex)) });
-  return d && local(d);
+  if (!d) return null;
+  const { done_runs: runs, ...rest } = d;
+  return local({ ...rest, done: runs ? fromRuns(runs) : (d.done ?? []) } as ProgressDoc);
 }
 
 /** Every chunk's progress document (by `_id`, one per chunk). */
