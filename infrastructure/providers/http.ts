@@ -1,11 +1,10 @@
 // Keep-alive HTTP to providers over undici, with per-call timeouts and cancellation.
-import { Agent, request, errors as undiciErrors, type Dispatcher } from 'undici';
+import { Agent, request, errors as undiciErrors, util as undiciUtil, type Dispatcher } from 'undici';
 import { parseRetryAfter, UpstreamFailure } from './failure';
 
 export interface JsonResponse {
   status: number;
   body: any;
-  headers: Record<string, string | string[] | undefined>;
 }
 
 export interface StreamResponse {
@@ -21,6 +20,58 @@ interface CallOptions {
   signal?: AbortSignal;
   /** What an error answer means, read in the provider's format. */
   failureOf(status: number, body: unknown, provider: string, retryAfterMs: number | null): UpstreamFailure;
+}
+
+/**
+ * One answer read whole, through undici's dispatcher. `request()` wraps every answer in a stream
+ * and an async resource, which an answer read at once does not need: 45-47 µs of CPU a call
+ * against 55-60 (measured, keep-alive calls to the sandbox), on every synchronous call's path.
+ * Its failures are the ones `request()` raises (timeouts, aborts, connection errors).
+ */
+class WholeAnswer implements Dispatcher.DispatchHandler {
+  status = 0;
+  rawHeaders: Buffer[] = [];
+  private readonly chunks: Buffer[] = [];
+  private abort: ((err: Error) => void) | null = null;
+  private aborted: Error | null = null;
+  private readonly onAbort = () => {
+    this.aborted = new undiciErrors.RequestAbortedError();
+    this.abort?.(this.aborted);
+  };
+
+  constructor(
+    private readonly done: (err: Error | null, text?: string) => void,
+    private readonly signal: AbortSignal | undefined,
+  ) {
+    signal?.addEventListener('abort', this.onAbort, { once: true });
+  }
+
+  onConnect(abort: (err: Error) => void): void {
+    if (this.aborted) abort(this.aborted);
+    else this.abort = abort;
+  }
+
+  onHeaders(status: number, rawHeaders: Buffer[]): boolean {
+    if (status < 200) return true; // informational: the answer follows
+    this.status = status;
+    this.rawHeaders = rawHeaders;
+    return true;
+  }
+
+  onData(chunk: Buffer): boolean {
+    this.chunks.push(chunk);
+    return true;
+  }
+
+  onComplete(): void {
+    this.signal?.removeEventListener('abort', this.onAbort);
+    this.done(null, this.chunks.length === 1 ? this.chunks[0].toString('utf8') : Buffer.concat(this.chunks).toString('utf8'));
+  }
+
+  onError(err: Error): void {
+    this.signal?.removeEventListener('abort', this.onAbort);
+    this.done(err);
+  }
 }
 
 /** A non-2xx answer as the failure it means, with the provider's own words. */
@@ -68,9 +119,33 @@ export class ProviderHttp {
 
   /** One JSON answer. */
   async postJson(url: string, body: unknown, opts: CallOptions): Promise<JsonResponse> {
-    const res = await this.post(url, body, 'application/json', opts);
-    const text = await this.textOf(res, opts);
-    if (res.statusCode < 200 || res.statusCode >= 300) throw failureOf(res.statusCode, text, res.headers, opts);
+    if (opts.signal?.aborted) throw new UpstreamFailure('aborted', opts.provider, 'Request was cancelled');
+    const { origin, pathname, search } = new URL(url);
+    let answer!: WholeAnswer;
+    const text = await new Promise<string>((resolve, reject) => {
+      answer = new WholeAnswer(
+        (err, text) => (err ? reject(this.classify(err, opts.provider, opts.timeoutMs)) : resolve(text!)),
+        opts.signal,
+      );
+      try {
+        this.agent.dispatch(
+          {
+            origin,
+            path: pathname + search,
+            method: 'POST',
+            headersTimeout: opts.timeoutMs,
+            bodyTimeout: opts.timeoutMs,
+            headers: { 'content-type': 'application/json', accept: 'application/json', ...opts.headers },
+            body: JSON.stringify(body),
+          },
+          answer,
+        );
+      } catch (err) {
+        answer.onError(err as Error);
+      }
+    });
+    const status = answer.status;
+    if (status < 200 || status >= 300) throw failureOf(status, text, undiciUtil.parseHeaders(answer.rawHeaders), opts);
     let parsed: any;
     try {
       parsed = text ? JSON.parse(text) : null;
@@ -78,13 +153,8 @@ export class ProviderHttp {
       parsed = null;
     }
     if (parsed === null || typeof parsed !== 'object')
-      throw new UpstreamFailure(
-        'invalid_response',
-        opts.provider,
-        'Provider returned a response that is not a JSON object',
-        res.statusCode,
-      );
-    return { status: res.statusCode, body: parsed, headers: res.headers };
+      throw new UpstreamFailure('invalid_response', opts.provider, 'Provider returned a response that is not a JSON object', status);
+    return { status, body: parsed };
   }
 
   /** Opens a streamed call; the timeout is per silence, not for the whole stream, which may rightly run for minutes. */
