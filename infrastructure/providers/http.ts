@@ -87,6 +87,18 @@ function failureOf(status: number, text: string, headers: Dispatcher.ResponseDat
 
 export class ProviderHttp {
   private readonly agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 600_000, connections: 512 });
+  /** Each endpoint URL parsed once (the catalog's URLs: a bounded set). */
+  private readonly places = new Map<string, { origin: string; path: string }>();
+
+  private place(url: string): { origin: string; path: string } {
+    let p = this.places.get(url);
+    if (!p) {
+      const u = new URL(url);
+      p = { origin: u.origin, path: u.pathname + u.search };
+      if (this.places.size < 10_000) this.places.set(url, p);
+    }
+    return p;
+  }
 
   /**
    * A POST whose timeout bounds the wait for the answer's headers and then each silence within its
@@ -120,7 +132,7 @@ export class ProviderHttp {
   /** One JSON answer. */
   async postJson(url: string, body: unknown, opts: CallOptions): Promise<JsonResponse> {
     if (opts.signal?.aborted) throw new UpstreamFailure('aborted', opts.provider, 'Request was cancelled');
-    const { origin, pathname, search } = new URL(url);
+    const { origin, path } = this.place(url);
     let answer!: WholeAnswer;
     const text = await new Promise<string>((resolve, reject) => {
       answer = new WholeAnswer(
@@ -131,7 +143,7 @@ export class ProviderHttp {
         this.agent.dispatch(
           {
             origin,
-            path: pathname + search,
+            path,
             method: 'POST',
             headersTimeout: opts.timeoutMs,
             bodyTimeout: opts.timeoutMs,
