@@ -1,7 +1,7 @@
 // What each batch target endpoint accepts in a line's body, checked by the workflow before any line
 // is sent upstream (a bad line fails the whole batch, naming it).
 import { Type, type TSchema } from '@sinclair/typebox';
-import { compileBody } from '../../infrastructure/validation/index';
+import { compileBody, type Validator } from '../../infrastructure/validation/index';
 import { EmbeddingsInput } from '../completions/schema';
 import { BadRequestError } from '../../infrastructure/errors';
 import type { Operation } from '../catalog';
@@ -48,7 +48,7 @@ const SCHEMAS: Record<BatchEndpoint, TSchema> = {
 
 const validators = Object.fromEntries(Object.entries(SCHEMAS).map(([k, s]) => [k, compileBody(s)])) as unknown as Record<
   BatchEndpoint,
-  (b: unknown) => unknown
+  Validator<unknown>
 >;
 
 export const OPERATION_OF: Record<BatchEndpoint, Exclude<Operation, 'systemone'>> = {
@@ -75,10 +75,13 @@ export interface LineCheck {
   examples: string[];
 }
 
-/** Checks one line's body, counting it into `into` when it does not suit the endpoint. */
+/**
+ * Checks one line's body, counting it into `into` when it does not suit the endpoint. Only the
+ * first ten bad lines are described: a report costs ~10 µs a line, and a batch of 50,000 bad lines
+ * described in full held the create request's process for half a second.
+ */
 export function checkLine(endpoint: BatchEndpoint, customId: string, body: unknown, into: LineCheck): void {
-  const problem = lineProblem(endpoint, body);
-  if (!problem) return;
+  if (validators[endpoint].valid(body)) return;
   into.invalid++;
-  if (into.examples.length < 10) into.examples.push(`${customId} (${problem})`);
+  if (into.examples.length < 10) into.examples.push(`${customId} (${lineProblem(endpoint, body)})`);
 }

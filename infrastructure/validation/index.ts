@@ -140,6 +140,8 @@ function mergeTypeErrors(errors: ErrorObject[]): ErrorObject[] {
 export interface Validator<T> {
   (data: unknown): T;
   schema: TSchema;
+  /** Whether the data is valid, without building a report of why not (a few µs, not tens). */
+  valid(data: unknown): boolean;
 }
 
 function build<S extends TSchema>(ajv: Ajv, schema: S, root: string, reporting?: Ajv): Validator<Static<S>> {
@@ -167,6 +169,16 @@ function build<S extends TSchema>(ajv: Ajv, schema: S, root: string, reporting?:
     throw new BadRequestError(`${first.field}: ${first.message}`, { errors: unique.slice(0, 20) });
   }) as Validator<Static<S>>;
   validator.schema = schema;
+  validator.valid = (data) => {
+    if (ajv !== params) return check(data) === true;
+    try {
+      validator(data); // and its finite-number check
+      return true;
+    } catch (err) {
+      if (err instanceof BadRequestError) return false;
+      throw err;
+    }
+  };
   return validator;
 }
 
