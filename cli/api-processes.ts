@@ -86,6 +86,7 @@ export async function startApiProcesses(opts: ApiProcessesOptions): Promise<{ ur
     return worker;
   };
 
+  const timeoutMs = opts.readyTimeoutMs ?? 120_000;
   const ready = (worker: Worker, index: number) =>
     new Promise<string>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(`API process ${index} not ready after ${timeoutMs} ms`)), timeoutMs);
@@ -101,7 +102,6 @@ export async function startApiProcesses(opts: ApiProcessesOptions): Promise<{ ur
         resolve(m.url!);
       });
     });
-  const timeoutMs = opts.readyTimeoutMs ?? 120_000;
 
   const stop: Stop = async () => {
     stopping = true;
@@ -123,16 +123,17 @@ export async function startApiProcesses(opts: ApiProcessesOptions): Promise<{ ur
     );
   };
   // Each process learns of a change in the embedded services within 100 ms (/readyz reports it).
+  const { embedded } = opts;
   let said = '';
-  const relay = setInterval(() => {
-    if (!opts.embedded) return;
-    const status = opts.embedded();
-    const text = JSON.stringify(status);
-    if (text === said) return;
-    said = text;
-    for (const w of live.values()) if (w.isConnected()) w.send({ type: EMBEDDED, status });
-  }, 100);
-  relay.unref();
+  const relay = embedded
+    ? setInterval(() => {
+        const status = embedded();
+        const text = JSON.stringify(status);
+        if (text === said) return;
+        said = text;
+        for (const w of live.values()) if (w.isConnected()) w.send({ type: EMBEDDED, status });
+      }, 100).unref()
+    : undefined;
 
   try {
     const started = Array.from({ length: count + (opts.worker ? 1 : 0) }, (_, i) => ready(fork(i), i));

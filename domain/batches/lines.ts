@@ -1,5 +1,6 @@
-// What each batch target endpoint accepts in a line's body, checked by the workflow before any line
-// is sent upstream (a bad line fails the whole batch, naming it).
+// What each batch target endpoint accepts in a line's body, checked when the batch is created (the
+// workflow's validation step reads the result; a bad line fails the whole batch, naming it, before
+// any line is sent upstream).
 import { Type, type TSchema } from '@sinclair/typebox';
 import { compileBody, type Validator } from '../../infrastructure/validation/index';
 import { EmbeddingsInput } from '../completions/schema';

@@ -74,6 +74,21 @@ class WholeAnswer implements Dispatcher.DispatchHandler {
   }
 }
 
+/**
+ * What every provider call sends: a POST whose timeout bounds the wait for the answer's headers and
+ * then each silence within its body. undici's own timers do that, which costs less per call than a
+ * timeout signal joined to the caller's (this is every synchronous request's hot path).
+ */
+function postOptions(body: unknown, accept: string, opts: CallOptions) {
+  return {
+    method: 'POST' as const,
+    headersTimeout: opts.timeoutMs,
+    bodyTimeout: opts.timeoutMs,
+    headers: { 'content-type': 'application/json', accept, ...opts.headers },
+    body: JSON.stringify(body),
+  };
+}
+
 /** A non-2xx answer as the failure it means, with the provider's own words. */
 function failureOf(status: number, text: string, headers: Dispatcher.ResponseData['headers'], opts: CallOptions): UpstreamFailure {
   let parsed: unknown = null;
@@ -100,22 +115,10 @@ export class ProviderHttp {
     return p;
   }
 
-  /**
-   * A POST whose timeout bounds the wait for the answer's headers and then each silence within its
-   * body. undici's own timers do that, which costs less per call than a timeout signal joined to the
-   * caller's (this is every synchronous request's hot path); failures come back classified.
-   */
+  /** A streamed call's POST, through `request()` (its body is read as it arrives); failures come back classified. */
   private async post(url: string, body: unknown, accept: string, opts: CallOptions): Promise<Dispatcher.ResponseData> {
     try {
-      return await request(url, {
-        method: 'POST',
-        dispatcher: this.agent,
-        signal: opts.signal,
-        headersTimeout: opts.timeoutMs,
-        bodyTimeout: opts.timeoutMs,
-        headers: { 'content-type': 'application/json', accept, ...opts.headers },
-        body: JSON.stringify(body),
-      });
+      return await request(url, { ...postOptions(body, accept, opts), dispatcher: this.agent, signal: opts.signal });
     } catch (err) {
       throw this.classify(err, opts.provider, opts.timeoutMs);
     }
@@ -131,7 +134,7 @@ export class ProviderHttp {
 
   /** One JSON answer. */
   async postJson(url: string, body: unknown, opts: CallOptions): Promise<JsonResponse> {
-    if (opts.signal?.aborted) throw new UpstreamFailure('aborted', opts.provider, 'Request was cancelled');
+    if (opts.signal?.aborted) throw this.classify(new undiciErrors.RequestAbortedError(), opts.provider, opts.timeoutMs);
     const { origin, path } = this.place(url);
     let answer!: WholeAnswer;
     const text = await new Promise<string>((resolve, reject) => {
@@ -140,18 +143,7 @@ export class ProviderHttp {
         opts.signal,
       );
       try {
-        this.agent.dispatch(
-          {
-            origin,
-            path,
-            method: 'POST',
-            headersTimeout: opts.timeoutMs,
-            bodyTimeout: opts.timeoutMs,
-            headers: { 'content-type': 'application/json', accept: 'application/json', ...opts.headers },
-            body: JSON.stringify(body),
-          },
-          answer,
-        );
+        this.agent.dispatch({ ...postOptions(body, 'application/json', opts), origin, path }, answer);
       } catch (err) {
         answer.onError(err as Error);
       }
