@@ -1,6 +1,7 @@
 // Binds the Koa app to a port and closes it cleanly.
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { addAcceptors } from './acceptors';
 import { createApp } from './app';
 import { envelope } from './errors';
 import { errorFromStatus } from '../infrastructure/errors';
@@ -38,25 +39,26 @@ export async function startApiServer(deps: AppDeps, host: string, port: number):
     server.once('error', reject);
     server.listen(port, host, () => resolve());
   });
+  const acceptors = await addAcceptors(server, deps.config.http.acceptors, deps.logger);
   const addr = server.address() as AddressInfo;
   return {
     url: `http://${host}:${addr.port}`,
     server,
     // Stops accepting, lets requests in flight finish for SHUTDOWN_GRACE_MS, then cuts what is left.
-    close: () =>
-      new Promise<void>((resolve) => {
-        const cut = setTimeout(() => {
-          deps.logger.warn(
-            { grace_ms: deps.config.http.shutdownGraceMs },
-            'requests still in flight at the end of the shutdown grace; closing them',
-          );
-          server.closeAllConnections();
-        }, deps.config.http.shutdownGraceMs);
-        server.close(() => {
-          clearTimeout(cut);
-          resolve();
-        });
-        server.closeIdleConnections();
-      }),
+    // Each acceptor counts the connections it accepted, so each is waited for (the server holds
+    // them all for closeIdleConnections and closeAllConnections).
+    close: async () => {
+      const cut = setTimeout(() => {
+        deps.logger.warn(
+          { grace_ms: deps.config.http.shutdownGraceMs },
+          'requests still in flight at the end of the shutdown grace; closing them',
+        );
+        server.closeAllConnections();
+      }, deps.config.http.shutdownGraceMs);
+      const closed = [server, ...acceptors].map((s) => new Promise<void>((resolve) => s.close(() => resolve())));
+      server.closeIdleConnections();
+      await Promise.all(closed);
+      clearTimeout(cut);
+    },
   };
 }
