@@ -31,10 +31,12 @@ function optionalPort(env: Env, name: string): number | null {
   return read(env, name) === undefined ? null : port(env, name, 0);
 }
 
-function positiveInt(env: Env, name: string, fallback: number, min = 1): number {
+function positiveInt(env: Env, name: string, fallback: number, min = 1, max = Infinity): number {
   const raw = read(env, name);
   if (raw === undefined) return fallback;
-  if (!/^\d+$/.test(raw) || Number(raw) < min) throw new ConfigError(name, raw, `a whole number of at least ${min}`);
+  if (!/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {
+    throw new ConfigError(name, raw, max === Infinity ? `a whole number of at least ${min}` : `a whole number from ${min} to ${max}`);
+  }
   return Number(raw);
 }
 
@@ -229,9 +231,10 @@ export function loadConfig(env: Env = process.env) {
        * Descriptors of the listening socket each API process accepts on: up to this many new
        * connections per event-loop turn (api/acceptors.ts); 1 is Node's own single accept. Several
        * API processes already accept side by side, and with many descriptors each the first one
-       * woken took a whole small burst, leaving the others idle: one each by default.
+       * woken took a whole small burst, leaving the others idle: one each by default. At most 64:
+       * each descriptor is woken by every new connection.
        */
-      acceptors: positiveInt(env, 'HTTP_ACCEPTORS', apiProcesses === 1 ? 16 : 1),
+      acceptors: positiveInt(env, 'HTTP_ACCEPTORS', apiProcesses === 1 ? 16 : 1, 1, 64),
     },
   };
 }

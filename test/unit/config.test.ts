@@ -77,6 +77,8 @@ describe('config', () => {
     ['BODY_LIMIT', 'ten'],
     ['SHUTDOWN_GRACE_MS', '0'],
     ['API_PROCESSES', '0'],
+    ['HTTP_ACCEPTORS', '0'],
+    ['HTTP_ACCEPTORS', '65'], // each descriptor is woken by every new connection
     ['BATCH_HEARTBEAT_TIMEOUT_MS', '1000'], // chunks heartbeat every second: a shorter timeout would move healthy chunks
   ];
   for (const [name, value] of invalid) {
