@@ -1,7 +1,7 @@
 // Binds the Koa app to a port and closes it cleanly.
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { addAcceptors } from './acceptors';
+import { Acceptors } from './acceptors';
 import { createApp } from './app';
 import { envelope } from './errors';
 import { errorFromStatus } from '../infrastructure/errors';
@@ -39,14 +39,12 @@ export async function startApiServer(deps: AppDeps, host: string, port: number):
     server.once('error', reject);
     server.listen(port, host, () => resolve());
   });
-  const acceptors = await addAcceptors(server, deps.config.http.acceptors, deps.logger);
+  const acceptors = await Acceptors.start(server, { count: deps.config.http.acceptors, logger: deps.logger });
   const addr = server.address() as AddressInfo;
   return {
     url: `http://${host}:${addr.port}`,
     server,
     // Stops accepting, lets requests in flight finish for SHUTDOWN_GRACE_MS, then cuts what is left.
-    // Each acceptor counts the connections it accepted, so each is waited for (the server holds
-    // them all for closeIdleConnections and closeAllConnections).
     close: async () => {
       const cut = setTimeout(() => {
         deps.logger.warn(
@@ -55,7 +53,7 @@ export async function startApiServer(deps: AppDeps, host: string, port: number):
         );
         server.closeAllConnections();
       }, deps.config.http.shutdownGraceMs);
-      const closed = [server, ...acceptors].map((s) => new Promise<void>((resolve) => s.close(() => resolve())));
+      const closed = [new Promise<void>((resolve) => server.close(() => resolve())), acceptors.close()];
       server.closeIdleConnections();
       await Promise.all(closed);
       clearTimeout(cut);

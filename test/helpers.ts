@@ -94,7 +94,6 @@ export async function startTestGateway(
   const mongoUri = opts.mongoUri ?? stack.mongoUri;
   const config = loadConfig({
     PORT: String(await freePort()),
-    API_PROCESSES: '1', // what it is: one API process (its defaults, such as HTTP_ACCEPTORS, follow)
     MONGODB_URI: mongoUri,
     MONGODB_DATABASE: uniqueName('db').replace(/-/g, '_'),
     TEMPORAL_ADDRESS: stack.temporalAddress,

@@ -106,7 +106,6 @@ export function loadConfig(env: Env = process.env) {
   const dataDir = path.resolve(read(env, 'DATA_DIR') ?? '.data');
   const sandboxPort = port(env, 'SANDBOX_PORT', 8090);
   const sandboxUrl = url(env, 'SANDBOX_URL', ['http:', 'https:']) ?? `http://127.0.0.1:${sandboxPort}`;
-  const apiProcesses = positiveInt(env, 'API_PROCESSES', Math.min(os.availableParallelism(), 4));
   return {
     host: read(env, 'HOST') ?? '127.0.0.1',
     port: port(env, 'PORT', 8080),
@@ -114,7 +113,7 @@ export function loadConfig(env: Env = process.env) {
      * API processes sharing PORT (`gateway start` and `gateway api`): one per core, up to four (each
      * has its own connections and caches; past four the database is the limit).
      */
-    apiProcesses,
+    apiProcesses: positiveInt(env, 'API_PROCESSES', Math.min(os.availableParallelism(), 4)),
     logLevel: oneOf(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
     /** `auto`: readable lines on a terminal, JSON lines otherwise. */
     logFormat: oneOf(env, 'LOG_FORMAT', ['auto', 'json', 'pretty'] as const, 'auto'),
@@ -228,13 +227,11 @@ export function loadConfig(env: Env = process.env) {
       bodyIdleMs: positiveInt(env, 'BODY_IDLE_TIMEOUT_MS', 15_000),
       shutdownGraceMs: positiveInt(env, 'SHUTDOWN_GRACE_MS', 10_000),
       /**
-       * Descriptors of the listening socket each API process accepts on: up to this many new
-       * connections per event-loop turn (api/acceptors.ts); 1 is Node's own single accept. Several
-       * API processes already accept side by side, and with many descriptors each the first one
-       * woken took a whole small burst, leaving the others idle: one each by default. At most 64:
-       * each descriptor is woken by every new connection.
+       * Descriptors of the listening socket each API process accepts on while busy: up to this many
+       * new connections per event-loop turn (api/acceptors.ts); 1 is Node's own single accept. At
+       * most 64: each descriptor is woken by every new connection.
        */
-      acceptors: positiveInt(env, 'HTTP_ACCEPTORS', apiProcesses === 1 ? 16 : 1, 1, 64),
+      acceptors: positiveInt(env, 'HTTP_ACCEPTORS', 16, 1, 64),
     },
   };
 }

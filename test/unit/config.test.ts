@@ -18,10 +18,7 @@ describe('config', () => {
     expect(c.toolsDir).to.equal('/home/u/.cache/inference-gateway/bin');
     expect(c.apiProcesses).to.equal(Math.min(os.availableParallelism(), 4));
     expect(loadConfig({ API_PROCESSES: '3' }).apiProcesses).to.equal(3);
-    // Many descriptors for one API process; several processes accept side by side, one each.
-    expect(loadConfig({ API_PROCESSES: '1' }).http.acceptors).to.equal(16);
-    expect(loadConfig({ API_PROCESSES: '2' }).http.acceptors).to.equal(1);
-    expect(loadConfig({ API_PROCESSES: '2', HTTP_ACCEPTORS: '4' }).http.acceptors).to.equal(4);
+    expect(c.http.acceptors).to.equal(16);
   });
 
   it('the variables it reads are exactly the documented ones', () => {
