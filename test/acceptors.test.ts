@@ -134,6 +134,30 @@ describe('acceptors: more descriptors of the listening socket while busy', () =>
     server.close();
   });
 
+  it("puts the server's request timeouts on the connections they accept: a client that never finishes its headers gets a 408", async () => {
+    const server = http.createServer({ headersTimeout: 500, requestTimeout: 500, connectionsCheckingInterval: 100 }, (req, res) =>
+      res.end('ok'),
+    );
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const port = (server.address() as net.AddressInfo).port;
+    const acceptors = await Acceptors.start(server, { count: 4, logger: capturingLogger().logger });
+    acceptors.widen();
+    let viaAcceptor = 0;
+    server.on('connection', (s: net.Socket & { _server?: net.Server }) => (viaAcceptor += s._server !== server ? 1 : 0));
+    const slow = (s: net.Socket) =>
+      new Promise<string>((resolve) => {
+        let text = '';
+        s.on('data', (d) => (text += d));
+        s.on('close', () => resolve(text));
+        s.write('GET / HTTP/1.1\r\nHost: x\r\n'); // and nothing more
+      });
+    const { results } = await burstWhileBusy(server, port, 8, slow);
+    expect(viaAcceptor).to.be.at.least(3);
+    for (const r of results) expect(r).to.match(/^HTTP\/1\.1 408/);
+    await acceptors.close();
+    server.close();
+  });
+
   it('closing waits for the connections the extra descriptors accepted, as server.close() does for its own', async () => {
     const { server, port } = await listening();
     const acceptors = await Acceptors.start(server, { count: 4, logger: capturingLogger().logger });
