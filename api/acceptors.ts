@@ -20,14 +20,19 @@
 import { spawn } from 'node:child_process';
 import type http from 'node:http';
 import net from 'node:net';
-import { performance, type EventLoopUtilization } from 'node:perf_hooks';
+import { performance } from 'node:perf_hooks';
 import type { Logger } from '../infrastructure/log';
 
 /** How long the helper may take before the server goes on without the copies. */
 const HELPER_TIMEOUT_MS = 10_000;
-/** The loop counts as busy above this share of time running (over the last BUSY_WINDOW_MS or more). */
+/**
+ * The loop counts as busy above this share of time running, over at least BUSY_WINDOW_MS (a burst
+ * reaching several idle processes is shared one connection per turn each for that long); a window
+ * longer than STALE_MS (a connection after a quiet spell) says nothing about the present.
+ */
 const BUSY_UTILIZATION = 0.5;
-const BUSY_WINDOW_MS = 10;
+const BUSY_WINDOW_MS = 50;
+const STALE_MS = 1_000;
 /** Extra descriptors are closed after a spell this long below AT_REST_UTILIZATION. */
 const IDLE_MS = 10_000;
 const AT_REST_UTILIZATION = 0.2;
@@ -57,8 +62,8 @@ export class Acceptors {
   private readonly listening: net.Server[] = [];
   private fetching: Promise<void> | null = null;
   private closed = false;
-  private mark: EventLoopUtilization = performance.eventLoopUtilization();
-  private restMark: EventLoopUtilization = this.mark;
+  private mark = performance.eventLoopUtilization();
+  private restMark = this.mark;
   private readonly restTimer: NodeJS.Timeout;
 
   private constructor(
@@ -77,6 +82,8 @@ export class Acceptors {
   static async start(server: http.Server, opts: AcceptorsOptions): Promise<Acceptors> {
     const acceptors = new Acceptors(server, opts);
     await acceptors.fetchSpares();
+    // Start-up's own work is not load: judged from here, a fresh process's first burst is shared.
+    acceptors.mark = acceptors.restMark = performance.eventLoopUtilization();
     return acceptors;
   }
 
@@ -122,14 +129,15 @@ export class Acceptors {
     await Promise.all(this.listening.splice(0).map((a) => new Promise<void>((resolve) => a.close(() => resolve()))));
   }
 
-  /** On each new connection: a busy loop widens (checked at most once per BUSY_WINDOW_MS). */
+  /** On each new connection: a loop busy of late widens (judged at most once per BUSY_WINDOW_MS). */
   private readonly onConnection = (): void => {
     if (this.listening.length || !this.spares.length) return;
     const now = performance.eventLoopUtilization();
     const since = performance.eventLoopUtilization(now, this.mark);
-    if (since.idle + since.active < BUSY_WINDOW_MS) return;
+    const elapsed = since.idle + since.active;
+    if (elapsed < BUSY_WINDOW_MS) return;
     this.mark = now;
-    if (since.utilization > BUSY_UTILIZATION) this.widen();
+    if (elapsed <= STALE_MS && since.utilization > BUSY_UTILIZATION) this.widen();
   };
 
   private checkRest(): void {

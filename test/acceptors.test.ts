@@ -4,10 +4,10 @@ import net from 'node:net';
 import { Acceptors, socketOptions } from '../api/acceptors';
 import { capturingLogger, startTestGateway } from './helpers';
 
-/** A server whose requests each keep the loop busy for 2 ms, as a loaded gateway's do. */
+/** A server whose requests each keep the loop busy for 5 ms, as a loaded gateway's do. */
 async function listening(): Promise<{ server: http.Server; port: number }> {
   const server = http.createServer((req, res) => {
-    const until = performance.now() + 2;
+    const until = performance.now() + 5;
     while (performance.now() < until);
     res.end('ok');
   });
@@ -108,7 +108,7 @@ describe('acceptors: more descriptors of the listening socket while busy', () =>
     await until('narrowed at rest', () => acceptors.active === 0);
     await until('spares fetched again', () => acceptors.spare === 3);
     // And the next busy spell widens again.
-    const { perTurn } = await burstWhileBusy(server, port, 12, get);
+    const { perTurn } = await burstWhileBusy(server, port, 40, get);
     expect(Math.max(...perTurn), `per turn: ${perTurn}`).to.equal(4);
     await acceptors.close();
     server.close();

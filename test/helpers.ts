@@ -215,6 +215,21 @@ export async function startGatewayProcess(
 }
 
 /**
+ * Waits until every one of a gateway's `count` API processes is up (each reports its share of the
+ * requests in /metrics). /healthz answers as soon as the first one listens; a test asking that
+ * they all serve a burst starts once they can.
+ */
+export async function allApiProcessesUp(url: string, count: number, timeoutMs = 60_000): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    const scrape = await (await fetch(`${url}/metrics`)).text();
+    if (Array.from({ length: count }, (_, i) => `gateway_api_process_requests{process="${i}"}`).every((m) => scrape.includes(m))) return;
+    if (Date.now() > end) throw new Error(`not all ${count} API processes up within ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/**
  * `store` with some methods of one collection replaced (a database that is slow or stopped for one
  * kind of call); everything else is the real collection.
  */

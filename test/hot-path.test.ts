@@ -13,6 +13,7 @@ import { freePort } from '../devstack/processes';
 import { startFerretDB } from '../devstack/services';
 import { stack } from './fixture';
 import {
+  allApiProcessesUp,
   call,
   createTenant,
   startGatewayProcess,
@@ -141,6 +142,7 @@ describe('rate limiter without contention', () => {
       '/healthz',
     );
     try {
+      await allApiProcessesUp(gw.url, 2);
       const t = await createTenant(store);
       const statuses: number[] = [];
       await Promise.all(

@@ -8,7 +8,16 @@ import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entr
 import { Store } from '../infrastructure/store';
 import type { ManagedProcess } from '../devstack/processes';
 import { stack } from './fixture';
-import { call, createTenant, startGatewayProcess, uniqueName, waitForStatus, writeTestCatalog, type Tenant } from './helpers';
+import {
+  allApiProcessesUp,
+  call,
+  createTenant,
+  startGatewayProcess,
+  uniqueName,
+  waitForStatus,
+  writeTestCatalog,
+  type Tenant,
+} from './helpers';
 
 const SLUGS = ['st-a', 'st-b', 'st-c', 'st-d'];
 
@@ -98,6 +107,7 @@ for (const layout of LAYOUTS)
           RATE_LIMIT_REQUESTS: '100000',
         });
         procs.push(api.proc);
+        if (layout.processes !== '1') await allApiProcessesUp(api.url, Number(layout.processes));
         apis.push(api);
       }
       if (apis.length === 1) apis.push(apis[0]);
