@@ -2,6 +2,7 @@
 // started under a watchdog (devstack/watchdog) that kills them if we die, waited on until they
 // answer, and stopped with SIGTERM then SIGKILL.
 import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 
@@ -133,14 +134,44 @@ export function startProcess(name: string, command: string, args: string[], env:
   return managed;
 }
 
-/** A TCP port that was free a moment ago on loopback. */
-export function freePort(host = '127.0.0.1'): Promise<number> {
+/**
+ * A TCP port that was free a moment ago on loopback, below the kernel's ephemeral range: a port the
+ * kernel hands out (bind to 0) is one it also gives outgoing connections, and with a test run's
+ * connections one took a port between this answer and its server's bind (Temporal's Web UI: "address
+ * already in use"). Falls back to the kernel's choice where the range is unknown.
+ */
+export async function freePort(host = '127.0.0.1'): Promise<number> {
+  const low = ephemeralLow();
+  for (let attempt = 0; low !== null && attempt < 50; attempt++) {
+    const port = FIRST_PORT + Math.floor(Math.random() * (low - FIRST_PORT));
+    if ((await bindable(port, host)) !== null) return port;
+  }
+  return (await bindable(0, host))!;
+}
+
+/** Ports handed out from here up to the ephemeral range. */
+const FIRST_PORT = 10_000;
+
+/** The first port of the kernel's ephemeral range, when it leaves room below it (Linux). */
+function ephemeralLow(): number | null {
+  try {
+    const low = Number(fs.readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]);
+    return Number.isInteger(low) && low > FIRST_PORT + 1_000 ? low : null;
+  } catch {
+    return null;
+  }
+}
+
+/** The port, once bound and released on `host` (0: the kernel's choice); null when in use. */
+function bindable(port: number, host: string): Promise<number | null> {
   return new Promise((resolve, reject) => {
     const srv = net.createServer();
-    srv.once('error', reject);
-    srv.listen(0, host, () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
+    srv.once('error', (err: NodeJS.ErrnoException) =>
+      port !== 0 && (err.code === 'EADDRINUSE' || err.code === 'EACCES') ? resolve(null) : reject(err),
+    );
+    srv.listen(port, host, () => {
+      const bound = (srv.address() as net.AddressInfo).port;
+      srv.close(() => resolve(bound));
     });
   });
 }

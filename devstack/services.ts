@@ -5,7 +5,7 @@ import path from 'node:path';
 import { MongoClient } from 'mongodb';
 import { Connection } from '@temporalio/client';
 import { searchAttributes } from '../workflows/shared';
-import { startProcess, tcpReachable, type ManagedProcess } from './processes';
+import { freePort, startProcess, tcpReachable, type ManagedProcess } from './processes';
 
 export interface RunningService {
   process: ManagedProcess;
@@ -36,6 +36,9 @@ export async function startTemporalServer(opts: TemporalServerOptions): Promise<
     '--log-level',
     'warn',
   ];
+  // Its HTTP API on a port of ours: left to itself it takes one from the ephemeral range, which an
+  // outgoing connection may take first (see freePort).
+  args.push('--http-port', String(await freePort()));
   // The Web UI has no authentication: loopback, like the server itself.
   args.push(...(opts.uiPort === null ? ['--headless'] : ['--ui-ip', '127.0.0.1', '--ui-port', String(opts.uiPort)]));
   if (opts.dbFile) {

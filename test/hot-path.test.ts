@@ -360,10 +360,10 @@ describe('a gateway killed mid-stream', () => {
     const store = await Store.connect(stack.mongoUri, database);
     const t = await createTenant(store, 10);
     const catalog = writeTestCatalog('cut', (c) => {
-      // Each stream runs ~4 s (20 words an event, one event per 20 ms), far longer than it takes every
-      // stream to deliver the bytes read before the kill: with 400 words (0.4 s) a stream started
-      // late on a loaded machine let another finish first.
-      c.providers.push(providerEntry('slow-stream', '${SANDBOX_URL}/~chunk_delay=20,max_words=4000/openai/v1', { max_concurrency: 100 }));
+      // Each stream runs ~40 s (20 words an event, one event per 20 ms), far longer than it takes every
+      // stream to deliver the bytes read before the kill: with 400 words (0.4 s), and then with 4,000
+      // (4 s) in a loaded CI run, a stream that started late let another finish first.
+      c.providers.push(providerEntry('slow-stream', '${SANDBOX_URL}/~chunk_delay=20,max_words=40000/openai/v1', { max_concurrency: 100 }));
       c.models.push(modelEntry('test/slow-stream', [endpointEntry('slow-stream', 1, { supported_parameters: ['max_tokens'] })]));
     });
     const env = {
