@@ -7,6 +7,7 @@ import readline from 'node:readline';
 import { ensureTools, ToolBuildError } from '../devstack/binaries';
 import { freePort, startProcess } from '../devstack/processes';
 import { stack } from './fixture';
+import { allApiProcessesUp } from './helpers';
 
 const root = path.resolve(__dirname, '..', '..');
 const bin = path.join(root, 'bin', 'gateway.js');
@@ -315,10 +316,7 @@ describe('gateway CLI', () => {
         const pids = apiPids();
         return pids.length === 2 && !pids.includes(victim) ? pids : undefined;
       });
-      await until('both API processes ready', async () => {
-        const scrape = await (await fetch(`http://127.0.0.1:${env.PORT}/metrics`)).text();
-        return /gateway_api_process_requests\{process="0"\}/.test(scrape) && /gateway_api_process_requests\{process="1"\}/.test(scrape);
-      });
+      await allApiProcessesUp(`http://127.0.0.1:${env.PORT}`, 2);
       // The Temporal worker runs beside them in a process of its own, and is replaced the same way.
       const workerPid = () => descendants(gateway).find((p) => /index\.js worker\s*$/.test(p.cmd))?.pid;
       const worker = workerPid();

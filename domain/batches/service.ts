@@ -24,7 +24,8 @@ import {
   readChunk,
   eachChunk,
   readProgress,
-  doneLines,
+  allProgress,
+  tallyOf,
   lineBody,
   failedResult,
   sumProgress,
@@ -251,9 +252,10 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       if (finalizing) await writeStatus(store, b, { status: 'finalizing' });
       // Every chunk has stopped (the workflow waits for cancelled chunks to finish), so the chunks'
       // progress documents hold every stored result: their tallies, and which lines are done.
-      const t = await sumProgress(store, b);
+      const progress = await allProgress(store, b);
+      const t = tallyOf(progress);
       if (status === 'expired' || status === 'cancelled') {
-        const have = await doneLines(store, b);
+        const have = new Set(progress.flatMap((d) => d.done ?? []));
         const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
         const message =
           status === 'expired'

@@ -322,14 +322,9 @@ export async function readProgress(store: Store, b: BatchRef, chunkIndex: number
 }
 
 /** Every chunk's progress document (by `_id`, one per chunk). */
-async function allProgress(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks'>): Promise<ProgressDoc[]> {
+export async function allProgress(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks'>): Promise<ProgressDoc[]> {
   const docs = await Promise.all(Array.from({ length: b.chunks }, (_, i) => readProgress(store, b, i)));
   return docs.filter((d): d is ProgressDoc => d !== null);
-}
-
-/** Every line whose result is stored, by the chunks' progress documents. */
-export async function doneLines(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks'>): Promise<Set<number>> {
-  return new Set((await allProgress(store, b)).flatMap((d) => d.done ?? []));
 }
 
 export function batches(store: Store): Collection<BatchDoc> {
@@ -370,8 +365,13 @@ export async function storeInputs(store: Store, b: BatchRef, lines: InputLine[],
 
 /** The chunks' tallies added up. */
 export async function sumProgress(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks'>): Promise<ChunkTally> {
+  return tallyOf(await allProgress(store, b));
+}
+
+/** Progress documents' tallies added up. */
+export function tallyOf(progress: ProgressDoc[]): ChunkTally {
   const total = emptyTally();
-  for (const d of await allProgress(store, b)) {
+  for (const d of progress) {
     total.completed += d.completed;
     total.failed += d.failed;
     total.input_tokens += d.input_tokens ?? 0;
