@@ -360,10 +360,11 @@ describe('a gateway killed mid-stream', () => {
     const store = await Store.connect(stack.mongoUri, database);
     const t = await createTenant(store, 10);
     const catalog = writeTestCatalog('cut', (c) => {
-      // Each stream runs ~40 s (20 words an event, one event per 20 ms), far longer than it takes every
-      // stream to deliver the bytes read before the kill: with 400 words (0.4 s), and then with 4,000
-      // (4 s) in a loaded CI run, a stream that started late let another finish first.
-      c.providers.push(providerEntry('slow-stream', '${SANDBOX_URL}/~chunk_delay=20,max_words=40000/openai/v1', { max_concurrency: 100 }));
+      // Each stream runs ~20 s (1,000 words, one an event, an event per 20 ms), far longer than it
+      // takes every stream to deliver the bytes read before the kill. The request's max_tokens sets
+      // the length: without it the sandbox stops at 16 words (0.4 s), and a stream that started late
+      // on a loaded machine let another finish first (max_words alone did not lengthen them).
+      c.providers.push(providerEntry('slow-stream', '${SANDBOX_URL}/~chunk_delay=20,max_words=1000/openai/v1', { max_concurrency: 100 }));
       c.models.push(modelEntry('test/slow-stream', [endpointEntry('slow-stream', 1, { supported_parameters: ['max_tokens'] })]));
     });
     const env = {
@@ -380,7 +381,12 @@ describe('a gateway killed mid-stream', () => {
           const res = await fetch(`${url}/api/v1/chat/completions`, {
             method: 'POST',
             headers: { authorization: `Bearer ${t.inferenceKey}`, 'content-type': 'application/json' },
-            body: JSON.stringify({ model: 'test/slow-stream', stream: true, messages: [{ role: 'user', content: 'tell me' }] }),
+            body: JSON.stringify({
+              model: 'test/slow-stream',
+              stream: true,
+              max_tokens: 1000,
+              messages: [{ role: 'user', content: 'tell me' }],
+            }),
           });
           expect(res.status).to.equal(200);
           const reader = res.body!.getReader();
