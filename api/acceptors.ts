@@ -33,8 +33,11 @@ const HELPER_TIMEOUT_MS = 10_000;
 const BUSY_UTILIZATION = 0.5;
 const BUSY_WINDOW_MS = 50;
 const STALE_MS = 1_000;
-/** Extra descriptors are closed after a spell this long below AT_REST_UTILIZATION. */
-const IDLE_MS = 10_000;
+/**
+ * Extra descriptors are closed after a spell this long below AT_REST_UTILIZATION. Long: fetching
+ * spares again forks the helper, which holds this process's loop ~10 ms at a few hundred MB.
+ */
+const IDLE_MS = 60_000;
 const AT_REST_UTILIZATION = 0.2;
 
 /** The helper: sends each handle it receives back `n` times, then leaves once they are taken. */
