@@ -11,6 +11,7 @@ export function rateLimit(deps: AppDeps): Koa.Middleware {
     ctx.set('X-RateLimit-Limit', String(d.limit));
     ctx.set('X-RateLimit-Remaining', String(d.remaining));
     ctx.set('X-RateLimit-Reset', String(d.resetAt));
+    if (d.unchecked) deps.metrics.rateUnchecked.inc();
     if (!d.allowed) {
       deps.metrics.rateLimited.inc();
       throw new RateLimitedError(

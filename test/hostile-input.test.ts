@@ -129,26 +129,33 @@ describe('hostile input', () => {
     for (const [path, key, body, message] of cases) {
       // Warm the route (its error reporter is compiled on its first invalid body).
       await call(`${gw.url}/api/v1${path}`, { key, body: '{"model":5}' });
-      let worstHealth = 0;
-      let polling = true;
-      const poller = (async () => {
-        while (polling) {
-          const t0 = performance.now();
-          await fetch(`${gw.url}/healthz`).then((r) => r.arrayBuffer());
-          worstHealth = Math.max(worstHealth, performance.now() - t0);
-          await new Promise((r) => setTimeout(r, 2));
-        }
-      })();
-      const t0 = performance.now();
-      const r = await call(`${gw.url}/api/v1${path}`, { key, body });
-      const took = performance.now() - t0;
-      polling = false;
-      await poller;
-      expect(r.status, `${path}: ${JSON.stringify(r.body).slice(0, 200)}`).to.equal(400);
-      expect(r.body.error.message, path).to.match(message);
-      expect(r.body.error.metadata.errors.length, path).to.be.at.most(20);
-      expect(took, `${path}: answered in ${took.toFixed(1)} ms`).to.be.below(100);
-      expect(worstHealth, `${path}: /healthz took ${worstHealth.toFixed(1)} ms`).to.be.below(50);
+      // Best of three: a process frozen by the body misses every time; a pause of the shared
+      // machine (another process's burst, a GC of the test runner) misses once.
+      const attempts: string[] = [];
+      let met = false;
+      for (let attempt = 0; attempt < 3 && !met; attempt++) {
+        let worstHealth = 0;
+        let polling = true;
+        const poller = (async () => {
+          while (polling) {
+            const t0 = performance.now();
+            await fetch(`${gw.url}/healthz`).then((r) => r.arrayBuffer());
+            worstHealth = Math.max(worstHealth, performance.now() - t0);
+            await new Promise((r) => setTimeout(r, 2));
+          }
+        })();
+        const t0 = performance.now();
+        const r = await call(`${gw.url}/api/v1${path}`, { key, body });
+        const took = performance.now() - t0;
+        polling = false;
+        await poller;
+        expect(r.status, `${path}: ${JSON.stringify(r.body).slice(0, 200)}`).to.equal(400);
+        expect(r.body.error.message, path).to.match(message);
+        expect(r.body.error.metadata.errors.length, path).to.be.at.most(20);
+        attempts.push(`answered in ${took.toFixed(1)} ms, /healthz within ${worstHealth.toFixed(1)} ms`);
+        met = took < 100 && worstHealth < 50;
+      }
+      expect(met, `${path}: ${attempts.join('; ')}`).to.equal(true);
     }
   });
 

@@ -30,6 +30,8 @@ export interface RateDecision {
   /** Unix seconds at which the current window ends. */
   resetAt: number;
   retryAfterSeconds: number;
+  /** Admitted without a ticket: the database could not answer in time, so the limit failed open. */
+  unchecked?: true;
 }
 
 /** Tickets per block: one for small limits (exact even across idle processes), up to 64 for large ones. */
@@ -102,7 +104,7 @@ export class RateLimiter {
       waited = true;
       if (this.store.away || !(await this.store.patiently(this.claimSoon(keyId, s), CLAIM_PATIENCE_MS))) {
         void this.claimSoon(keyId, s);
-        return { allowed: true, limit: this.limit, remaining: 0, resetAt, retryAfterSeconds: 0 };
+        return { allowed: true, limit: this.limit, remaining: 0, resetAt, retryAfterSeconds: 0, unchecked: true };
       }
     }
   }

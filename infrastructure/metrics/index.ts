@@ -41,6 +41,11 @@ export class Metrics implements UpstreamObserver {
     help: 'Requests refused with 429 by the per-key rate limit',
     registers: [this.registry],
   });
+  readonly rateUnchecked = new Counter({
+    name: 'gateway_rate_limit_unchecked_total',
+    help: 'Requests admitted without a rate-limit ticket: the database did not answer a claim in time, so the limit failed open',
+    registers: [this.registry],
+  });
   readonly paymentRequired = new Counter({
     name: 'gateway_payment_required_total',
     help: 'Requests refused with 402 (no credits left)',
