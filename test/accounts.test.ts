@@ -107,6 +107,28 @@ describe('workspaces, keys and credits', () => {
     });
   });
 
+  it('a generation without attribution reads back as nulls, and its record stores none of those fields', async () => {
+    const id = `gen-${uniqueName('bare')}`;
+    const bare: UsageRecord = {
+      ...usage(a, id, 0),
+      session_id: null,
+      user: null,
+      trace: null,
+      app: { referer: null, title: null, categories: [] },
+    };
+    await new UsageLedger(gw.store).record(bare);
+    const stored = await gw.store.usage.findOne({ _id: id });
+    expect(stored).to.not.equal(null);
+    for (const field of ['session_id', 'user', 'trace', 'app', 'batch_id']) expect(stored, field).to.not.have.property(field);
+    const read = await call(`${gw.url}/api/v1/generation?id=${id}`, { key: a.inferenceKey });
+    expect(read.status).to.equal(200);
+    expect(read.body.data).to.include({ id, session_id: null, user: null, app_title: null, app_referer: null, batch_id: null });
+    // Some attribution is kept whole: an app with only categories set.
+    const tagged = `gen-${uniqueName('tagged')}`;
+    await new UsageLedger(gw.store).record({ ...bare, _id: tagged, app: { referer: null, title: null, categories: ['cli'] } });
+    expect((await gw.store.usage.findOne({ _id: tagged }))!.app).to.deep.equal({ referer: null, title: null, categories: ['cli'] });
+  });
+
   it('debits a retried call exactly once, even when the retries race', async () => {
     const t = await createTenant(gw.store, 2);
     const id = `gen-${uniqueName('retry')}`;

@@ -55,12 +55,15 @@ export interface UsageFields {
   input_tokens: number;
   output_tokens: number;
   cost: number; // USD, debited from the workspace balance
-  session_id: string | null;
-  user: string | null;
+  // The attribution below is stored only when there is some (`toDoc` in usage-ledger): each field
+  // costs the embedded FerretDB CPU on every record, mostly for nothing (a call without a session,
+  // user, trace, app or batch is the common case).
+  session_id?: string | null;
+  user?: string | null;
   /** The caller's trace object as JSON text (infrastructure/store/json-text). */
-  trace: string | null;
-  app: { referer: string | null; title: string | null; categories: string[] };
-  batch_id: string | null;
+  trace?: string | null;
+  app?: { referer: string | null; title: string | null; categories: string[] };
+  batch_id?: string | null;
   /** Extra facts about the call, e.g. the label mass of logprob-answered decisions. */
   details?: Record<string, unknown>;
   created_at: Date;
