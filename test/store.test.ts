@@ -104,3 +104,25 @@ describe('store: lookups by _id on the embedded FerretDB', () => {
     expect(await coll.countDocuments({})).to.equal(ids.length + 1 - 5);
   });
 });
+
+describe('store: indexes', () => {
+  it('usage records carry no index but _id, and a database made by an earlier version loses the one it had', async () => {
+    const database = uniqueName('indexes').replace(/-/g, '_');
+    const first = await Store.connect(stack.mongoUri, database);
+    try {
+      await new UsageLedger(first).record(usageRecord(newGenerationId(), 'ws_x', 'key_x', 0.1));
+      expect((await first.usage.indexes()).map((i) => i.name)).to.deep.equal(['_id_']);
+      // What earlier versions created on every start.
+      await first.usage.createIndex({ workspace_id: 1, created_at: -1 });
+      expect(await first.usage.indexes()).to.have.length(2);
+    } finally {
+      await first.client.close();
+    }
+    const again = await Store.connect(stack.mongoUri, database);
+    try {
+      expect((await again.usage.indexes()).map((i) => i.name)).to.deep.equal(['_id_']);
+    } finally {
+      await again.client.close();
+    }
+  });
+});
