@@ -523,6 +523,27 @@ describe('usage ledger with a journal', () => {
     expect(fs.readdirSync(dir)).to.deep.equal([]);
   });
 
+  it('records finished in one turn of the event loop share one write(2); each caller is answered only once its line is written', async () => {
+    const { store: slow, open } = gatedStore(store);
+    const journal = new UsageJournal(dir, database);
+    const ledger = new UsageLedger(slow, { journal });
+    const ids = Array.from({ length: 50 }, (_, i) => `gen-turn-${Date.now()}-${i}`);
+    const before = journal.writes;
+    const seen: string[][] = [];
+    await Promise.all(ids.map((id) => ledger.record(usage(id)).then(() => seen.push(journaled()))));
+    expect(journal.writes - before).to.equal(1);
+    // Every caller, when answered, found its own line (and all the others of its turn) in the file.
+    for (const lines of seen) expect([...lines].sort()).to.deep.equal([...ids].sort());
+    // A record of a later turn is a write of its own.
+    await ledger.record(usage(`gen-turn-later-${Date.now()}`));
+    expect(journal.writes - before).to.equal(2);
+    open();
+    await ledger.flushed();
+    expect(await store.usage.countDocuments({ _id: { $in: ids } })).to.equal(50);
+    await ledger.close(1_000);
+    expect(fs.readdirSync(dir)).to.deep.equal([]);
+  });
+
   it('records left in the journal of a stopped process are stored by the next one, once each, for its own database only', async () => {
     const { store: stuck } = gatedStore(store);
     const first = new UsageLedger(stuck, { journal: new UsageJournal(dir, database) });

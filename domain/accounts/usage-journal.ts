@@ -71,9 +71,19 @@ interface AliveInfo {
   database: string;
 }
 
+interface Waiting {
+  line: string;
+  resolve: (segment: Segment) => void;
+  reject: (err: unknown) => void;
+}
+
 export class UsageJournal {
   readonly instance = randomBytes(6).toString('hex');
+  /** write(2) calls made, for tests: lines of one turn of the event loop share one. */
+  writes = 0;
   private current: Segment | null = null;
+  /** Lines of this turn of the event loop, written together once it is over (`appendSoon`). */
+  private waiting: Waiting[] = [];
   private next = 0;
   private readonly alivePath: string;
   private readonly toucher: NodeJS.Timeout;
@@ -99,14 +109,48 @@ export class UsageJournal {
    * with `confirm`, when a newer checkpoint or the stream's own record has been written.
    */
   append(doc: UsageDoc, checkpoint = false): Segment {
+    return this.write(journalLine(doc, checkpoint), 1);
+  }
+
+  /**
+   * Writes the record's line together with the others appended in this turn of the event loop:
+   * resolves once it is written, as `append` returns. Under load many calls finish in one turn,
+   * and one write(2) for all of them costs a fraction of one each (it was 4% of the API's CPU at
+   * c=50); a lone call waits only for the end of its turn.
+   */
+  appendSoon(doc: UsageDoc): Promise<Segment> {
+    return new Promise((resolve, reject) => {
+      if (!this.waiting.length) setImmediate(() => this.writeWaiting());
+      this.waiting.push({ line: journalLine(doc), resolve, reject });
+    });
+  }
+
+  private writeWaiting(): void {
+    const batch = this.waiting;
+    if (!batch.length) return;
+    this.waiting = [];
+    let segment: Segment;
+    try {
+      segment = this.write(batch.length === 1 ? batch[0].line : batch.map((w) => w.line).join(''), batch.length);
+    } catch (err) {
+      for (const w of batch) w.reject(err);
+      return;
+    }
+    for (const w of batch) w.resolve(segment);
+  }
+
+  private write(text: string, records: number): Segment {
     if (!this.current) {
       const file = path.join(this.dir, `${this.instance}.${this.next++}.ndjson`);
       this.current = { file, fd: fs.openSync(file, 'a'), records: 0, unconfirmed: 0 };
     }
     const segment = this.current;
-    fs.writeSync(segment.fd!, journalLine(doc, checkpoint));
-    segment.records++;
-    segment.unconfirmed++;
+    const bytes = Buffer.from(text);
+    // A regular file takes a whole write unless it fails (a full disk): then the next call throws.
+    for (let at = 0; at < bytes.length;) at += fs.writeSync(segment.fd!, bytes, at);
+    this.writes++;
+    segment.records += records;
+    segment.unconfirmed += records;
     if (segment.records >= SEGMENT_RECORDS) this.closeSegment(segment);
     return segment;
   }
@@ -169,6 +213,7 @@ export class UsageJournal {
 
   /** Stops journaling. Segments with unconfirmed records stay for the next start to adopt. */
   close(): void {
+    this.writeWaiting();
     clearInterval(this.toucher);
     if (this.current) this.closeSegment(this.current);
     openHere.delete(this.instance);

@@ -97,14 +97,13 @@ export class UsageLedger {
     if (this.unstored.size >= MAX_BACKLOG) {
       return Promise.reject(new ServiceUnavailableError('Usage records cannot be stored right now; try again shortly'));
     }
-    try {
-      this.enqueue({ doc, segment: journal.append(doc) });
-    } catch (err) {
-      return Promise.reject(err);
-    }
-    this.unstored.set(doc._id, doc);
-    this.unstoredByWorkspace.set(doc.workspace_id, (this.unstoredByWorkspace.get(doc.workspace_id) ?? 0) + doc.cost);
-    return Promise.resolve(true);
+    return journal.appendSoon(doc).then((segment) => {
+      if (this.closed) return true; // journaled as the ledger closed: the next start stores it
+      this.enqueue({ doc, segment });
+      this.unstored.set(doc._id, doc);
+      this.unstoredByWorkspace.set(doc.workspace_id, (this.unstoredByWorkspace.get(doc.workspace_id) ?? 0) + doc.cost);
+      return true;
+    });
   }
 
   /** One generation's usage record, if it belongs to the workspace (stored or still on its way). */
