@@ -4,7 +4,8 @@
 // the sandbox as a custom OpenAI-compatible host, at concurrency 1, 50 and 200, with CPU per request
 // of every process; then a streamed completion through each, for time to first token, tokens per
 // second, and whether chunks arrive one by one (none held back). Translated rows: the OpenAI shape
-// to an Anthropic-format provider and the reverse, against the untranslated gateway rows.
+// to an Anthropic-format provider and the reverse, against the untranslated gateway rows. Floor
+// rows: bare Node and Koa forwarders (floor-proxy.ts), what any Node gateway here adds at least.
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -39,13 +40,24 @@ const BARS = {
 };
 
 type TargetName =
-  'direct' | 'gateway' | 'gateway_2p' | 'portkey' | 'direct_messages' | 'gateway_messages' | 'chat_to_messages' | 'messages_to_chat';
+  | 'direct'
+  | 'gateway'
+  | 'gateway_2p'
+  | 'portkey'
+  | 'floor_node'
+  | 'floor_koa'
+  | 'direct_messages'
+  | 'gateway_messages'
+  | 'chat_to_messages'
+  | 'messages_to_chat';
 
 /** What each proxied target's added latency is measured against: the provider it ends at, called directly. */
 const BASELINE: Record<string, TargetName> = {
   gateway: 'direct',
   gateway_2p: 'direct',
   portkey: 'direct',
+  floor_node: 'direct',
+  floor_koa: 'direct',
   gateway_messages: 'direct_messages',
   chat_to_messages: 'direct_messages',
   messages_to_chat: 'direct',
@@ -130,6 +142,27 @@ async function startPortkey(): Promise<{ url: string; process: ManagedProcess }>
     'listening',
   );
   return { url, process: pk };
+}
+
+/** A bare forwarder to the sandbox (floor-proxy.ts): `node` is node:http alone, `koa` Koa and its router. */
+async function startFloor(kind: 'node' | 'koa', sandboxUrl: string): Promise<{ url: string; process: ManagedProcess }> {
+  const port = await freePort();
+  const proc = startProcess(`floor_${kind}`, process.execPath, [path.join(__dirname, 'floor-proxy.js')], {
+    ...process.env,
+    NODE_ENV: 'production',
+    PORT: String(port),
+    FLOOR_KIND: kind,
+    FLOOR_UPSTREAM: sandboxUrl,
+  });
+  const url = `http://127.0.0.1:${port}`;
+  await proc.waitUntil(
+    async () => {
+      await fetch(url);
+    },
+    15_000,
+    'listening',
+  );
+  return { url, process: proc };
 }
 
 /**
@@ -267,6 +300,9 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
   const stack = await startStack({ CATALOG_PATH: catalog }, { gateways: { gateway: {}, gateway_2p: { API_PROCESSES: '2' } } });
   const portkey = await startPortkey();
   stack.processes.portkey = portkey.process;
+  const floors = { node: await startFloor('node', stack.sandboxUrl), koa: await startFloor('koa', stack.sandboxUrl) };
+  stack.processes.floor_node = floors.node.process;
+  stack.processes.floor_koa = floors.koa.process;
   try {
     const key = await benchKey(stack);
     const portkeyHeaders = (faults: string) => ({
@@ -282,6 +318,8 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
       gateway: { url: chatUrl, headers: auth, model: 'bench/chat' },
       gateway_2p: { url: `${stack.gatewayUrls.gateway_2p}/api/v1/chat/completions`, headers: auth, model: 'bench/chat' },
       portkey: { url: `${portkey.url}/v1/chat/completions`, headers: portkeyHeaders(''), model: 'bench-model' },
+      floor_node: { url: `${floors.node.url}/openai/v1/chat/completions`, headers: {}, model: 'bench-model' },
+      floor_koa: { url: `${floors.koa.url}/openai/v1/chat/completions`, headers: {}, model: 'bench-model' },
       // The Anthropic side: the provider alone, the gateway untranslated, and both translations.
       direct_messages: { url: `${stack.sandboxUrl}/anthropic/v1/messages`, headers: {}, model: 'bench-model', api: 'messages' },
       gateway_messages: { url: messagesUrl, headers: auth, model: 'bench/claude', api: 'messages' },
@@ -294,6 +332,8 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
       gateway: { ...targets.gateway, model: 'bench/stream-warm' },
       gateway_2p: { ...targets.gateway_2p, model: 'bench/stream-warm' },
       portkey: { ...targets.portkey, headers: portkeyHeaders(`~max_words=${WARM_UP.streamWords}/`) },
+      floor_node: { ...targets.floor_node, url: `${floors.node.url}/~max_words=${WARM_UP.streamWords}/openai/v1/chat/completions` },
+      floor_koa: { ...targets.floor_koa, url: `${floors.koa.url}/~max_words=${WARM_UP.streamWords}/openai/v1/chat/completions` },
       direct_messages: { ...targets.direct_messages, url: `${stack.sandboxUrl}/~max_words=${WARM_UP.streamWords}/anthropic/v1/messages` },
       gateway_messages: { ...targets.gateway_messages, model: 'bench/claude-stream-warm' },
       chat_to_messages: { ...targets.chat_to_messages, model: 'bench/claude-stream-warm' },
@@ -322,6 +362,8 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
       gateway: { ...targets.gateway, model: 'bench/stream' },
       gateway_2p: { ...targets.gateway_2p, model: 'bench/stream' },
       portkey: { ...targets.portkey, headers: portkeyHeaders(paced) },
+      floor_node: { ...targets.floor_node, url: `${floors.node.url}/${paced}openai/v1/chat/completions` },
+      floor_koa: { ...targets.floor_koa, url: `${floors.koa.url}/${paced}openai/v1/chat/completions` },
       direct_messages: { ...targets.direct_messages, url: `${stack.sandboxUrl}/${paced}anthropic/v1/messages` },
       gateway_messages: { ...targets.gateway_messages, model: 'bench/claude-stream' },
       chat_to_messages: { ...targets.chat_to_messages, model: 'bench/claude-stream' },
@@ -365,10 +407,9 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
       streams: { words: STREAM_WORDS, gap_ms: STREAM_GAP_MS, ...streams },
     };
     const file = writeResult('proxy', result);
-    const cpu = (r: Row) => ['gateway', 'gateway_2p', 'portkey', 'ferretdb', 'sandbox'].map((n) => r.cpu_ms_per_request[n]).join(' / ');
-    console.log(
-      '\n   c | target   | req/s   | p50 / p99 ms    | added p50 | errors | CPU ms/req: gateway / gateway_2p / portkey / ferretdb / sandbox',
-    );
+    const procs = ['gateway', 'gateway_2p', 'portkey', 'floor_node', 'floor_koa', 'ferretdb', 'sandbox'];
+    const cpu = (r: Row) => procs.map((n) => r.cpu_ms_per_request[n]).join(' / ');
+    console.log(`\n   c | target   | req/s   | p50 / p99 ms    | added p50 | errors | CPU ms/req: ${procs.join(' / ')}`);
     for (const r of rows) {
       for (const name of Object.keys(targets)) {
         const x = r[name] as Row;
