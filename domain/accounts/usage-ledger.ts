@@ -40,8 +40,13 @@ const MAX_BACKLOG = 100_000;
 /** After a failed write the next waits this long, doubling up to the cap. */
 const RETRY_FIRST_MS = 100;
 const RETRY_MAX_MS = 5_000;
-/** How long a journaled record waits for others to share its insert. */
-const JOURNAL_GROUP_MS = 20;
+/**
+ * How long a journaled record waits for others to share its insert. An insert and its totals update
+ * cost the embedded FerretDB about 1 ms of CPU whatever the group's size, on top of ~0.05 ms per
+ * record: at 20 ms FerretDB spent 0.18-0.20 ms per call at c=1 and 0.10-0.12 at c=50, at 50 ms
+ * 0.13-0.17 and 0.09. The record is safe in the journal meanwhile; only other processes see it later.
+ */
+export const JOURNAL_GROUP_MS = 50;
 /** How long the ledger is idle before its totals are settled (their pending group cleared). */
 const SETTLE_IDLE_MS = 1_000;
 /** How often a journaling ledger looks for dead processes' journals. */
