@@ -198,6 +198,32 @@ describe('rate limiter without contention', () => {
     }
   });
 
+  it('a key that claims again within a second claims more blocks per write, up to 1/64 of the limit; a slow one a block at a time', async () => {
+    let now = 1_000_000_000_000;
+    const limit = 1_000_000; // blocks of 64, at most 8 per write
+    // Each request waits for the claim it set off, so no request ever waits for tickets (which
+    // grows claims too): only how soon the claims follow each other differs.
+    const take = async (limiter: RateLimiter, key: string) => {
+      expect((await limiter.take(key)).allowed).to.equal(true);
+      await limiter.claimsDone(key);
+    };
+    const busy = new RateLimiter(a.store, limit, 3600, () => now);
+    const key = `key_quick_${Date.now()}`;
+    for (let i = 0; i < 5_000; i++) await take(busy, key);
+    // A block at a time would be 79 writes; growing 1, 2, 4, 8, 8, … it is 13 or so.
+    expect(busy.claimWrites).to.be.within(10, 16);
+    // One request a second: each claim is the first for half a minute, so it stays one block.
+    const slow = new RateLimiter(a.store, limit, 3600, () => now);
+    const slowKey = `key_slow_${Date.now()}`;
+    for (let i = 0; i < 200; i++) {
+      await take(slow, slowKey);
+      now += 1_001;
+    }
+    const blocks = await a.store.rateTickets.countDocuments({ key_id: slowKey });
+    expect(blocks).to.equal(slow.claimWrites); // one block per write
+    expect(blocks).to.equal(4); // 200 tickets in blocks of 64, the fourth claimed ahead at the 160th
+  });
+
   it("deletes a finished window's blocks by id when the key is next seen", async () => {
     let now = 1_000_000_000_000;
     const limiter = new RateLimiter(a.store, 128, 60, () => now);
