@@ -16,23 +16,21 @@ export function estimateDecisionCost(model: CatalogModel, request: Pick<Decision
   const tokens = (value: unknown) => Math.ceil(Buffer.byteLength(JSON.stringify(value) ?? '') / 3);
   const questions = Object.values(request.questions);
   const state = Math.ceil(request.stateBytes / 3);
-  const usageOn = (native: boolean) =>
-    native
-      ? // Native endpoints answer every question in one call; chat endpoints take one call per question.
-        {
-          input_tokens: state + tokens(request.questions) + PROMPT_OVERHEAD_TOKENS,
-          output_tokens: OUTPUT_TOKENS_PER_QUESTION * questions.length,
-        }
-      : {
-          input_tokens: questions.reduce((n, q) => n + state + tokens(q) + PROMPT_OVERHEAD_TOKENS, 0),
-          output_tokens: OUTPUT_TOKENS_PER_QUESTION * questions.length,
-        };
+  const output_tokens = OUTPUT_TOKENS_PER_QUESTION * questions.length;
+  // Native endpoints answer every question in one call; chat endpoints take one call per question.
+  // Each worked out once, on first need, whatever the number of endpoints (JSON.stringify showed in the profile).
+  let native: { input_tokens: number; output_tokens: number } | undefined;
+  let chat: { input_tokens: number; output_tokens: number } | undefined;
+  const usageOn = (isNative: boolean) =>
+    isNative
+      ? (native ??= { input_tokens: state + tokens(request.questions) + PROMPT_OVERHEAD_TOKENS, output_tokens })
+      : (chat ??= { input_tokens: questions.reduce((n, q) => n + state + tokens(q) + PROMPT_OVERHEAD_TOKENS, 0), output_tokens });
   let most = 0;
   for (const e of model.endpoints) {
-    const native = servesOperation(e, 'systemone');
-    const calls = native ? 1 : questions.length;
+    const isNative = servesOperation(e, 'systemone');
+    const calls = isNative ? 1 : questions.length;
     // A per-request fee is charged per call.
-    const cost = costOf(e, usageOn(native)) + (calls - 1) * (e.entry.pricing.request ?? 0);
+    const cost = costOf(e, usageOn(isNative)) + (calls - 1) * (e.entry.pricing.request ?? 0);
     most = Math.max(most, cost);
   }
   return most;
