@@ -123,46 +123,38 @@ function benchCatalog(): string {
   return file;
 }
 
-async function startPortkey(): Promise<{ url: string; process: ManagedProcess }> {
+/** A peer of the gateway's in the bench, started on a free port; resolves once it answers HTTP. */
+async function startPeer(
+  name: string,
+  args: (port: number) => string[],
+  env: Record<string, string>,
+  waitMs: number,
+): Promise<{ url: string; process: ManagedProcess }> {
   const port = await freePort();
-  const script = path.join(path.dirname(require.resolve('@portkey-ai/gateway/package.json')), 'build', 'start-server.js');
-  // Portkey has no host flag and listens on every interface; the bench only talks to it on loopback.
-  // The shim lets its streamed calls run on this Node (see portkey-shim.ts); non-streamed ones are untouched.
-  const shim = path.join(__dirname, 'portkey-shim.js');
-  const pk = startProcess('portkey', process.execPath, ['--require', shim, script, `--port=${port}`, '--headless'], {
-    ...process.env,
-    NODE_ENV: 'production',
-  });
-  const url = `http://127.0.0.1:${port}`;
-  await pk.waitUntil(
-    async () => {
-      await fetch(url);
-    },
-    30_000,
-    'listening',
-  );
-  return { url, process: pk };
-}
-
-/** A bare forwarder to the sandbox (floor-proxy.ts): `node` is node:http alone, `koa` Koa and its router. */
-async function startFloor(kind: 'node' | 'koa', sandboxUrl: string): Promise<{ url: string; process: ManagedProcess }> {
-  const port = await freePort();
-  const proc = startProcess(`floor_${kind}`, process.execPath, [path.join(__dirname, 'floor-proxy.js')], {
-    ...process.env,
-    NODE_ENV: 'production',
-    PORT: String(port),
-    FLOOR_KIND: kind,
-    FLOOR_UPSTREAM: sandboxUrl,
-  });
+  const proc = startProcess(name, process.execPath, args(port), { ...process.env, NODE_ENV: 'production', PORT: String(port), ...env });
   const url = `http://127.0.0.1:${port}`;
   await proc.waitUntil(
     async () => {
       await fetch(url);
     },
-    15_000,
+    waitMs,
     'listening',
   );
   return { url, process: proc };
+}
+
+function startPortkey(): Promise<{ url: string; process: ManagedProcess }> {
+  const script = path.join(path.dirname(require.resolve('@portkey-ai/gateway/package.json')), 'build', 'start-server.js');
+  // Portkey has no host flag and listens on every interface; the bench only talks to it on loopback.
+  // The shim lets its streamed calls run on this Node (see portkey-shim.ts); non-streamed ones are untouched.
+  const shim = path.join(__dirname, 'portkey-shim.js');
+  return startPeer('portkey', (port) => ['--require', shim, script, `--port=${port}`, '--headless'], {}, 30_000);
+}
+
+/** A bare forwarder to the sandbox (floor-proxy.ts): `node` is node:http alone, `koa` Koa and its router. */
+function startFloor(kind: 'node' | 'koa', sandboxUrl: string): Promise<{ url: string; process: ManagedProcess }> {
+  const script = path.join(__dirname, 'floor-proxy.js');
+  return startPeer(`floor_${kind}`, () => [script], { FLOOR_KIND: kind, FLOOR_UPSTREAM: sandboxUrl }, 15_000);
 }
 
 /**
