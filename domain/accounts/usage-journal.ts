@@ -132,7 +132,7 @@ export class UsageJournal {
     this.waiting = [];
     let segment: Segment;
     try {
-      segment = this.write(batch.length === 1 ? batch[0].line : batch.map((w) => w.line).join(''), batch.length);
+      segment = this.write(batch.map((w) => w.line).join(''), batch.length);
     } catch (err) {
       for (const w of batch) w.reject(err);
       return;
