@@ -332,6 +332,55 @@ describe('inference routes', function () {
     });
   });
 
+  describe('a client that hangs up', () => {
+    it('on a keep-alive connection that served calls before, cancels its answer-in-one-piece call upstream and is not billed', async () => {
+      const tenant = await createTenant(gw.store, 5);
+      const spec = `latency=500,run=${run}`; // the sandbox sorts a spec's parts
+      const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+      const send = (model: string) =>
+        http.request(url('/chat/completions'), {
+          method: 'POST',
+          agent,
+          headers: { authorization: `Bearer ${tenant.inferenceKey}`, 'content-type': 'application/json' },
+        });
+      const body = (model: string) => JSON.stringify({ model, messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4 });
+      try {
+        const reused: boolean[] = [];
+        for (let i = 0; i < 3; i++) {
+          const req = send('test/good');
+          const res = await new Promise<http.IncomingMessage>((resolve, reject) =>
+            req.on('response', resolve).on('error', reject).end(body('test/good')),
+          );
+          res.resume();
+          await new Promise((r) => res.on('end', r));
+          expect(res.statusCode).to.equal(200);
+          reused.push(req.reusedSocket);
+        }
+        expect(reused, 'one connection carried the calls').to.deep.equal([false, true, true]);
+        const [calls, aborted] = [await sandboxCount('_calls', spec, CHAT), await sandboxCount('_aborted', spec, CHAT)];
+        const req = send('test/silent');
+        const failed = new Promise((resolve) => req.on('error', resolve).on('response', resolve));
+        req.end(body('test/silent'));
+        expect(req.reusedSocket, 'the slow call went on the same connection').to.equal(true);
+        for (let i = 0; i < 100 && (await sandboxCount('_calls', spec, CHAT)) === calls; i++) await new Promise((r) => setTimeout(r, 5));
+        req.destroy();
+        await failed;
+        let seen = aborted;
+        for (let i = 0; i < 100 && seen === aborted; i++) {
+          await new Promise((r) => setTimeout(r, 20));
+          seen = await sandboxCount('_aborted', spec, CHAT);
+        }
+        // Seen by the sandbox before its 500 ms answer: the gateway hung up on it.
+        expect(seen).to.equal(aborted + 1);
+        await gw.usage.flushed();
+        const billed = await gw.store.usage.find({ workspace_id: tenant.workspaceId }).toArray();
+        expect(billed.map((u) => u.model)).to.deep.equal(['test/good-20260301', 'test/good-20260301', 'test/good-20260301']);
+      } finally {
+        agent.destroy();
+      }
+    });
+  });
+
   describe('presets', () => {
     it('applies the preset in each shape: its system prompt first, its parameters as defaults the request overrides, its provider order', async () => {
       const created = await call(url('/presets/terse/messages'), {
