@@ -2,7 +2,7 @@
 // one line per request with it.
 import { randomUUID } from 'node:crypto';
 import type Koa from 'koa';
-import type { Logger } from '../infrastructure/log';
+import { requestLogger, type Logger } from '../infrastructure/log';
 
 const SAFE_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 
@@ -11,7 +11,7 @@ export function requestContext(logger: Logger): Koa.Middleware {
     const given = ctx.get('x-request-id');
     const requestId = SAFE_ID.test(given) ? given : randomUUID();
     ctx.state.requestId = requestId;
-    ctx.state.log = logger.child({ request_id: requestId });
+    ctx.state.log = requestLogger(logger, requestId);
     ctx.set('x-request-id', requestId);
     const started = process.hrtime.bigint();
     try {

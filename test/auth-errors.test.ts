@@ -97,6 +97,18 @@ describe('authentication and the error envelope', () => {
     expect(none.body.error).to.include({ code: 400, message: 'Request body is required (a JSON document)' });
     const scalar = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: '"just a string"' });
     expect(scalar.status).to.equal(400);
+    // The media type is compared without case or parameters, and must be exactly application/json.
+    for (const type of ['application/jsonx', 'application/json garbage', 'application/problem+json', 'text/json', '']) {
+      const r = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: '{"name":"x"}', headers: { 'content-type': type } });
+      expect(r.status, type).to.equal(400);
+      expect(r.body.error.message, type).to.match(/^Content-Type must be application\/json/);
+    }
+    const cased = await call(`${gw.url}/api/v1/keys`, {
+      key: t.managementKey,
+      body: '{"name":"cased"}',
+      headers: { 'content-type': ' Application/JSON ; charset="UTF-8"' },
+    });
+    expect(cased.status, JSON.stringify(cased.body)).to.equal(201);
   });
 
   it('400 naming the failing field for schema violations', async () => {

@@ -236,6 +236,30 @@ describe('hostile input', () => {
     expect(answer).to.match(/Request body stalled/);
   });
 
+  it('a body that arrives slowly but never falls silent for BODY_IDLE_TIMEOUT_MS is read; one that pauses longer is refused', async () => {
+    const body = JSON.stringify({ model: 'sandbox/chat-1' });
+    const send = async (pauseMs: number) => {
+      const socket = net.connect(port, '127.0.0.1');
+      const chunks: Buffer[] = [];
+      socket.on('data', (b) => chunks.push(b));
+      const ended = new Promise((r) => socket.on('close', r));
+      const head = `POST ${presetPath(`slow-${pauseMs}`)} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer ${t.managementKey}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`;
+      socket.write(head);
+      // Five pieces: 4 pauses, 1.2 s in all at 300 ms (longer than the 500 ms idle limit).
+      for (let i = 0; i < 5; i++) {
+        if (i) await new Promise((r) => setTimeout(r, pauseMs));
+        if (socket.destroyed) break;
+        socket.write(body.slice((i * body.length) / 5, ((i + 1) * body.length) / 5));
+      }
+      await ended;
+      return Buffer.concat(chunks).toString();
+    };
+    expect(await send(300)).to.match(/^HTTP\/1\.1 20[01] /);
+    const refused = await send(1_000);
+    expect(refused).to.match(/^HTTP\/1\.1 408 /);
+    expect(refused).to.match(/Request body stalled: nothing received for 500 ms/);
+  });
+
   it('a huge rejected value is not echoed whole, in the answer or the log', async () => {
     const key = 'k'.repeat(200_000);
     const r = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: `{"name":"x","${key}":1}` });
