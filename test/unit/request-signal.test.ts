@@ -25,24 +25,38 @@ async function server(timeoutMs: number | null) {
   return { seen, answer, url: `http://127.0.0.1:${(s.address() as AddressInfo).port}/`, close: () => s.close() };
 }
 
+/** Runs `test` against a server and a keep-alive agent of one connection, closing both after. */
+async function withServer(timeoutMs: number | null, test: (srv: Awaited<ReturnType<typeof server>>, agent: http.Agent) => Promise<void>) {
+  const srv = await server(timeoutMs);
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  try {
+    await test(srv, agent);
+  } finally {
+    agent.destroy();
+    srv.close();
+  }
+}
+
 const wait = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** Reads a request's answer to its end. */
+async function answered(req: http.ClientRequest): Promise<void> {
+  const res = await new Promise<http.IncomingMessage>((r) => req.on('response', r));
+  res.resume();
+  await new Promise((r) => res.on('end', r));
+}
 async function until(what: () => boolean) {
   for (let i = 0; i < 200 && !what(); i++) await wait(5);
   expect(what()).to.equal(true);
 }
 
 describe('request signal', () => {
-  it('requests on one keep-alive connection share its signal, which fires when the connection closes and not before', async () => {
-    const srv = await server(null);
-    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
-    try {
+  it('requests on one keep-alive connection share its signal, which fires when the connection closes and not before', () =>
+    withServer(null, async (srv, agent) => {
       for (let i = 0; i < 2; i++) {
         const req = http.get(srv.url, { agent });
         await until(() => srv.seen.length === i + 1);
         srv.answer[i]();
-        const res = await new Promise<http.IncomingMessage>((r) => req.on('response', r));
-        res.resume();
-        await new Promise((r) => res.on('end', r));
+        await answered(req);
       }
       expect(srv.seen[1].socket).to.equal(srv.seen[0].socket);
       expect(srv.seen[1].signal).to.equal(srv.seen[0].signal);
@@ -51,24 +65,16 @@ describe('request signal', () => {
       expect(srv.seen[2].signal.aborted, 'aborted while the client is there').to.equal(false);
       req.destroy();
       await until(() => srv.seen[2].signal.aborted);
-    } finally {
-      agent.destroy();
-      srv.close();
-    }
-  });
+    }));
 
-  it('a request with a deadline gets its own signal: it fires at the deadline, or when the connection closes, and done() leaves no listener behind', async () => {
-    const srv = await server(100);
-    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
-    try {
+  it('a request with a deadline gets its own signal: it fires at the deadline, or when the connection closes, and done() leaves no listener behind', () =>
+    withServer(100, async (srv, agent) => {
       const first = http.get(srv.url, { agent });
       await until(() => srv.seen.length === 1);
       await until(() => srv.seen[0].signal.aborted);
       expect(srv.seen[0].timedOut()).to.equal(true);
       srv.answer[0]();
-      const res = await new Promise<http.IncomingMessage>((r) => first.on('response', r));
-      res.resume();
-      await new Promise((r) => res.on('end', r));
+      await answered(first);
 
       const second = http.get(srv.url, { agent }).on('error', () => undefined);
       await until(() => srv.seen.length === 2);
@@ -77,16 +83,10 @@ describe('request signal', () => {
       second.destroy();
       await until(() => srv.seen[1].signal.aborted);
       expect(srv.seen[1].timedOut()).to.equal(false);
-    } finally {
-      agent.destroy();
-      srv.close();
-    }
-  });
+    }));
 
-  it('a request with a deadline that is answered takes its listener off the connection', async () => {
-    const srv = await server(10_000);
-    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
-    try {
+  it('a request with a deadline that is answered takes its listener off the connection', () =>
+    withServer(10_000, async (srv, agent) => {
       // The connection's signal, reached the way a request without a deadline gets it.
       const connectionSignal = () =>
         requestSignal({ req: { socket: srv.seen[0].socket } } as unknown as Koa.ParameterizedContext, null).signal;
@@ -95,15 +95,9 @@ describe('request signal', () => {
         await until(() => srv.seen.length === i + 1);
         expect(getEventListeners(connectionSignal(), 'abort')).to.have.length(1);
         srv.answer[i]();
-        const res = await new Promise<http.IncomingMessage>((r) => req.on('response', r));
-        res.resume();
-        await new Promise((r) => res.on('end', r));
+        await answered(req);
         expect(getEventListeners(connectionSignal(), 'abort')).to.have.length(0);
         expect(srv.seen[i].signal.aborted).to.equal(false);
       }
-    } finally {
-      agent.destroy();
-      srv.close();
-    }
-  });
+    }));
 });
