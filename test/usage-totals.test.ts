@@ -69,6 +69,35 @@ describe('usage totals: the balance in bounded reads', () => {
     expect(await usage()).to.equal(0.875);
   });
 
+  it("names a pending group's ids as one text field, and still reads a pending list written by an earlier version", async () => {
+    const writer = new TotalsWriter(store);
+    const docs = [doc('gen-text-1', 0.5), doc('gen-text-2', 0.25)];
+    await writer.begin(docs);
+    const [written] = await usageTotals(store)
+      .find({ _id: `${t.workspaceId}:${writer.id}` })
+      .toArray();
+    expect(written.pending!.ids).to.be.a('string');
+    expect(JSON.parse(written.pending!.ids as string)).to.deep.equal(['gen-text-1', 'gen-text-2']);
+    await store.usage.insertMany(docs.slice(0, 1));
+    expect(await usage()).to.equal(0.5);
+
+    // An earlier version's document: the ids as a list, its records stamped with its writer and group.
+    const old = [
+      { ...doc('gen-list-1', 0.125), writer: 'w-old', group: 3 },
+      { ...doc('gen-list-2', 2), writer: 'w-old', group: 3 },
+    ];
+    await usageTotals(store).insertOne({
+      _id: `${t.workspaceId}:w-old`,
+      workspace_id: t.workspaceId,
+      writer: 'w-old',
+      cost: 1,
+      pending: { group: 3, ids: old.map((d) => d._id) },
+      updated_at: new Date(),
+    });
+    await store.usage.insertMany(old.slice(0, 1));
+    expect(await usage()).to.equal(0.5 + 1 + 0.125);
+  });
+
   it('a group whose insert failed part-way is counted by what it stored, before the next group', async () => {
     let fail = true;
     const flaky = storeWith(store, 'usage', (real) => ({
