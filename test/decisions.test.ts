@@ -4,6 +4,7 @@ import { expect } from 'chai';
 import { logprobRequest } from '../domain/decisions/prompt';
 import type { Question } from '../domain/decisions/types';
 import { fromJsonText } from '../infrastructure/store/json-text';
+import { usageDetails } from '../domain/accounts/usage-ledger';
 import { decisionWorkflow } from '../workflows/decision';
 import { questions, state } from './decision-sample';
 import { stack } from './fixture';
@@ -327,9 +328,11 @@ for (const mode of ['inline', 'workflow'] as const)
         expect(r.body.usage.output_tokens).to.equal(3); // one label token per question
         await gw.usage.flushed(); // journaled before the answer; stored in the next group
         const usage = await gw.store.usage.findOne({ _id: r.body.id });
-        expect(usage!.details!.prompt_format).to.equal('gw-decision-v1');
-        expect(Object.keys(usage!.details!.label_mass as object)).to.have.members(['urgent', 'topic', 'severity']);
-        for (const mass of Object.values(usage!.details!.label_mass as Record<string, number>)) expect(mass).to.be.closeTo(0.97, 1e-9);
+        expect(usage!.details, 'stored as one text field').to.be.a('string');
+        const details = usageDetails(usage!)!;
+        expect(details.prompt_format).to.equal('gw-decision-v1');
+        expect(Object.keys(details.label_mass as object)).to.have.members(['urgent', 'topic', 'severity']);
+        for (const mass of Object.values(details.label_mass as Record<string, number>)) expect(mass).to.be.closeTo(0.97, 1e-9);
         expect(r.body).to.not.have.property('providers'); // one provider answered everything
       });
 
@@ -343,7 +346,7 @@ for (const mode of ['inline', 'workflow'] as const)
         expect(r.body.provider).to.equal(`chat-first-fails-${mode}`);
         await gw.usage.flushed();
         const usage = await gw.store.usage.findOne({ _id: r.body.id });
-        expect(usage!.details!.providers).to.deep.equal(r.body.providers);
+        expect(usageDetails(usage!)!.providers).to.deep.equal(r.body.providers);
       });
     });
 

@@ -5,7 +5,7 @@ import { expect } from 'chai';
 import fs from 'node:fs';
 import path from 'node:path';
 import { RateLimiter, blockSizeFor } from '../domain/accounts/rate-limit';
-import { JOURNAL_GROUP_MS, UsageLedger } from '../domain/accounts/usage-ledger';
+import { JOURNAL_GROUP_MS, UsageLedger, usageDetails } from '../domain/accounts/usage-ledger';
 import { UsageJournal } from '../domain/accounts/usage-journal';
 import { getBalance } from '../domain/accounts/credits';
 import { Store, type UsageDoc } from '../infrastructure/store';
@@ -476,7 +476,7 @@ describe('a gateway killed mid-stream', () => {
       for (const d of billed) {
         expect(d.output_tokens, JSON.stringify(d)).to.be.greaterThan(0);
         expect(d.cost).to.be.greaterThan(0);
-        expect((d.details as { ending: string }).ending).to.equal('gateway_stopped');
+        expect(usageDetails(d)!.ending).to.equal('gateway_stopped');
       }
     } finally {
       await gateway.stop();
@@ -500,7 +500,7 @@ describe('a gateway killed mid-stream', () => {
       await gw.usage.flushed();
       const id = res.headers.get('x-generation-id')!;
       const [doc] = await gw.store.usage.find({ _id: id }).toArray();
-      expect((doc.details as { ending: string }).ending).to.equal('completed');
+      expect(usageDetails(doc)!.ending).to.equal('completed');
       expect(await gw.store.usage.countDocuments({ _id: id })).to.equal(1);
     } finally {
       await gw.stop();

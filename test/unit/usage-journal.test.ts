@@ -1,7 +1,7 @@
 import { expect } from 'chai';
 import { BSON } from 'mongodb';
 import { journalLine, takeCheckpointMark } from '../../domain/accounts/usage-journal';
-import { newGenerationId } from '../../domain/accounts/usage-ledger';
+import { newGenerationId, usageDetails } from '../../domain/accounts/usage-ledger';
 import type { UsageDoc } from '../../infrastructure/store';
 
 const record: UsageDoc = {
@@ -32,6 +32,15 @@ describe('usage journal lines', () => {
     const back = BSON.EJSON.parse(line, { relaxed: true }) as UsageDoc;
     expect(back).to.deep.equal(record);
     expect(back.created_at).to.be.instanceOf(Date);
+  });
+
+  it('carry details in either stored form: JSON text (current) or an object (earlier versions)', () => {
+    const text = { ...record, details: JSON.stringify(record.details) };
+    const back = BSON.EJSON.parse(journalLine(text), { relaxed: true }) as UsageDoc;
+    expect(back.details).to.be.a('string');
+    expect(usageDetails(back)).to.deep.equal(record.details);
+    expect(usageDetails(record)).to.deep.equal(record.details);
+    expect(usageDetails({ details: undefined })).to.equal(null);
   });
 
   it("carry a checkpoint's mark, which the reader takes off", () => {
