@@ -362,7 +362,7 @@ describe('inference routes', function () {
         const failed = new Promise((resolve) => req.on('error', resolve).on('response', resolve));
         req.end(body('test/silent'));
         expect(req.reusedSocket, 'the slow call went on the same connection').to.equal(true);
-        for (let i = 0; i < 100 && (await sandboxCount('_calls', spec, CHAT)) === calls; i++) await new Promise((r) => setTimeout(r, 5));
+        for (let i = 0; i < 400 && (await sandboxCount('_calls', spec, CHAT)) === calls; i++) await new Promise((r) => setTimeout(r, 5));
         req.destroy();
         await failed;
         let seen = aborted;
