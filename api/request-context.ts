@@ -2,14 +2,12 @@
 // one line per request with it.
 import { randomUUID } from 'node:crypto';
 import type Koa from 'koa';
-import { requestLogger, type Logger } from '../infrastructure/log';
-
-const SAFE_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+import { PLAIN_REQUEST_ID, requestLogger, type Logger } from '../infrastructure/log';
 
 export function requestContext(logger: Logger): Koa.Middleware {
   return async (ctx, next) => {
     const given = ctx.get('x-request-id');
-    const requestId = SAFE_ID.test(given) ? given : randomUUID();
+    const requestId = PLAIN_REQUEST_ID.test(given) ? given : randomUUID();
     ctx.state.requestId = requestId;
     ctx.state.log = requestLogger(logger, requestId);
     ctx.set('x-request-id', requestId);

@@ -303,6 +303,8 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
       'x-portkey-custom-host': `${stack.sandboxUrl}/${faults}openai/v1`,
     });
     const auth = { authorization: `Bearer ${key}` };
+    /** A floor forwarder's chat URL, with the sandbox's fault spec (`~…/`) passed through. */
+    const floorUrl = (kind: keyof typeof floors, faults: string) => `${floors[kind].url}/${faults}openai/v1/chat/completions`;
     const chatUrl = `${stack.gatewayUrl}/api/v1/chat/completions`;
     const messagesUrl = `${stack.gatewayUrl}/api/v1/messages`;
     const targets: Record<TargetName, Target> = {
@@ -310,8 +312,8 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
       gateway: { url: chatUrl, headers: auth, model: 'bench/chat' },
       gateway_2p: { url: `${stack.gatewayUrls.gateway_2p}/api/v1/chat/completions`, headers: auth, model: 'bench/chat' },
       portkey: { url: `${portkey.url}/v1/chat/completions`, headers: portkeyHeaders(''), model: 'bench-model' },
-      floor_node: { url: `${floors.node.url}/openai/v1/chat/completions`, headers: {}, model: 'bench-model' },
-      floor_koa: { url: `${floors.koa.url}/openai/v1/chat/completions`, headers: {}, model: 'bench-model' },
+      floor_node: { url: floorUrl('node', ''), headers: {}, model: 'bench-model' },
+      floor_koa: { url: floorUrl('koa', ''), headers: {}, model: 'bench-model' },
       // The Anthropic side: the provider alone, the gateway untranslated, and both translations.
       direct_messages: { url: `${stack.sandboxUrl}/anthropic/v1/messages`, headers: {}, model: 'bench-model', api: 'messages' },
       gateway_messages: { url: messagesUrl, headers: auth, model: 'bench/claude', api: 'messages' },
@@ -324,8 +326,8 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
       gateway: { ...targets.gateway, model: 'bench/stream-warm' },
       gateway_2p: { ...targets.gateway_2p, model: 'bench/stream-warm' },
       portkey: { ...targets.portkey, headers: portkeyHeaders(`~max_words=${WARM_UP.streamWords}/`) },
-      floor_node: { ...targets.floor_node, url: `${floors.node.url}/~max_words=${WARM_UP.streamWords}/openai/v1/chat/completions` },
-      floor_koa: { ...targets.floor_koa, url: `${floors.koa.url}/~max_words=${WARM_UP.streamWords}/openai/v1/chat/completions` },
+      floor_node: { ...targets.floor_node, url: floorUrl('node', `~max_words=${WARM_UP.streamWords}/`) },
+      floor_koa: { ...targets.floor_koa, url: floorUrl('koa', `~max_words=${WARM_UP.streamWords}/`) },
       direct_messages: { ...targets.direct_messages, url: `${stack.sandboxUrl}/~max_words=${WARM_UP.streamWords}/anthropic/v1/messages` },
       gateway_messages: { ...targets.gateway_messages, model: 'bench/claude-stream-warm' },
       chat_to_messages: { ...targets.chat_to_messages, model: 'bench/claude-stream-warm' },
@@ -354,8 +356,8 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
       gateway: { ...targets.gateway, model: 'bench/stream' },
       gateway_2p: { ...targets.gateway_2p, model: 'bench/stream' },
       portkey: { ...targets.portkey, headers: portkeyHeaders(paced) },
-      floor_node: { ...targets.floor_node, url: `${floors.node.url}/${paced}openai/v1/chat/completions` },
-      floor_koa: { ...targets.floor_koa, url: `${floors.koa.url}/${paced}openai/v1/chat/completions` },
+      floor_node: { ...targets.floor_node, url: floorUrl('node', paced) },
+      floor_koa: { ...targets.floor_koa, url: floorUrl('koa', paced) },
       direct_messages: { ...targets.direct_messages, url: `${stack.sandboxUrl}/${paced}anthropic/v1/messages` },
       gateway_messages: { ...targets.gateway_messages, model: 'bench/claude-stream' },
       chat_to_messages: { ...targets.chat_to_messages, model: 'bench/claude-stream' },

@@ -13,6 +13,7 @@
 import { randomBytes } from 'node:crypto';
 import type { AnyBulkWriteOperation, Document } from 'mongodb';
 import { workspaceRange, type Store, type UsageDoc } from '../../infrastructure/store';
+import { fromJsonText, toJsonText } from '../../infrastructure/store/json-text';
 
 export interface UsageTotalDoc extends Document {
   _id: string; // <workspace id>:<writer id>
@@ -43,15 +44,16 @@ export async function totalUsage(store: Store, workspaceId: string): Promise<num
   const pendings: Promise<number>[] = [];
   for (const d of docs) {
     total += d.cost;
-    const ids = d.pending ? pendingIds(d.pending) : [];
-    if (ids.length) pendings.push(storedCost(store, d.writer, d.pending!.group, ids));
+    if (!d.pending) continue;
+    const ids = pendingIds(d.pending);
+    if (ids.length) pendings.push(storedCost(store, d.writer, d.pending.group, ids));
   }
   for (const cost of await Promise.all(pendings)) total += cost;
   return total;
 }
 
 function pendingIds(p: NonNullable<UsageTotalDoc['pending']>): string[] {
-  return typeof p.ids === 'string' ? (JSON.parse(p.ids) as string[]) : p.ids;
+  return typeof p.ids === 'string' ? fromJsonText<string[]>(p.ids) : p.ids;
 }
 
 /** What of a group's records is stored with that writer's stamp. */
@@ -94,7 +96,7 @@ export class TotalsWriter {
     }
     await this.write([...new Set([...ids.keys(), ...this.unsettled])], (ws) => {
       const pending = ids.get(ws);
-      return pending ? { group, ids: JSON.stringify(pending) } : null;
+      return pending ? { group, ids: toJsonText(pending) } : null;
     });
   }
 

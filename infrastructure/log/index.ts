@@ -32,7 +32,8 @@ export function createLogger(
 }
 
 const { chindingsSym } = pino.symbols;
-const PLAIN_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+/** A request id that needs neither JSON escaping nor redaction: the only ids requests accept from callers. */
+export const PLAIN_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 
 /**
  * `logger.child({ request_id })`, made for every request. pino's `child()` passes each binding
@@ -41,7 +42,7 @@ const PLAIN_ID = /^[A-Za-z0-9._:-]{1,128}$/;
  * The lines are the same as the child's (tested against it).
  */
 export function requestLogger(logger: Logger, requestId: string): Logger {
-  if (!PLAIN_ID.test(requestId)) return logger.child({ request_id: requestId });
+  if (!PLAIN_REQUEST_ID.test(requestId)) return logger.child({ request_id: requestId });
   const child = Object.create(logger) as Logger & Record<symbol, string>;
   child[chindingsSym] = `${(logger as Logger & Record<symbol, string>)[chindingsSym]},"request_id":"${requestId}"`;
   return child;

@@ -67,7 +67,7 @@ describe('request signal', () => {
       await until(() => srv.seen[2].signal.aborted);
     }));
 
-  it('a request with a deadline gets its own signal: it fires at the deadline, or when the connection closes, and done() leaves no listener behind', () =>
+  it('a request with a deadline gets its own signal: it fires at the deadline, or when the connection closes', () =>
     withServer(100, async (srv, agent) => {
       const first = http.get(srv.url, { agent });
       await until(() => srv.seen.length === 1);
