@@ -16,7 +16,7 @@ import { getBalance } from '../domain/accounts/credits';
 import { UsageLedger, type UsageRecord } from '../domain/accounts/usage-ledger';
 import { createLogger } from '../infrastructure/log';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, uniqueName, type Tenant, type TestGateway } from './helpers';
+import { call, createTenant, startTestGateway, uniqueName, type Tenant, type TestGateway, storedRecord } from './helpers';
 
 function usage(t: Tenant, id: string, cost: number): UsageRecord {
   return {
@@ -117,7 +117,7 @@ describe('workspaces, keys and credits', () => {
       app: { referer: null, title: null, categories: [] },
     };
     await new UsageLedger(gw.store).record(bare);
-    const stored = await gw.store.usage.findOne({ _id: id });
+    const stored = await storedRecord(gw.store, id);
     expect(stored).to.not.equal(null);
     for (const field of ['session_id', 'user', 'trace', 'app', 'batch_id']) expect(stored, field).to.not.have.property(field);
     const read = await call(`${gw.url}/api/v1/generation?id=${id}`, { key: a.inferenceKey });
@@ -126,7 +126,39 @@ describe('workspaces, keys and credits', () => {
     // Some attribution is kept whole: an app with only categories set.
     const tagged = `gen-${uniqueName('tagged')}`;
     await new UsageLedger(gw.store).record({ ...bare, _id: tagged, app: { referer: null, title: null, categories: ['cli'] } });
-    expect((await gw.store.usage.findOne({ _id: tagged }))!.app).to.deep.equal({ referer: null, title: null, categories: ['cli'] });
+    expect((await storedRecord(gw.store, tagged))!.app).to.deep.equal({ referer: null, title: null, categories: ['cli'] });
+  });
+
+  it('a generation is stored packed (its id, workspace and one JSON text), and one stored by an earlier version still reads', async () => {
+    const id = `gen-${uniqueName('packed')}`;
+    await new UsageLedger(gw.store).record(usage(a, id, 0.25));
+    const raw = await gw.store.usage.findOne({ _id: id });
+    expect(Object.keys(raw!)).to.deep.equal(['_id', 'workspace_id', 'record']);
+    const read = async (gen: string) => (await call(`${gw.url}/api/v1/generation?id=${gen}`, { key: a.inferenceKey })).body.data;
+    const current = await read(id);
+    expect(current).to.include({
+      id,
+      model: 'typesafe/jev-1.13',
+      provider_name: 'sandbox',
+      tokens_prompt: 120,
+      total_cost: 0.25,
+      app_title: 'My App',
+    });
+
+    // Written before records were packed: every field at the top, details as an object.
+    const earlier = `gen-${uniqueName('earlier')}`;
+    const createdAt = new Date('2026-11-20T10:00:00.000Z');
+    const { trace: _trace, ...fields } = usage(a, earlier, 0.125);
+    await gw.store.usage.insertOne({
+      ...fields,
+      trace: null,
+      batch_id: null,
+      details: { stream: false },
+      created_at: createdAt,
+      writer: 'w-old',
+      group: 1,
+    });
+    expect(await read(earlier)).to.deep.equal({ ...current, id: earlier, total_cost: 0.125, created_at: createdAt.toISOString() });
   });
 
   it('debits a retried call exactly once, even when the retries race', async () => {

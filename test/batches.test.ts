@@ -19,6 +19,7 @@ import {
   writeTestCatalog,
   type Tenant,
   type TestGateway,
+  storedUsage,
 } from './helpers';
 
 function batchCatalog(): string {
@@ -120,7 +121,7 @@ describe('batches', () => {
       expect(done.finalized_at).to.be.a('number');
       expect(done.provider).to.be.oneOf(['sandbox-alpha', 'sandbox-beta']);
       // Usage: totals on the batch, one usage record per line, all debited.
-      const records = await gw.store.usage.find({ batch_id: r.body.id }).toArray();
+      const records = await storedUsage(gw.store, { batch_id: r.body.id });
       expect(records).to.have.length(20);
       const cost = records.reduce((s, u) => s + u.cost, 0);
       expect(done.usage.cost).to.be.closeTo(cost, 1e-9);

@@ -8,7 +8,16 @@ import { usageDetails } from '../domain/accounts/usage-ledger';
 import { decisionWorkflow } from '../workflows/decision';
 import { questions, state } from './decision-sample';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
+import {
+  call,
+  createTenant,
+  startTestGateway,
+  writeTestCatalog,
+  type Tenant,
+  type TestGateway,
+  storedRecord,
+  storedUsage,
+} from './helpers';
 
 function testCatalogFile(): string {
   return writeTestCatalog('decisions', (base) => {
@@ -327,7 +336,7 @@ for (const mode of ['inline', 'workflow'] as const)
         expect(r.body.usage.input_tokens).to.equal(inputTokens);
         expect(r.body.usage.output_tokens).to.equal(3); // one label token per question
         await gw.usage.flushed(); // journaled before the answer; stored in the next group
-        const usage = await gw.store.usage.findOne({ _id: r.body.id });
+        const usage = await storedRecord(gw.store, r.body.id);
         expect(usage!.details, 'stored as one text field').to.be.a('string');
         const details = usageDetails(usage!)!;
         expect(details.prompt_format).to.equal('gw-decision-v1');
@@ -345,7 +354,7 @@ for (const mode of ['inline', 'workflow'] as const)
         expect(Object.keys(r.body.providers)).to.have.members(Object.keys(questions));
         expect(r.body.provider).to.equal(`chat-first-fails-${mode}`);
         await gw.usage.flushed();
-        const usage = await gw.store.usage.findOne({ _id: r.body.id });
+        const usage = await storedRecord(gw.store, r.body.id);
         expect(usageDetails(usage!)!.providers).to.deep.equal(r.body.providers);
       });
     });
@@ -367,7 +376,9 @@ for (const mode of ['inline', 'workflow'] as const)
           if (status === 429) expect(r.headers.get('retry-after')).to.equal('20');
           // A failed decision debits nothing.
           await gw.usage.flushed();
-          expect(await gw.store.usage.countDocuments({ workspace_id: t.workspaceId, model: { $regex: '^test/' } })).to.equal(0);
+          expect((await storedUsage(gw.store, { workspace_id: t.workspaceId })).filter((u) => u.model.startsWith('test/'))).to.deep.equal(
+            [],
+          );
         });
       }
 
@@ -470,7 +481,7 @@ for (const mode of ['inline', 'workflow'] as const)
         );
         expect(r.status).to.equal(200);
         await gw.usage.flushed(); // journaled before the answer; stored in the next group
-        const doc = await gw.store.usage.findOne({ _id: r.body.id });
+        const doc = await storedRecord(gw.store, r.body.id);
         expect(doc).to.include({
           workspace_id: tenant.workspaceId,
           key_id: tenant.inferenceKeyId,
@@ -497,7 +508,7 @@ for (const mode of ['inline', 'workflow'] as const)
           { headers: { 'x-session-id': 'sess-header' } },
         );
         await gw.usage.flushed();
-        expect((await gw.store.usage.findOne({ _id: r.body.id }))!.session_id).to.equal('sess-body');
+        expect((await storedRecord(gw.store, r.body.id))!.session_id).to.equal('sess-body');
         const long = await decide(
           { model: 'jev-1.13', state: 'y', questions: { q: { type: 'noul', instructions: '?' } } },
           { headers: { 'x-session-id': 'h'.repeat(257) } },
@@ -551,7 +562,7 @@ for (const mode of ['inline', 'workflow'] as const)
         expect((res.answers.severity as any).score).to.be.within(0, 3);
         expect(res.usage.inputTokens).to.be.greaterThan(0);
         await gw.usage.flushed();
-        expect((await gw.store.usage.findOne({ _id: res.id! }))!.session_id).to.equal('sdk-session');
+        expect((await storedRecord(gw.store, res.id!))!.session_id).to.equal('sdk-session');
       });
 
       it("raises the SDK's typed errors for 400, 401, 402 and 404", async () => {

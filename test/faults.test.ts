@@ -5,7 +5,7 @@
 import { expect } from 'chai';
 import path from 'node:path';
 import { stack } from './fixture';
-import { call, createTenant, startGatewayProcess, uniqueName, writeTestCatalog, type Tenant } from './helpers';
+import { call, createTenant, startGatewayProcess, uniqueName, writeTestCatalog, type Tenant, storedUsage } from './helpers';
 import { freePort, startProcess, type ManagedProcess } from '../devstack/processes';
 import { startFerretDB, startTemporalServer } from '../devstack/services';
 import { Store } from '../infrastructure/store';
@@ -161,7 +161,7 @@ describe('faults: a running batch survives each process being killed', function 
       const customIds = done.results.map((r: any) => r.custom_id);
       expect(customIds).to.have.length(LINES);
       expect(new Set(customIds).size).to.equal(LINES);
-      const billed = await store.usage.find({ batch_id: created.body.id }).toArray();
+      const billed = await storedUsage(store, { batch_id: created.body.id });
       expect(billed).to.have.length(LINES);
       expect(done.usage.cost).to.be.closeTo(
         billed.reduce((a, u) => a + u.cost, 0),

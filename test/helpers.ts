@@ -8,7 +8,9 @@ import { createLogger, type Logger } from '../infrastructure/log';
 import { runApiRole } from '../cli/roles';
 import { freePort, startProcess, type ManagedProcess } from '../devstack/processes';
 import { stack } from './fixture';
-import { Store } from '../infrastructure/store';
+import type { Filter } from 'mongodb';
+import { Store, type UsageDoc } from '../infrastructure/store';
+import { fromStoredUsage, type StoredUsageDoc } from '../infrastructure/store/usage-form';
 import { createWorkspace } from '../domain/accounts/workspaces';
 import { createKey } from '../domain/accounts/keys';
 import { grantCredits } from '../domain/accounts/credits';
@@ -250,6 +252,17 @@ export function storeWith<C extends 'usage' | 'apiKeys'>(
   const s = Object.create(store) as Store;
   Object.defineProperty(s, collection, { get: () => proxy });
   return s;
+}
+
+/** Stored usage records, read back as records (they are stored packed); filter by `_id`, `workspace_id` or `batch_id`. */
+export async function storedUsage(store: Store, filter: Filter<StoredUsageDoc>): Promise<UsageDoc[]> {
+  return (await store.usage.find(filter).toArray()).map(fromStoredUsage);
+}
+
+/** One stored usage record, or null. */
+export async function storedRecord(store: Store, id: string): Promise<UsageDoc | null> {
+  const [doc] = await storedUsage(store, { _id: id });
+  return doc ?? null;
 }
 
 /** The activity functions as a process builds them, on the test's own store and upstream clients. */

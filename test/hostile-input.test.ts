@@ -4,7 +4,16 @@ import { expect } from 'chai';
 import http from 'node:http';
 import net from 'node:net';
 import zlib from 'node:zlib';
-import { batchesWithoutDocument, call, capturingLogger, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
+import {
+  batchesWithoutDocument,
+  call,
+  capturingLogger,
+  createTenant,
+  startTestGateway,
+  type Tenant,
+  type TestGateway,
+  storedRecord,
+} from './helpers';
 import { fromJsonText } from '../infrastructure/store/json-text';
 
 /** A raw HTTP/1.1 exchange, for requests fetch refuses to send; resolves with what came back before the socket closed. */
@@ -279,7 +288,7 @@ describe('hostile input', () => {
     });
     expect(r.status, JSON.stringify(r.body)).to.equal(200);
     await gw.usage.flushed();
-    const doc = await gw.store.usage.findOne({ _id: r.body.id });
+    const doc = await storedRecord(gw.store, r.body.id);
     expect(fromJsonText(doc!.trace!)).to.deep.equal(trace);
   });
 

@@ -9,6 +9,7 @@ import { JOURNAL_GROUP_MS, UsageLedger, usageDetails } from '../domain/accounts/
 import { UsageJournal } from '../domain/accounts/usage-journal';
 import { getBalance } from '../domain/accounts/credits';
 import { Store, type UsageDoc } from '../infrastructure/store';
+import { toStoredUsage } from '../infrastructure/store/usage-form';
 import { freePort } from '../devstack/processes';
 import { startFerretDB } from '../devstack/services';
 import { stack } from './fixture';
@@ -23,6 +24,8 @@ import {
   usageRecord,
   writeTestCatalog,
   type TestGateway,
+  storedUsage,
+  storedRecord,
 } from './helpers';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 
@@ -328,7 +331,7 @@ describe('decision usage under load (inline mode)', () => {
     const ids = new Set(responses.map((r) => r.body.id));
     expect(ids.size).to.equal(1_000);
     await gw.usage.flushed(); // journaled before each answer; stored in groups
-    const records = await gw.store.usage.find({ workspace_id: t.workspaceId }).toArray();
+    const records = await storedUsage(gw.store, { workspace_id: t.workspaceId });
     expect(records).to.have.length(1_000);
     expect(new Set(records.map((r) => r._id))).to.deep.equal(ids);
     const billed = responses.reduce((s, r) => s + r.body.usage.cost, 0);
@@ -395,7 +398,7 @@ describe('a gateway killed right after answering', () => {
       // already, or by the next process on the same data (which adopts the journal at start).
       const dataDir = path.join(stack.tmpDir, database);
       const inJournal = fs.existsSync(path.join(dataDir, 'usage-journal')) ? journaledIds(path.join(dataDir, 'usage-journal')) : [];
-      const stored = await store.usage.find({ _id: { $in: answered } }).toArray();
+      const stored = await storedUsage(store, { _id: { $in: answered } });
       expect([...new Set([...stored.map((d) => d._id), ...inJournal.filter((id) => answered.includes(id))])].sort()).to.deep.equal(
         [...answered].sort(),
       );
@@ -469,7 +472,7 @@ describe('a gateway killed mid-stream', () => {
       ({ gateway, url } = await startApiProcess(env));
       let billed: UsageDoc[] = [];
       for (let i = 0; i < 100 && billed.length < ids.length; i++) {
-        billed = await store.usage.find({ _id: { $in: ids } }).toArray();
+        billed = await storedUsage(store, { _id: { $in: ids } });
         if (billed.length < ids.length) await new Promise((r) => setTimeout(r, 50));
       }
       expect(billed.map((d) => d._id).sort()).to.deep.equal([...ids].sort());
@@ -499,7 +502,7 @@ describe('a gateway killed mid-stream', () => {
       await res.text();
       await gw.usage.flushed();
       const id = res.headers.get('x-generation-id')!;
-      const [doc] = await gw.store.usage.find({ _id: id }).toArray();
+      const [doc] = await storedUsage(gw.store, { _id: id });
       expect(usageDetails(doc)!.ending).to.equal('completed');
       expect(await gw.store.usage.countDocuments({ _id: id })).to.equal(1);
     } finally {
@@ -550,7 +553,7 @@ describe('usage ledger with a journal', () => {
 
     open();
     await ledger.flushed();
-    const stored = await store.usage.findOne({ _id: id });
+    const stored = await storedRecord(store, id);
     expect(stored?.cost).to.equal(0.25);
     expect(stored?.created_at).to.be.instanceOf(Date);
     expect(ledger.unstoredCost('ws-journal')).to.equal(0);
@@ -584,7 +587,7 @@ describe('usage ledger with a journal', () => {
     const first = new UsageLedger(stuck, { journal: new UsageJournal(dir, database) });
     const ids = [1, 2, 3].map((i) => `gen-left-${Date.now()}-${i}`);
     for (const id of ids) await first.record(usage(id));
-    await store.usage.insertOne({ ...usage(ids[0]), created_at: new Date() } as UsageDoc); // one got through before the stop
+    await store.usage.insertOne(toStoredUsage({ ...usage(ids[0]), created_at: new Date() } as UsageDoc)); // one got through before the stop
     await first.close(0); // the database never answered: the journal keeps all three
     expect(journaled()).to.have.length(3);
 
@@ -598,7 +601,7 @@ describe('usage ledger with a journal', () => {
     const next = new UsageLedger(store, { journal: new UsageJournal(dir, database), onTrouble: (m) => trouble.push(m) });
     await next.flushed();
     expect(trouble).to.include('adopted a usage journal left by a stopped process');
-    expect((await store.usage.find({ _id: { $in: ids } }).toArray()).map((d) => d._id).sort()).to.deep.equal([...ids].sort());
+    expect((await storedUsage(store, { _id: { $in: ids } })).map((d) => d._id).sort()).to.deep.equal([...ids].sort());
     expect(journaled()).to.deep.equal([]);
     await next.close(1_000);
     expect(fs.readdirSync(dir)).to.deep.equal([]);
@@ -758,7 +761,7 @@ describe('a gateway killed while its database is frozen', () => {
       ({ gateway, url } = await start());
       let stored: string[] = [];
       for (let i = 0; i < 100 && stored.length < answered.length; i++) {
-        stored = (await store.usage.find({ _id: { $in: answered } }).toArray()).map((d) => d._id);
+        stored = (await storedUsage(store, { _id: { $in: answered } })).map((d) => d._id);
         if (stored.length < answered.length) await new Promise((r) => setTimeout(r, 50));
       }
       expect(stored.sort()).to.deep.equal([...answered].sort());

@@ -4,7 +4,7 @@ import http from 'node:http';
 import { expect } from 'chai';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, uniqueName, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
+import { call, createTenant, startTestGateway, uniqueName, writeTestCatalog, type Tenant, type TestGateway, storedUsage } from './helpers';
 import { parseSse, streamCall } from './inference-helpers';
 
 const run = uniqueName('inf'); // isolates this file's sandbox counters
@@ -373,7 +373,7 @@ describe('inference routes', function () {
         // Seen by the sandbox before its 500 ms answer: the gateway hung up on it.
         expect(seen).to.equal(aborted + 1);
         await gw.usage.flushed();
-        const billed = await gw.store.usage.find({ workspace_id: tenant.workspaceId }).toArray();
+        const billed = await storedUsage(gw.store, { workspace_id: tenant.workspaceId });
         expect(billed.map((u) => u.model)).to.deep.equal(['test/good-20260301', 'test/good-20260301', 'test/good-20260301']);
       } finally {
         agent.destroy();

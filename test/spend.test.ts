@@ -9,7 +9,7 @@ import { estimateDecisionCost } from '../domain/decisions/estimate';
 import { Catalog } from '../domain/catalog';
 import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, uniqueName, usageRecord, waitForStatus, writeTestCatalog } from './helpers';
+import { call, createTenant, startTestGateway, uniqueName, usageRecord, waitForStatus, writeTestCatalog, storedUsage } from './helpers';
 
 const question = { q: { type: 'noul', instructions: 'Is this a complaint?' } };
 
@@ -218,7 +218,7 @@ for (const mode of ['inline', 'workflow'] as const)
         expect(ok.length, JSON.stringify({ cost, estimate, costs: ok.map((a) => a.body.usage.cost) })).to.be.within(1, 5);
         expect(refused[0].body.error.message).to.match(/Insufficient credits/);
         await gw.usage.flushed(); // inline decisions are journaled before the answer, stored in groups
-        const billed = await gw.store.usage.find({ workspace_id: t.workspaceId }).toArray();
+        const billed = await storedUsage(gw.store, { workspace_id: t.workspaceId });
         expect(billed).to.have.length(ok.length);
         const spent = billed.reduce((a, u) => a + u.cost, 0);
         expect(spent).to.be.at.most(5 * cost + estimate + 1e-12);
@@ -313,7 +313,7 @@ describe('credits under concurrent calls and batches', () => {
       const t = await createTenant(gw.store, 0.01);
       const done = await runBatch(gw.url, t, 2000);
       expect(done.status).to.equal('completed');
-      const spent = (await gw.store.usage.find({ workspace_id: t.workspaceId }).toArray()).reduce((a, u) => a + u.cost, 0);
+      const spent = (await storedUsage(gw.store, { workspace_id: t.workspaceId })).reduce((a, u) => a + u.cost, 0);
       expect(spent).to.be.at.most(0.01 + perCall + 1e-9);
       expect(done.request_counts.completed).to.be.within(9, 11);
       expect(done.request_counts.failed).to.equal(2000 - done.request_counts.completed);
@@ -348,7 +348,7 @@ describe('credits under concurrent calls and batches', () => {
       const t = await createTenant(first.store, 0.01);
       // Two batches at once, one created through each process; both processes' workers run chunks of both.
       const [a, b] = await Promise.all([runBatch(first.url, t, 1000), runBatch(second.url, t, 1000)]);
-      const spent = (await first.store.usage.find({ workspace_id: t.workspaceId }).toArray()).reduce((x, u) => x + u.cost, 0);
+      const spent = (await storedUsage(first.store, { workspace_id: t.workspaceId })).reduce((x, u) => x + u.cost, 0);
       expect(spent).to.be.at.most(2 * (0.01 + perCall) + 1e-9);
       expect(a.request_counts.completed + b.request_counts.completed).to.be.at.least(9);
     } finally {

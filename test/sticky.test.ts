@@ -17,6 +17,7 @@ import {
   waitForStatus,
   writeTestCatalog,
   type Tenant,
+  storedUsage,
 } from './helpers';
 
 const SLUGS = ['st-a', 'st-b', 'st-c', 'st-d'];
@@ -193,7 +194,7 @@ for (const layout of LAYOUTS)
       expect(created.status, JSON.stringify(created.body)).to.equal(202);
       const done = await waitForStatus(apis[0].url, t.inferenceKey, created.body.id, ['completed']);
       expect(done.request_counts).to.include({ completed: 6, failed: 0 });
-      const lines = await store.usage.find({ batch_id: created.body.id }).toArray();
+      const lines = await storedUsage(store, { batch_id: created.body.id });
       expect(lines.map((u) => u.provider)).to.deep.equal(Array(6).fill(chatProvider));
     });
   });

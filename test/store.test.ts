@@ -42,9 +42,9 @@ describe('store: lookups by _id on the embedded FerretDB', () => {
     const ledger = new UsageLedger(store);
     const id = newGenerationId();
     await ledger.record(usageRecord(id, t.workspaceId, t.inferenceKeyId, 0.5));
-    expect(await planOf({ _id: id, cost: { $lte: 1 } })).to.match(/SEARCH \S+ USING INDEX \S+__id_/);
-    expect(await store.usage.countDocuments({ _id: id, cost: { $lte: 1 } })).to.equal(1);
-    expect(await store.usage.countDocuments({ _id: id, cost: { $lte: 0.1 } })).to.equal(0);
+    expect(await planOf({ _id: id, workspace_id: t.workspaceId })).to.match(/SEARCH \S+ USING INDEX \S+__id_/);
+    expect(await store.usage.countDocuments({ _id: id, workspace_id: t.workspaceId })).to.equal(1);
+    expect(await store.usage.countDocuments({ _id: id, workspace_id: 'another' })).to.equal(0);
     // A conditional replace (the batch progress guard) writes only when its condition holds.
     const coll = store.db.collection<{ _id: string; n: number }>(uniqueName('guarded'));
     await coll.insertOne({ _id: 'p', n: 5 });

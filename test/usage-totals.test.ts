@@ -5,6 +5,7 @@ import { getBalance } from '../domain/accounts/credits';
 import { UsageLedger } from '../domain/accounts/usage-ledger';
 import { TotalsWriter, usageTotals } from '../domain/accounts/usage-totals';
 import { Store, workspaceRange, type UsageDoc } from '../infrastructure/store';
+import { toStoredUsage, type StoredUsageDoc } from '../infrastructure/store/usage-form';
 import { stack } from './fixture';
 import { createTenant, storeWith, uniqueName, usageRecord, type Tenant } from './helpers';
 
@@ -60,7 +61,7 @@ describe('usage totals: the balance in bounded reads', () => {
     const dead = new TotalsWriter(store);
     const docs = [doc('gen-crash-1', 0.5), doc('gen-crash-2', 0.25), doc('gen-crash-3', 0.125)];
     await dead.begin(docs);
-    await store.usage.insertMany(docs.slice(0, 2)); // the third never got in; the writer is gone
+    await store.usage.insertMany(docs.slice(0, 2).map(toStoredUsage)); // the third never got in; the writer is gone
     expect(await usage()).to.equal(0.75);
     // The next process re-inserts the whole group from its journal: only the third is new.
     const next = new UsageLedger(store);
@@ -78,10 +79,10 @@ describe('usage totals: the balance in bounded reads', () => {
       .toArray();
     expect(written.pending!.ids).to.be.a('string');
     expect(JSON.parse(written.pending!.ids as string)).to.deep.equal(['gen-text-1', 'gen-text-2']);
-    await store.usage.insertMany(docs.slice(0, 1));
+    await store.usage.insertMany(docs.slice(0, 1).map(toStoredUsage));
     expect(await usage()).to.equal(0.5);
 
-    // An earlier version's document: the ids as a list, its records stamped with its writer and group.
+    // An earlier version's documents: the ids as a list, its records with every field at the top.
     const old = [
       { ...doc('gen-list-1', 0.125), writer: 'w-old', group: 3 },
       { ...doc('gen-list-2', 2), writer: 'w-old', group: 3 },
@@ -101,7 +102,7 @@ describe('usage totals: the balance in bounded reads', () => {
   it('a group whose insert failed part-way is counted by what it stored, before the next group', async () => {
     let fail = true;
     const flaky = storeWith(store, 'usage', (real) => ({
-      insertMany: async (docs: UsageDoc[], opts: object) => {
+      insertMany: async (docs: StoredUsageDoc[], opts: object) => {
         if (!fail) return real.insertMany(docs, opts);
         fail = false;
         await real.insertMany(docs.slice(0, 1), opts);
@@ -131,7 +132,7 @@ describe('usage totals: the balance in bounded reads', () => {
     for (const [coll, filter] of [
       ['credit_grants', { _id: workspaceRange(t.workspaceId) }],
       ['usage_totals', { _id: workspaceRange(t.workspaceId) }],
-      ['usage', { _id: { $in: ['gen-a', 'gen-b'] }, writer: 'w1', group: 3 }],
+      ['usage', { _id: { $in: ['gen-a', 'gen-b'] } }],
     ] as const) {
       const plan = await explain(coll, filter);
       expect(plan.filterPushdown, coll).to.equal(true);

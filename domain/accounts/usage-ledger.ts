@@ -15,6 +15,7 @@ import { randomBytes } from 'node:crypto';
 import { ServiceUnavailableError } from '../../infrastructure/errors';
 import { fromJsonText, toJsonText } from '../../infrastructure/store/json-text';
 import { insertManyEach, type Store, type UsageDoc, type UsageFields } from '../../infrastructure/store';
+import { fromStoredUsage, toStoredUsage } from '../../infrastructure/store/usage-form';
 import { takeCheckpointMark, type Segment, type UsageJournal } from './usage-journal';
 import { TotalsWriter } from './usage-totals';
 import type { RequestMeta } from './attribution';
@@ -120,7 +121,9 @@ export class UsageLedger {
 
   /** One generation's usage record, if it belongs to the workspace (stored or still on its way). */
   async generation(workspaceId: string, id: string): Promise<UsageDoc | null> {
-    const doc = this.unstored.get(id) ?? (await this.store.usage.findOne({ _id: id }));
+    const unstored = this.unstored.get(id);
+    const stored = unstored ? null : await this.store.usage.findOne({ _id: id });
+    const doc = unstored ?? (stored && fromStoredUsage(stored));
     return doc && doc.workspace_id === workspaceId ? doc : null;
   }
 
@@ -247,7 +250,7 @@ export class UsageLedger {
     let outcomes: Awaited<ReturnType<typeof insertManyEach>>;
     try {
       await this.totals.begin(docs);
-      outcomes = await insertManyEach(this.store.usage, docs);
+      outcomes = await insertManyEach(this.store.usage, docs.map(toStoredUsage));
       this.totals.inserted(docs, outcomes);
     } catch (err) {
       this.totals.failed(docs);

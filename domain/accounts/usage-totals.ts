@@ -14,6 +14,7 @@ import { randomBytes } from 'node:crypto';
 import type { AnyBulkWriteOperation, Document } from 'mongodb';
 import { workspaceRange, type Store, type UsageDoc } from '../../infrastructure/store';
 import { fromJsonText, toJsonText } from '../../infrastructure/store/json-text';
+import { fromStoredUsage } from '../../infrastructure/store/usage-form';
 
 export interface UsageTotalDoc extends Document {
   _id: string; // <workspace id>:<writer id>
@@ -58,8 +59,13 @@ function pendingIds(p: NonNullable<UsageTotalDoc['pending']>): string[] {
 
 /** What of a group's records is stored with that writer's stamp. */
 async function storedCost(store: Store, writer: string, group: number, ids: string[]): Promise<number> {
-  const docs = await store.usage.find({ _id: { $in: ids }, writer, group }, { projection: { cost: 1 } }).toArray();
-  return docs.reduce((sum, d) => sum + d.cost, 0);
+  return (await stampedWith(store, writer, group, ids)).reduce((sum, d) => sum + d.cost, 0);
+}
+
+/** The records of `ids` stored with this stamp (the stamp is inside the packed record: read by `_id`, then checked). */
+async function stampedWith(store: Store, writer: string, group: number, ids: string[]): Promise<UsageDoc[]> {
+  const docs = (await store.usage.find({ _id: { $in: ids } }).toArray()).map(fromStoredUsage);
+  return docs.filter((d) => d.writer === writer && d.group === group);
 }
 
 /**
@@ -128,9 +134,12 @@ export class TotalsWriter {
   private async resolve(): Promise<void> {
     const u = this.unresolved;
     if (!u) return;
-    const found = await this.store.usage
-      .find({ _id: { $in: u.docs.map((d) => d._id) }, writer: this.id, group: u.group }, { projection: { cost: 1, workspace_id: 1 } })
-      .toArray();
+    const found = await stampedWith(
+      this.store,
+      this.id,
+      u.group,
+      u.docs.map((d) => d._id),
+    );
     for (const d of found) this.add(d.workspace_id, d.cost);
     this.unresolved = null;
   }

@@ -1,6 +1,7 @@
 // The MongoDB connection and the collections the gateway keeps. FerretDB (the embedded default)
 // has no transactions and scans everything but `_id` lookups, so writes are idempotent by `_id`.
 import { MongoClient, MongoNetworkError, type Db, type Document, type Collection, type FindCursor, type MongoClientOptions } from 'mongodb';
+import type { StoredUsageDoc } from './usage-form';
 
 export interface ProbeDoc extends Document {
   _id: string;
@@ -41,7 +42,7 @@ export interface CreditGrantDoc extends Document {
   created_at: Date;
 }
 
-/** One billable call. `_id` is the generation id, so recording it twice is impossible. */
+/** One billable call. `_id` is the generation id, so recording it twice is impossible. Stored packed (usage-form). */
 export interface UsageDoc extends Document, UsageFields {}
 
 /** A usage record's fields, apart from the driver's Document (whose index signature would make every field optional to `Omit`). */
@@ -199,8 +200,9 @@ export class Store {
     return this.db.collection<CreditGrantDoc>('credit_grants');
   }
 
-  get usage(): Collection<UsageDoc> {
-    return this.db.collection<UsageDoc>('usage');
+  /** Stored packed (usage-form): read a record with `fromStoredUsage`. */
+  get usage(): Collection<StoredUsageDoc> {
+    return this.db.collection<StoredUsageDoc>('usage');
   }
 
   get rateTickets(): Collection<RateTicketDoc> {
