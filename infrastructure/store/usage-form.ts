@@ -1,6 +1,6 @@
 // How a usage record is laid out in the `usage` collection. FerretDB (the embedded default) spends
-// CPU on every stored field: a record's thirteen fields cost it 0.046-0.056 ms per insert, the same
-// record as `_id`, `workspace_id` and one JSON text 0.024-0.029 ms (a record with `_id` alone
+// CPU on every stored field: a record's thirteen fields cost it 0.037-0.043 ms per insert, the same
+// record as `_id`, `workspace_id` and one JSON text 0.020-0.026 ms (a record with `_id` alone
 // 0.012-0.015). Every call that bills writes one, so the record is stored packed: nothing reads
 // records by any field but `_id` (docs/queries.md). `workspace_id`, and `batch_id` when there is
 // one, stay fields, for people and tests looking at the collection by hand.
