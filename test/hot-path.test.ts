@@ -586,7 +586,9 @@ describe('usage ledger with a journal', () => {
     const { store: stuck } = gatedStore(store);
     const first = new UsageLedger(stuck, { journal: new UsageJournal(dir, database) });
     const ids = [1, 2, 3].map((i) => `gen-left-${Date.now()}-${i}`);
-    for (const id of ids) await first.record(usage(id));
+    // Details keyed by a caller's question names, one of which Extended JSON would read as a date.
+    const details = { providers: { $date: 'sandbox', q2: 'other' } };
+    for (const id of ids) await first.record({ ...usage(id), details });
     await store.usage.insertOne(toStoredUsage({ ...usage(ids[0]), created_at: new Date() } as UsageDoc)); // one got through before the stop
     await first.close(0); // the database never answered: the journal keeps all three
     expect(journaled()).to.have.length(3);
@@ -601,7 +603,9 @@ describe('usage ledger with a journal', () => {
     const next = new UsageLedger(store, { journal: new UsageJournal(dir, database), onTrouble: (m) => trouble.push(m) });
     await next.flushed();
     expect(trouble).to.include('adopted a usage journal left by a stopped process');
-    expect((await storedUsage(store, { _id: { $in: ids } })).map((d) => d._id).sort()).to.deep.equal([...ids].sort());
+    const adopted = await storedUsage(store, { _id: { $in: ids } });
+    expect(adopted.map((d) => d._id).sort()).to.deep.equal([...ids].sort());
+    expect(usageDetails(adopted.find((d) => d._id === ids[2])!)).to.deep.equal(details); // came back through the journal
     expect(journaled()).to.deep.equal([]);
     await next.close(1_000);
     expect(fs.readdirSync(dir)).to.deep.equal([]);

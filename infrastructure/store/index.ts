@@ -56,9 +56,9 @@ export interface UsageFields {
   input_tokens: number;
   output_tokens: number;
   cost: number; // USD, debited from the workspace balance
-  // The attribution below is stored only when there is some (`toDoc` in usage-ledger): each field
-  // costs the embedded FerretDB CPU on every record, mostly for nothing (a call without a session,
-  // user, trace, app or batch is the common case).
+  // The attribution below is kept only when there is some (`toDoc` in usage-ledger): a call without
+  // a session, user, trace, app or batch is the common case, and its record is shorter to journal
+  // and store without them.
   session_id?: string | null;
   user?: string | null;
   /** The caller's trace object as JSON text (infrastructure/store/json-text). */
@@ -67,8 +67,9 @@ export interface UsageFields {
   batch_id?: string | null;
   /**
    * Extra facts about the call (how it ended, the label mass of logprob-answered decisions), as JSON
-   * text: FerretDB spends CPU per stored field, and a completion's four facts as fields cost it a
-   * fifth of the record's insert. An object in records of earlier versions (`usageDetails` reads both).
+   * text like `trace`: its keys include callers' question names, which as an object would come back
+   * wrong from the journal's Extended JSON (a question named `$date` read as a date). An object in
+   * records of earlier versions (`usageDetails` reads both).
    */
   details?: string | Record<string, unknown>;
   created_at: Date;

@@ -6,6 +6,7 @@
 // one, stay fields, for people and tests looking at the collection by hand.
 import type { Document } from 'mongodb';
 import type { UsageDoc } from './index';
+import { fromJsonText, toJsonText } from './json-text';
 
 /** A usage record as stored; records of earlier versions have every field at the top instead. */
 export interface StoredUsageDoc extends Document {
@@ -18,13 +19,13 @@ export interface StoredUsageDoc extends Document {
 
 export function toStoredUsage(doc: UsageDoc): StoredUsageDoc {
   const { _id, workspace_id, batch_id, ...rest } = doc;
-  return { _id, workspace_id, ...(batch_id != null && { batch_id }), record: JSON.stringify(rest) };
+  return { _id, workspace_id, ...(batch_id != null && { batch_id }), record: toJsonText(rest) };
 }
 
 /** The record again, whichever form it was stored in. */
 export function fromStoredUsage(stored: StoredUsageDoc): UsageDoc {
   const { record, ...top } = stored;
   if (typeof record !== 'string') return stored as UsageDoc;
-  const rest = JSON.parse(record) as Omit<UsageDoc, 'created_at'> & { created_at: string };
+  const rest = fromJsonText<Omit<UsageDoc, 'created_at'> & { created_at: string }>(record);
   return { ...rest, ...top, created_at: new Date(rest.created_at) } as UsageDoc;
 }

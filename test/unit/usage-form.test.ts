@@ -1,26 +1,6 @@
 import { expect } from 'chai';
 import { fromStoredUsage, toStoredUsage } from '../../infrastructure/store/usage-form';
-import type { UsageDoc } from '../../infrastructure/store';
-
-/** A record as the ledger stores it: absent attribution left out, details and trace as JSON text. */
-const record: UsageDoc = {
-  _id: 'gen-abc',
-  workspace_id: 'ws',
-  key_id: 'key',
-  kind: 'completion',
-  model: 'sandbox/chat-1',
-  provider: null,
-  input_tokens: 12,
-  output_tokens: 7,
-  cost: 0.000123456789,
-  session_id: 'conversation "1"',
-  trace: JSON.stringify({ trace_id: 't', nested: { a: [1, 2] } }),
-  app: { referer: 'https://x.example', title: 'é ✓\u2028', categories: ['a'] },
-  details: JSON.stringify({ ending: 'completed', label_mass: 0.99 }),
-  created_at: new Date('2026-11-25T17:00:00.123Z'),
-  writer: 'w1',
-  group: 3,
-};
+import { usageSample as record } from './usage-sample';
 
 describe('usage records as stored', () => {
   it('are three fields: _id, workspace_id and the rest as JSON text (batch_id as a fourth when there is one)', () => {

@@ -3,27 +3,10 @@ import { BSON } from 'mongodb';
 import { journalLine, takeCheckpointMark } from '../../domain/accounts/usage-journal';
 import { newGenerationId, usageDetails } from '../../domain/accounts/usage-ledger';
 import type { UsageDoc } from '../../infrastructure/store';
+import { sampleDetails, usageSample } from './usage-sample';
 
-const record: UsageDoc = {
-  _id: 'gen-abc',
-  workspace_id: 'ws',
-  key_id: 'key',
-  kind: 'completion',
-  model: 'sandbox/chat-1',
-  provider: 'sandbox',
-  input_tokens: 12,
-  output_tokens: 7,
-  cost: 0.000123456789,
-  session_id: 'conversation "1"',
-  user: null,
-  trace: JSON.stringify({ trace_id: 't', nested: { a: [1, 2] } }),
-  app: { referer: 'https://x.example', title: 'é ✓', categories: ['a'] },
-  batch_id: null,
-  details: { stream: false, label_mass: 0.99, providers: { q: 'p' } },
-  created_at: new Date('2026-11-25T17:00:00.123Z'),
-  writer: 'w1',
-  group: 3,
-};
+/** With the attribution an earlier version kept when absent (nulls): the journal carries either. */
+const record: UsageDoc = { ...usageSample, user: null, batch_id: null };
 
 describe('usage journal lines', () => {
   it('are exactly the relaxed Extended JSON the journal reads back, its date a date', () => {
@@ -34,12 +17,11 @@ describe('usage journal lines', () => {
     expect(back.created_at).to.be.instanceOf(Date);
   });
 
-  it('carry details in either stored form: JSON text (current) or an object (earlier versions)', () => {
-    const text = { ...record, details: JSON.stringify(record.details) };
-    const back = BSON.EJSON.parse(journalLine(text), { relaxed: true }) as UsageDoc;
+  it('carry details as JSON text, whatever keys callers named; details of earlier versions (objects) read too', () => {
+    const back = BSON.EJSON.parse(journalLine(record), { relaxed: true }) as UsageDoc;
     expect(back.details).to.be.a('string');
-    expect(usageDetails(back)).to.deep.equal(record.details);
-    expect(usageDetails(record)).to.deep.equal(record.details);
+    expect(usageDetails(back)).to.deep.equal(sampleDetails);
+    expect(usageDetails({ details: { stream: false } })).to.deep.equal({ stream: false });
     expect(usageDetails({ details: undefined })).to.equal(null);
   });
 
