@@ -6,7 +6,7 @@
 import http from 'node:http';
 import os from 'node:os';
 import type { AddressInfo } from 'node:net';
-import { benchKey, loadSamples, mergeSamples, startStack, summarize, writeResult, type LoadSamples } from './harness';
+import { benchKey, loadSamples, measuredInRounds, startStack, writeResult } from './harness';
 
 const BARS = { added_p50_ms_at_c1: 0.1, rps_ratio_at_c50: 0.9 };
 const TOTALS: Record<number, number> = { 1: 2000, 50: 10_000 };
@@ -62,17 +62,10 @@ export async function benchBroadcast() {
 
     const rows: Record<string, any>[] = [];
     for (const concurrency of [1, 50]) {
-      const samples: Record<string, LoadSamples> = {};
-      for (let round = 0; round < ROUNDS; round++) {
-        for (let i = 0; i < names.length; i++) {
-          const name = names[(round + i) % names.length];
-          const run = await loadSamples(url(name), body, headers, concurrency, Math.ceil(TOTALS[concurrency] / ROUNDS), (_s, t) =>
-            t.includes('"choices"'),
-          );
-          samples[name] = mergeSamples(samples[name], run);
-        }
-      }
-      rows.push({ concurrency, ...Object.fromEntries(names.map((n) => [n, summarize(samples[n])])) });
+      const targets = Object.fromEntries(
+        names.map((n) => [n, { url: url(n), headers, body, requests: TOTALS[concurrency], ok: (t: string) => t.includes('"choices"') }]),
+      );
+      rows.push({ concurrency, ...(await measuredInRounds(stack, targets, concurrency, ROUNDS)) });
     }
     // Let the exports settle (a failed one takes up to its 5 s timeout), then read what each gateway counted.
     await new Promise((r) => setTimeout(r, 7_000));

@@ -4,7 +4,7 @@
 // concurrency 1, 10, 50 and 200; plus, on the same server, the Temporal floor (bench/temporal-floor).
 // Each row has req/s, p50/p99, errors and CPU milliseconds per request of every process.
 import os from 'node:os';
-import { benchKey, closedLoop, cpuByProcess, startStack, writeResult, type LoadResult, type Stack } from './harness';
+import { benchKey, closedLoop, measuredInRounds, startStack, writeResult, type MeasuredRow } from './harness';
 import { measureTemporalFloor } from './temporal-floor';
 
 const body = {
@@ -19,8 +19,8 @@ const body = {
 
 /** Requests per row by concurrency: enough for stable percentiles, bounded for the slow mode. */
 const TOTALS: Record<'direct' | 'inline' | 'workflow', Record<number, number>> = {
-  direct: { 1: 1000, 10: 3000, 50: 5000, 200: 6000 },
-  inline: { 1: 1000, 10: 3000, 50: 5000, 200: 6000 },
+  direct: { 1: 2000, 10: 3000, 50: 5000, 200: 6000 },
+  inline: { 1: 2000, 10: 3000, 50: 5000, 200: 6000 },
   workflow: { 1: 200, 10: 400, 50: 600, 200: 800 },
 };
 
@@ -29,16 +29,8 @@ const BARS = {
   workflow: { max_p99_ms_at_c50: 1500, rps_at_c50_at_least_rps_at_c10: true },
 };
 
-type Row = LoadResult & { cpu_ms_per_request: Record<string, number> };
-
-async function measured(stack: Stack, url: string, headers: Record<string, string>, concurrency: number, total: number): Promise<Row> {
-  const before = cpuByProcess(stack.processes);
-  const run = await closedLoop(url, body, headers, concurrency, total, (_s, text) => text.includes('"answers"'));
-  const cpu = Object.fromEntries(
-    Object.entries(cpuByProcess(stack.processes)).map(([n, s]) => [n, Math.round(((s - before[n]) / run.requests) * 1e5) / 100]),
-  );
-  return { ...run, cpu_ms_per_request: cpu };
-}
+/** Rounds each level is split into for direct and inline, which take turns (harness.measuredInRounds). */
+const ROUNDS = 4;
 
 export async function benchDecisions(opts: { levels?: number[]; temporalInMemory?: boolean } = {}) {
   const levels = opts.levels ?? [1, 10, 50, 200];
@@ -67,13 +59,28 @@ export async function benchDecisions(opts: { levels?: number[]; temporalInMemory
 
     const rows: Record<string, any>[] = [];
     for (const concurrency of levels) {
-      const row: Record<string, unknown> = { concurrency };
-      for (const [name, t] of Object.entries(targets) as [keyof typeof TOTALS, (typeof targets)['direct']][]) {
-        row[name] = await measured(stack, t.url, t.headers, concurrency, TOTALS[name][concurrency] ?? 1000);
-      }
-      const direct = row.direct as Row;
+      const measure = (names: (keyof typeof targets)[], rounds: number) =>
+        measuredInRounds(
+          stack,
+          Object.fromEntries(
+            names.map((name) => [
+              name,
+              { ...targets[name], body, requests: TOTALS[name][concurrency] ?? 1000, ok: (text: string) => text.includes('"answers"') },
+            ]),
+          ),
+          concurrency,
+          rounds,
+        );
+      // Direct and inline take turns, since the c=1 bar is their difference; the workflow mode, one
+      // block as before (its rounds would be a few requests per connection, all ramp-up and ramp-down).
+      const row: Record<string, any> = {
+        concurrency,
+        ...(await measure(['direct', 'inline'], ROUNDS)),
+        ...(await measure(['workflow'], 1)),
+      };
+      const direct = row.direct as MeasuredRow;
       for (const name of ['inline', 'workflow'] as const) {
-        const r = row[name] as Row;
+        const r = row[name] as MeasuredRow;
         row[`${name}_added_p50_ms`] = Math.round((r.p50_ms - direct.p50_ms) * 100) / 100;
       }
       rows.push(row);
@@ -109,13 +116,14 @@ export async function benchDecisions(opts: { levels?: number[]; temporalInMemory
       temporal_floor: temporalFloor,
     };
     const file = writeResult('decisions', result);
-    const cpu = (r: Row) => ['inline', 'workflow', 'temporal', 'ferretdb', 'sandbox'].map((n) => r.cpu_ms_per_request[n]).join(' / ');
+    const cpu = (r: MeasuredRow) =>
+      ['inline', 'workflow', 'temporal', 'ferretdb', 'sandbox'].map((n) => r.cpu_ms_per_request[n]).join(' / ');
     console.log(
       '\n   c | mode     | req/s   | p50 / p99 ms    | added p50 | errors | CPU ms/req: inline / workflow / temporal / ferretdb / sandbox',
     );
     for (const r of rows) {
       for (const name of ['direct', 'inline', 'workflow']) {
-        const x = r[name] as Row;
+        const x = r[name] as MeasuredRow;
         const added = name === 'direct' ? '' : String(r[`${name}_added_p50_ms`]);
         console.log(
           `${String(r.concurrency).padStart(4)} | ${name.padEnd(8)} | ${String(x.rps).padEnd(7)} | ${`${x.p50_ms} / ${x.p99_ms}`.padEnd(15)} | ${added.padEnd(9)} | ${String(x.errors).padEnd(6)} | ${cpu(x)}`,

@@ -286,6 +286,53 @@ export function summarize(s: LoadSamples): LoadResult {
   };
 }
 
+export interface RoundTarget {
+  url: string;
+  headers: Record<string, string>;
+  body: object;
+  /** Requests over all the rounds. */
+  requests: number;
+  /** Whether a 200's text is the answer expected (anything else counts as an error). */
+  ok: (text: string) => boolean;
+}
+
+/** A target's merged latencies and errors, with each process's CPU milliseconds per request. */
+export type MeasuredRow = LoadResult & { cpu_ms_per_request: Record<string, number> };
+
+/**
+ * Each target in turn, in `rounds` rounds of its requests / rounds (A B C, B C A, …): the machine's
+ * speed drifts over minutes, and targets measured in one long block each would carry that drift
+ * into the comparison. Latencies and CPU are merged over the rounds.
+ */
+export async function measuredInRounds(
+  stack: Stack,
+  targets: Record<string, RoundTarget>,
+  concurrency: number,
+  rounds: number,
+): Promise<Record<string, MeasuredRow>> {
+  const names = Object.keys(targets);
+  const samples: Record<string, LoadSamples> = {};
+  const cpu: Record<string, Record<string, number>> = {};
+  for (let round = 0; round < rounds; round++) {
+    for (let i = 0; i < names.length; i++) {
+      const name = names[(round + i) % names.length];
+      const t = targets[name];
+      const before = cpuByProcess(stack.processes);
+      const run = await loadSamples(t.url, t.body, t.headers, concurrency, Math.ceil(t.requests / rounds), (_s, text) => t.ok(text));
+      for (const [n, s] of Object.entries(cpuByProcess(stack.processes)))
+        cpu[name] = { ...cpu[name], [n]: (cpu[name]?.[n] ?? 0) + s - before[n] };
+      samples[name] = mergeSamples(samples[name], run);
+    }
+  }
+  const rows: Record<string, MeasuredRow> = {};
+  for (const name of names) {
+    const run = summarize(samples[name]);
+    const perRequest = Object.fromEntries(Object.entries(cpu[name]).map(([n, s]) => [n, Math.round((s / run.requests) * 1e5) / 100]));
+    rows[name] = { ...run, cpu_ms_per_request: perRequest };
+  }
+  return rows;
+}
+
 export async function closedLoop(...args: Parameters<typeof loadSamples>): Promise<LoadResult> {
   return summarize(await loadSamples(...args));
 }

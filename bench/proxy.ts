@@ -14,19 +14,7 @@ import { createParser } from 'eventsource-parser';
 import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { startProcess, freePort, type ManagedProcess } from '../devstack/processes';
-import {
-  benchKey,
-  mergeSamples,
-  closedLoop,
-  cpuByProcess,
-  loadSamples,
-  startStack,
-  summarize,
-  writeResult,
-  type LoadResult,
-  type LoadSamples,
-  type Stack,
-} from './harness';
+import { benchKey, closedLoop, measuredInRounds, startStack, writeResult, type LoadResult } from './harness';
 
 const BARS = {
   added_p50_ms_at_c1: 0.3,
@@ -155,37 +143,6 @@ function startPortkey(): Promise<{ url: string; process: ManagedProcess }> {
 function startFloor(kind: 'node' | 'koa', sandboxUrl: string): Promise<{ url: string; process: ManagedProcess }> {
   const script = path.join(__dirname, 'floor-proxy.js');
   return startPeer(`floor_${kind}`, () => [script], { FLOOR_KIND: kind, FLOOR_UPSTREAM: sandboxUrl }, 15_000);
-}
-
-/**
- * Each target in turn, in ROUNDS rounds of total / ROUNDS requests (A B C, B C A, …): the machine's
- * speed drifts over minutes, and targets measured in one long block each would carry that drift
- * into the comparison. Latencies and CPU are merged over the rounds.
- */
-async function measuredInRounds(stack: Stack, targets: Record<string, Target>, body: object, concurrency: number, total: number) {
-  const names = Object.keys(targets);
-  const samples: Record<string, LoadSamples> = {};
-  const cpu: Record<string, Record<string, number>> = {};
-  for (let round = 0; round < ROUNDS; round++) {
-    for (let i = 0; i < names.length; i++) {
-      const name = names[(round + i) % names.length];
-      const t = targets[name];
-      const before = cpuByProcess(stack.processes);
-      const run = await loadSamples(t.url, { ...body, model: t.model }, t.headers, concurrency, Math.ceil(total / ROUNDS), (_s, text) =>
-        text.includes(answered(t)),
-      );
-      for (const [n, s] of Object.entries(cpuByProcess(stack.processes)))
-        cpu[name] = { ...cpu[name], [n]: (cpu[name]?.[n] ?? 0) + s - before[n] };
-      samples[name] = mergeSamples(samples[name], run);
-    }
-  }
-  const rows: Record<string, Row> = {};
-  for (const name of names) {
-    const run = summarize(samples[name]);
-    const perRequest = Object.fromEntries(Object.entries(cpu[name]).map(([n, s]) => [n, Math.round((s / run.requests) * 1e5) / 100]));
-    rows[name] = { ...run, cpu_ms_per_request: perRequest };
-  }
-  return rows;
 }
 
 interface StreamStats {
@@ -344,7 +301,22 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
     for (const concurrency of levels) {
       const row: Record<string, any> = {
         concurrency,
-        ...(await measuredInRounds(stack, targets, body, concurrency, TOTALS[concurrency] ?? 2000)),
+        ...(await measuredInRounds(
+          stack,
+          Object.fromEntries(
+            Object.entries(targets).map(([name, t]) => [
+              name,
+              {
+                ...t,
+                body: { ...body, model: t.model },
+                requests: TOTALS[concurrency] ?? 2000,
+                ok: (text: string) => text.includes(answered(t)),
+              },
+            ]),
+          ),
+          concurrency,
+          ROUNDS,
+        )),
       };
       for (const [name, base] of Object.entries(BASELINE)) row[`${name}_added_p50_ms`] = round(row[name].p50_ms - row[base].p50_ms);
       rows.push(row);
