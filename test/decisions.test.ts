@@ -11,6 +11,7 @@ import { stack } from './fixture';
 import {
   call,
   createTenant,
+  expectJsonAnswerHeaders,
   startTestGateway,
   writeTestCatalog,
   type Tenant,
@@ -267,6 +268,7 @@ for (const mode of ['inline', 'workflow'] as const)
         expect(r.body.model).to.equal('typesafe/jev-1.13-20260917');
         expect(r.body.provider).to.be.oneOf(['sandbox-systemone', 'sandbox-systemone-eu']);
         expect(r.body.id).to.match(/^gen-dec-/);
+        expectJsonAnswerHeaders(r);
         const direct = await fetch(`${stack.sandboxUrl}/systemone/v1/systemone`, {
           method: 'POST',
           headers: { 'content-type': 'application/json' },

@@ -1,4 +1,5 @@
 // Shared test plumbing: an isolated gateway (own database, own task queue) on the run's real services.
+import { expect } from 'chai';
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -81,6 +82,17 @@ export async function call(url: string, opts: { method?: string; key?: string; b
     /* not JSON */
   }
   return { status: res.status, headers: res.headers, body };
+}
+
+/**
+ * A hot route's answer (api/send-json) is written before the middleware chain unwinds: it must
+ * still carry what the layers set on the way in, with the JSON's own type and length.
+ */
+export function expectJsonAnswerHeaders(r: { headers: Headers; body: unknown }): void {
+  expect(r.headers.get('content-type')).to.equal('application/json; charset=utf-8');
+  expect(Number(r.headers.get('content-length'))).to.equal(Buffer.byteLength(JSON.stringify(r.body)));
+  expect(r.headers.get('x-request-id')).to.match(/^[0-9a-f-]{36}$/);
+  expect(r.headers.get('x-ratelimit-remaining')).to.match(/^\d+$/);
 }
 
 export async function startTestGateway(

@@ -4,7 +4,17 @@ import http from 'node:http';
 import { expect } from 'chai';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, uniqueName, writeTestCatalog, type Tenant, type TestGateway, storedUsage } from './helpers';
+import {
+  call,
+  createTenant,
+  expectJsonAnswerHeaders,
+  startTestGateway,
+  uniqueName,
+  writeTestCatalog,
+  type Tenant,
+  type TestGateway,
+  storedUsage,
+} from './helpers';
 import { parseSse, streamCall } from './inference-helpers';
 
 const run = uniqueName('inf'); // isolates this file's sandbox counters
@@ -89,6 +99,7 @@ describe('inference routes', function () {
       expect(r.status, JSON.stringify(r.body)).to.equal(200);
       expect(r.body.id).to.match(/^gen-/);
       expect(r.headers.get('x-generation-id')).to.equal(r.body.id);
+      expectJsonAnswerHeaders(r);
       expect(r.body).to.include({ object: 'chat.completion', model: 'test/good-20260301', provider: 'good' });
       const upstream = await direct(CHAT, { messages: body.messages, max_tokens: 8, model: 'good-model' });
       expect(r.body.choices).to.deep.equal(upstream.choices);
