@@ -228,6 +228,17 @@ describe('hostile input', () => {
     agent.destroy();
   });
 
+  it('a body read in full that is not JSON is a 400 that keeps the connection for the next request', async () => {
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    const bad = await post(port, presetPath('bad-json'), auth(), Buffer.from('{"model": '), agent);
+    expect(bad.status).to.equal(400);
+    expect(bad.body.error.message).to.equal('Request body is not valid JSON');
+    expect(bad.headers.connection).to.equal('keep-alive');
+    const next = await post(port, presetPath('after-bad-json'), auth(), Buffer.from(JSON.stringify({ model: 'sandbox/chat-1' })), agent);
+    expect(next.status).to.be.oneOf([200, 201]);
+    agent.destroy();
+  });
+
   it('431 in the error envelope for a URL over 16 KB', async () => {
     const answer = await rawExchange(port, `GET /api/v1/models?x=${'a'.repeat(20_000)} HTTP/1.1\r\nHost: x\r\n\r\n`);
     expect(answer).to.match(/^HTTP\/1\.1 431 /);
