@@ -126,6 +126,21 @@ for (const mode of ['inline', 'workflow'] as const)
         ],
         ['a question that is not an object', { ...base, questions: { q1: 'yes?' } }, 'questions.q1: must be object'],
         [
+          'a question name over 256 characters',
+          { ...base, questions: { ['q'.repeat(257)]: base.questions.q1 } },
+          `questions: key "${'q'.repeat(40)}"…: must NOT have more than 256 characters`,
+        ],
+        [
+          'an empty question name',
+          { ...base, questions: { '': base.questions.q1 } },
+          'questions: key "": must NOT have fewer than 1 characters',
+        ],
+        [
+          'an empty choice label',
+          { ...base, questions: { q1: { type: 'choice', instructions: 'x', criteria: { '': null, b: null } } } },
+          'questions.q1.criteria: key "": must NOT have fewer than 1 characters',
+        ],
+        [
           'an unknown question type',
           { ...base, questions: { q1: { type: 'maybe', instructions: 'x' } } },
           'questions.q1.type: must be one of "noul", "choice", "score"',
@@ -218,7 +233,7 @@ for (const mode of ['inline', 'workflow'] as const)
         });
       }
 
-      it('accepts every guidance shape, extra trace keys and a 256-character session id', async () => {
+      it('accepts every guidance shape, extra trace keys, a 256-character session id, question name and choice label', async () => {
         const r = await decide({
           ...base,
           state: [{ line: 1 }, 'two'],
@@ -229,9 +244,11 @@ for (const mode of ['inline', 'workflow'] as const)
             q1: { type: 'noul', instructions: ['a', 'b'] },
             q2: { type: 'choice', instructions: { q: 'x' }, criteria: { only: null } },
             q3: { type: 'score', instructions: 'x', criteria: [{ level: 'one' }] },
+            ['n'.repeat(256)]: { type: 'choice', instructions: 'x', criteria: { ['c'.repeat(256)]: 'long', short: null } },
           },
         });
         expect(r.status, JSON.stringify(r.body)).to.equal(200);
+        expect(r.body.answers['n'.repeat(256)].probabilities).to.have.keys('c'.repeat(256), 'short');
         // One option and one level answer with full confidence.
         expect(r.body.answers.q2).to.include({ choice: 'only', confidence: 1 });
         expect(r.body.answers.q3).to.include({ score: 0, confidence: 1 });

@@ -14,9 +14,23 @@ export interface DecisionLimits {
 
 const DEFAULT_DECISION_LIMITS: DecisionLimits = { maxQuestions: 256, maxChoices: 255, maxScoreLevels: 255, maxStateBytes: 512 * 1024 };
 
-/** Instructions, criteria and state: a string, a JSON object or a JSON array. */
-const Guidance = Type.Union([Type.String(), Type.Record(Type.String(), Type.Unknown()), Type.Array(Type.Unknown())], {
+/** Question names and choice labels (a record's key schema is not checked by Ajv: `propertyNames` is). */
+const NAME = { minLength: 1, maxLength: 256 };
+
+type GuidanceValue = string | Record<string, unknown> | unknown[];
+
+/**
+ * Instructions, criteria and state: a string, a JSON object or a JSON array. One `type` list, not a
+ * union of three schemas: Ajv records an error for each branch a union tries and refuses, and a
+ * decision body is mostly guidance (its validation took 5 µs as unions, against 1 µs for a chat body).
+ */
+const Guidance = Type.Unsafe<GuidanceValue>({
+  type: ['string', 'object', 'array'],
   description: 'A string, a JSON object or a JSON array',
+});
+const GuidanceOrNull = Type.Unsafe<GuidanceValue | null>({
+  type: ['string', 'object', 'array', 'null'],
+  description: 'A string, a JSON object, a JSON array or null',
 });
 
 /** A union discriminated by `type`, as JSON Schema `oneOf` + `discriminator` (Ajv and OpenAPI both read it). */
@@ -43,7 +57,8 @@ function questionSchemas(limits: DecisionLimits) {
     {
       type: Type.Literal('choice'),
       instructions: Guidance,
-      criteria: Type.Record(Type.String({ minLength: 1, maxLength: 256 }), Type.Union([Guidance, Type.Null()]), {
+      criteria: Type.Record(Type.String(), GuidanceOrNull, {
+        propertyNames: NAME,
         minProperties: 1,
         maxProperties: limits.maxChoices,
         description: 'Choice label → guidance (or null); the keys are the choices',
@@ -72,7 +87,8 @@ export function decisionsRequestSchema(limits: DecisionLimits) {
         Type.String({ minLength: 1, maxLength: 136, description: 'A preset whose model and provider preferences apply' }),
       ),
       state: Guidance,
-      questions: Type.Record(Type.String({ minLength: 1, maxLength: 256 }), question, {
+      questions: Type.Record(Type.String(), question, {
+        propertyNames: NAME,
         minProperties: 1,
         maxProperties: limits.maxQuestions,
       }),

@@ -67,6 +67,12 @@ function fieldPath(instancePath: string, extra?: string): string {
 }
 
 function describe(e: ErrorObject, root: string): { field: string; message: string } {
+  // A key that fails its `propertyNames` schema: named, since the object's path alone says not which.
+  const key = (e as ErrorObject & { propertyName?: string }).propertyName;
+  if (key !== undefined) {
+    const shown = key.length > 40 ? `${JSON.stringify(key.slice(0, 40))}…` : JSON.stringify(key);
+    return { field: fieldPath(e.instancePath) || root, message: `key ${shown}: ${e.message ?? 'is invalid'}` };
+  }
   switch (e.keyword) {
     case 'required':
       return {
@@ -104,7 +110,7 @@ function describe(e: ErrorObject, root: string): { field: string; message: strin
 
 /** The most useful error first: a concrete one over a union's summary, the deepest field first. */
 function rank(errors: ErrorObject[]): ErrorObject[] {
-  const concrete = errors.filter((e) => !['anyOf', 'oneOf', 'if', 'not'].includes(e.keyword));
+  const concrete = errors.filter((e) => !['anyOf', 'oneOf', 'if', 'not', 'propertyNames'].includes(e.keyword));
   const pool = concrete.length ? concrete : errors;
   // Deepest field first; at equal depth a union branch's bare type mismatch ("must be null") says
   // less than the branch that matched the type and then failed on something specific.
@@ -117,22 +123,34 @@ function rank(errors: ErrorObject[]): ErrorObject[] {
   return [...pool].sort((a, b) => weight(b) - weight(a));
 }
 
-/** Several union branches refusing one value by type read best as one list: "must be string, object or array". */
+/** "must be string, object or array" for a list of types. */
+function mustBe(types: string[]): string {
+  return `must be ${types.length > 1 ? `${types.slice(0, -1).join(', ')} or ${types[types.length - 1]}` : types[0]}`;
+}
+
+/**
+ * Type errors about one value read best as one list: "must be string, object or array", whether the
+ * schema gave a list of types or several union branches each refused the value by its type.
+ */
 function mergeTypeErrors(errors: ErrorObject[]): ErrorObject[] {
   const out: ErrorObject[] = [];
   // One lookup per error, not a search of those kept: a body with 10⁵ bad items must stay linear.
   const typeAt = new Map<string, ErrorObject>();
   for (const e of errors) {
-    const prior = e.keyword === 'type' ? typeAt.get(e.instancePath) : undefined;
-    if (!prior) {
-      const copy = { ...e, params: { ...e.params } };
-      if (e.keyword === 'type') typeAt.set(e.instancePath, copy);
-      out.push(copy);
+    if (e.keyword !== 'type') {
+      out.push(e);
       continue;
     }
-    const types = [...String(prior.params.type).split(','), ...String(e.params.type).split(',')].filter((t, i, a) => a.indexOf(t) === i);
-    prior.params.type = types.join(',');
-    prior.message = `must be ${types.length > 1 ? `${types.slice(0, -1).join(', ')} or ${types[types.length - 1]}` : types[0]}`;
+    const prior = typeAt.get(e.instancePath);
+    const types = [...(prior ? String(prior.params.type).split(',') : []), ...String(e.params.type).split(',')].filter(
+      (t, i, a) => a.indexOf(t) === i,
+    );
+    const merged = { ...e, params: { ...e.params, type: types.join(',') }, message: mustBe(types) };
+    if (prior) Object.assign(prior, merged);
+    else {
+      typeAt.set(e.instancePath, merged);
+      out.push(merged);
+    }
   }
   return out;
 }
