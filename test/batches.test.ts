@@ -217,6 +217,13 @@ describe('batches', () => {
       ['a body that is not an object', { ...good, requests: [{ custom_id: 'a', body: 'x' }] }, 400, 'requests[0].body: must be object'],
       ['provider keys other than only', { ...good, provider: { sort: 'price' } }, 400, 'provider.sort: is not an allowed field'],
       [
+        'a metadata key over 64 characters',
+        { ...good, metadata: { ['k'.repeat(65)]: 'v' } },
+        400,
+        `metadata: key "${'k'.repeat(40)}"…: must NOT have more than 64 characters`,
+      ],
+      ['a metadata value that is not a string', { ...good, metadata: { team: 7 } }, 400, 'metadata.team: must be string'],
+      [
         'a bad completion window',
         { ...good, completion_window: '1d' },
         400,

@@ -212,5 +212,18 @@ describe('trace broadcast over OTLP/HTTP', function () {
     });
     expect(injected.status).to.equal(400);
     expect(injected.body.error.message).to.match(/headers/);
+    // A header name is checked too, and so is the value of any name.
+    for (const [headers, message] of [
+      [{ 'x key': 'v' }, 'headers: key "x key": must match pattern "^[A-Za-z0-9-]{1,64}$"'],
+      [{ 'x-key\r\nx-other': 'v' }, 'headers: key "x-key\\r\\nx-other": must match pattern "^[A-Za-z0-9-]{1,64}$"'],
+      [{ 'x-key': 7 }, 'headers.x-key: must be string'],
+    ] as const) {
+      const bad = await call(`${gw.url}/api/v1/trace-destinations`, {
+        key: b.managementKey,
+        body: { endpoint: 'https://example.com/v1/traces', headers },
+      });
+      expect(bad.status, message).to.equal(400);
+      expect(bad.body.error.message).to.equal(message);
+    }
   });
 });

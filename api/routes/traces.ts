@@ -1,6 +1,7 @@
 // A workspace's trace destinations: OTLP/HTTP endpoints its generations are sent to as spans
 // (domain/traces), beside the operator's own.
 import { Type } from '@sinclair/typebox';
+import { KeyedRecord } from '../../infrastructure/validation/types';
 import { addDestination, destinationView, listDestinations, removeDestination } from '../../domain/traces/destinations';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
@@ -18,7 +19,7 @@ const NewDestination = Type.Object(
   {
     endpoint: Type.String({ maxLength: 2048, description: 'OTLP/HTTP traces URL, e.g. https://collector.example.com/v1/traces' }),
     headers: Type.Optional(
-      Type.Record(Type.String({ pattern: '^[A-Za-z0-9-]{1,64}$' }), Type.String({ maxLength: 4096, pattern: '^[\\x20-\\x7e\\t]*$' }), {
+      KeyedRecord({ pattern: '^[A-Za-z0-9-]{1,64}$' }, Type.String({ maxLength: 4096, pattern: '^[\\x20-\\x7e\\t]*$' }), {
         maxProperties: 16,
         description: 'Sent with each export (an API key, for example)',
       }),

@@ -1,6 +1,6 @@
 // Batches (interface §2.7, §3, §4.3; design.md §3).
 import { Type } from '@sinclair/typebox';
-import { Nullable, StringEnum } from '../../infrastructure/validation/types';
+import { KeyedRecord, Nullable, StringEnum } from '../../infrastructure/validation/types';
 
 export const BATCH_ENDPOINTS = ['/v1/chat/completions', '/v1/responses', '/v1/messages', '/v1/embeddings'] as const;
 export const BATCH_STATUSES = [
@@ -41,7 +41,7 @@ export const CreateBatchBody = Type.Object(
         Type.Null(),
       ]),
     ),
-    metadata: Type.Optional(Type.Record(Type.String({ maxLength: 64 }), Type.String({ maxLength: 512 }), { maxProperties: 16 })),
+    metadata: Type.Optional(KeyedRecord({ maxLength: 64 }, Type.String({ maxLength: 512 }), { maxProperties: 16 })),
     callback_url: Type.Optional(
       Type.String({
         minLength: 1,

@@ -1,7 +1,7 @@
 // POST /systemone (interface §2.1–2.3). The limits are configurable, so the schema is built from
 // them once at start-up; the default build gives the TypeScript types and the OpenAPI shapes.
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
-import { EndUser, SessionId, TraceConfig } from '../../infrastructure/validation/types';
+import { EndUser, KeyedRecord, SessionId, TraceConfig } from '../../infrastructure/validation/types';
 import { ProviderPreferences } from '../routing/preferences';
 
 export interface DecisionLimits {
@@ -14,7 +14,7 @@ export interface DecisionLimits {
 
 const DEFAULT_DECISION_LIMITS: DecisionLimits = { maxQuestions: 256, maxChoices: 255, maxScoreLevels: 255, maxStateBytes: 512 * 1024 };
 
-/** Question names and choice labels (a record's key schema is not checked by Ajv: `propertyNames` is). */
+/** Question names and choice labels. */
 const NAME = { minLength: 1, maxLength: 256 };
 
 type GuidanceValue = string | Record<string, unknown> | unknown[];
@@ -57,8 +57,7 @@ function questionSchemas(limits: DecisionLimits) {
     {
       type: Type.Literal('choice'),
       instructions: Guidance,
-      criteria: Type.Record(Type.String(), GuidanceOrNull, {
-        propertyNames: NAME,
+      criteria: KeyedRecord(NAME, GuidanceOrNull, {
         minProperties: 1,
         maxProperties: limits.maxChoices,
         description: 'Choice label → guidance (or null); the keys are the choices',
@@ -87,8 +86,7 @@ export function decisionsRequestSchema(limits: DecisionLimits) {
         Type.String({ minLength: 1, maxLength: 136, description: 'A preset whose model and provider preferences apply' }),
       ),
       state: Guidance,
-      questions: Type.Record(Type.String(), question, {
-        propertyNames: NAME,
+      questions: KeyedRecord(NAME, question, {
         minProperties: 1,
         maxProperties: limits.maxQuestions,
       }),

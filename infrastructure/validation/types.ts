@@ -7,6 +7,15 @@ export function StringEnum<T extends string[]>(values: [...T], options: Record<s
   return Type.Unsafe<T[number]>({ type: 'string', enum: values, ...options });
 }
 
+/**
+ * An object of caller-chosen keys whose names are checked too. TypeBox's `Type.Record` puts a string
+ * key's constraints nowhere Ajv looks (a key pattern becomes a `patternProperties` that other keys
+ * simply bypass): the key's schema goes in `propertyNames`, and every value is checked.
+ */
+export function KeyedRecord<V extends TSchema>(key: Record<string, unknown>, value: V, options: Record<string, unknown> = {}) {
+  return Type.Record(Type.String(), value, { ...options, propertyNames: { type: 'string', ...key } });
+}
+
 /** A schema that also accepts null. */
 export const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
 
