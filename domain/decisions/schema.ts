@@ -22,7 +22,8 @@ type GuidanceValue = string | Record<string, unknown> | unknown[];
 /**
  * Instructions, criteria and state: a string, a JSON object or a JSON array. One `type` list, not a
  * union of three schemas: Ajv records an error for each branch a union tries and refuses, and a
- * decision body is mostly guidance (its validation took 5 µs as unions, against 1 µs for a chat body).
+ * decision body is mostly guidance (the bench's took 4.8 µs to validate as unions, 2.2 as type
+ * lists; a chat body 0.6).
  */
 const Guidance = Type.Unsafe<GuidanceValue>({
   type: ['string', 'object', 'array'],
