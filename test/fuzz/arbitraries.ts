@@ -69,11 +69,12 @@ export function fromSchema(schema: Schema | undefined, depth = 0): fc.Arbitrary<
           : null;
       if (!extra) return known;
       const min = Math.min(schema.minProperties ?? 0, 3);
+      const keyPattern = schema.propertyNames?.pattern ? new RegExp(schema.propertyNames.pattern) : null;
       return fc
         .tuple(
           known,
           fc.dictionary(
-            fc.string({ minLength: 1, maxLength: 12 }).filter((k) => /^[A-Za-z0-9_]+$/.test(k)),
+            fc.string({ minLength: 1, maxLength: 12 }).filter((k) => /^[A-Za-z0-9_]+$/.test(k) && (!keyPattern || keyPattern.test(k))),
             fromSchema(extra, depth + 1),
             { minKeys: min, maxKeys: Math.max(min, 2) },
           ),
