@@ -23,11 +23,9 @@ describe('sendJson', () => {
     const server = app.listen(0, '127.0.0.1');
     await new Promise((r) => server.once('listening', r));
     try {
-      const started = performance.now();
       const res = await fetch(`http://127.0.0.1:${(server.address() as AddressInfo).port}/`);
       const text = await res.text();
       const answered = performance.now();
-      expect(answered - started).to.be.below(UNWIND_MS);
       expect(res.status).to.equal(200);
       expect(res.headers.get('x-outer')).to.equal('set on the way in');
       expect(res.headers.get('content-type')).to.equal('application/json; charset=utf-8');
@@ -35,6 +33,7 @@ describe('sendJson', () => {
       expect(JSON.parse(text)).to.deep.equal({ answer: 'é', n: 1 });
       await new Promise((r) => setTimeout(r, UNWIND_MS + 100));
       expect(seenByOuter).to.deep.equal([200]);
+      // The client had the whole answer before the outer layer returned (with Koa's own respond, after).
       expect(unwound).to.be.above(answered);
     } finally {
       server.close();
