@@ -1,10 +1,12 @@
 // A route is declared once: method, path, auth, schemas and handler. The same declaration wires the
-// Koa middleware chain (auth ▶ rate limit ▶ body ▶ validation ▶ handler) and the OpenAPI document.
+// Koa middleware chain (auth ▶ rate limit ▶ body ▶ validation ▶ handler ▶ its JSON answer written at
+// once, api/send-json) and the OpenAPI document.
 import type Koa from 'koa';
 import Router from '@koa/router';
 import type { Static, TSchema } from '@sinclair/typebox';
 import { compileBody, compileParams, compileQuery } from '../infrastructure/validation/index';
 import { jsonBody } from './body';
+import { sendJson } from './send-json';
 import { authenticate, type AuthContext, type AuthLevel } from './auth';
 import { rateLimit } from './rate-limit';
 import type { AppDeps } from './deps';
@@ -65,6 +67,7 @@ export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): 
         params: params ? params({ ...ctx.params }) : undefined,
       };
       await spec.handler(ctx, input as never);
+      sendJson(ctx);
     });
     router[spec.method](spec.path, ...(chain as Parameters<Router['get']>[1][]));
   }

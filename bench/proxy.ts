@@ -14,7 +14,7 @@ import { createParser } from 'eventsource-parser';
 import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { startProcess, freePort, type ManagedProcess } from '../devstack/processes';
-import { benchKey, closedLoop, measuredInRounds, startStack, writeResult, type LoadResult } from './harness';
+import { benchKey, closedLoop, measuredInRounds, startStack, writeResult, type MeasuredRow } from './harness';
 
 const BARS = {
   added_p50_ms_at_c1: 0.3,
@@ -73,7 +73,6 @@ type Target = { url: string; headers: Record<string, string>; model: string; api
 
 /** A whole answer in the target's shape. */
 const answered = (t: Target) => (t.api === 'messages' ? '"content"' : '"choices"');
-type Row = LoadResult & { cpu_ms_per_request: Record<string, number> };
 
 function benchCatalog(): string {
   const catalog = JSON.parse(fs.readFileSync(DEFAULT_CATALOG_PATH, 'utf8'));
@@ -374,11 +373,11 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
     };
     const file = writeResult('proxy', result);
     const procs = ['gateway', 'gateway_2p', 'portkey', 'floor_node', 'floor_koa', 'ferretdb', 'sandbox'];
-    const cpu = (r: Row) => procs.map((n) => r.cpu_ms_per_request[n]).join(' / ');
+    const cpu = (r: MeasuredRow) => procs.map((n) => r.cpu_ms_per_request[n]).join(' / ');
     console.log(`\n   c | target   | req/s   | p50 / p99 ms    | added p50 | errors | CPU ms/req: ${procs.join(' / ')}`);
     for (const r of rows) {
       for (const name of Object.keys(targets)) {
-        const x = r[name] as Row;
+        const x = r[name] as MeasuredRow;
         const added = String(r[`${name}_added_p50_ms`] ?? '');
         console.log(
           `${String(r.concurrency).padStart(4)} | ${name.padEnd(16)} | ${String(x.rps).padEnd(7)} | ${`${x.p50_ms} / ${x.p99_ms}`.padEnd(15)} | ${added.padEnd(9)} | ${String(x.errors).padEnd(6)} | ${cpu(x)}`,

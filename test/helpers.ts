@@ -85,7 +85,7 @@ export async function call(url: string, opts: { method?: string; key?: string; b
 }
 
 /**
- * A hot route's answer (api/send-json) is written before the middleware chain unwinds: it must
+ * A route's JSON answer (api/send-json) is written before the middleware chain unwinds: it must
  * still carry what the layers set on the way in, with the JSON's own type and length.
  */
 export function expectJsonAnswerHeaders(r: { headers: Headers; body: unknown }): void {

@@ -502,8 +502,8 @@ describe('a gateway killed mid-stream', () => {
       await res.text();
       await gw.usage.flushed();
       const id = res.headers.get('x-generation-id')!;
-      const [doc] = await storedUsage(gw.store, { _id: id });
-      expect(usageDetails(doc)!.ending).to.equal('completed');
+      const doc = await storedRecord(gw.store, id);
+      expect(usageDetails(doc!)!.ending).to.equal('completed');
       expect(await gw.store.usage.countDocuments({ _id: id })).to.equal(1);
     } finally {
       await gw.stop();

@@ -6,11 +6,9 @@ import { newGenerationId } from '../../domain/accounts/usage-ledger';
 import { UpstreamTimeoutError, type GatewayError } from '../../infrastructure/errors';
 import { presetLookup, withPreset } from '../../domain/presets/apply';
 import type { DecisionsRequest } from '../../domain/decisions/types';
-import type { DecisionResult } from '../../domain/decisions/service';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
 import { requestSignal } from '../request-signal';
-import { sendJson } from '../send-json';
 import { defineRoute, type AnyRoute } from '../route';
 import { DecisionsResponse, decisionsRequestSchema } from '../../domain/decisions/schema';
 import type { AppDeps } from '../deps';
@@ -40,17 +38,16 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
         const { signal, timedOut, done } = requestSignal(ctx, limits.timeoutMs);
         try {
           // What the call may cost is held before it is made, so concurrent calls cannot overspend.
-          let answer: DecisionResult | undefined;
           await workspaces.billed(workspaceId, estimate, signal, async () => {
             const job = { generationId, workspaceId, keyId, request, meta, workspace: settings };
-            answer = await decisions.run(job, signal).catch((err: GatewayError) => {
+            const result = await decisions.run(job, signal).catch((err: GatewayError) => {
               if (!timedOut()) throw err;
               throw new UpstreamTimeoutError(`Decision did not finish within ${limits.timeoutMs} ms`);
             });
             metrics.decisions.inc({ mode: decisions.mode });
-            return answer.usage.cost;
+            ctx.body = result;
+            return result.usage.cost;
           });
-          sendJson(ctx, answer);
         } catch (err) {
           if ((err as GatewayError).status >= 500) ctx.state.log.warn({ err, generation_id: generationId }, 'decision failed');
           throw err;

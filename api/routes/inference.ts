@@ -18,7 +18,6 @@ import { authOf } from '../auth';
 import { EventStream } from '../event-stream';
 import { requestMeta } from '../request-meta';
 import { requestSignal } from '../request-signal';
-import { sendJson } from '../send-json';
 import { defineRoute, type AnyRoute } from '../route';
 import type { AppDeps } from '../deps';
 
@@ -44,9 +43,9 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
         await completions.stream(call, () => new EventStream(ctx, { 'x-generation-id': call.generationId }, keepAliveMs));
       } else {
         const { body: answer, dropped } = await completions.answer(call);
+        ctx.body = answer;
         ctx.set('x-generation-id', call.generationId);
         if (dropped.length) ctx.set(DROPPED_HEADER, [...dropped].sort().join(','));
-        sendJson(ctx, answer);
       }
     } finally {
       done();

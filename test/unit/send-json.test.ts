@@ -1,6 +1,8 @@
-// A hot route's answer leaves before the middleware chain unwinds, with what the layers set on the
-// way in, and the layers on the way out still see its status. Exercised over a real socket.
+// A route's JSON answer leaves before the middleware chain unwinds, with what the layers set on the
+// way in, and the layers on the way out still see its status; what is not JSON is left to Koa.
+// Exercised over a real socket.
 import type { AddressInfo } from 'node:net';
+import { Readable } from 'node:stream';
 import Koa from 'koa';
 import { expect } from 'chai';
 import { sendJson } from '../../api/send-json';
@@ -19,7 +21,10 @@ describe('sendJson', () => {
       seenByOuter.push(ctx.status);
       unwound = performance.now();
     });
-    app.use((ctx) => sendJson(ctx, { answer: 'é', n: 1 }));
+    app.use((ctx) => {
+      ctx.body = { answer: 'é', n: 1 };
+      sendJson(ctx);
+    });
     const server = app.listen(0, '127.0.0.1');
     await new Promise((r) => server.once('listening', r));
     try {
@@ -35,6 +40,37 @@ describe('sendJson', () => {
       expect(seenByOuter).to.deep.equal([200]);
       // The client had the whole answer before the outer layer returned (with Koa's own respond, after).
       expect(unwound).to.be.above(answered);
+    } finally {
+      server.close();
+    }
+  });
+
+  it("keeps the handler's status, and leaves HEAD, text and streams to Koa", async () => {
+    const app = new Koa();
+    app.use((ctx) => {
+      if (ctx.path === '/created') {
+        ctx.status = 201;
+        ctx.body = [{ id: 'x' }];
+      } else if (ctx.path === '/text') ctx.body = 'plain';
+      else if (ctx.path === '/stream') ctx.body = Readable.from(['a', 'b']);
+      else ctx.body = { head: true };
+      sendJson(ctx);
+      if (ctx.path !== '/created' && ctx.respond === false) throw new Error(`${ctx.method} ${ctx.path} was written as JSON`);
+    });
+    const server = app.listen(0, '127.0.0.1');
+    await new Promise((r) => server.once('listening', r));
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    try {
+      const created = await fetch(`${url}/created`);
+      expect(created.status).to.equal(201);
+      expect(await created.json()).to.deep.equal([{ id: 'x' }]);
+      const text = await fetch(`${url}/text`);
+      expect(text.headers.get('content-type')).to.match(/^text\/plain/);
+      expect(await text.text()).to.equal('plain');
+      expect(await (await fetch(`${url}/stream`)).text()).to.equal('ab');
+      const head = await fetch(`${url}/head`, { method: 'HEAD' });
+      expect(head.status).to.equal(200);
+      expect(await head.text()).to.equal('');
     } finally {
       server.close();
     }
