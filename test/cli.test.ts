@@ -208,6 +208,8 @@ describe('gateway CLI', () => {
         expect(ready.status).to.equal(200);
         // Two API processes share the port: concurrent connections reach both, and a scrape of either sums them.
         expect(said.join('\n')).to.include('2 API processes sharing the port (API_PROCESSES)');
+        // /readyz is answered by whichever process is up first: the burst waits for both.
+        await allApiProcessesUp(`http://127.0.0.1:${env.PORT}`, 2);
         await Promise.all(
           Array.from({ length: 20 }, () =>
             fetch(`http://127.0.0.1:${env.PORT}/api/v1/credits`, { headers: { authorization: `Bearer ${firstKey}` } }),
