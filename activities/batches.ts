@@ -20,7 +20,10 @@ function heartbeat(): (details?: unknown) => void {
 export function createBatchActivities(deps: BatchDeps) {
   const service = batchService(deps);
   return {
-    /** Checks every line; with `start`, a batch whose lines are all valid is marked in_progress. */
+    /**
+     * Checks every line; with `start`, a batch whose lines are all valid is marked in_progress. Only
+     * runs started before the API handed its check to the workflow call it (workflows/batch.ts).
+     */
     validateBatchLines(batchId: string, start = false): Promise<{ invalid: number; examples: string[] }> {
       return service.validateLines(batchId, start, heartbeat());
     },

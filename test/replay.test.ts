@@ -1,7 +1,8 @@
 // Workflow determinism: recorded histories of the batch and decision workflows (test/histories)
 // replayed against today's workflow code, offline. A change to a workflow that would break runs
 // already in flight fails here. Re-record after an intended, versioned change with
-// RECORD_HISTORIES=1 npm test.
+// RECORD_HISTORIES=1 npm test, keeping the previous recordings as <name>.<date>.history.pb: runs
+// started by that version may still be in flight when a new one is deployed, and must replay too.
 import { expect } from 'chai';
 import fs from 'node:fs';
 import path from 'node:path';

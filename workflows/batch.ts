@@ -39,6 +39,12 @@ export interface BatchWorkflowInput {
   heartbeatTimeoutMs: number;
   /** Present when the batch has a callback URL: how long to keep trying, and the first wait between attempts. */
   webhook?: { windowMs: number; firstRetryMs: number };
+  /**
+   * What checking the lines at creation found. A batch started with it runs no validation activity:
+   * all valid, it is stored in_progress by the API; any invalid, the workflow fails it. Runs started
+   * before the API checked lines have none and validate in an activity (replay).
+   */
+  validation?: { invalid: number; examples: string[] };
 }
 
 export interface BatchProgress {
@@ -53,7 +59,10 @@ export interface BatchProgress {
  * what the Web UI lists for it (ids and counts only, never the caller's text).
  */
 export function batchWorkflowStart(
-  b: Pick<BatchDoc, '_id' | 'workspace_id' | 'key_id' | 'endpoint' | 'canonical_model' | 'total' | 'chunks' | 'expires_at'>,
+  b: Pick<
+    BatchDoc,
+    '_id' | 'workspace_id' | 'key_id' | 'endpoint' | 'canonical_model' | 'total' | 'chunks' | 'expires_at' | 'status' | 'validation'
+  >,
   modelId: string,
   opts: { taskQueue: string; window: number; heartbeatTimeoutMs: number; webhook: BatchWorkflowInput['webhook'] | null },
 ) {
@@ -68,6 +77,7 @@ export function batchWorkflowStart(
     cancelRequested: false,
     lines: b.total,
     ...(opts.webhook && { webhook: opts.webhook }),
+    ...(b.validation && { validation: b.validation }),
   };
   return {
     workflowId: b._id,
@@ -87,7 +97,7 @@ export function batchWorkflowStart(
     typedSearchAttributes: [
       { key: searchAttributes.workspace, value: b.workspace_id },
       { key: searchAttributes.model, value: modelId },
-      { key: searchAttributes.batchStatus, value: 'validating' },
+      { key: searchAttributes.batchStatus, value: b.status },
     ],
   };
 }
@@ -196,13 +206,18 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
   };
 
   if (input.phase === 'validate') {
-    const merged = patched(STATUS_IN_NEIGHBOURS);
-    const { invalid, examples } = await bookkeeping.validateBatchLines(input.batchId, merged);
+    const checked = input.validation;
+    const merged = !checked && patched(STATUS_IN_NEIGHBOURS);
+    const { invalid, examples } = checked ?? (await bookkeeping.validateBatchLines(input.batchId, merged));
     if (invalid > 0) {
       return close('failed', `${invalid} request line(s) are invalid for this endpoint; nothing was sent upstream: ${examples.join('; ')}`);
     }
     if (cancelRequested) return close('cancelled');
-    if (merged) show('in_progress');
+    if (checked) {
+      // Stored in_progress at creation, and so started in the search attribute.
+      status = 'in_progress';
+      showProgress();
+    } else if (merged) show('in_progress');
     else await mark('in_progress');
   }
 

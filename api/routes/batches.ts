@@ -153,7 +153,9 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics }: App
         }
         metrics.batchesCreated.inc();
         ctx.status = 202;
-        ctx.body = batchView(doc, { completed: 0, failed: 0 });
+        // The batch as accepted, which the interface answers as `validating`; its lines were checked
+        // above, so the stored batch is in_progress already (or fails at once).
+        ctx.body = batchView({ ...doc, status: 'validating', in_progress_at: null }, { completed: 0, failed: 0 });
       },
     }),
     defineRoute({
