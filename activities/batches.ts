@@ -19,6 +19,13 @@ function heartbeat(): (details?: unknown) => void {
 
 export function createBatchActivities(deps: BatchDeps) {
   const service = batchService(deps);
+  const runChunk = async (batchId: string, chunkIndex: number) => {
+    try {
+      return await service.runChunk(batchId, chunkIndex, { heartbeat: heartbeat(), signal: Context.current().cancellationSignal });
+    } catch (err) {
+      throw err instanceof ChunkCancelled ? new CancelledFailure(err.message) : err;
+    }
+  };
   return {
     /**
      * Checks every line; with `start`, a batch whose lines are all valid is marked in_progress. Only
@@ -42,12 +49,18 @@ export function createBatchActivities(deps: BatchDeps) {
     },
 
     /** Runs one chunk's lines; returns the chunk's counts. */
-    async processBatchChunk(batchId: string, chunkIndex: number): Promise<{ completed: number; failed: number }> {
-      try {
-        return await service.runChunk(batchId, chunkIndex, { heartbeat: heartbeat(), signal: Context.current().cancellationSignal });
-      } catch (err) {
-        throw err instanceof ChunkCancelled ? new CancelledFailure(err.message) : err;
-      }
+    processBatchChunk(batchId: string, chunkIndex: number): Promise<{ completed: number; failed: number }> {
+      return runChunk(batchId, chunkIndex);
+    },
+
+    /**
+     * Runs the lines of a batch that is one chunk, then closes it completed; returns the counts. Once
+     * its lines are done a cancel no longer stops it: the batch is complete.
+     */
+    async processOnlyChunk(batchId: string): Promise<{ completed: number; failed: number }> {
+      const counts = await runChunk(batchId, 0);
+      await service.closeBatch(batchId, 'completed', null, true, heartbeat());
+      return counts;
     },
 
     /** Closes a batch with its terminal status (finalizing first, for a completed batch). */

@@ -3,6 +3,7 @@
 // preset fails alone.
 import { expect } from 'chai';
 import { MockActivityEnvironment } from '@temporalio/testing';
+import { CancelledFailure } from '@temporalio/common';
 import { loadConfig } from '../infrastructure/config';
 import { Store } from '../infrastructure/store';
 import { createUpstreams } from '../domain/routing/upstreams';
@@ -139,6 +140,26 @@ describe('batch chunk activity', () => {
     expect((await countedCalls(tag)) - mid, 'only the four unstored lines are called again').to.equal(4);
     expect(out).to.deep.equal({ completed: 10, failed: 0 });
     expect(await storedResults(id)).to.have.length(10);
+  });
+
+  it('a batch of one chunk is run and closed by one activity; stopped before its lines are done, it stays open', async () => {
+    const id = await storeBatch([chat(0), chat(1), chat(2)]);
+    expect(await new MockActivityEnvironment().run(activities.processOnlyChunk, id)).to.deep.equal({ completed: 3, failed: 0 });
+    const closed = await batches(store).findOne({ _id: id });
+    expect(closed).to.include({ status: 'completed' });
+    expect(closed!.finalized_at).to.be.instanceOf(Date);
+    expect(closed!.final_counts).to.deep.equal({ completed: 3, failed: 0 });
+    expect((await storedResults(id)).map((r) => r.custom_id).sort()).to.deep.equal(['c0', 'c1', 'c2']);
+    // Asked to stop as it starts: Temporal hears the chunk was cancelled, and the close is left to the workflow.
+    const other = await storeBatch([chat(3), chat(4)]);
+    const env = new MockActivityEnvironment();
+    env.cancel();
+    const err = await env.run(activities.processOnlyChunk, other).then(
+      () => null,
+      (e: Error) => e,
+    );
+    expect(err).to.be.instanceOf(CancelledFailure);
+    expect(await batches(store).findOne({ _id: other })).to.include({ status: 'in_progress', finalized_at: null });
   });
 
   it('validation uses the check made at creation, and checks the chunks of a batch stored without one', async () => {

@@ -515,57 +515,61 @@ describe('batches', () => {
       expect(await gw.store.usage.countDocuments({ batch_id: r.body.id })).to.equal(done.request_counts.completed);
     });
 
-    it('expiry: when the completion window ends the batch is expired; finished lines keep their results', async () => {
-      // The workflow under test, started directly with a two-second window (the API accepts whole hours).
-      const id = newBatchId();
-      const lines = Array.from({ length: 80 }, (_, i) => ({
-        line: i,
-        custom_id: chatLine(i).custom_id,
-        body: JSON.stringify(chatLine(i).body),
-      }));
-      const starts = await storeInputs(gw.store, { _id: id }, lines, 7);
-      const chunks = starts.length;
-      const now = new Date();
-      const doc = testBatchDoc(t, {
-        _id: id,
-        model: 'test/batch-slow',
-        completion_window: '1h',
-        status: 'validating',
-        in_progress_at: null,
-        created_at: now,
-        expires_at: new Date(now.getTime() + 2000),
-        total: 80,
-        chunks,
-        chunk_starts: starts,
-      });
-      await batches(gw.store).insertOne(doc);
-      await withTemporal(async (client) => {
-        await client.workflow.start(batchWorkflow, {
-          workflowId: id,
-          taskQueue: gw.config.temporal.taskQueue,
-          args: [
-            {
-              batchId: id,
-              chunks,
-              window: 2,
-              heartbeatTimeoutMs: gw.config.batches.heartbeatTimeoutMs,
-              expiresAt: doc.expires_at.getTime(),
-              phase: 'validate',
-              nextChunk: 0,
-              cancelRequested: false,
-              lines: 80,
-            },
-          ],
+    // In chunks of 7 (a window of chunk activities), and as one chunk (one activity runs and closes it).
+    for (const chunkSize of [7, 80]) {
+      it(`expiry: when the completion window ends the batch is expired; finished lines keep their results (chunks of ${chunkSize})`, async () => {
+        // The workflow under test, started directly with a two-second window (the API accepts whole hours).
+        const id = newBatchId();
+        const lines = Array.from({ length: 80 }, (_, i) => ({
+          line: i,
+          custom_id: chatLine(i).custom_id,
+          body: JSON.stringify(chatLine(i).body),
+        }));
+        const starts = await storeInputs(gw.store, { _id: id }, lines, chunkSize);
+        const chunks = starts.length;
+        const now = new Date();
+        const doc = testBatchDoc(t, {
+          _id: id,
+          model: 'test/batch-slow',
+          completion_window: '1h',
+          status: 'validating',
+          in_progress_at: null,
+          created_at: now,
+          expires_at: new Date(now.getTime() + 2000),
+          total: 80,
+          chunks,
+          chunk_starts: starts,
         });
+        await batches(gw.store).insertOne(doc);
+        await withTemporal(async (client) => {
+          await client.workflow.start(batchWorkflow, {
+            workflowId: id,
+            taskQueue: gw.config.temporal.taskQueue,
+            args: [
+              {
+                batchId: id,
+                chunks,
+                window: 2,
+                heartbeatTimeoutMs: gw.config.batches.heartbeatTimeoutMs,
+                expiresAt: doc.expires_at.getTime(),
+                phase: 'validate',
+                nextChunk: 0,
+                cancelRequested: false,
+                lines: 80,
+              },
+            ],
+          });
+        });
+        const done = await waitForStatus(gw.url, t.inferenceKey, id, ['expired'], 30_000);
+        const ok = done.results.filter((x: any) => x.response);
+        const expired = done.results.filter((x: any) => x.error?.type === 'batch_expired');
+        expect(ok.length).to.be.greaterThan(0);
+        expect(expired.length).to.be.greaterThan(0);
+        expect(ok.length + expired.length).to.equal(80);
+        expect(expired[0].error.message).to.equal('The batch expired before this request was processed');
+        expect(await scheduledActivities(id)).to.include(chunkSize === 80 ? 'processOnlyChunk' : 'processBatchChunk');
       });
-      const done = await waitForStatus(gw.url, t.inferenceKey, id, ['expired'], 30_000);
-      const ok = done.results.filter((x: any) => x.response);
-      const expired = done.results.filter((x: any) => x.error?.type === 'batch_expired');
-      expect(ok.length).to.be.greaterThan(0);
-      expect(expired.length).to.be.greaterThan(0);
-      expect(ok.length + expired.length).to.equal(80);
-      expect(expired[0].error.message).to.equal('The batch expired before this request was processed');
-    });
+    }
   });
 
   describe('list, delete and isolation', () => {
@@ -725,6 +729,56 @@ describe('batches', () => {
     });
   });
 
+  it('a batch of one chunk is run and closed by one activity, with the same results, details and attributes', async () => {
+    const r = await create({
+      endpoint: '/v1/chat/completions',
+      model: 'sandbox/chat-1',
+      requests: [0, 1, 2, 3, 4].map((i) => chatLine(i)),
+    });
+    const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed']);
+    expect(done.status, JSON.stringify(done.error)).to.equal('completed');
+    expect(done.request_counts).to.deep.equal({ total: 5, completed: 5, failed: 0 });
+    expect(done.results.map((x: any) => x.custom_id).sort()).to.deep.equal([0, 1, 2, 3, 4].map((i) => chatLine(i).custom_id).sort());
+    expect(done.finalized_at).to.be.a('number');
+    expect(await storedUsage(gw.store, { batch_id: r.body.id })).to.have.length(5);
+    expect(await scheduledActivities(r.body.id)).to.deep.equal(['processOnlyChunk']);
+    await withTemporal(async (client) => {
+      const handle = client.workflow.getHandle(r.body.id);
+      expect((await handle.query(workflowMetadataQuery)).currentDetails).to.equal(
+        '**completed** · 5 of 5 lines done (5 completed, 0 failed) · 1 of 1 chunks',
+      );
+      expect(await handle.query(batchProgressQuery)).to.include({ status: 'completed', chunks: 1, chunks_done: 1 });
+      expect((await handle.describe()).typedSearchAttributes.get(searchAttributes.batchStatus)).to.equal('completed');
+    });
+  });
+
+  it('cancel of a batch of one chunk: its activity stops; finished lines keep results, the rest get batch_cancelled', async () => {
+    const one = await startTestGateway({ env: { ...env(), BATCH_CHUNK_SIZE: '100' } });
+    try {
+      const tenant = await createTenant(one.store, 10);
+      const r = await call(`${one.url}/api/v1/batches`, {
+        key: tenant.inferenceKey,
+        body: { endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 40 }, (_, i) => chatLine(i)) },
+      });
+      expect(r.status).to.equal(202);
+      const counts = async () => (await call(`${one.url}/api/v1/batches/${r.body.id}`, { key: tenant.inferenceKey })).body.request_counts;
+      for (let i = 0; i < 200 && (await counts()).completed < 2; i++) await new Promise((res) => setTimeout(res, 25));
+      const c = await call(`${one.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: tenant.inferenceKey });
+      expect(c.status).to.equal(200);
+      const done = await waitForStatus(one.url, tenant.inferenceKey, r.body.id, ['cancelled'], 30_000);
+      const ok = done.results.filter((x: any) => x.response);
+      const cancelled = done.results.filter((x: any) => x.error?.type === 'batch_cancelled');
+      expect(ok.length).to.be.greaterThan(0);
+      expect(cancelled.length).to.be.greaterThan(0);
+      expect(ok.length + cancelled.length).to.equal(40);
+      expect(done.request_counts).to.deep.equal({ total: 40, completed: ok.length, failed: cancelled.length });
+      // The chunk's activity did not close the batch: the workflow's own close did, as cancelled.
+      expect(await scheduledActivities(r.body.id)).to.deep.equal(['processOnlyChunk', 'closeBatch']);
+    } finally {
+      await one.stop();
+    }
+  });
+
   it('continues as new every 100 chunks, keeping each run small, and still answers every line', async function () {
     this.timeout(120_000);
     // Chunks of 7 lines: 720 lines are 103 chunks, so the workflow continues as new once.
@@ -744,61 +798,70 @@ describe('batches', () => {
     });
   });
 
-  it('survives the worker being killed mid-batch: exactly one result per line', async function () {
-    this.timeout(120_000);
-    // An API without a worker, and a worker in a process of its own that we can kill.
-    // A chunk whose worker died moves after 3 s of silence rather than the default 10 s.
-    const api = await startTestGateway({ withWorker: false, env: { ...env(), BATCH_HEARTBEAT_TIMEOUT_MS: '3000' } });
-    const tenant = await createTenant(api.store, 5);
-    const bin = path.resolve(__dirname, '..', '..', 'bin', 'gateway.js');
-    const workerEnv = {
-      ...process.env,
-      MONGODB_URI: stack.mongoUri,
-      MONGODB_DATABASE: api.config.mongo.database,
-      TEMPORAL_ADDRESS: stack.temporalAddress,
-      TEMPORAL_TASK_QUEUE: api.config.temporal.taskQueue,
-      SANDBOX_URL: stack.sandboxUrl,
-      CATALOG_PATH: catalogPath,
-      LOG_LEVEL: 'warn',
-      BATCH_CHUNK_SIZE: '7',
-    };
-    let worker = startProcess('worker-1', process.execPath, [bin, 'worker'], workerEnv);
-    try {
-      const r = await call(`${api.url}/api/v1/batches`, {
-        key: tenant.inferenceKey,
-        body: { endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 60 }, (_, i) => chatLine(i)) },
+  // In chunks of 7, and as one chunk whose activity also closes the batch (retried whole: lines resumed, closed once).
+  for (const shape of [
+    { chunkSize: '7', activity: 'processBatchChunk' },
+    { chunkSize: '100', activity: 'processOnlyChunk' },
+  ]) {
+    it(`survives the worker being killed mid-batch: exactly one result per line (chunks of ${shape.chunkSize})`, async function () {
+      this.timeout(120_000);
+      // An API without a worker, and a worker in a process of its own that we can kill.
+      // A chunk whose worker died moves after 3 s of silence rather than the default 10 s.
+      const api = await startTestGateway({
+        withWorker: false,
+        env: { ...env(), BATCH_CHUNK_SIZE: shape.chunkSize, BATCH_HEARTBEAT_TIMEOUT_MS: '3000' },
       });
-      expect(r.status).to.equal(202);
-      // Let some lines finish, then kill the worker without warning.
-      for (let i = 0; i < 100; i++) {
-        const b = await call(`${api.url}/api/v1/batches/${r.body.id}`, { key: tenant.inferenceKey });
-        if (b.body.request_counts.completed >= 8) break;
-        await new Promise((res) => setTimeout(res, 100));
-      }
-      const before = (await call(`${api.url}/api/v1/batches/${r.body.id}`, { key: tenant.inferenceKey })).body;
-      expect(before.status).to.equal('in_progress');
-      await worker.kill();
-      expect(before.request_counts.completed).to.be.within(8, 59);
-      worker = startProcess('worker-2', process.execPath, [bin, 'worker'], workerEnv);
-      const done = await waitForStatus(api.url, tenant.inferenceKey, r.body.id, ['completed', 'failed'], 90_000);
-      expect(done.status).to.equal('completed');
-      expect(done.request_counts).to.deep.equal({ total: 60, completed: 60, failed: 0 });
-      const customIds = done.results.map((x: any) => x.custom_id);
-      expect(new Set(customIds).size).to.equal(60);
-      expect(customIds).to.have.length(60);
-      expect(await api.store.usage.countDocuments({ batch_id: r.body.id })).to.equal(60); // each line debited once
-      await withTemporal(async (client) => {
-        const history = await client.workflow.getHandle(r.body.id).fetchHistory();
-        const timeouts = (history.events ?? []).flatMap((e) => {
-          const a = e.activityTaskScheduledEventAttributes;
-          return a?.activityType?.name === 'processBatchChunk' ? [Number(a.heartbeatTimeout?.seconds)] : [];
+      const tenant = await createTenant(api.store, 5);
+      const bin = path.resolve(__dirname, '..', '..', 'bin', 'gateway.js');
+      const workerEnv = {
+        ...process.env,
+        MONGODB_URI: stack.mongoUri,
+        MONGODB_DATABASE: api.config.mongo.database,
+        TEMPORAL_ADDRESS: stack.temporalAddress,
+        TEMPORAL_TASK_QUEUE: api.config.temporal.taskQueue,
+        SANDBOX_URL: stack.sandboxUrl,
+        CATALOG_PATH: catalogPath,
+        LOG_LEVEL: 'warn',
+        BATCH_CHUNK_SIZE: shape.chunkSize,
+      };
+      let worker = startProcess('worker-1', process.execPath, [bin, 'worker'], workerEnv);
+      try {
+        const r = await call(`${api.url}/api/v1/batches`, {
+          key: tenant.inferenceKey,
+          body: { endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 60 }, (_, i) => chatLine(i)) },
         });
-        expect(timeouts.length).to.be.greaterThan(0);
-        expect(new Set(timeouts)).to.deep.equal(new Set([3]));
-      });
-    } finally {
-      await worker.stop();
-      await api.stop();
-    }
-  });
+        expect(r.status).to.equal(202);
+        // Let some lines finish, then kill the worker without warning.
+        for (let i = 0; i < 100; i++) {
+          const b = await call(`${api.url}/api/v1/batches/${r.body.id}`, { key: tenant.inferenceKey });
+          if (b.body.request_counts.completed >= 8) break;
+          await new Promise((res) => setTimeout(res, 100));
+        }
+        const before = (await call(`${api.url}/api/v1/batches/${r.body.id}`, { key: tenant.inferenceKey })).body;
+        expect(before.status).to.equal('in_progress');
+        await worker.kill();
+        expect(before.request_counts.completed).to.be.within(8, 59);
+        worker = startProcess('worker-2', process.execPath, [bin, 'worker'], workerEnv);
+        const done = await waitForStatus(api.url, tenant.inferenceKey, r.body.id, ['completed', 'failed'], 90_000);
+        expect(done.status).to.equal('completed');
+        expect(done.request_counts).to.deep.equal({ total: 60, completed: 60, failed: 0 });
+        const customIds = done.results.map((x: any) => x.custom_id);
+        expect(new Set(customIds).size).to.equal(60);
+        expect(customIds).to.have.length(60);
+        expect(await api.store.usage.countDocuments({ batch_id: r.body.id })).to.equal(60); // each line debited once
+        await withTemporal(async (client) => {
+          const history = await client.workflow.getHandle(r.body.id).fetchHistory();
+          const timeouts = (history.events ?? []).flatMap((e) => {
+            const a = e.activityTaskScheduledEventAttributes;
+            return a?.activityType?.name === shape.activity ? [Number(a.heartbeatTimeout?.seconds)] : [];
+          });
+          expect(timeouts.length).to.be.greaterThan(0);
+          expect(new Set(timeouts)).to.deep.equal(new Set([3]));
+        });
+      } finally {
+        await worker.stop();
+        await api.stop();
+      }
+    });
+  }
 });

@@ -40,6 +40,12 @@ describe('workflow replay', () => {
       });
       await waitForStatus(gw.url, t.inferenceKey, done.body.id, ['completed']);
       await save('batch-completed', done.body.id);
+      const one = await call(`${gw.url}/api/v1/batches`, {
+        key: t.inferenceKey,
+        body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: lines(2) },
+      });
+      await waitForStatus(gw.url, t.inferenceKey, one.body.id, ['completed']);
+      await save('batch-one-chunk', one.body.id);
       const cancelled = await call(`${gw.url}/api/v1/batches`, {
         key: t.inferenceKey,
         body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: lines(10) },
@@ -73,6 +79,7 @@ describe('workflow replay', () => {
       .sort();
     expect(files).to.include.members([
       'batch-completed.history.pb',
+      'batch-one-chunk.history.pb',
       'batch-cancelled.history.pb',
       'batch-invalid.history.pb',
       'decision.history.pb',
