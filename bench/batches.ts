@@ -1,11 +1,12 @@
 // Batch throughput: a 10,000-line batch against the sandbox at 0 ms and at 200 ms upstream latency
 // with provider concurrency 100, and one 50,000-line batch. Reports wall time (create → terminal),
 // lines/s, the ratio to the ideal time (lines × latency ÷ concurrency) and the worker's peak RSS.
+// First, what a batch costs beyond its lines: 1-line batches created back to back.
 import fs from 'node:fs';
 import path from 'node:path';
 import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
-import { benchKey, cpuByProcess, startStack, writeResult } from './harness';
+import { benchKey, cpuByProcess, percentiles, startStack, writeResult, type Stack } from './harness';
 
 const CONCURRENCY = 100;
 
@@ -86,7 +87,62 @@ interface BatchRun {
   cores_used: Record<string, number>;
 }
 
-export async function benchBatches(opts: { lines?: number; big?: number; env?: Record<string, string>; latencies?: number[] } = {}) {
+const TERMINAL = ['completed', 'failed', 'expired', 'cancelled'];
+
+/**
+ * 1-line batches created one after another, each running while the next is created (as a client
+ * submitting small jobs does): the create's latency, and the CPU each process spends per batch
+ * until all are done, what a batch costs beyond its one line (its workflow, its documents).
+ */
+async function smallBatches(stack: Stack, key: string, count: number) {
+  const headers = { 'content-type': 'application/json', authorization: `Bearer ${key}` };
+  const body = JSON.stringify({
+    endpoint: '/v1/chat/completions',
+    model: 'bench/0ms',
+    requests: [{ custom_id: 'only', body: { messages: [{ role: 'user', content: 'Summarise this in five words.' }], max_tokens: 8 } }],
+  });
+  const cpuBefore = cpuByProcess(stack.processes);
+  const started = performance.now();
+  const creates: number[] = [];
+  const pending = new Set<string>();
+  for (let i = 0; i < count; i++) {
+    const t = performance.now();
+    const res = await fetch(`${stack.gatewayUrl}/api/v1/batches`, { method: 'POST', headers, body });
+    const created = (await res.json()) as { id: string };
+    if (res.status !== 202) throw new Error(`create failed: ${res.status} ${JSON.stringify(created)}`);
+    creates.push(performance.now() - t);
+    pending.add(created.id);
+  }
+  const statuses: Record<string, number> = {};
+  while (pending.size) {
+    await new Promise((r) => setTimeout(r, 100));
+    for (const id of pending) {
+      const b = (await (await fetch(`${stack.gatewayUrl}/api/v1/batches/${id}?include_results=false`, { headers })).json()) as {
+        status: string;
+      };
+      if (!TERMINAL.includes(b.status)) break; // they finish about in order
+      statuses[b.status] = (statuses[b.status] ?? 0) + 1;
+      pending.delete(id);
+    }
+  }
+  const seconds = (performance.now() - started) / 1000;
+  const cpuAfter = cpuByProcess(stack.processes);
+  const { p50_ms, p99_ms } = percentiles(creates);
+  return {
+    batches: count,
+    statuses,
+    create_p50_ms: p50_ms,
+    create_p99_ms: p99_ms,
+    seconds_until_all_done: Math.round(seconds * 100) / 100,
+    cpu_ms_per_batch: Object.fromEntries(
+      Object.entries(cpuAfter).map(([name, s]) => [name, Math.round(((s - cpuBefore[name]) * 1000 * 10) / count) / 10]),
+    ),
+  };
+}
+
+export async function benchBatches(
+  opts: { lines?: number; big?: number; small?: number; env?: Record<string, string>; latencies?: number[] } = {},
+) {
   const lines = opts.lines ?? 10_000;
   const big = opts.big ?? 50_000;
   const tmp = fs.mkdtempSync(path.join(process.env.TMPDIR ?? '/tmp', 'bench-batches-'));
@@ -98,6 +154,8 @@ export async function benchBatches(opts: { lines?: number; big?: number; env?: R
   });
   try {
     const key = await benchKey(stack);
+    const small = (opts.small ?? 100) > 0 ? await smallBatches(stack, key, opts.small ?? 100) : null;
+    if (small) console.log(JSON.stringify({ small_batches: small }));
     const runs: BatchRun[] = [];
     const latencies = opts.latencies ?? [0, 200];
     for (const [model, latencyMs, n] of [
@@ -143,7 +201,14 @@ export async function benchBatches(opts: { lines?: number; big?: number; env?: R
       big_batch_lines_per_second_at_0ms: done(big0) && big0!.lines_per_second >= BARS.big_batch_lines_per_second_at_0ms,
       big_batch_ratio_to_ideal_at_200ms: done(big200) && big200!.ratio_to_ideal! <= BARS.big_batch_ratio_to_ideal_at_200ms,
     };
-    const result = { benchmark: 'batches', at: new Date().toISOString(), bars: { ...BARS, big_batch_lines: big }, verdicts, runs };
+    const result = {
+      benchmark: 'batches',
+      at: new Date().toISOString(),
+      bars: { ...BARS, big_batch_lines: big },
+      verdicts,
+      small_batches: small,
+      runs,
+    };
     console.log(`verdicts: ${JSON.stringify(verdicts)}`);
     console.log(`results: ${writeResult('batches', result)}`);
     return result;
