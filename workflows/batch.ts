@@ -114,7 +114,7 @@ const CHUNKS_PER_RUN = 100;
  */
 const STATUS_IN_NEIGHBOURS = 'status-in-neighbour-activities';
 /**
- * Since this patch a batch of one chunk (up to BATCH_CHUNK_SIZE lines, most batches) is run and
+ * Since this patch a batch of one chunk (up to BATCH_CHUNK_SIZE lines, 500 by default) is run and
  * closed by one activity: a Temporal round trip fewer. Runs started before close in their own step.
  */
 const ONLY_CHUNK_CLOSES = 'only-chunk-closes-its-batch';
