@@ -5,6 +5,9 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
+import { Client, Connection } from '@temporalio/client';
+import { searchAttributes } from '../workflows/shared';
+import { stack } from './fixture';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { createTenant, startTestGateway, uniqueName, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
 
@@ -184,8 +187,16 @@ describe('gateway batches (CLI)', function () {
       expect(created.code, created.stderr).to.equal(0);
       const got = JSON.parse((await runCli(['batches', 'get', created.stdout.trim()], env)).stdout);
       expect(got.request_counts.total).to.equal(50_000);
-      // Every line was checked as it was uploaded: the batch waits in_progress for a worker.
+      // Every line was checked as it was uploaded: the batch waits in_progress for a worker, and its
+      // workflow was started so (what the Temporal UI lists) before any worker ran it.
       expect(got.status).to.equal('in_progress');
+      const connection = await Connection.connect({ address: stack.temporalAddress });
+      try {
+        const d = await new Client({ connection }).workflow.getHandle(got.id).describe();
+        expect(d.typedSearchAttributes.get(searchAttributes.batchStatus)).to.equal('in_progress');
+      } finally {
+        await connection.close();
+      }
     } finally {
       await apiOnly.stop();
     }
