@@ -231,25 +231,29 @@ function groupByModel(endpoints: Endpoint[], models: CatalogModel[]): Endpoint[]
 
 export function planRoute(input: RouteInput): RoutePlan {
   const prefs = input.preferences ?? {};
-  const names = input.models.map((m) => m.id).join(', ');
+  // Named only in a refusal: most calls are not refused.
+  const names = () => input.models.map((m) => m.id).join(', ');
   let candidates = input.models.flatMap((m) => m.endpoints).filter((e) => servesOperation(e, input.operation));
   if (!candidates.length) {
-    throw new NotFoundError(`No endpoint of ${names} serves ${input.operation}`, { model: names, operation: input.operation });
+    throw new NotFoundError(`No endpoint of ${names()} serves ${input.operation}`, { model: names(), operation: input.operation });
   }
   for (const [name, keep] of filters(input)) {
     candidates = candidates.filter(keep);
     if (!candidates.length) {
-      throw new NotFoundError(`No endpoint of ${names} satisfies provider.${name}`, { model: names, preference: `provider.${name}` });
+      throw new NotFoundError(`No endpoint of ${names()} satisfies provider.${name}`, { model: names(), preference: `provider.${name}` });
     }
   }
 
   const allowFallbacks = prefs.allow_fallbacks !== false;
   const { by, partition } = sortSetting(input);
   const stats = input.stats ?? new Map<string, EndpointStat>();
+  const cutoffs = prefs.preferred_max_latency != null || prefs.preferred_min_throughput != null;
   const orderAll = (list: Endpoint[]): Endpoint[] => {
     const groups = partition === 'none' ? [list] : groupByModel(list, input.models);
     return groups.flatMap((g) => {
-      const ordered = by ? [...g].sort(sortKey(by, stats)) : loadBalance(g, input);
+      // One endpoint has no order to choose (the common case of a model served once).
+      const ordered = g.length === 1 ? g : by ? [...g].sort(sortKey(by, stats)) : loadBalance(g, input);
+      if (!cutoffs) return ordered;
       // Preferred latency/throughput cutoffs move misses to the back; they never remove anything.
       return [...ordered.filter((e) => meetsCutoffs(e, input)), ...ordered.filter((e) => !meetsCutoffs(e, input))];
     });
@@ -261,7 +265,7 @@ export function planRoute(input: RouteInput): RoutePlan {
     for (const slug of prefs.order) for (const e of candidates) if (matchesSlug(slug, e) && !ordered.includes(e)) ordered.push(e);
     if (!allowFallbacks) {
       if (!ordered.length)
-        throw new NotFoundError(`No endpoint of ${names} is in provider.order`, { model: names, preference: 'provider.order' });
+        throw new NotFoundError(`No endpoint of ${names()} is in provider.order`, { model: names(), preference: 'provider.order' });
       endpoints = ordered;
     } else {
       endpoints = [...ordered, ...orderAll(candidates.filter((e) => !ordered.includes(e)))];
