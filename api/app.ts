@@ -85,8 +85,9 @@ export function createApp(deps: AppDeps): Koa {
 
   const api = new Router({ prefix: API_PREFIX });
   mountRoutes(api, apiRoutes(deps), deps);
-  const routers = [healthRoutes(deps), api];
-  if (metricsExposure(deps.config).where === 'api') routers.unshift(metricsRoutes(deps.metrics, deps.config.metrics.token));
+  // The API's router first: a call it answers goes through no other router (their paths never overlap).
+  const routers = [api, healthRoutes(deps)];
+  if (metricsExposure(deps.config).where === 'api') routers.push(metricsRoutes(deps.metrics, deps.config.metrics.token));
   for (const router of routers) {
     app.use(router.routes() as Koa.Middleware);
     app.use(allowedMethods(router));
