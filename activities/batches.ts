@@ -55,11 +55,13 @@ export function createBatchActivities(deps: BatchDeps) {
 
     /**
      * Runs the lines of a batch that is one chunk, then closes it completed; returns the counts. Once
-     * its lines are done a cancel no longer stops it: the batch is complete.
+     * its lines are done a cancel no longer stops it: the batch is complete. It goes from in_progress
+     * to completed in one write: a finalizing status no reader could see would cost a write and a
+     * list-index move.
      */
     async processOnlyChunk(batchId: string): Promise<{ completed: number; failed: number }> {
       const counts = await runChunk(batchId, 0);
-      await service.closeBatch(batchId, 'completed', null, true, heartbeat());
+      await service.closeBatch(batchId, 'completed', null, false, heartbeat());
       return counts;
     },
 

@@ -144,7 +144,19 @@ describe('batch chunk activity', () => {
 
   it('a batch of one chunk is run and closed by one activity; stopped before its lines are done, it stays open', async () => {
     const id = await storeBatch([chat(0), chat(1), chat(2)]);
-    expect(await new MockActivityEnvironment().run(activities.processOnlyChunk, id)).to.deep.equal({ completed: 3, failed: 0 });
+    const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
+    const statusWrites: unknown[] = [];
+    watched.client.on('commandStarted', (e) => {
+      if (e.commandName === 'update' && e.command.update === 'batches') statusWrites.push(e.command.updates);
+    });
+    try {
+      const run = testActivities(watched, upstreams, loadConfig({})).processOnlyChunk;
+      expect(await new MockActivityEnvironment().run(run, id)).to.deep.equal({ completed: 3, failed: 0 });
+    } finally {
+      await watched.close();
+    }
+    // From in_progress to completed in one write (no finalizing in between).
+    expect(statusWrites).to.have.length(1);
     const closed = await batches(store).findOne({ _id: id });
     expect(closed).to.include({ status: 'completed' });
     expect(closed!.finalized_at).to.be.instanceOf(Date);
