@@ -3,7 +3,7 @@
 // Temporal's CancelledFailure; the steps themselves are idempotent (see the service).
 import { Context } from '@temporalio/activity';
 import { CancelledFailure } from '@temporalio/common';
-import { batchService, ChunkCancelled, type BatchDeps } from '../domain/batches/service';
+import { batchService, ChunkCancelled, type BatchDeps, type StepControl } from '../domain/batches/service';
 import type { BatchDoc, BatchStatus } from '../domain/batches/store';
 import type { DeliveryOutcome } from '../domain/webhooks/deliver';
 
@@ -19,9 +19,10 @@ function heartbeat(): (details?: unknown) => void {
 
 export function createBatchActivities(deps: BatchDeps) {
   const service = batchService(deps);
-  const runChunk = async (batchId: string, chunkIndex: number) => {
+  /** Runs chunk work with the activity's heartbeat and cancellation; a stopped chunk is Temporal's CancelledFailure. */
+  const chunkWork = async <T>(work: (control: StepControl) => Promise<T>): Promise<T> => {
     try {
-      return await service.runChunk(batchId, chunkIndex, { heartbeat: heartbeat(), signal: Context.current().cancellationSignal });
+      return await work({ heartbeat: heartbeat(), signal: Context.current().cancellationSignal });
     } catch (err) {
       throw err instanceof ChunkCancelled ? new CancelledFailure(err.message) : err;
     }
@@ -50,19 +51,12 @@ export function createBatchActivities(deps: BatchDeps) {
 
     /** Runs one chunk's lines; returns the chunk's counts. */
     processBatchChunk(batchId: string, chunkIndex: number): Promise<{ completed: number; failed: number }> {
-      return runChunk(batchId, chunkIndex);
+      return chunkWork((control) => service.runChunk(batchId, chunkIndex, control));
     },
 
-    /**
-     * Runs the lines of a batch that is one chunk, then closes it completed; returns the counts. Once
-     * its lines are done a cancel no longer stops it: the batch is complete. It goes from in_progress
-     * to completed in one write: a finalizing status no reader could see would cost a write and a
-     * list-index move.
-     */
-    async processOnlyChunk(batchId: string): Promise<{ completed: number; failed: number }> {
-      const counts = await runChunk(batchId, 0);
-      await service.closeBatch(batchId, 'completed', null, false, heartbeat());
-      return counts;
+    /** Runs the lines of a batch that is one chunk, then closes it completed; returns the counts. */
+    processOnlyChunk(batchId: string): Promise<{ completed: number; failed: number }> {
+      return chunkWork((control) => service.runOnlyChunk(batchId, control));
     },
 
     /** Closes a batch with its terminal status (finalizing first, for a completed batch). */

@@ -5,6 +5,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
+import { TERMINAL_STATUSES } from '../domain/batches/schema';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { benchKey, cpuByProcess, percentiles, startStack, writeResult, type Stack } from './harness';
 
@@ -87,8 +88,6 @@ interface BatchRun {
   cores_used: Record<string, number>;
 }
 
-const TERMINAL = ['completed', 'failed', 'expired', 'cancelled'];
-
 /**
  * 1-line batches created one after another, each running while the next is created (as a client
  * submitting small jobs does): the create's latency, and the CPU each process spends per batch
@@ -120,7 +119,7 @@ async function smallBatches(stack: Stack, key: string, count: number) {
       const b = (await (await fetch(`${stack.gatewayUrl}/api/v1/batches/${id}?include_results=false`, { headers })).json()) as {
         status: string;
       };
-      if (!TERMINAL.includes(b.status)) break; // they finish about in order
+      if (!(TERMINAL_STATUSES as readonly string[]).includes(b.status)) break; // they finish about in order
       statuses[b.status] = (statuses[b.status] ?? 0) + 1;
       pending.delete(id);
     }

@@ -146,8 +146,10 @@ describe('batch chunk activity', () => {
     const id = await storeBatch([chat(0), chat(1), chat(2)]);
     const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
     const statusWrites: unknown[] = [];
+    const batchReads: unknown[] = [];
     watched.client.on('commandStarted', (e) => {
       if (e.commandName === 'update' && e.command.update === 'batches') statusWrites.push(e.command.updates);
+      if (e.commandName === 'find' && e.command.find === 'batches') batchReads.push(e.command.filter);
     });
     try {
       const run = testActivities(watched, upstreams, loadConfig({})).processOnlyChunk;
@@ -155,8 +157,9 @@ describe('batch chunk activity', () => {
     } finally {
       await watched.close();
     }
-    // From in_progress to completed in one write (no finalizing in between).
+    // From in_progress to completed in one write (no finalizing in between), from one read of the batch.
     expect(statusWrites).to.have.length(1);
+    expect(batchReads).to.have.length(1);
     const closed = await batches(store).findOne({ _id: id });
     expect(closed).to.include({ status: 'completed' });
     expect(closed!.finalized_at).to.be.instanceOf(Date);

@@ -216,6 +216,21 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
     }
   };
 
+  /** The work done, a cancel asked for, or the completion window over: whichever comes first. */
+  const firstOf = (work: Promise<unknown>) =>
+    Promise.race([
+      work.then(() => 'done' as const),
+      condition(() => cancelRequested).then(() => 'cancel' as const),
+      sleep(Math.max(1, input.expiresAt - Date.now())).then(() => 'expire' as const),
+    ]);
+  /** A finished chunk's lines, counted in what the workflow shows. */
+  const counted = (counts: { completed: number; failed: number }) => {
+    chunksDone++;
+    done.completed += counts.completed;
+    done.failed += counts.failed;
+    showProgress();
+  };
+
   /**
    * A batch of one chunk: its activity runs the lines and then closes the batch, raced against a
    * cancel and the completion window as the chunks of a larger batch are. A chunk asked to stop
@@ -226,20 +241,14 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
     const work = scope.run(() =>
       chunks.processOnlyChunk.executeWithOptions({ summary: 'chunk 1 of 1', heartbeatTimeout: input.heartbeatTimeoutMs }, [input.batchId]),
     );
-    const outcome = await Promise.race([
-      work.then(() => 'done' as const),
-      condition(() => cancelRequested).then(() => 'cancel' as const),
-      sleep(Math.max(1, input.expiresAt - Date.now())).then(() => 'expire' as const),
-    ]);
+    const outcome = await firstOf(work);
     if (outcome !== 'done') scope.cancel();
     const counts = await work.catch((err) => {
       if (isCancellation(err)) return null;
       throw err;
     });
     if (!counts) return close(outcome === 'cancel' ? 'cancelled' : 'expired');
-    chunksDone = 1;
-    done.completed += counts.completed;
-    done.failed += counts.failed;
+    counted(counts);
     return closed('completed');
   };
 
@@ -275,12 +284,7 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
           },
           [input.batchId, next],
         )
-        .then((counts) => {
-          chunksDone++;
-          done.completed += counts.completed;
-          done.failed += counts.failed;
-          showProgress();
-        })
+        .then(counted)
         .finally(() => inFlight.delete(p));
       inFlight.add(p);
       next++;
@@ -290,11 +294,7 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
     await Promise.all(inFlight);
   });
 
-  const outcome = await Promise.race([
-    work.then(() => 'done' as const),
-    condition(() => cancelRequested).then(() => 'cancel' as const),
-    sleep(Math.max(1, input.expiresAt - Date.now())).then(() => 'expire' as const),
-  ]);
+  const outcome = await firstOf(work);
 
   if (outcome !== 'done') {
     if (outcome === 'cancel') await mark('cancelling');

@@ -55,6 +55,7 @@ export async function planNewBatch(
     checkLine(body.endpoint, r.custom_id, r.body, validation);
     return { line, custom_id: r.custom_id, body: text };
   });
+  const valid = validation.invalid === 0;
   const doc: BatchDoc = {
     _id: id,
     workspace_id: who.workspaceId,
@@ -63,9 +64,9 @@ export async function planNewBatch(
     model: body.model,
     canonical_model: model.canonicalId,
     completion_window: completionWindow,
-    status: validation.invalid ? 'validating' : 'in_progress',
+    status: valid ? 'in_progress' : 'validating',
     created_at: now,
-    in_progress_at: validation.invalid ? null : now,
+    in_progress_at: valid ? now : null,
     finalized_at: null,
     expires_at: new Date(now.getTime() + Number(completionWindow.slice(0, -1)) * 3_600_000),
     provider_only: body.provider?.only ?? null,

@@ -68,6 +68,9 @@ export class ChunkCancelled extends Error {
 }
 
 /** How a long step reports that it is alive, and how it is told to stop. */
+/** A chunk's lines, by how they ended. */
+type Counts = { completed: number; failed: number };
+
 export interface StepControl {
   heartbeat(details?: unknown): void;
   signal: AbortSignal;
@@ -132,6 +135,126 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
     return b;
   }
 
+  /** Runs one chunk's lines with bounded concurrency; its counts, and the batch document it read. Throws ChunkCancelled when stopped. */
+  async function runChunkOf(batchId: string, chunkIndex: number, control: StepControl): Promise<{ b: BatchDoc; counts: Counts }> {
+    // The reads a chunk starts with go together: until they are back its lines are not running,
+    // and a batch's chunks start one after another all through it.
+    // Resume from this chunk's progress document: written after every stored group of results,
+    // it is never behind the last heartbeat Temporal kept (older after a server restart).
+    const [b, chunk, saved] = await Promise.all([
+      load(batchId),
+      readChunk(store, { _id: batchId }, chunkIndex),
+      readProgress(store, { _id: batchId }, chunkIndex),
+    ]);
+    if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
+    const [ws] = await Promise.all([
+      store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } }),
+      // An empty progress document says the chunk has started: readers stop at the first chunk without one (live-counts).
+      saved ? null : saveProgress(store, b, chunkIndex, emptyTally(), []),
+    ]);
+    const writer = new ChunkWriter({ store, usage, batch: b, chunkIndex, outageMs: batchSettings.outageMs }, saved);
+    const abort = new AbortController();
+    // Every line in flight listens on this one signal: more than Node's default of 10 is expected.
+    setMaxListeners(batchSettings.lineConcurrency + 16, abort.signal);
+    if (control.signal.aborted) abort.abort();
+    else control.signal.addEventListener('abort', () => abort.abort(), { once: true });
+    const runner = new LineRunner({
+      store,
+      upstreams,
+      batch: b,
+      workspace: ws?.settings,
+      credits,
+      lineAttempts: batchSettings.lineAttempts,
+      outageMs: batchSettings.outageMs,
+      signal: abort.signal,
+      broadcast,
+    });
+    const before = { ...writer.tally };
+    const counts = await runLines(
+      control.heartbeat,
+      chunk.lines.filter((l) => !writer.done.has(l.line)),
+      runner,
+      writer,
+      abort.signal,
+      batchSettings.lineConcurrency,
+      chunkIndex,
+    );
+    // Only what this run finished: a resumed chunk's earlier lines were counted where they ran.
+    metrics?.batchLines.inc({ outcome: 'completed' }, counts.completed - before.completed);
+    metrics?.batchLines.inc({ outcome: 'failed' }, counts.failed - before.failed);
+    // Every line is done: store the chunk's results as pages, what readers read.
+    await pageChunk(
+      store,
+      b,
+      chunkIndex,
+      chunk.lines,
+      chunk.lines.flatMap((l) => writer.storedResult(l.line) ?? []),
+    );
+    return { b, counts };
+  }
+
+  /**
+   * Closes a batch: unfinished lines of an expired or cancelled batch get error results (finished
+   * ones keep theirs), usage totals and the serving provider are summed from the chunk tallies, and the
+   * terminal status is set.
+   */
+  async function close(
+    b: BatchDoc,
+    status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>,
+    errorMessage: string | null,
+    /** Mark the batch finalizing first (a completed batch's last step before its terminal status). */
+    finalizing: boolean,
+    heartbeat: StepControl['heartbeat'],
+  ): Promise<void> {
+    if (finalizing) await writeStatus(store, b, { status: 'finalizing' });
+    // Every chunk has stopped (the workflow waits for cancelled chunks to finish), so the chunks'
+    // progress documents hold every stored result: their tallies, and which lines are done.
+    const progress = await allProgress(store, b);
+    const t = tallyOf(progress);
+    if (status === 'expired' || status === 'cancelled') {
+      const have = new Set(progress.flatMap((d) => d.done ?? []));
+      const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
+      const message =
+        status === 'expired'
+          ? 'The batch expired before this request was processed'
+          : 'The batch was cancelled before this request was processed';
+      for await (const { index: i, chunk } of eachChunk(store, b)) {
+        const missing: ResultDoc[] = (chunk?.lines ?? [])
+          .filter((l) => !have.has(l.line))
+          .map((l) => failedResult(b._id, l, { type, message }));
+        // A result stored by a chunk that died before saving its progress is kept, counted and billed.
+        const closing = await writeResultsOnce(store, b, missing);
+        for (const r of closing) {
+          addToTally(t, r);
+          if (r.ok && r.usage) await usage.recordStored(lineUsage(b, r));
+        }
+        // The chunk is complete now: page it, unless it paged itself when it finished (a chunk
+        // cancelled between its last line and its pages has no missing lines, and no pages yet).
+        if (chunk) await pageChunk(store, b, i, chunk.lines, closing);
+        heartbeat(i);
+      }
+    }
+    const finalCounts = { completed: t.completed, failed: t.failed };
+    const provider = Object.entries(t.providers).sort((x, y) => y[1] - x[1])[0]?.[0] ?? null;
+    await writeStatus(store, b, {
+      status,
+      finalized_at: new Date(),
+      provider,
+      error: errorMessage ? { message: errorMessage } : null,
+      final_counts: finalCounts,
+      usage:
+        status === 'failed'
+          ? null
+          : {
+              prompt_tokens: t.input_tokens,
+              completion_tokens: t.output_tokens,
+              total_tokens: t.input_tokens + t.output_tokens,
+              cost: roundUsd(t.cost),
+            },
+    });
+    metrics?.batchesFinished.inc({ status });
+  }
+
   return {
     /** Checks every line against the endpoint's request shape (nothing is sent anywhere); with `start`, a batch whose lines are all valid is marked in_progress. */
     async validateLines(
@@ -150,6 +273,34 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       }
       if (start && !found.invalid) await writeStatus(store, b, { status: 'in_progress', in_progress_at: new Date() });
       return { invalid: found.invalid, examples: found.examples };
+    },
+
+    /** Runs one chunk's lines; returns the chunk's counts. Throws ChunkCancelled when stopped. */
+    async runChunk(batchId: string, chunkIndex: number, control: StepControl): Promise<Counts> {
+      return (await runChunkOf(batchId, chunkIndex, control)).counts;
+    },
+
+    /**
+     * Runs the lines of a batch that is one chunk, then closes it completed, with the document read
+     * once; returns the counts. Once its lines are done a cancel no longer stops it: the batch is
+     * complete. It goes from in_progress to completed in one write: a finalizing status no reader
+     * could see would cost a write and a list-index move.
+     */
+    async runOnlyChunk(batchId: string, control: StepControl): Promise<Counts> {
+      const { b, counts } = await runChunkOf(batchId, 0, control);
+      await close(b, 'completed', null, false, control.heartbeat);
+      return counts;
+    },
+
+    /** Closes a batch (see `close`). */
+    async closeBatch(
+      batchId: string,
+      status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>,
+      errorMessage: string | null,
+      finalizing: boolean,
+      heartbeat: StepControl['heartbeat'],
+    ): Promise<void> {
+      await close(await load(batchId), status, errorMessage, finalizing, heartbeat);
     },
 
     /**
@@ -175,127 +326,6 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       const set: Partial<BatchDoc> & { status: BatchStatus } = { status };
       if (status === 'in_progress') set.in_progress_at = new Date();
       await writeStatus(store, await load(batchId), set);
-    },
-
-    /** Runs one chunk's lines with bounded concurrency; returns the chunk's counts. Throws ChunkCancelled when stopped. */
-    async runChunk(batchId: string, chunkIndex: number, control: StepControl): Promise<{ completed: number; failed: number }> {
-      // The reads a chunk starts with go together: until they are back its lines are not running,
-      // and a batch's chunks start one after another all through it.
-      // Resume from this chunk's progress document: written after every stored group of results,
-      // it is never behind the last heartbeat Temporal kept (older after a server restart).
-      const [b, chunk, saved] = await Promise.all([
-        load(batchId),
-        readChunk(store, { _id: batchId }, chunkIndex),
-        readProgress(store, { _id: batchId }, chunkIndex),
-      ]);
-      if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
-      const [ws] = await Promise.all([
-        store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } }),
-        // An empty progress document says the chunk has started: readers stop at the first chunk without one (live-counts).
-        saved ? null : saveProgress(store, b, chunkIndex, emptyTally(), []),
-      ]);
-      const writer = new ChunkWriter({ store, usage, batch: b, chunkIndex, outageMs: batchSettings.outageMs }, saved);
-      const abort = new AbortController();
-      // Every line in flight listens on this one signal: more than Node's default of 10 is expected.
-      setMaxListeners(batchSettings.lineConcurrency + 16, abort.signal);
-      if (control.signal.aborted) abort.abort();
-      else control.signal.addEventListener('abort', () => abort.abort(), { once: true });
-      const runner = new LineRunner({
-        store,
-        upstreams,
-        batch: b,
-        workspace: ws?.settings,
-        credits,
-        lineAttempts: batchSettings.lineAttempts,
-        outageMs: batchSettings.outageMs,
-        signal: abort.signal,
-        broadcast,
-      });
-      const before = { ...writer.tally };
-      const counts = await runLines(
-        control.heartbeat,
-        chunk.lines.filter((l) => !writer.done.has(l.line)),
-        runner,
-        writer,
-        abort.signal,
-        batchSettings.lineConcurrency,
-        chunkIndex,
-      );
-      // Only what this run finished: a resumed chunk's earlier lines were counted where they ran.
-      metrics?.batchLines.inc({ outcome: 'completed' }, counts.completed - before.completed);
-      metrics?.batchLines.inc({ outcome: 'failed' }, counts.failed - before.failed);
-      // Every line is done: store the chunk's results as pages, what readers read.
-      await pageChunk(
-        store,
-        b,
-        chunkIndex,
-        chunk.lines,
-        chunk.lines.flatMap((l) => writer.storedResult(l.line) ?? []),
-      );
-      return counts;
-    },
-
-    /**
-     * Closes a batch: unfinished lines of an expired or cancelled batch get error results (finished
-     * ones keep theirs), usage totals and the serving provider are summed from the chunk tallies, and the
-     * terminal status is set.
-     */
-    async closeBatch(
-      batchId: string,
-      status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>,
-      errorMessage: string | null = null,
-      /** Mark the batch finalizing first (a completed batch's last step before its terminal status). */
-      finalizing: boolean,
-      heartbeat: StepControl['heartbeat'],
-    ): Promise<void> {
-      const b = await load(batchId);
-      if (finalizing) await writeStatus(store, b, { status: 'finalizing' });
-      // Every chunk has stopped (the workflow waits for cancelled chunks to finish), so the chunks'
-      // progress documents hold every stored result: their tallies, and which lines are done.
-      const progress = await allProgress(store, b);
-      const t = tallyOf(progress);
-      if (status === 'expired' || status === 'cancelled') {
-        const have = new Set(progress.flatMap((d) => d.done ?? []));
-        const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
-        const message =
-          status === 'expired'
-            ? 'The batch expired before this request was processed'
-            : 'The batch was cancelled before this request was processed';
-        for await (const { index: i, chunk } of eachChunk(store, b)) {
-          const missing: ResultDoc[] = (chunk?.lines ?? [])
-            .filter((l) => !have.has(l.line))
-            .map((l) => failedResult(batchId, l, { type, message }));
-          // A result stored by a chunk that died before saving its progress is kept, counted and billed.
-          const closing = await writeResultsOnce(store, b, missing);
-          for (const r of closing) {
-            addToTally(t, r);
-            if (r.ok && r.usage) await usage.recordStored(lineUsage(b, r));
-          }
-          // The chunk is complete now: page it, unless it paged itself when it finished (a chunk
-          // cancelled between its last line and its pages has no missing lines, and no pages yet).
-          if (chunk) await pageChunk(store, b, i, chunk.lines, closing);
-          heartbeat(i);
-        }
-      }
-      const finalCounts = { completed: t.completed, failed: t.failed };
-      const provider = Object.entries(t.providers).sort((x, y) => y[1] - x[1])[0]?.[0] ?? null;
-      await writeStatus(store, b, {
-        status,
-        finalized_at: new Date(),
-        provider,
-        error: errorMessage ? { message: errorMessage } : null,
-        final_counts: finalCounts,
-        usage:
-          status === 'failed'
-            ? null
-            : {
-                prompt_tokens: t.input_tokens,
-                completion_tokens: t.output_tokens,
-                total_tokens: t.input_tokens + t.output_tokens,
-                cost: roundUsd(t.cost),
-              },
-      });
-      metrics?.batchesFinished.inc({ status });
     },
   };
 }
