@@ -10,6 +10,7 @@ import { batchProgressQuery, batchWorkflow } from '../workflows/batch';
 import { searchAttributes, workflowMetadataQuery } from '../workflows/shared';
 import { startProcess } from '../devstack/processes';
 import { stack } from './fixture';
+import { TRACE_MAX_JSON_LENGTH } from '../infrastructure/validation/types';
 import {
   call,
   createTenant,
@@ -337,18 +338,23 @@ describe('batches', () => {
           chatLine(0),
           { custom_id: 'streams', body: { ...chatLine(1).body, stream: true } },
           { custom_id: 'no-messages', body: { max_tokens: 3 } },
-          chatLine(3),
+          // The attribution fields a line may carry are bounded as in a synchronous call.
+          { custom_id: 'big-trace', body: { ...chatLine(3).body, trace: { x: 'v'.repeat(TRACE_MAX_JSON_LENGTH) } } },
+          { custom_id: 'long-session', body: { ...chatLine(4).body, session_id: 's'.repeat(257) } },
+          chatLine(5),
         ],
       });
       expect(r.status).to.equal(202);
       const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed']);
       expect(done.status).to.equal('failed');
       expect(done.error.message)
-        .to.include('2 request line(s) are invalid')
+        .to.include('4 request line(s) are invalid')
         .and.include('streams (stream: must be equal to constant)')
-        .and.include('no-messages (messages: is required)');
+        .and.include('no-messages (messages: is required)')
+        .and.include(`big-trace (trace: must NOT be longer than ${TRACE_MAX_JSON_LENGTH} characters as JSON)`)
+        .and.include('long-session (session_id: must NOT have more than 256 characters)');
       expect(done.results).to.equal(null);
-      expect(done.request_counts).to.deep.equal({ total: 4, completed: 0, failed: 4 });
+      expect(done.request_counts).to.deep.equal({ total: 6, completed: 0, failed: 6 });
       expect(await countedCalls()).to.equal(0);
       // The lines were checked at creation: the workflow only closes the batch, with no validation step.
       expect(await scheduledActivities(r.body.id)).to.deep.equal(['closeBatch']);

@@ -15,6 +15,7 @@ import {
   storedRecord,
 } from './helpers';
 import { fromJsonText } from '../infrastructure/store/json-text';
+import { TRACE_MAX_JSON_LENGTH } from '../infrastructure/validation/types';
 
 /** A raw HTTP/1.1 exchange, for requests fetch refuses to send; resolves with what came back before the socket closed. */
 function rawExchange(port: number, request: string | Buffer, waitMs = 3000): Promise<string> {
@@ -301,6 +302,41 @@ describe('hostile input', () => {
     await gw.usage.flushed();
     const doc = await storedRecord(gw.store, r.body.id);
     expect(fromJsonText(doc!.trace!)).to.deep.equal(trace);
+  });
+
+  it('trace metadata over its bound as JSON is a 400 on every route that takes it; at the bound it is stored whole', async () => {
+    // Kept in every usage record and sent with every span: unbounded, one call could store megabytes for a fraction of a cent.
+    const over = { trace_id: 't', x: 'v'.repeat(TRACE_MAX_JSON_LENGTH) };
+    const message = `trace: must NOT be longer than ${TRACE_MAX_JSON_LENGTH} characters as JSON`;
+    const bodies: [string, Record<string, unknown>][] = [
+      ['/api/v1/chat/completions', { model: 'sandbox/chat-1', messages: [{ role: 'user', content: 'x' }] }],
+      ['/api/v1/messages', { model: 'sandbox/chat-1', max_tokens: 5, messages: [{ role: 'user', content: 'x' }] }],
+      ['/api/v1/responses', { model: 'sandbox/chat-1', input: 'x' }],
+      ['/api/v1/embeddings', { model: 'sandbox/embed-1', input: 'x' }],
+      ['/api/v1/systemone', { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } } }],
+      [presetPath('big-trace'), { model: 'sandbox/chat-1' }],
+    ];
+    for (const [path, body] of bodies) {
+      const r = await call(`${gw.url}${path}`, { key: t.managementKey, body: { ...body, trace: over } });
+      expect(r.status, path).to.equal(400);
+      expect(r.body.error.message, path).to.equal(message);
+    }
+    // Embeddings take the same attribution fields as the other calls, checked the same way.
+    const embed = { model: 'sandbox/embed-1', input: 'x' };
+    for (const [extra, refusal] of [
+      [{ trace: 'abc' }, 'trace: must be object'],
+      [{ session_id: 's'.repeat(257) }, 'session_id: must NOT have more than 256 characters'],
+    ] as const) {
+      const r = await call(`${gw.url}/api/v1/embeddings`, { key: t.inferenceKey, body: { ...embed, ...extra } });
+      expect(r.status, refusal).to.equal(400);
+      expect(r.body.error.message).to.equal(refusal);
+    }
+
+    const atLimit = { trace_id: 't', x: 'v'.repeat(TRACE_MAX_JSON_LENGTH - JSON.stringify({ trace_id: 't', x: '' }).length) };
+    const r = await call(`${gw.url}/api/v1/embeddings`, { key: t.inferenceKey, body: { ...embed, trace: atLimit } });
+    expect(r.status, JSON.stringify(r.body)).to.equal(200);
+    await gw.usage.flushed();
+    expect(fromJsonText((await storedRecord(gw.store, r.body.id))!.trace!)).to.deep.equal(atLimit);
   });
 
   it('stores a preset whose response_format schema has $ref/$defs and nested arrays, and returns it unchanged', async () => {

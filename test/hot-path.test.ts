@@ -10,6 +10,7 @@ import { UsageJournal } from '../domain/accounts/usage-journal';
 import { getBalance } from '../domain/accounts/credits';
 import { Store, type UsageDoc } from '../infrastructure/store';
 import { toStoredUsage } from '../infrastructure/store/usage-form';
+import { ServiceUnavailableError } from '../infrastructure/errors';
 import { freePort } from '../devstack/processes';
 import { startFerretDB } from '../devstack/services';
 import { stack } from './fixture';
@@ -559,6 +560,35 @@ describe('usage ledger with a journal', () => {
     expect(ledger.unstoredCost('ws-journal')).to.equal(0);
     await ledger.close(1_000);
     expect(fs.readdirSync(dir)).to.deep.equal([]);
+  });
+
+  it('refuses records (503) once those waiting for the database hold its memory bound, counted by size, and takes them again once stored', async () => {
+    const { store: slow, open } = gatedStore(store);
+    const ledger = new UsageLedger(slow, { journal: new UsageJournal(dir, database), maxBacklogBytes: 8 * 1024 });
+    // One record bigger than the bound is refused with nothing else waiting: the bound is memory, not a count.
+    const big = { ...usage(`gen-big-${Date.now()}`), trace: { x: 'v'.repeat(8 * 1024) } };
+    const refusedBig = await ledger.record(big).catch((err: unknown) => err);
+    expect(refusedBig).to.be.instanceOf(ServiceUnavailableError);
+    // Small ones are taken until the bound is reached (each ~1.3 KB counted), then refused.
+    const taken: string[] = [];
+    let refused: unknown = null;
+    for (let i = 0; i < 20 && !refused; i++) {
+      const id = `gen-bound-${Date.now()}-${i}`;
+      refused = await ledger.record(usage(id)).then(
+        () => (taken.push(id), null),
+        (err: unknown) => err,
+      );
+    }
+    expect(refused).to.be.instanceOf(ServiceUnavailableError);
+    expect((refused as ServiceUnavailableError).status).to.equal(503);
+    expect(taken.length).to.be.within(3, 7);
+    expect(journaled().sort()).to.deep.equal([...taken].sort()); // nothing refused was journaled
+    // Once the database has them, their memory is free again.
+    open();
+    await ledger.flushed();
+    expect(await ledger.record(usage(`gen-bound-after-${Date.now()}`))).to.equal(true);
+    await ledger.flushed();
+    await ledger.close(1_000);
   });
 
   it('records finished in one turn of the event loop share one write(2); each caller is answered only once its line is written', async () => {

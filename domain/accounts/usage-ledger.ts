@@ -16,7 +16,7 @@ import { ServiceUnavailableError } from '../../infrastructure/errors';
 import { fromJsonText, toJsonText } from '../../infrastructure/store/json-text';
 import { insertManyEach, type Store, type UsageDoc, type UsageFields } from '../../infrastructure/store';
 import { fromStoredUsage, toStoredUsage } from '../../infrastructure/store/usage-form';
-import { takeCheckpointMark, type Segment, type UsageJournal } from './usage-journal';
+import { journalLine, takeCheckpointMark, type Segment, type UsageJournal } from './usage-journal';
 import { TotalsWriter } from './usage-totals';
 import type { RequestMeta } from './attribution';
 
@@ -43,8 +43,13 @@ interface Pending {
 
 /** The most records one insert carries. */
 const MAX_GROUP = 1_000;
-/** Journaled records waiting for the database beyond this are refused: memory is not unbounded. */
-const MAX_BACKLOG = 100_000;
+/**
+ * What journaled records waiting for the database may hold in memory before more are refused, each
+ * counted as its journal line plus what its objects take beyond it (~0.75 KB, measured): about
+ * 90,000 ordinary records, fewer when their callers' trace metadata is large.
+ */
+const MAX_BACKLOG_BYTES = 128 * 1024 * 1024;
+const RECORD_OVERHEAD_BYTES = 1_024;
 /** After a failed write the next waits this long, doubling up to the cap. */
 const RETRY_FIRST_MS = 100;
 const RETRY_MAX_MS = 5_000;
@@ -66,6 +71,8 @@ export interface LedgerOptions {
   journal?: UsageJournal;
   /** Told of what the background writer could not do (journaling ledgers only). */
   onTrouble?: (message: string, details: Record<string, unknown>) => void;
+  /** Overrides MAX_BACKLOG_BYTES (tests). */
+  maxBacklogBytes?: number;
 }
 
 export class UsageLedger {
@@ -74,7 +81,8 @@ export class UsageLedger {
   /** Round trips made so far, for tests and the benchmark: records ÷ writes is the grouping. */
   writes = 0;
   /** Journaled records not yet stored, by generation id. */
-  private readonly unstored = new Map<string, UsageDoc>();
+  private readonly unstored = new Map<string, { doc: UsageDoc; bytes: number }>();
+  private unstoredBytes = 0;
   private readonly unstoredByWorkspace = new Map<string, number>();
   private retryMs = RETRY_FIRST_MS;
   private retryTimer: NodeJS.Timeout | null = null;
@@ -107,13 +115,16 @@ export class UsageLedger {
     const { journal } = this.opts;
     if (!journal) return this.recordStored(usage);
     const doc = toDoc(usage);
-    if (this.unstored.size >= MAX_BACKLOG) {
+    const line = journalLine(doc);
+    const bytes = line.length + RECORD_OVERHEAD_BYTES;
+    if (this.unstoredBytes + bytes > (this.opts.maxBacklogBytes ?? MAX_BACKLOG_BYTES)) {
       return Promise.reject(new ServiceUnavailableError('Usage records cannot be stored right now; try again shortly'));
     }
-    return journal.appendSoon(doc).then((segment) => {
+    return journal.appendSoon(line).then((segment) => {
       if (this.closed) return true; // journaled as the ledger closed: the next start stores it
       this.enqueue({ doc, segment });
-      this.unstored.set(doc._id, doc);
+      this.unstored.set(doc._id, { doc, bytes });
+      this.unstoredBytes += bytes;
       this.unstoredByWorkspace.set(doc.workspace_id, (this.unstoredByWorkspace.get(doc.workspace_id) ?? 0) + doc.cost);
       return true;
     });
@@ -121,7 +132,7 @@ export class UsageLedger {
 
   /** One generation's usage record, if it belongs to the workspace (stored or still on its way). */
   async generation(workspaceId: string, id: string): Promise<UsageDoc | null> {
-    const unstored = this.unstored.get(id);
+    const unstored = this.unstored.get(id)?.doc;
     const stored = unstored ? null : await this.store.usage.findOne({ _id: id });
     const doc = unstored ?? (stored && fromStoredUsage(stored));
     return doc && doc.workspace_id === workspaceId ? doc : null;
@@ -286,7 +297,10 @@ export class UsageLedger {
       // The database refused this one record for good: retrying would not help.
       this.opts.onTrouble?.('usage record refused by the database; dropped', { err: outcome, generation_id: p.doc._id });
     }
-    if (this.unstored.delete(p.doc._id)) {
+    const unstored = this.unstored.get(p.doc._id);
+    if (unstored) {
+      this.unstored.delete(p.doc._id);
+      this.unstoredBytes -= unstored.bytes;
       const left = (this.unstoredByWorkspace.get(p.doc.workspace_id) ?? 0) - p.doc.cost;
       if (left > 1e-12) this.unstoredByWorkspace.set(p.doc.workspace_id, left);
       else this.unstoredByWorkspace.delete(p.doc.workspace_id);

@@ -4,6 +4,7 @@
 import { Type, type TSchema } from '@sinclair/typebox';
 import { compileBody, type Validator } from '../../infrastructure/validation/index';
 import { EmbeddingsInput } from '../completions/schema';
+import { attributionFields } from '../../infrastructure/validation/types';
 import { BadRequestError } from '../../infrastructure/errors';
 import type { Operation } from '../catalog';
 import type { BatchEndpoint } from './store';
@@ -14,6 +15,7 @@ const Message = Type.Object({ role: Type.String({ minLength: 1 }), content: Type
 const SCHEMAS: Record<BatchEndpoint, TSchema> = {
   '/v1/chat/completions': Type.Object(
     {
+      ...attributionFields,
       messages: Type.Array(Message, { minItems: 1 }),
       stream: NoStream,
       max_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
@@ -24,6 +26,7 @@ const SCHEMAS: Record<BatchEndpoint, TSchema> = {
   ),
   '/v1/responses': Type.Object(
     {
+      ...attributionFields,
       input: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.Unknown(), { minItems: 1 })]),
       stream: NoStream,
       max_output_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
@@ -32,6 +35,7 @@ const SCHEMAS: Record<BatchEndpoint, TSchema> = {
   ),
   '/v1/messages': Type.Object(
     {
+      ...attributionFields,
       messages: Type.Array(Message, { minItems: 1 }),
       max_tokens: Type.Integer({ minimum: 1 }),
       stream: NoStream,
@@ -40,6 +44,7 @@ const SCHEMAS: Record<BatchEndpoint, TSchema> = {
   ),
   '/v1/embeddings': Type.Object(
     {
+      ...attributionFields,
       input: EmbeddingsInput,
       dimensions: Type.Optional(Type.Integer({ minimum: 1 })),
     },

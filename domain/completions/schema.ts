@@ -4,7 +4,7 @@
 // plus what the gateway adds (our generation id, the dated model id, `provider`, `usage.cost`).
 import { Type } from '@sinclair/typebox';
 import { AnthropicMessage, ChatBody, ChatMessage, MessagesBody, ResponsesBody } from '../presets/schema';
-import { EndUser, Nullable, StringEnum } from '../../infrastructure/validation/types';
+import { attributionFields, Nullable, StringEnum } from '../../infrastructure/validation/types';
 import { ProviderPreferences } from '../routing/preferences';
 
 const Model = Type.String({ minLength: 1, maxLength: 256 });
@@ -72,7 +72,7 @@ export const EmbeddingsRequest = Type.Object(
     dimensions: Type.Optional(Type.Integer({ minimum: 1, maximum: 65536 })),
     encoding_format: Type.Optional(StringEnum(['float', 'base64'])),
     stream: Type.Optional(Type.Literal(false, { description: 'Embeddings are not streamed' })),
-    user: Type.Optional(EndUser),
+    ...attributionFields,
   },
   { additionalProperties: true },
 );

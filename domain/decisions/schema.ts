@@ -1,7 +1,7 @@
 // POST /systemone (interface §2.1–2.3). The limits are configurable, so the schema is built from
 // them once at start-up; the default build gives the TypeScript types and the OpenAPI shapes.
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
-import { EndUser, KeyedRecord, SessionId, TraceConfig } from '../../infrastructure/validation/types';
+import { attributionFields, KeyedRecord } from '../../infrastructure/validation/types';
 import { ProviderPreferences } from '../routing/preferences';
 
 export interface DecisionLimits {
@@ -92,9 +92,7 @@ export function decisionsRequestSchema(limits: DecisionLimits) {
         maxProperties: limits.maxQuestions,
       }),
       provider: Type.Optional(ProviderPreferences),
-      session_id: Type.Optional(SessionId),
-      trace: Type.Optional(TraceConfig),
-      user: Type.Optional(EndUser),
+      ...attributionFields,
     },
     { additionalProperties: false },
   );

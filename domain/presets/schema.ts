@@ -2,7 +2,7 @@
 // objects returned. Known fields are validated; unknown top-level fields are ignored, because the
 // overlap rule stores only configuration fields anyway.
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
-import { EndUser, Nullable, SessionId, StringEnum, Timestamp, TraceConfig } from '../../infrastructure/validation/types';
+import { attributionFields, Nullable, StringEnum, Timestamp } from '../../infrastructure/validation/types';
 import { ProviderPreferences } from '../routing/preferences';
 
 const Strict = { additionalProperties: false } as const;
@@ -209,7 +209,6 @@ export const MessagesBody = Type.Object(
     ),
     safeguards: Type.Optional(Nullable(Type.Array(Type.Object({ type: Type.String() }, { additionalProperties: true })))),
     service_tier: Type.Optional(Type.String()),
-    session_id: Type.Optional(SessionId),
     speed: Type.Optional(Nullable(StringEnum(['fast', 'standard'], { description: 'Default standard' }))),
     stop_sequences: Type.Optional(Type.Array(Type.String())),
     stop_server_tools_when: Type.Optional(Type.Array(StopCondition, { minItems: 1 })),
@@ -220,8 +219,7 @@ export const MessagesBody = Type.Object(
     tools: Type.Optional(Type.Array(Tool)),
     top_k: Type.Optional(Type.Integer({ minimum: 0 })),
     top_p: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
-    trace: Type.Optional(TraceConfig),
-    user: Type.Optional(EndUser),
+    ...attributionFields,
   },
   { additionalProperties: true },
 );
@@ -244,9 +242,7 @@ const sharedInferenceFields = {
   top_p: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
   tools: Type.Optional(Type.Array(Type.Object({ type: Type.String() }, { additionalProperties: true }))),
   plugins: Type.Optional(Type.Array(Plugin)),
-  session_id: Type.Optional(SessionId),
-  user: Type.Optional(EndUser),
-  trace: Type.Optional(TraceConfig),
+  ...attributionFields,
   stream: Type.Optional(Type.Boolean()),
 };
 

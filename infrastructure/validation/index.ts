@@ -4,6 +4,7 @@ import Ajv, { type ErrorObject, type ValidateFunction } from 'ajv';
 import addFormats from 'ajv-formats';
 import type { TSchema, Static } from '@sinclair/typebox';
 import { BadRequestError } from '../errors';
+import { maxJsonLength } from './json-length';
 
 function makeAjv(coerce: boolean, allErrors: boolean): Ajv {
   // strictNumbers: `strict: false` would otherwise let Infinity (JSON's 1e309) pass as an integer.
@@ -21,6 +22,7 @@ function makeAjv(coerce: boolean, allErrors: boolean): Ajv {
     code: { optimize: false },
   });
   addFormats(ajv);
+  ajv.addKeyword(maxJsonLength);
   return ajv;
 }
 

@@ -1,6 +1,6 @@
 // Schemas shared by several areas. Each is at once the Ajv schema, the TypeScript type (Static) and
 // an OpenAPI component.
-import { Type, type Static, type TSchema, type TUnsafe } from '@sinclair/typebox';
+import { Type, type TSchema, type TUnsafe } from '@sinclair/typebox';
 
 /** A string enum as plain JSON Schema `enum`, so a bad value reads "must be one of …". */
 export function StringEnum<T extends string[]>(values: [...T], options: Record<string, unknown> = {}): TUnsafe<T[number]> {
@@ -31,10 +31,13 @@ export const ErrorEnvelope = Type.Object(
   { $id: 'ErrorEnvelope' },
 );
 
-export const SessionId = Type.String({ maxLength: 256, description: 'Groups related requests; never sent to the provider' });
-export const EndUser = Type.String({ maxLength: 256 });
+const SessionId = Type.String({ maxLength: 256, description: 'Groups related requests; never sent to the provider' });
+const EndUser = Type.String({ maxLength: 256 });
 
-export const TraceConfig = Type.Object(
+/** The most a trace config may take as JSON: it is kept in the call's usage record and sent with its span. */
+export const TRACE_MAX_JSON_LENGTH = 16_384;
+
+const TraceConfig = Type.Object(
   {
     trace_id: Type.Optional(Type.String()),
     trace_name: Type.Optional(Type.String()),
@@ -42,8 +45,18 @@ export const TraceConfig = Type.Object(
     generation_name: Type.Optional(Type.String()),
     parent_span_id: Type.Optional(Type.String()),
   },
-  { additionalProperties: true, description: 'Observability metadata; extra keys pass through as custom metadata' },
+  {
+    additionalProperties: true,
+    'x-maxJsonLength': TRACE_MAX_JSON_LENGTH,
+    description: `Observability metadata; extra keys pass through as custom metadata. At most ${TRACE_MAX_JSON_LENGTH} characters as JSON`,
+  },
 );
-export type TraceConfig = Static<typeof TraceConfig>;
+
+/** Who and what a call is for, as every request that calls a model may say it: kept in its usage record. */
+export const attributionFields = {
+  session_id: Type.Optional(SessionId),
+  user: Type.Optional(EndUser),
+  trace: Type.Optional(TraceConfig),
+};
 
 export const Timestamp = Type.String({ format: 'date-time' });

@@ -6,6 +6,8 @@ import { Type } from '@sinclair/typebox';
 import { compileBody, compileQuery } from '../../infrastructure/validation/index';
 import { ChatCompletionRequest } from '../../domain/completions/schema';
 import { checkLine, lineProblem, type LineCheck } from '../../domain/batches/lines';
+import { jsonLengthAtMost } from '../../infrastructure/validation/json-length';
+import { TRACE_MAX_JSON_LENGTH } from '../../infrastructure/validation/types';
 
 const many = (item: unknown) => Array.from({ length: 100_000 }, () => item);
 
@@ -71,5 +73,50 @@ describe('validation of large invalid bodies', () => {
     const query = compileQuery(Type.Object({ n: Type.Optional(Type.Number()) }));
     expect(query.valid({ n: '3' })).to.equal(true);
     expect(query.valid({ n: '1e309' })).to.equal(false);
+  });
+});
+
+describe('a bound on a value as JSON text (x-maxJsonLength)', () => {
+  it('measures exactly what JSON.stringify writes, escapes, nesting and empty containers included', () => {
+    const values: unknown[] = [
+      'plain',
+      'quote " and \\ and \n and \u0001',
+      { a: [1, 2.5, -3e-7, true, null, { b: {} }, []], 'k"ey': 'é漢字' },
+      [[[]], {}, ''],
+      42,
+      null,
+    ];
+    for (const v of values) {
+      const n = JSON.stringify(v).length;
+      expect(jsonLengthAtMost(v, n), JSON.stringify(v)).to.equal(true);
+      expect(jsonLengthAtMost(v, n - 1), JSON.stringify(v)).to.equal(false);
+    }
+  });
+
+  it('stops as soon as it has counted past the bound, without reading the rest of the value', () => {
+    let reads = 0;
+    const unread = {};
+    for (let i = 0; i < 1_000; i++) Object.defineProperty(unread, `k${i}`, { enumerable: true, get: () => ++reads });
+    expect(jsonLengthAtMost({ a: unread, b: 'x'.repeat(100) }, 50)).to.equal(false);
+    expect(reads).to.equal(0);
+    expect(jsonLengthAtMost({ a: unread }, 100_000)).to.equal(true); // the same value within its bound is read whole
+    expect(reads).to.be.at.least(1_000);
+  });
+
+  it('refuses a request whose trace is one character over the bound, naming the field, and takes one at it', () => {
+    const chat = compileBody(ChatCompletionRequest);
+    const base = { model: 'm', messages: [{ role: 'user', content: 'x' }] };
+    const pad = TRACE_MAX_JSON_LENGTH - JSON.stringify({ trace_id: 't', x: '' }).length;
+    const atLimit = { trace_id: 't', x: 'v'.repeat(pad) };
+    expect(JSON.stringify(atLimit).length).to.equal(TRACE_MAX_JSON_LENGTH);
+    expect(chat.valid({ ...base, trace: atLimit })).to.equal(true);
+    let err: any;
+    try {
+      chat({ ...base, trace: { ...atLimit, x: `${atLimit.x}v` } });
+    } catch (e) {
+      err = e;
+    }
+    expect(err?.status).to.equal(400);
+    expect(err.message).to.equal(`trace: must NOT be longer than ${TRACE_MAX_JSON_LENGTH} characters as JSON`);
   });
 });
