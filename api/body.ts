@@ -84,7 +84,8 @@ function watch(w: Watched): void {
   sweeper ??= setInterval(sweep, SWEEP_MS).unref();
 }
 
-function readAll(req: Koa.Request['req'], limits: BodyLimits): Promise<Buffer> {
+/** The body as it arrived, in pieces: a large one is never copied into one buffer on the event loop. */
+function readAll(req: Koa.Request['req'], limits: BodyLimits): Promise<Buffer[]> {
   const encoding = (req.headers['content-encoding'] ?? 'identity').trim().toLowerCase();
   if (!(encoding in DECODERS))
     throw new BadRequestError(
@@ -96,7 +97,7 @@ function readAll(req: Koa.Request['req'], limits: BodyLimits): Promise<Buffer> {
   const decoder = DECODERS[encoding]?.() ?? null;
   // pipeline, not pipe: a request that ends early or errors must end the decoder too.
   const source: Readable = decoder ? pipeline(req, decoder, () => undefined) : req;
-  return new Promise<Buffer>((resolve, reject) => {
+  return new Promise<Buffer[]>((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
     const watching: Watched = {
@@ -116,7 +117,7 @@ function readAll(req: Koa.Request['req'], limits: BodyLimits): Promise<Buffer> {
         decoder?.destroy();
         reject(err);
       } else {
-        resolve(Buffer.concat(chunks, size));
+        resolve(chunks);
       }
     };
     const onData = (chunk: Buffer) => {
@@ -154,7 +155,22 @@ function parseJsonBody(text: string, maxDepth: number): unknown {
   }
 }
 
-export function jsonBody(limits: BodyLimits): Koa.Middleware {
+/** The body as JSON: strict UTF-8, no deeper than `maxDepth`, no `__proto__` key. */
+export function parseJsonBytes(raw: Uint8Array, maxDepth: number): unknown {
+  let text: string;
+  try {
+    text = utf8.decode(raw);
+  } catch {
+    throw new BadRequestError('Request body is not valid UTF-8');
+  }
+  return parseJsonBody(text, maxDepth);
+}
+
+/**
+ * Reads a JSON body into `ctx.request.body`; with `parse: false`, only its bytes into
+ * `ctx.request.rawBody`, for a route that parses it elsewhere (a large batch, off the event loop).
+ */
+export function jsonBody(limits: BodyLimits, { parse = true } = {}): Koa.Middleware {
   return async (ctx, next) => {
     const hasBody = Number(ctx.get('content-length') || 0) > 0 || ctx.get('transfer-encoding') !== '';
     try {
@@ -169,13 +185,8 @@ export function jsonBody(limits: BodyLimits): Koa.Middleware {
       if (charset && charset !== 'utf-8' && charset !== 'utf8')
         throw new BadRequestError(`Request body must be UTF-8, not ${JSON.stringify(charset.slice(0, 40))}`);
       const raw = await readAll(ctx.req, limits);
-      let text: string;
-      try {
-        text = utf8.decode(raw);
-      } catch {
-        throw new BadRequestError('Request body is not valid UTF-8');
-      }
-      ctx.request.body = parseJsonBody(text, limits.maxDepth);
+      if (parse) ctx.request.body = parseJsonBytes(raw.length === 1 ? raw[0] : Buffer.concat(raw), limits.maxDepth);
+      else ctx.request.rawBody = raw;
     } catch (err) {
       // The unread rest of the body would otherwise sit on a kept-alive socket.
       if (!ctx.req.readableEnded) ctx.set('Connection', 'close');
@@ -188,5 +199,7 @@ export function jsonBody(limits: BodyLimits): Koa.Middleware {
 declare module 'koa' {
   interface Request {
     body?: unknown;
+    /** The body's bytes in the pieces they arrived in (`jsonBody` with `parse: false`). */
+    rawBody?: Buffer[];
   }
 }

@@ -11,6 +11,7 @@ import type { Upstreams } from '../domain/routing/upstreams';
 import type { DecisionExecution } from './decision-execution';
 import type { Metrics } from '../infrastructure/metrics';
 import type { Broadcaster } from '../domain/traces/broadcast';
+import type { BatchBodyReader } from './batch-body';
 
 export interface AppDeps {
   config: Config;
@@ -31,6 +32,8 @@ export interface AppDeps {
   metrics: Metrics;
   /** Sends generations to the trace destinations. */
   broadcast: Broadcaster;
+  /** Reads batch create bodies, a large one on a worker thread. */
+  batchBodies: BatchBodyReader;
   /** Under `gateway start`: the state of each embedded process it supervises (for /readyz). */
   embedded?: () => Record<string, 'ok' | 'restarting'>;
 }

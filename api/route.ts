@@ -27,6 +27,8 @@ export interface RouteSpec<B, Q, P> {
   billable?: boolean;
   /** Overrides BODY_LIMIT for routes that take large documents (batches). */
   bodyLimitBytes?: number;
+  /** The handler parses the body itself from `ctx.request.rawBody` (`body` still documents it): a large batch is read off the event loop. */
+  rawBody?: boolean;
   /** `stream`: the route also answers as server-sent events (`"stream": true`), described so. */
   responses: Record<number, { description: string; schema?: TSchema; contentType?: string; stream?: string }>;
   handler: (ctx: Koa.ParameterizedContext, input: { body: Maybe<B>; query: Maybe<Q>; params: Maybe<P> }) => unknown;
@@ -45,7 +47,7 @@ export function defineRoute<
 /** Registers routes on a router; validators are compiled here, once, at start-up. */
 export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): void {
   for (const spec of routes) {
-    const body = spec.body ? compileBody(spec.body) : null;
+    const body = spec.body && !spec.rawBody ? compileBody(spec.body) : null;
     const query = spec.query ? compileQuery(spec.query) : null;
     const params = spec.params ? compileParams(spec.params) : null;
     const chain: Koa.Middleware[] = [];
@@ -58,7 +60,12 @@ export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): 
     }
     if (spec.body) {
       const { bodyLimitBytes, bodyMaxDepth, bodyIdleMs } = deps.config.http;
-      chain.push(jsonBody({ limitBytes: spec.bodyLimitBytes ?? bodyLimitBytes, maxDepth: bodyMaxDepth, idleMs: bodyIdleMs }));
+      chain.push(
+        jsonBody(
+          { limitBytes: spec.bodyLimitBytes ?? bodyLimitBytes, maxDepth: bodyMaxDepth, idleMs: bodyIdleMs },
+          { parse: !spec.rawBody },
+        ),
+      );
     }
     chain.push(async (ctx) => {
       const input = {

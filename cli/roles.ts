@@ -24,6 +24,7 @@ import { startMetricsServer } from '../api/routes/metrics';
 import { Metrics } from '../infrastructure/metrics';
 import { createWebhookSender } from '../domain/webhooks/deliver';
 import { purgeDeleted } from '../domain/batches/store';
+import { BatchBodyReader } from '../api/batch-body';
 
 /** How often a process looks for batch deletions left unfinished. */
 const PURGE_EVERY_MS = 30_000;
@@ -152,6 +153,7 @@ export async function runApiRole(
     config.decisions.execution === 'workflow'
       ? workflowExecution(client, handoff, config.temporal.taskQueue, config.decisions.workflowConcurrency)
       : inlineExecution(inlineDecisions);
+  const batchBodies = new BatchBodyReader({ maxDepth: config.http.bodyMaxDepth, maxRequests: config.batches.maxRequests });
   const api = await startApiServer(
     {
       config,
@@ -167,6 +169,7 @@ export async function runApiRole(
       broadcast,
       workspaces: credits,
       keys: new KeyCache(store, config.auth.keyCacheMs),
+      batchBodies,
       embedded: opts.embedded,
     },
     config.host,
@@ -184,6 +187,7 @@ export async function runApiRole(
     usage,
     stop: async () => {
       await api.close();
+      await batchBodies.close();
       await usage.close(config.http.shutdownGraceMs);
       await stop();
     },

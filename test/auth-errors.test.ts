@@ -316,6 +316,7 @@ describe('402, 500 and the billable guard', () => {
       workspaces: new SpendAdmission(gw.store, 0),
       keys: new KeyCache(gw.store, 0),
       broadcast: null as never,
+      batchBodies: null as never,
     }; // no caching: every call reads the ledger
     mountRoutes(
       router,

@@ -21,6 +21,7 @@ import {
   emptyTally,
   type ResultDoc,
 } from '../domain/batches/store';
+import { packLines } from '../domain/batches/packed-lines';
 import { stack } from './fixture';
 import { addPresetVersion } from '../domain/presets/store';
 import { ChunkWriter } from '../domain/batches/chunk-writer';
@@ -103,7 +104,7 @@ describe('batch chunk activity', () => {
   async function storeBatch(bodies: Record<string, unknown>[]): Promise<string> {
     const id = newBatchId();
     const lines = bodies.map((body, i) => ({ line: i, custom_id: `c${i}`, body: JSON.stringify(body) }));
-    const starts = await storeInputs(store, ref(id), lines, 100);
+    const starts = await storeInputs(store, ref(id), packLines(lines), 100);
     const doc = testBatchDoc(t, { _id: id, model: 'test/chunk-counted', total: lines.length, chunks: starts.length, chunk_starts: starts });
     await batches(store).insertOne(doc);
     return id;

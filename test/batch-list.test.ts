@@ -2,6 +2,7 @@
 // they return, stale entries skipped, deletion.
 import { expect } from 'chai';
 import { createBatch, deleteBatch, listBatches, purgeDeleted, writeStatus, type BatchDoc, type BatchStatus } from '../domain/batches/store';
+import { packLines } from '../domain/batches/packed-lines';
 import { Store } from '../infrastructure/store';
 import { stack } from './fixture';
 import { createTenant, testBatchDoc, uniqueName, type Tenant } from './helpers';
@@ -23,13 +24,13 @@ describe('batch list index', () => {
     // 240 batches a second apart, statuses mixed; another workspace's in between.
     for (let i = 0; i < 240; i++) {
       const doc = testBatchDoc(t, { model: 'm', total: 1, status: 'validating', created_at: new Date(start + i * 1000) });
-      all.push(await createBatch(store, doc, [{ line: 0, custom_id: 'a', body: '{}' }], 100));
+      all.push(await createBatch(store, doc, packLines([{ custom_id: 'a', body: '{}' }]), 100));
       if (i % 40 === 0) {
         const other = await createTenant(store);
         await createBatch(
           store,
           testBatchDoc(other, { model: 'm', total: 1, status: 'validating', created_at: new Date(start + i * 1000) }),
-          [],
+          packLines([]),
           100,
         );
       }
@@ -118,7 +119,7 @@ describe('batch list index', () => {
 
   it('a deleted batch leaves no entry behind', async () => {
     const doc = testBatchDoc(t, { model: 'm', total: 1, status: 'validating', created_at: new Date(start - 1000) });
-    const b = await createBatch(store, doc, [{ line: 0, custom_id: 'a', body: '{}' }], 100);
+    const b = await createBatch(store, doc, packLines([{ custom_id: 'a', body: '{}' }]), 100);
     await writeStatus(store, b, { status: 'completed' });
     expect((await list({ limit: 300 })).slice(-1)).to.deep.equal([b._id]);
     await deleteBatch(store, b);

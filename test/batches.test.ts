@@ -5,6 +5,7 @@ import http from 'node:http';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { batches, createBatch, newBatchId, storeInputs } from '../domain/batches/store';
+import { packLines } from '../domain/batches/packed-lines';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { batchProgressQuery, batchWorkflow } from '../workflows/batch';
 import { searchAttributes, workflowMetadataQuery } from '../workflows/shared';
@@ -531,7 +532,7 @@ describe('batches', () => {
           custom_id: chatLine(i).custom_id,
           body: JSON.stringify(chatLine(i).body),
         }));
-        const starts = await storeInputs(gw.store, { _id: id }, lines, chunkSize);
+        const starts = await storeInputs(gw.store, { _id: id }, packLines(lines), chunkSize);
         const chunks = starts.length;
         const now = new Date();
         const doc = testBatchDoc(t, {
@@ -596,7 +597,9 @@ describe('batches', () => {
           provider: 'sandbox-alpha',
           final_counts: { completed: 1, failed: 0 },
         });
-        ids.push((await createBatch(gw.store, doc, [{ line: 0, custom_id: `req-${i}`, body: JSON.stringify(chatLine(i).body) }], 10))._id);
+        ids.push(
+          (await createBatch(gw.store, doc, packLines([{ custom_id: `req-${i}`, body: JSON.stringify(chatLine(i).body) }]), 10))._id,
+        );
       }
     });
 

@@ -4,18 +4,24 @@ import { expect } from 'chai';
 import http from 'node:http';
 import net from 'node:net';
 import zlib from 'node:zlib';
+import path from 'node:path';
 import {
   batchesWithoutDocument,
   call,
   capturingLogger,
   createTenant,
+  startGatewayProcess,
   startTestGateway,
+  uniqueName,
+  waitForStatus,
   type Tenant,
   type TestGateway,
   storedRecord,
 } from './helpers';
 import { fromJsonText } from '../infrastructure/store/json-text';
 import { TRACE_MAX_JSON_LENGTH } from '../infrastructure/validation/types';
+import { Store } from '../infrastructure/store';
+import { stack } from './fixture';
 
 /** A raw HTTP/1.1 exchange, for requests fetch refuses to send; resolves with what came back before the socket closed. */
 function rawExchange(port: number, request: string | Buffer, waitMs = 3000): Promise<string> {
@@ -401,5 +407,74 @@ describe('hostile input', () => {
     expect(after).to.deep.equal([]);
     // ...and no input chunk without its batch.
     expect(await batchesWithoutDocument(gw.store)).to.deep.equal([]);
+  });
+});
+
+describe('a large batch create', () => {
+  it('is read off the event loop: a gateway process answers /healthz within 200 ms meanwhile, and stores the lines as sent', async function () {
+    this.timeout(180_000);
+    const database = uniqueName('bigbatch').replace(/-/g, '_');
+    const store = await Store.connect(stack.mongoUri, database);
+    const t = await createTenant(store, 5);
+    const { proc, url } = await startGatewayProcess('bigbatch', ['api', '--with-worker'], {
+      TEMPORAL_ADDRESS: stack.temporalAddress,
+      TEMPORAL_TASK_QUEUE: database,
+      SANDBOX_URL: stack.sandboxUrl,
+      MONGODB_URI: stack.mongoUri,
+      MONGODB_DATABASE: database,
+      DATA_DIR: path.join(stack.tmpDir, database),
+      BATCH_MAX_BYTES: '60mb',
+    });
+    try {
+      // Lines a chunk would refuse (streamed): the batch fails at once rather than running 8,000 calls.
+      const requests = Array.from({ length: 8_000 }, (_, i) => ({
+        custom_id: `big-${i}`,
+        body: { messages: [{ role: 'user', content: `${i} é ${'x'.repeat(4_300)}` }], stream: true },
+      }));
+      // Bytes ready to send: encoding the text on the way out would hold this process, and the polls with it.
+      const body = Buffer.from(JSON.stringify({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests }));
+      expect(body.length).to.be.above(35_000_000);
+      // Best of three. Read in place, the body held the process for 0.4-0.5 s (385-470 ms polls);
+      // read on the worker the polls take 15-140 ms, the main thread's collections of the stored
+      // chunks' garbage and the two cores shared with the worker, FerretDB and this process.
+      const attempts: string[] = [];
+      let created: any = null;
+      for (let attempt = 0; attempt < 3 && !attempts.at(-1)?.endsWith('ok'); attempt++) {
+        let worstHealth = 0;
+        let polling = true;
+        const poller = (async () => {
+          while (polling) {
+            const t0 = performance.now();
+            await fetch(`${url}/healthz`).then((r) => r.arrayBuffer());
+            worstHealth = Math.max(worstHealth, performance.now() - t0);
+            await new Promise((r) => setTimeout(r, 2));
+          }
+        })();
+        const r = await fetch(`${url}/api/v1/batches`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${t.inferenceKey}`, 'content-type': 'application/json' },
+          body,
+        });
+        polling = false;
+        await poller;
+        created = await r.json();
+        expect(r.status, JSON.stringify(created).slice(0, 300)).to.equal(202);
+        attempts.push(`/healthz within ${worstHealth.toFixed(1)} ms${worstHealth < 200 ? ' ok' : ''}`);
+      }
+      expect(attempts.at(-1), attempts.join('; ')).to.match(/ ok$/);
+      const done = await waitForStatus(url, t.inferenceKey, created.id, ['failed']);
+      expect(done.error.message).to.include('8000 request line(s) are invalid');
+      // Stored as sent: lines read back from the batch's input chunks.
+      const chunks = await store.db
+        .collection<{ _id: string; first: number; custom_ids: string[]; bodies: string[] }>('batch_inputs')
+        .find({ _id: { $regex: `^${created.id}:` } as never })
+        .toArray();
+      const stored = chunks.sort((a, b) => a.first - b.first).flatMap((c) => c.bodies.map((b, k) => [c.custom_ids[k], JSON.parse(b)]));
+      expect(stored).to.have.length(8_000);
+      for (const i of [0, 4_321, 7_999]) expect(stored[i]).to.deep.equal([`big-${i}`, requests[i].body]);
+    } finally {
+      await proc.stop();
+      await store.close();
+    }
   });
 });

@@ -57,7 +57,7 @@ function timeBound(name: 'created_after' | 'created_before', raw: string | undef
  */
 const MAX_RESULT_READS = 4;
 
-export function batchRoutes({ config, store, temporal, upstreams, metrics }: AppDeps): AnyRoute[] {
+export function batchRoutes({ config, store, temporal, upstreams, metrics, batchBodies }: AppDeps): AnyRoute[] {
   const settings = config.batches;
   const resultReads = new Map<string, number>();
   const live = new LiveCounts(store);
@@ -128,14 +128,16 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics }: App
       billable: true,
       body: CreateBatchBody,
       bodyLimitBytes: settings.maxBytes,
+      rawBody: true, // read by batchBodies: a large one off the event loop
       summary: 'Create a batch of requests to one endpoint, run asynchronously (202, status validating)',
       responses: { 202: { description: 'Accepted', schema: BatchObject } },
-      handler: async (ctx, { body }) => {
+      handler: async (ctx) => {
         const auth = authOf(ctx);
+        const read = await batchBodies.read(ctx.request.rawBody!);
         const { doc, lines, modelId } = await planNewBatch(
-          { catalog: upstreams.catalog, maxRequests: settings.maxRequests, allowPrivateCallbacks: config.webhooks.allowPrivateUrls },
+          { catalog: upstreams.catalog, allowPrivateCallbacks: config.webhooks.allowPrivateUrls },
           { workspaceId: auth.workspaceId, keyId: auth.keyId, meta: requestMeta(ctx) },
-          body,
+          read,
         );
         const stored = await createBatch(store, doc, lines, settings.chunkSize);
         const start = batchWorkflowStart(stored, modelId, {
