@@ -11,7 +11,7 @@ import { toJsonText } from '../../infrastructure/store/json-text';
 import { checkCallbackUrl } from '../webhooks/address';
 import { checkLine, OPERATION_OF, type LineCheck } from './lines';
 import { MAX_CHUNK_BYTES, newBatchId, type BatchDoc } from './store';
-import { lineCount, packLines, type PackedLines } from './packed-lines';
+import { bodyBytes, lineCount, packLines, type PackedLines } from './packed-lines';
 
 export interface NewBatch {
   doc: BatchDoc;
@@ -61,14 +61,18 @@ export function readBatchLines(body: CreateBody, maxRequests: number): ReadBatch
       if (typeof own !== 'string') throw lineModelError(body.model, line, r.custom_id);
       if (!models.has(own)) models.set(own, { model: own, line, custom_id: r.custom_id });
     }
-    const text = toJsonText(r.body);
-    if (text.length > MAX_CHUNK_BYTES) {
-      throw new PayloadTooLargeError(`requests[${line}].body: larger than ${MAX_CHUNK_BYTES / 1024 ** 2} MB (custom_id "${r.custom_id}")`);
-    }
     checkLine(body.endpoint, r.custom_id, r.body, validation);
-    return { custom_id: r.custom_id, body: text };
+    return { custom_id: r.custom_id, body: toJsonText(r.body) };
   });
-  return { fields, lines: packLines(texts), validation, lineModels: [...models.values()] };
+  const lines = packLines(texts);
+  // In bytes, as stored: a chunk of one line must still fit in a document.
+  for (let line = 0; line < texts.length; line++) {
+    if (bodyBytes(lines, line) > MAX_CHUNK_BYTES) {
+      const customId = texts[line].custom_id;
+      throw new PayloadTooLargeError(`requests[${line}].body: larger than ${MAX_CHUNK_BYTES / 1024 ** 2} MB (custom_id "${customId}")`);
+    }
+  }
+  return { fields, lines, validation, lineModels: [...models.values()] };
 }
 
 const lineModelError = (batchModel: string, line: number, customId: string) =>

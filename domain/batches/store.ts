@@ -365,15 +365,12 @@ export async function storeInputs(store: Store, b: BatchRef, lines: PackedLines,
   const end = (c: number) => (c + 1 < starts.length ? starts[c + 1] : lineCount(lines));
   for (let c = 0; c < starts.length;) {
     const group: StoredChunkDoc[] = [];
-    let bytes = 0;
-    for (
-      ;
-      c < starts.length && group.length < INSERT_CHUNKS && (!group.length || bytes + bodyBytes(lines, starts[c], end(c)) <= INSERT_BYTES);
-      c++
-    ) {
+    for (let bytes = 0; c < starts.length && group.length < INSERT_CHUNKS; c++) {
+      const size = bodyBytes(lines, starts[c], end(c));
+      if (group.length && bytes + size > INSERT_BYTES) break;
+      bytes += size;
       const ls = unpackLines(lines, starts[c], end(c));
       group.push({ _id: id(seqId(c)), first: starts[c], custom_ids: ls.map((l) => l.custom_id), bodies: ls.map((l) => l.body) });
-      bytes += bodyBytes(lines, starts[c], end(c));
     }
     // The driver splits an insert into messages under the server's size limit.
     await insertManyNew(coll, group);

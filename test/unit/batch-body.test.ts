@@ -76,6 +76,13 @@ describe('batch create bodies read on a worker thread', () => {
       ['a bad envelope', bodyOf([line(0, big)], { completion_window: '0h' }), 400, /^completion_window: /],
       ['duplicate custom_ids', bodyOf([line(0, big), line(0, big)]), 422, /duplicate custom_id "c0"/],
       ['too many lines', bodyOf(Array.from({ length: 3 }, (_, i) => line(i, big))), 413, /3 lines, more than the limit of 2/],
+      // 3 million characters, 9 MB as stored: a line's size is counted in bytes.
+      [
+        'a line over 8 MB as stored',
+        bodyOf([{ custom_id: 'huge', body: { messages: [{ role: 'user', content: '漢'.repeat(3_000_000) }] } }]),
+        413,
+        /^requests\[0\]\.body: larger than 8 MB \(custom_id "huge"\)$/,
+      ],
     ];
     const strict = new BatchBodyReader({ ...limits, maxRequests: 2 }, 1024);
     try {
