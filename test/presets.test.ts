@@ -1,6 +1,7 @@
 // Presets: creation and versioning from messages, chat and responses bodies, the overlap rule,
 // validation, concurrency, workspace isolation, use in later requests, and the OpenRouter SDK.
 import { expect } from 'chai';
+import { Collection } from 'mongodb';
 import { mergeTools, presetReference, withPreset } from '../domain/presets/apply';
 import { CONFIG_KEYS, configOf } from '../domain/presets/overlap';
 import type { VersionView } from '../domain/presets/store';
@@ -299,6 +300,37 @@ describe('presets', () => {
     expect(page.body.data.map((p: { slug: string }) => p.slug)).to.deep.equal(['p-c']);
     expect((await get('/presets?limit=101', tenant.inferenceKey)).status).to.equal(400);
     expect((await get('/presets?offset=-1', tenant.inferenceKey)).status).to.equal(400);
+  });
+
+  it("a page of the list reads its own presets' versions only; a preset stored without updated_at is ordered from its newest version's time", async () => {
+    const tenant = await createTenant(gw.store);
+    const slugs = ['q-0', 'q-1', 'q-2', 'q-3', 'q-4', 'q-5'];
+    for (const slug of slugs)
+      await post(slug, { model: 'sandbox/chat-1', system: `${slug} ${'s'.repeat(100_000)}` }, 'messages', tenant.managementKey);
+    await post('q-1', { model: 'sandbox/chat-1', max_tokens: 5 }, 'messages', tenant.managementKey); // q-1 is now the newest
+    // As a preset stored before the field was kept: q-3 is placed by its newest version's time.
+    await gw.store.presets.updateOne({ workspace_id: tenant.workspaceId, slug: 'q-3' }, { $unset: { updated_at: '' } });
+    const reads: { projected: boolean }[] = [];
+    const proto = Collection.prototype as unknown as { find: (...args: unknown[]) => unknown };
+    const find = proto.find;
+    proto.find = function (this: Collection, ...args: unknown[]) {
+      if (this.collectionName === 'preset_versions')
+        reads.push({ projected: Object.keys((args[1] as { projection?: object })?.projection ?? {}).length > 0 });
+      return find.apply(this, args);
+    };
+    let page: Awaited<ReturnType<typeof get>>;
+    try {
+      page = await get('/presets?limit=2', tenant.inferenceKey);
+    } finally {
+      proto.find = find;
+    }
+    expect(page.body.total_count).to.equal(6);
+    expect(page.body.data.map((p: { slug: string }) => p.slug)).to.deep.equal(['q-1', 'q-5']);
+    expect(page.body.data[1].designated_version.system_prompt).to.have.length(100_004); // the page's versions, whole
+    expect(reads.filter((r) => !r.projected)).to.have.length(2); // one newest version per preset on the page
+    expect(reads.filter((r) => r.projected)).to.have.length(1); // q-3's newest version's time, without its config
+    const all = await get('/presets', tenant.inferenceKey);
+    expect(all.body.data.map((p: { slug: string }) => p.slug)).to.deep.equal(['q-1', 'q-5', 'q-4', 'q-3', 'q-2', 'q-0']);
   });
 
   it('concurrent writers: contiguous version numbers, no lost or doubled version, losers get 409', async () => {

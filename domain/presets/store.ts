@@ -10,6 +10,7 @@
 import { fromJsonText, toJsonText } from '../../infrastructure/store/json-text';
 import { createHash } from 'node:crypto';
 import { ConflictError, NotFoundError } from '../../infrastructure/errors';
+import type { Document } from 'mongodb';
 import { isDuplicateKey, listedUnder, listUnder, type PresetDoc, type PresetVersionDoc, type Store } from '../../infrastructure/store';
 
 /** An RFC 4122 version-5-style UUID from a name (SHA-1, as uuidv5 does). */
@@ -90,9 +91,18 @@ const versionIds = (presetId: string, from: number, count: number) =>
 
 /** The newest version, probing forward from `hint` (a version known to exist, or 0). */
 async function latestVersion(store: Store, presetId: string, hint = 0): Promise<PresetVersionDoc | null> {
+  return newestOf(store, presetId, hint, {});
+}
+
+/** When the newest version was added, read without its config (which may be megabytes); null: it has none. */
+async function latestVersionAt(store: Store, presetId: string, hint = 0): Promise<Date | null> {
+  return (await newestOf(store, presetId, hint, { version: 1, created_at: 1 }))?.created_at ?? null;
+}
+
+async function newestOf(store: Store, presetId: string, hint: number, projection: Document): Promise<PresetVersionDoc | null> {
   let newest: PresetVersionDoc | null = null;
   for (let from = Math.max(hint, 1); ; from += PROBE) {
-    const found = await store.presetVersions.find({ _id: { $in: versionIds(presetId, from, PROBE) } }).toArray();
+    const found = await store.presetVersions.find({ _id: { $in: versionIds(presetId, from, PROBE) } }, { projection }).toArray();
     for (const v of found) if (!newest || v.version > newest.version) newest = v;
     if (found.length < PROBE) return newest;
   }
@@ -116,6 +126,7 @@ export async function addPresetVersion(
       description: null,
       creator_user_id: input.creator,
       created_at: now,
+      updated_at: now,
     };
     try {
       await store.presets.insertOne(doc);
@@ -147,7 +158,7 @@ export async function addPresetVersion(
     }
     throw err;
   }
-  await store.presets.updateOne({ _id: presetId }, { $max: { latest: next } });
+  await store.presets.updateOne({ _id: presetId }, { $max: { latest: next, updated_at: now } });
   return presetView(preset!, version);
 }
 
@@ -163,13 +174,26 @@ export async function getPreset(
   return presetView(preset, latest);
 }
 
+/**
+ * A page of the workspace's presets, most recently updated first. The order is read from the preset
+ * documents, and versions (which hold the configs, up to BODY_LIMIT each) only for the page: reading
+ * every preset's newest version took 2.4 s a page for 200 presets of 1 MB. A preset stored before
+ * `updated_at` was kept (or whose first version has not raised `latest` yet) has its newest version's
+ * time read without its config.
+ */
 export async function listPresets(store: Store, workspaceId: string, offset: number, limit: number) {
   const listed = await listedUnder(store, 'workspace_presets', workspaceId);
   const all = await store.presets.find({ _id: { $in: listed }, workspace_id: workspaceId }).toArray();
-  const withLatest = (await Promise.all(all.map(async (p) => ({ p, v: await latestVersion(store, p._id, p.latest) }))))
-    .filter((x): x is { p: PresetDoc; v: PresetVersionDoc } => x.v !== null)
-    .sort((a, b) => b.v.created_at.getTime() - a.v.created_at.getTime() || a.p.slug.localeCompare(b.p.slug)); // most recently updated first
-  return { data: withLatest.slice(offset, offset + limit).map(({ p, v }) => presetView(p, v)), total_count: withLatest.length };
+  const dated = await Promise.all(
+    all.map(async (p) => ({ p, at: p.latest && p.updated_at ? p.updated_at : await latestVersionAt(store, p._id, p.latest) })),
+  );
+  const ordered = dated
+    .filter((x): x is { p: PresetDoc; at: Date } => x.at !== null) // a preset whose first version was never written
+    .sort((a, b) => b.at.getTime() - a.at.getTime() || a.p.slug.localeCompare(b.p.slug));
+  const page = await Promise.all(
+    ordered.slice(offset, offset + limit).map(async ({ p }) => ({ p, v: await latestVersion(store, p._id, p.latest) })),
+  );
+  return { data: page.map(({ p, v }) => presetView(p, v!)), total_count: ordered.length };
 }
 
 export async function listVersions(store: Store, workspaceId: string, slug: string, offset: number, limit: number) {

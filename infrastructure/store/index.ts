@@ -88,6 +88,8 @@ export interface PresetDoc extends Document {
   created_at: Date;
   /** A version known to exist, raised as versions are added: where the search for the newest starts. */
   latest?: number;
+  /** When its newest version was added, raised with `latest` (what the list is ordered by, without reading versions). */
+  updated_at?: Date;
 }
 
 export interface PresetVersionDoc extends Document {
