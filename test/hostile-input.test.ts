@@ -411,7 +411,7 @@ describe('hostile input', () => {
 });
 
 describe('a large batch create', () => {
-  it('is read off the event loop: a gateway process answers /healthz within 200 ms meanwhile, and stores the lines as sent', async function () {
+  it('is read off the event loop: no turn of the gateway process over 200 ms, and its lines stored as sent', async function () {
     this.timeout(180_000);
     const database = uniqueName('bigbatch').replace(/-/g, '_');
     const store = await Store.connect(stack.mongoUri, database);
@@ -434,32 +434,27 @@ describe('a large batch create', () => {
       // Bytes ready to send: encoding the text on the way out would hold this process, and the polls with it.
       const body = Buffer.from(JSON.stringify({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests }));
       expect(body.length).to.be.above(35_000_000);
-      // Best of three. Read in place, the body held the process for 0.4-0.5 s (385-470 ms polls);
-      // read on the worker the polls take 15-140 ms, the main thread's collections of the stored
-      // chunks' garbage and the two cores shared with the worker, FerretDB and this process.
+      // The gateway's own measure of its event loop: the longest delay since the last scrape.
+      const longestTurn = async () => {
+        const text = await (await fetch(`${url}/metrics`)).text();
+        return Number(/^gateway_nodejs_eventloop_lag_max_seconds (\S+)$/m.exec(text)![1]) * 1000;
+      };
+      // Best of three. Read in place, the body held the event loop for 546-744 ms; read on the
+      // worker, the longest turn is 51-55 ms (the main thread's collections of the stored chunks'
+      // garbage), more while the two cores are shared with the worker, FerretDB and this process.
       const attempts: string[] = [];
       let created: any = null;
       for (let attempt = 0; attempt < 3 && !attempts.at(-1)?.endsWith('ok'); attempt++) {
-        let worstHealth = 0;
-        let polling = true;
-        const poller = (async () => {
-          while (polling) {
-            const t0 = performance.now();
-            await fetch(`${url}/healthz`).then((r) => r.arrayBuffer());
-            worstHealth = Math.max(worstHealth, performance.now() - t0);
-            await new Promise((r) => setTimeout(r, 2));
-          }
-        })();
+        await longestTurn(); // starts a new measure
         const r = await fetch(`${url}/api/v1/batches`, {
           method: 'POST',
           headers: { authorization: `Bearer ${t.inferenceKey}`, 'content-type': 'application/json' },
           body,
         });
-        polling = false;
-        await poller;
         created = await r.json();
         expect(r.status, JSON.stringify(created).slice(0, 300)).to.equal(202);
-        attempts.push(`/healthz within ${worstHealth.toFixed(1)} ms${worstHealth < 200 ? ' ok' : ''}`);
+        const longest = await longestTurn();
+        attempts.push(`longest turn ${longest.toFixed(1)} ms${longest < 200 ? ' ok' : ''}`);
       }
       expect(attempts.at(-1), attempts.join('; ')).to.match(/ ok$/);
       const done = await waitForStatus(url, t.inferenceKey, created.id, ['failed']);
