@@ -20,7 +20,17 @@ import { decisionService } from '../domain/decisions/service';
 import { decisionRoutes } from '../api/routes/decisions';
 import { createUpstreams } from '../domain/routing/upstreams';
 import type { AppDeps } from '../api/deps';
-import { usageRecord, call, capturingLogger, createTenant, startTestGateway, storeWith, type Tenant, type TestGateway } from './helpers';
+import {
+  usageRecord,
+  call,
+  capturingLogger,
+  clearOfWindowEdge,
+  createTenant,
+  startTestGateway,
+  storeWith,
+  type Tenant,
+  type TestGateway,
+} from './helpers';
 
 const envelope = (code: number, message: string, metadata: unknown = null, userId: string | null = null) => ({
   error: { code, message, metadata },
@@ -426,6 +436,7 @@ describe('rate limits', () => {
     gw = await startTestGateway({ withWorker: false, env: { RATE_LIMIT_REQUESTS: '3', RATE_LIMIT_WINDOW_SECONDS: '3600' } });
     t = await createTenant(gw.store);
   });
+  beforeEach(() => clearOfWindowEdge());
   after(async () => {
     await gw.stop();
   });

@@ -298,3 +298,14 @@ export async function batchesWithoutDocument(store: Store): Promise<string[]> {
   const stored = await Promise.all(owners.map((id) => store.db.collection('batches').countDocuments({ _id: id as never })));
   return owners.filter((_, i) => stored[i] === 0);
 }
+
+/**
+ * Waits, when the rate-limit window of `windowSeconds` ends within `marginMs`, until the next one
+ * has begun. Windows are aligned to the epoch: a test that counts admissions across an edge sees a
+ * fresh window's tickets (one full run, at 09:00:00, admitted 217 of a limit of 200).
+ */
+export async function clearOfWindowEdge(windowSeconds = 3600, marginMs = 30_000): Promise<void> {
+  const windowMs = windowSeconds * 1000;
+  const left = windowMs - (Date.now() % windowMs);
+  if (left < marginMs) await new Promise((resolve) => setTimeout(resolve, left + 50));
+}

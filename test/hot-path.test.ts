@@ -15,6 +15,7 @@ import { freePort } from '../devstack/processes';
 import { startFerretDB } from '../devstack/services';
 import { stack } from './fixture';
 import {
+  clearOfWindowEdge,
   allApiProcessesUp,
   call,
   createTenant,
@@ -85,6 +86,7 @@ describe('rate limiter without contention', () => {
   });
 
   it('50 concurrent requests in one process never race for a ticket: one insert per block, none wasted', async () => {
+    await clearOfWindowEdge();
     const limiter = new RateLimiter(a.store, 3, 3600);
     const before = a.inserts();
     const key = `key_${Date.now()}`;
@@ -102,6 +104,7 @@ describe('rate limiter without contention', () => {
   it('two processes at c=50 each admit exactly the limit, at no more than two inserts per block of tickets', async () => {
     // Each process alone wants more than the limit, so neither can be left holding unused tickets.
     const limit = 3_200;
+    await clearOfWindowEdge();
     const key = `key_two_${Date.now()}`;
     const p1 = new RateLimiter(a.store, limit, 3600);
     const p2 = new RateLimiter(b.store, limit, 3600);
@@ -133,6 +136,7 @@ describe('rate limiter without contention', () => {
 
   it('two API processes at c=50 each admit exactly the limit over HTTP; the rest get 429 with Retry-After and rate headers', async () => {
     const env = { RATE_LIMIT_REQUESTS: '200', RATE_LIMIT_WINDOW_SECONDS: '3600' };
+    await clearOfWindowEdge();
     const first = await startTestGateway({ withWorker: false, env });
     const second = await startTestGateway({ withWorker: false, env: { ...env, MONGODB_DATABASE: first.config.mongo.database } });
     try {
@@ -168,6 +172,7 @@ describe('rate limiter without contention', () => {
     const database = uniqueName('rl_cluster').replace(/-/g, '_');
     const store = await Store.connect(stack.mongoUri, database);
     const dataDir = path.join(stack.tmpDir, uniqueName('rl-cluster'));
+    await clearOfWindowEdge(3600, 60_000); // two processes start first
     const gw = await startGatewayProcess(
       'rl-cluster',
       ['api'],

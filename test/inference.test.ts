@@ -5,6 +5,7 @@ import { expect } from 'chai';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { stack } from './fixture';
 import {
+  clearOfWindowEdge,
   call,
   createTenant,
   expectJsonAnswerHeaders,
@@ -509,6 +510,7 @@ describe('inference routes', function () {
 
   describe('rate limits', () => {
     it('429 in the envelope with Retry-After past the limit, streamed or not', async () => {
+      await clearOfWindowEdge();
       const limited = await startTestGateway({ withWorker: false, env: { RATE_LIMIT_REQUESTS: '2', RATE_LIMIT_WINDOW_SECONDS: '3600' } });
       try {
         const tenant = await createTenant(limited.store, 5);

@@ -5,6 +5,7 @@ import { getBalance } from '../domain/accounts/credits';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { questions, state } from './decision-sample';
 import {
+  clearOfWindowEdge,
   call,
   capturingLogger,
   createTenant,
@@ -62,6 +63,7 @@ describe('metrics', function () {
       c.models.push(modelEntry('test/metered', [endpoint('m-broken', 1), endpoint('m-good', 2)], { released: '20260301' }));
       c.models.push(modelEntry('test/slow-metered', [endpoint('m-slow', 1)], { released: '20260301' }));
     });
+    await clearOfWindowEdge();
     gw = await startTestGateway({
       logger: captured.logger,
       env: { CATALOG_PATH: catalog, RATE_LIMIT_REQUESTS: '100', RATE_LIMIT_WINDOW_SECONDS: '3600' },
