@@ -1,6 +1,6 @@
 // A route is declared once: method, path, auth, schemas and handler. The same declaration wires the
-// Koa middleware chain (auth ▶ rate limit ▶ body ▶ validation ▶ handler ▶ its JSON answer written at
-// once, api/send-json) and the OpenAPI document.
+// Koa middleware chain (auth ▶ rate limit ▶ 402 gate ▶ admission ▶ body ▶ validation ▶ handler ▶ its
+// JSON answer written at once, api/send-json) and the OpenAPI document.
 import type Koa from 'koa';
 import Router from '@koa/router';
 import type { Static, TSchema } from '@sinclair/typebox';
@@ -29,6 +29,8 @@ export interface RouteSpec<B, Q, P> {
   bodyLimitBytes?: number;
   /** The handler parses the body itself from `ctx.request.rawBody` (`body` still documents it): a large batch is read off the event loop. */
   rawBody?: boolean;
+  /** Admits the request before its body is read (or throws its refusal); what it returns is called once the route is done. */
+  admit?: (ctx: Koa.ParameterizedContext) => () => void;
   /** `stream`: the route also answers as server-sent events (`"stream": true`), described so. */
   responses: Record<number, { description: string; schema?: TSchema; contentType?: string; stream?: string }>;
   handler: (ctx: Koa.ParameterizedContext, input: { body: Maybe<B>; query: Maybe<Q>; params: Maybe<P> }) => unknown;
@@ -56,6 +58,23 @@ export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): 
       chain.push(async (ctx, next) => {
         await deps.workspaces.assertCanSpend((ctx.state.auth as AuthContext).workspaceId);
         await next();
+      });
+    }
+    if (spec.admit) {
+      const admit = spec.admit;
+      chain.push(async (ctx, next) => {
+        let done: () => void;
+        try {
+          done = admit(ctx);
+        } catch (err) {
+          ctx.set('Connection', 'close'); // its body was not read: not worth reading to keep the connection
+          throw err;
+        }
+        try {
+          await next();
+        } finally {
+          done();
+        }
       });
     }
     if (spec.body) {

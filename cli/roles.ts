@@ -153,7 +153,11 @@ export async function runApiRole(
     config.decisions.execution === 'workflow'
       ? workflowExecution(client, handoff, config.temporal.taskQueue, config.decisions.workflowConcurrency)
       : inlineExecution(inlineDecisions);
-  const batchBodies = new BatchBodyReader({ maxDepth: config.http.bodyMaxDepth, maxRequests: config.batches.maxRequests });
+  const batchBodies = new BatchBodyReader({
+    maxDepth: config.http.bodyMaxDepth,
+    maxRequests: config.batches.maxRequests,
+    maxBytes: config.batches.maxBytes,
+  });
   const api = await startApiServer(
     {
       config,

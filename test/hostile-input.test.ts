@@ -384,6 +384,63 @@ describe('hostile input', () => {
     await call(`${gw.url}/api/v1/batches/${rb.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
   });
 
+  it('large batch bodies are read up to BATCH_MAX_BYTES at once per process: past it a 429 with Retry-After, before the body is read', async function () {
+    this.timeout(60_000);
+    const batchOf = (n: number, tag: string) =>
+      Buffer.from(
+        JSON.stringify({
+          endpoint: '/v1/chat/completions',
+          model: 'sandbox/chat-1',
+          // Streamed lines: the batch fails at once instead of running.
+          requests: Array.from({ length: n }, (_, i) => ({
+            custom_id: `${tag}-${i}`,
+            body: { messages: [{ role: 'user', content: 'x'.repeat(10_000) }], stream: true },
+          })),
+        }),
+      );
+    const slow = batchOf(3_000, 'slow'); // ~30 MB of the 40 MB allowed
+    const other = batchOf(2_000, 'other'); // ~20 MB: the two together are over
+    /** Sends the first megabyte of a body; `rest` sends the rest. */
+    const started = (body: Buffer) => {
+      let rest!: () => void;
+      const answered = new Promise<{ status: number; headers: http.IncomingHttpHeaders; body: any }>((resolve, reject) => {
+        const req = http.request(
+          {
+            host: '127.0.0.1',
+            port,
+            path: '/api/v1/batches',
+            method: 'POST',
+            headers: { ...auth(), 'content-length': String(body.length) },
+          },
+          (res) => {
+            const chunks: Buffer[] = [];
+            res.on('data', (c) => chunks.push(c));
+            res.on('end', () =>
+              resolve({ status: res.statusCode!, headers: res.headers, body: JSON.parse(Buffer.concat(chunks).toString()) }),
+            );
+          },
+        );
+        req.on('error', reject);
+        req.write(body.subarray(0, 1_000_000));
+        rest = () => req.end(body.subarray(1_000_000));
+      });
+      return { answered, rest };
+    };
+    // The first is held part-way: admitted, its body still being read.
+    const first = started(slow);
+    await new Promise((r) => setTimeout(r, 300));
+    const refused = await started(other).answered; // refused without the rest of its body
+    expect(refused.status).to.equal(429);
+    expect(refused.headers['retry-after']).to.equal('5');
+    expect(refused.headers.connection).to.equal('close');
+    expect(refused.body.error.message).to.match(/reading other large batches/);
+    first.rest();
+    const done = await first.answered;
+    expect(done.status, JSON.stringify(done.body).slice(0, 200)).to.equal(202);
+    // Once the first is done, the second is read.
+    expect((await post(port, '/api/v1/batches', auth(), other)).status).to.equal(202);
+  });
+
   it('a refused batch leaves no collections behind', async () => {
     const before = new Set((await gw.store.db.listCollections({}, { nameOnly: true }).toArray()).map((c) => c.name));
     const refusals = [

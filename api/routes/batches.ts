@@ -129,6 +129,9 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics, batch
       body: CreateBatchBody,
       bodyLimitBytes: settings.maxBytes,
       rawBody: true, // read by batchBodies: a large one off the event loop
+      // Its size as sent, or the most it may decode to.
+      admit: (ctx) =>
+        batchBodies.admit(ctx.get('content-encoding') ? settings.maxBytes : Number(ctx.get('content-length')) || settings.maxBytes),
       summary: 'Create a batch of requests to one endpoint, run asynchronously (202, status validating)',
       responses: { 202: { description: 'Accepted', schema: BatchObject } },
       handler: async (ctx) => {

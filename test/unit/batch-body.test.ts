@@ -6,7 +6,7 @@ import { BatchBodyReader, readBatchBody } from '../../api/batch-body';
 import { bodyBytes, lineCount, packLines, unpackLines } from '../../domain/batches/packed-lines';
 import type { GatewayError } from '../../infrastructure/errors';
 
-const limits = { maxDepth: 64, maxRequests: 50_000 };
+const limits = { maxDepth: 64, maxRequests: 50_000, maxBytes: 200 * 1024 * 1024 };
 
 const line = (i: number, content = `question ${i}`) => ({
   custom_id: `c${i}`,
@@ -121,6 +121,30 @@ describe('batch create bodies read on a worker thread', () => {
     }
     expect(inPlace, 'reading in place holds the event loop').to.be.above(150);
     expect(longest, `longest turn while read on the worker (in place: ${inPlace.toFixed(0)} ms)`).to.be.below(50);
+  });
+
+  it('admits large bodies up to its budget at once (one always), small ones always, and ends an admission once', () => {
+    const budgeted = new BatchBodyReader({ ...limits, maxBytes: 10_000 }, 1024);
+    const small = budgeted.admit(1024); // read in place: not counted
+    const first = budgeted.admit(50_000); // larger than the budget, but alone: admitted
+    let refused: any = null;
+    try {
+      budgeted.admit(2048);
+    } catch (err) {
+      refused = err;
+    }
+    expect(refused?.status).to.equal(429);
+    expect(refused.retryAfterSeconds).to.equal(5);
+    expect(budgeted.admit(1024)).to.be.a('function');
+    first();
+    first(); // twice: still once
+    const a = budgeted.admit(6_000);
+    const b = budgeted.admit(4_000); // 10,000: within the budget
+    expect(() => budgeted.admit(2048)).to.throw(/reading other large batches/);
+    a();
+    b();
+    small();
+    expect(budgeted.admit(10_000)).to.be.a('function');
   });
 
   it('a read in flight when the reader closes fails with 503, and the next one starts a new worker', async () => {
