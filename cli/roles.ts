@@ -158,6 +158,7 @@ export async function runApiRole(
     maxRequests: config.batches.maxRequests,
     maxBytes: config.batches.maxBytes,
   });
+  batchBodies.warm();
   const api = await startApiServer(
     {
       config,
