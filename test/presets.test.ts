@@ -195,6 +195,13 @@ describe('presets', () => {
       ],
       ['a fallback override', { ...base, fallbacks: [{ model: 'a', max_tokens: 5 }] }, 'fallbacks[0].max_tokens: is not an allowed field'],
       ['fallbacks with models', { ...base, fallbacks: [{ model: 'a' }], models: ['b'] }, 'fallbacks: cannot be combined with models'],
+      // No call could use such a preset: it is refused when created, not on every call.
+      [
+        'more than 8 models in all',
+        { ...base, models: Array.from({ length: 100_000 }, (_, i) => `sandbox/m-${i}`) },
+        'models: at most 8 models in all, got 100001',
+      ],
+      ['9 models with the model', { ...base, models: ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'] }, 'models: at most 8 models in all, got 9'],
       [
         'output effort',
         { ...base, output_config: { effort: 'extreme' } },

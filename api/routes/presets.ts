@@ -3,6 +3,7 @@
 import { Type, type TSchema } from '@sinclair/typebox';
 import { addPresetVersion, getPreset, getVersion, listPresets, listVersions } from '../../domain/presets/store';
 import { configOf, systemPromptOf, type PresetFormat } from '../../domain/presets/overlap';
+import { modelNamesOf } from '../../domain/completions/request';
 import { BadRequestError } from '../../infrastructure/errors';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
@@ -36,6 +37,7 @@ export function presetRoutes({ store }: AppDeps): AnyRoute[] {
         if (format === 'messages' && b.fallbacks != null && b.models !== undefined) {
           throw new BadRequestError('fallbacks: cannot be combined with models');
         }
+        modelNamesOf(b); // a preset no call could use is refused now (400), not on every call
         const auth = authOf(ctx);
         ctx.body = {
           data: await addPresetVersion(store, {

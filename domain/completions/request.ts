@@ -53,7 +53,11 @@ export interface InferencePlan {
   maxOutputTokens: number | null;
 }
 
-export function planInference(catalog: Catalog, body: Body, operation: InferenceOperation): InferencePlan {
+/**
+ * The models a body names, each once, in the order they are tried: `model`, then `models` and
+ * `fallbacks`; at most MAX_MODELS (a preset is held to it when it is created, not only when used).
+ */
+export function modelNamesOf(body: Body): string[] {
   const fallbackNames: string[] = [
     ...(Array.isArray(body.models) ? body.models : []),
     ...(Array.isArray(body.fallbacks) ? body.fallbacks.map((f: Body) => f.model) : []),
@@ -61,8 +65,13 @@ export function planInference(catalog: Catalog, body: Body, operation: Inference
   const first = typeof body.model === 'string' && body.model ? body.model : fallbackNames.shift();
   if (!first) throw new BadRequestError('model: is required (or models, or a preset that names one)');
   const names = [...new Set([first, ...fallbackNames])];
-  if (names.length > MAX_MODELS) throw new BadRequestError(`models: at most ${MAX_MODELS} models per request, got ${names.length}`);
-  const primary = catalog.resolve(first);
+  if (names.length > MAX_MODELS) throw new BadRequestError(`models: at most ${MAX_MODELS} models in all, got ${names.length}`);
+  return names;
+}
+
+export function planInference(catalog: Catalog, body: Body, operation: InferenceOperation): InferencePlan {
+  const names = modelNamesOf(body);
+  const primary = catalog.resolve(names[0]);
   const models = [primary.model];
   for (const name of names.slice(1)) {
     const m = catalog.resolve(name).model;
