@@ -51,7 +51,7 @@ interface Waiting {
 const PIECE_BYTES = 4 * 1024 * 1024;
 
 /**
- * Reads batch create bodies; one worker thread, started with the first large body, serves them in
+ * Reads batch create bodies; one worker thread (started by `warm`, or by the first large body) serves them in
  * turn. Large bodies are admitted up to BATCH_MAX_BYTES at once: reading one takes several times
  * its size in memory for a while (six 179 MB batches created at once took the process to 4.2 GB).
  */
