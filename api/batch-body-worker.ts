@@ -22,11 +22,10 @@ parentPort!.on('message', (m: ToWorker) => {
     parentPort!.postMessage({ id: m.id, read } satisfies WorkerAnswer, [read.lines.bodies.buffer as ArrayBuffer]);
     return;
   } catch (err) {
-    const e = err instanceof GatewayError ? err : null;
-    answer = {
-      id: m.id,
-      error: { status: e?.status ?? 500, message: e?.message ?? 'The batch body could not be read', metadata: e?.metadata ?? null },
-    };
+    answer =
+      err instanceof GatewayError
+        ? { id: m.id, error: { status: err.status, message: err.message, metadata: err.metadata } }
+        : { id: m.id, crash: String((err as Error)?.stack ?? err) };
   }
   parentPort!.postMessage(answer);
 });

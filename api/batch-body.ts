@@ -40,7 +40,8 @@ interface ReadFailure {
 
 /** A body goes to the worker in pieces, then its end; the worker answers once per body. */
 export type ToWorker = { id: number; piece: Uint8Array } | { id: number; end: true };
-export type WorkerAnswer = { id: number; read: ReadBatch } | { id: number; error: ReadFailure };
+/** `crash`: anything but a refusal (a defect), as its stack, so that it is logged as the error it was. */
+export type WorkerAnswer = { id: number; read: ReadBatch } | { id: number; error: ReadFailure } | { id: number; crash: string };
 
 interface Waiting {
   resolve: (read: ReadBatch) => void;
@@ -127,7 +128,8 @@ export class BatchBodyReader {
       this.waiting.delete(answer.id);
       if (!w) return;
       if ('read' in answer) w.resolve(answer.read);
-      else w.reject(errorFromStatus(answer.error.status, answer.error.message, answer.error.metadata));
+      else if ('error' in answer) w.reject(errorFromStatus(answer.error.status, answer.error.message, answer.error.metadata));
+      else w.reject(new Error(`batch body worker: ${answer.crash}`));
     });
     // A worker that died (out of memory, say) fails what it held; the next large body starts another.
     const lost = () => {

@@ -84,9 +84,17 @@ function watch(w: Watched): void {
   sweeper ??= setInterval(sweep, SWEEP_MS).unref();
 }
 
+const encodingOf = (req: Koa.Request['req']) => (req.headers['content-encoding'] ?? 'identity').trim().toLowerCase();
+
+/** The most bytes a request's body may decode to: its Content-Length when it is sent as is, else the limit. */
+export function mostBodyBytes(req: Koa.Request['req'], limitBytes: number): number {
+  const declared = Number(req.headers['content-length']);
+  return encodingOf(req) === 'identity' && declared > 0 ? Math.min(declared, limitBytes) : limitBytes;
+}
+
 /** The body as it arrived, in pieces: a large one is never copied into one buffer on the event loop. */
 function readAll(req: Koa.Request['req'], limits: BodyLimits): Promise<Buffer[]> {
-  const encoding = (req.headers['content-encoding'] ?? 'identity').trim().toLowerCase();
+  const encoding = encodingOf(req);
   if (!(encoding in DECODERS))
     throw new BadRequestError(
       `Content-Encoding ${JSON.stringify(encoding.slice(0, 40))} is not supported (use identity, gzip, deflate or br)`,

@@ -19,6 +19,7 @@ import {
 import { LiveCounts } from '../../domain/batches/live-counts';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
+import { mostBodyBytes } from '../body';
 import { defineRoute, type AnyRoute } from '../route';
 import {
   BatchIdParams,
@@ -129,9 +130,7 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics, batch
       body: CreateBatchBody,
       bodyLimitBytes: settings.maxBytes,
       rawBody: true, // read by batchBodies: a large one off the event loop
-      // Its size as sent, or the most it may decode to.
-      admit: (ctx) =>
-        batchBodies.admit(ctx.get('content-encoding') ? settings.maxBytes : Number(ctx.get('content-length')) || settings.maxBytes),
+      admit: (ctx) => batchBodies.admit(mostBodyBytes(ctx.req, settings.maxBytes)),
       summary: 'Create a batch of requests to one endpoint, run asynchronously (202, status validating)',
       responses: { 202: { description: 'Accepted', schema: BatchObject } },
       handler: async (ctx) => {

@@ -67,10 +67,10 @@ export class ChunkCancelled extends Error {
   }
 }
 
-/** How a long step reports that it is alive, and how it is told to stop. */
 /** A chunk's lines, by how they ended. */
 type Counts = { completed: number; failed: number };
 
+/** How a long step reports that it is alive, and how it is told to stop. */
 export interface StepControl {
   heartbeat(details?: unknown): void;
   signal: AbortSignal;

@@ -3,6 +3,7 @@
 // buffer that round-trips any text.
 import { expect } from 'chai';
 import { BatchBodyReader, readBatchBody } from '../../api/batch-body';
+import { mostBodyBytes } from '../../api/body';
 import { bodyBytes, lineCount, packLines, unpackLines } from '../../domain/batches/packed-lines';
 import type { GatewayError } from '../../infrastructure/errors';
 
@@ -145,6 +146,15 @@ describe('batch create bodies read on a worker thread', () => {
     b();
     small();
     expect(budgeted.admit(10_000)).to.be.a('function');
+  });
+
+  it('counts a body by its Content-Length when it is sent as is, else by the most it may decode to', () => {
+    const req = (headers: Record<string, string>) => ({ headers }) as never;
+    expect(mostBodyBytes(req({ 'content-length': '5000' }), 10_000)).to.equal(5000);
+    expect(mostBodyBytes(req({ 'content-length': '5000', 'content-encoding': 'Identity ' }), 10_000)).to.equal(5000);
+    expect(mostBodyBytes(req({ 'content-length': '5000', 'content-encoding': 'gzip' }), 10_000)).to.equal(10_000);
+    expect(mostBodyBytes(req({ 'transfer-encoding': 'chunked' }), 10_000)).to.equal(10_000);
+    expect(mostBodyBytes(req({ 'content-length': '50000' }), 10_000)).to.equal(10_000); // refused at the limit anyway
   });
 
   it('a read in flight when the reader closes fails with 503, and the next one starts a new worker', async () => {
