@@ -25,6 +25,7 @@ import { Metrics } from '../infrastructure/metrics';
 import { createWebhookSender } from '../domain/webhooks/deliver';
 import { purgeDeleted } from '../domain/batches/store';
 import { BatchBodyReader } from '../api/batch-body';
+import { startupStep } from './startup-step';
 
 /** How often a process looks for batch deletions left unfinished. */
 const PURGE_EVERY_MS = 30_000;
@@ -39,15 +40,23 @@ import type { Stop } from './signals';
  * workspace's balance per process.
  */
 async function startCore(config: Config, logger: Logger, addr: Addresses, withWorker: boolean, journal: boolean) {
-  const store = await Store.connect(addr.mongoUri, config.mongo.database);
+  const store = await startupStep(
+    logger,
+    `connecting to MongoDB (${config.mongo.database})`,
+    Store.connect(addr.mongoUri, config.mongo.database),
+  );
   const metrics = new Metrics();
   const upstreams = createUpstreams(config, store, undefined, metrics);
   upstreams.stats.start();
-  const { connection, client } = await connectTemporal(
-    addr.temporalAddress,
-    config.temporal.namespace,
+  const { connection, client } = await startupStep(
     logger,
-    config.metrics.temporalPort === null ? null : `${config.metrics.host}:${config.metrics.temporalPort}`,
+    `connecting to Temporal at ${addr.temporalAddress}`,
+    connectTemporal(
+      addr.temporalAddress,
+      config.temporal.namespace,
+      logger,
+      config.metrics.temporalPort === null ? null : `${config.metrics.host}:${config.metrics.temporalPort}`,
+    ),
   );
   const handoff = new DecisionHandoff();
   // One set of activity functions per process: the worker registers them, inline decisions call them.
@@ -97,13 +106,11 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   }
   let stopWorker: Stop = async () => undefined;
   if (withWorker) {
-    const worker = await createWorker({
-      connection,
-      namespace: config.temporal.namespace,
-      taskQueue: config.temporal.taskQueue,
-      activities,
-      handoff,
-    });
+    const worker = await startupStep(
+      logger,
+      `creating the worker of namespace ${config.temporal.namespace}`,
+      createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, activities, handoff }),
+    );
     const running = worker.run();
     running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
     logger.info({ task_queue: config.temporal.taskQueue }, 'worker polling');
@@ -159,26 +166,30 @@ export async function runApiRole(
     maxBytes: config.batches.maxBytes,
   });
   batchBodies.warm();
-  const api = await startApiServer(
-    {
-      config,
-      logger,
-      store,
-      temporal: client,
-      decisions,
-      pingTemporal: () => pingTemporal(client),
-      rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds),
-      upstreams,
-      usage,
-      metrics,
-      broadcast,
-      workspaces: credits,
-      keys: new KeyCache(store, config.auth.keyCacheMs),
-      batchBodies,
-      embedded: opts.embedded,
-    },
-    config.host,
-    config.port,
+  const api = await startupStep(
+    logger,
+    `starting the API on port ${config.port}`,
+    startApiServer(
+      {
+        config,
+        logger,
+        store,
+        temporal: client,
+        decisions,
+        pingTemporal: () => pingTemporal(client),
+        rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds),
+        upstreams,
+        usage,
+        metrics,
+        broadcast,
+        workspaces: credits,
+        keys: new KeyCache(store, config.auth.keyCacheMs),
+        batchBodies,
+        embedded: opts.embedded,
+      },
+      config.host,
+      config.port,
+    ),
   );
   logger.info({ url: api.url, decisions_execution: decisions.mode }, 'API listening');
   if (metricsExposure(config).where === 'none') {

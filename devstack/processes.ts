@@ -8,6 +8,12 @@ import path from 'node:path';
 
 class ProcessStartError extends Error {}
 
+/** An error with its cause: fetch's own message ("fetch failed") does not say whether the port was closed or the connection reset. */
+function describe(err: unknown): string {
+  const cause = err instanceof Error ? (err.cause as { code?: string; message?: string } | undefined) : undefined;
+  return cause ? `${String(err)} (${cause.code ?? cause.message})` : String(err);
+}
+
 export class ManagedProcess {
   private readonly output: string[] = [];
   private exited: { code: number | null; signal: NodeJS.Signals | null } | null = null;
@@ -83,7 +89,7 @@ export class ManagedProcess {
       await new Promise((r) => setTimeout(r, 200));
     }
     throw new ProcessStartError(
-      `${this.name} did not become ready (${what}) within ${timeoutMs} ms: ${String(lastError)}\n${this.recentOutput()}`,
+      `${this.name} did not become ready (${what}) within ${timeoutMs} ms: ${describe(lastError)}\n${this.recentOutput()}`,
     );
   }
 

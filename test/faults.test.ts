@@ -64,7 +64,7 @@ function startGateway(name: string, services: Services, env: Record<string, stri
     DATA_DIR: path.join(stack.tmpDir, `gateway-${name}`),
   };
   // /healthz, not /readyz: a gateway is started here while a dependency may be down.
-  return startGatewayProcess(name, ['api', '--with-worker'], all, '/healthz', 30_000);
+  return startGatewayProcess(name, ['api', '--with-worker'], all, '/healthz');
 }
 
 /** Polls the batch until it is terminal, tolerating errors while a dependency is down; keeps every count seen. */

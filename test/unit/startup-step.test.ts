@@ -1,0 +1,56 @@
+// A start-up step that does not finish says so in the log, naming itself, until it does.
+import { Writable } from 'node:stream';
+import { expect } from 'chai';
+import { createLogger } from '../../infrastructure/log';
+import { startupStep } from '../../cli/startup-step';
+
+function capture() {
+  const lines: Record<string, unknown>[] = [];
+  const destination = new Writable({
+    write(chunk: Buffer, _enc, done) {
+      for (const l of chunk.toString().split('\n').filter(Boolean)) lines.push(JSON.parse(l) as Record<string, unknown>);
+      done();
+    },
+  });
+  return { lines, logger: createLogger('warn', 'test', { destination }) };
+}
+
+const sleep = (ms: number) => new Promise((res) => setTimeout(res, ms));
+
+describe('start-up steps', () => {
+  it('warn, naming the step, while it is unfinished, and stop once it settles', async () => {
+    const { lines, logger } = capture();
+    let finish!: (v: string) => void;
+    const step = startupStep(logger, 'connecting to Temporal at 127.0.0.1:7233', new Promise<string>((res) => (finish = res)), 40);
+    await sleep(130);
+    const whileWaiting = lines.length;
+    expect(whileWaiting).to.be.within(2, 4);
+    expect(lines[0]).to.include({
+      level: 40,
+      step: 'connecting to Temporal at 127.0.0.1:7233',
+      msg: 'start-up still waiting: connecting to Temporal at 127.0.0.1:7233',
+    });
+    expect(lines[1].waited_ms).to.be.greaterThan(lines[0].waited_ms as number);
+    finish('connected');
+    expect(await step).to.equal('connected');
+    await sleep(120);
+    expect(lines).to.have.length(whileWaiting);
+  });
+
+  it('pass a failure through, and stop warning', async () => {
+    const { lines, logger } = capture();
+    const failing = startupStep(
+      logger,
+      'connecting to MongoDB',
+      sleep(10).then(() => Promise.reject(new Error('refused'))),
+      40,
+    );
+    const err = await failing.then(
+      () => null,
+      (e: Error) => e,
+    );
+    expect(err?.message).to.equal('refused');
+    await sleep(100);
+    expect(lines).to.have.length(0);
+  });
+});
