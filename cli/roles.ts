@@ -60,7 +60,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   );
   const handoff = new DecisionHandoff();
   // One set of activity functions per process: the worker registers them, inline decisions call them.
-  const onRecorded = (doc: UsageDoc) => metrics.spend.inc({ workspace: doc.workspace_id }, doc.cost);
+  const onRecorded = (doc: UsageDoc) => metrics.billed(doc.workspace_id, doc.cost);
   // The process's one ledger; an API process journals its synchronous calls' records (see usage-ledger.ts).
   const usage = new UsageLedger(store, {
     onRecorded,
