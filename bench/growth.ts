@@ -7,15 +7,18 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { benchCatalog } from './batches';
 import { benchKey, closedLoop, cpuSeconds, percentiles, startStack, writeResult, type Stack } from './harness';
-import { Store } from '../infrastructure/store';
+import { Store, workspaceRange } from '../infrastructure/store';
 import { UsageLedger } from '../domain/accounts/usage-ledger';
 import { createWorkspace } from '../domain/accounts/workspaces';
-import { grantCredits } from '../domain/accounts/credits';
+import { getBalance, grantCredits } from '../domain/accounts/credits';
+import { usageTotals } from '../domain/accounts/usage-totals';
 import { createKey } from '../domain/accounts/keys';
 
 const STORED = Number(process.env.BENCH_GROWTH_BATCHES ?? 10_000);
 const RECORDS = Number(process.env.BENCH_GROWTH_USAGE ?? 1_000_000);
 const SAMPLES = 100;
+/** Ledger restarts billing one workspace: each used to add a totals document its balance read sums. */
+const RESTARTS = Number(process.env.BENCH_GROWTH_RESTARTS ?? 1_000);
 const WARM_BATCHES = 50;
 const BALANCE_CACHE_MS = 2_000;
 const CHAT = { model: 'bench/0ms', messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 };
@@ -182,12 +185,15 @@ export async function benchGrowth() {
     await settled(stack, key);
     const full = await measure({ batches: made, usage_records: RECORDS });
     console.log(JSON.stringify(full));
+    const restarts = await balanceAfterRestarts(store);
+    console.log(JSON.stringify(restarts));
 
     const result = {
       benchmark: 'growth',
       at: new Date().toISOString(),
       fill_seconds: fillSeconds,
       runs: [empty, full],
+      restarts,
       verdicts: {
         create_p50_at_most_1_25x_empty_and_30ms:
           full.batch_create.p50_ms <= 1.25 * empty.batch_create.p50_ms && full.batch_create.p50_ms <= 30,
@@ -196,6 +202,7 @@ export async function benchGrowth() {
         first_call_adds_at_most_10ms: full.new_workspace_first_call.p50_ms <= empty.new_workspace_first_call.p50_ms + 10,
         credits_seen_within_cache_plus_1s: full.credits_seen_across_processes_ms.max <= BALANCE_CACHE_MS + 1_000,
         chat_c50_rps_at_least_90pct_of_empty: full.chat_c50.rps >= 0.9 * empty.chat_c50.rps,
+        balance_read_after_restarts_adds_at_most_2ms: restarts.after_restarts.p50_ms <= restarts.one_ledger.p50_ms + 2,
       },
     };
     console.log(JSON.stringify(result.verdicts));
@@ -206,6 +213,51 @@ export async function benchGrowth() {
     await stack.stop();
     fs.rmSync(tmp, { recursive: true, force: true });
   }
+}
+
+/**
+ * A workspace billed by RESTARTS ledgers in turn, each started, billing one record and closed as a
+ * process stopping would: its balance read, against one billed by a single ledger.
+ */
+async function balanceAfterRestarts(store: Store) {
+  const record = (ws: string, i: number) => ({
+    _id: `gen-restart-${ws}-${i}`,
+    workspace_id: ws,
+    key_id: 'key_history',
+    kind: 'completion' as const,
+    model: 'bench/0ms',
+    provider: 'bench-0ms',
+    input_tokens: 10,
+    output_tokens: 4,
+    cost: 0.000_01,
+    session_id: null,
+    user: null,
+    trace: null,
+    app: { referer: null, title: null, categories: [] },
+    batch_id: null,
+  });
+  const [restarted, steady] = ['restarted', 'steady'].map((n) => `${n}-${Date.now().toString(36)}`);
+  const started = performance.now();
+  for (let i = 0; i < RESTARTS; i++) {
+    const ledger = new UsageLedger(store);
+    await ledger.recordStored(record(restarted, i));
+    await ledger.close(5_000);
+  }
+  const restartSeconds = round1((performance.now() - started) / 1000);
+  const ledger = new UsageLedger(store);
+  await Promise.all(Array.from({ length: RESTARTS }, (_, i) => ledger.recordStored(record(steady, i))));
+  await ledger.close(5_000);
+  const reads = async (ws: string) => {
+    const ms: number[] = [];
+    for (let i = 0; i < 50; i++) {
+      const t0 = performance.now();
+      await getBalance(store, ws);
+      ms.push(performance.now() - t0);
+    }
+    const documents = await usageTotals(store).countDocuments({ _id: workspaceRange(ws) });
+    return { ...percentiles(ms), totals_documents: documents, total_usage: (await getBalance(store, ws)).total_usage };
+  };
+  return { restarts: RESTARTS, restart_seconds: restartSeconds, after_restarts: await reads(restarted), one_ledger: await reads(steady) };
 }
 
 /** Waits until no batch of the workspace is still running (so what is measured is history, not backlog). */

@@ -129,6 +129,8 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     clearInterval(purger);
     await metricsServer?.close();
     await stopWorker();
+    // After the worker: the activities it let finish record through this ledger.
+    await usage.close(config.http.shutdownGraceMs);
     await connection.close();
     await upstreams.close();
     await broadcast.close();
@@ -204,7 +206,6 @@ export async function runApiRole(
     stop: async () => {
       await api.close();
       await batchBodies.close();
-      await usage.close(config.http.shutdownGraceMs);
       await stop();
     },
   };

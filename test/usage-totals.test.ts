@@ -3,9 +3,9 @@
 import { expect } from 'chai';
 import { getBalance } from '../domain/accounts/credits';
 import { UsageLedger } from '../domain/accounts/usage-ledger';
-import { TotalsWriter, usageTotals } from '../domain/accounts/usage-totals';
+import { retiredWriters, TotalsWriter, usageTotals } from '../domain/accounts/usage-totals';
 import { Store, workspaceRange, type UsageDoc } from '../infrastructure/store';
-import { toStoredUsage, type StoredUsageDoc } from '../infrastructure/store/usage-form';
+import { fromStoredUsage, toStoredUsage, type StoredUsageDoc } from '../infrastructure/store/usage-form';
 import { stack } from './fixture';
 import { createTenant, storeWith, uniqueName, usageRecord, type Tenant } from './helpers';
 
@@ -138,5 +138,97 @@ describe('usage totals: the balance in bounded reads', () => {
       expect(plan.filterPushdown, coll).to.equal(true);
       expect(JSON.stringify(plan.queryPlanner), coll).to.match(/USING INDEX \S+__id_/);
     }
+  });
+
+  describe('writers outlive their processes', () => {
+    // Each in a database of its own: the pool of retired writers is per database.
+    let db: Store;
+    let ws: Tenant;
+    beforeEach(async () => {
+      db = await Store.connect(stack.mongoUri, uniqueName('writers').replace(/-/g, '_'));
+      ws = await createTenant(db, 100);
+    });
+    afterEach(async () => {
+      await db.close();
+    });
+    const totalsOf = (workspaceId: string) =>
+      usageTotals(db)
+        .find({ _id: workspaceRange(workspaceId) })
+        .toArray();
+    const record = (ledger: UsageLedger, id: string, cost: number, workspaceId = ws.workspaceId) =>
+      ledger.recordStored(usageRecord(id, workspaceId, ws.inferenceKeyId, cost));
+
+    it('a ledger closed with everything stored hands its writer to the next: ten restarts leave one totals document, the balance exact', async () => {
+      let expected = 0;
+      const writers = new Set<string>();
+      const groups: number[][] = [];
+      for (let round = 0; round < 10; round++) {
+        const ledger = new UsageLedger(db);
+        const ids = Array.from({ length: 5 }, (_, i) => `gen-restart-${ws.workspaceId}-${round}-${i}`);
+        for (const [i, id] of ids.entries()) {
+          expect(await record(ledger, id, 0.001 * (round + i + 1))).to.equal(true);
+          expected += 0.001 * (round + i + 1);
+        }
+        writers.add(ledger['totals'].id);
+        await ledger.close(5_000);
+        expect((await getBalance(db, ws.workspaceId)).total_usage).to.be.closeTo(expected, 1e-9);
+        const totals = await totalsOf(ws.workspaceId);
+        expect(totals, `round ${round}`).to.have.length(1);
+        expect(totals[0]).to.include({ pending: null });
+        expect(totals[0].cost).to.be.closeTo(expected, 1e-9);
+        const stored = (await db.usage.find({ _id: { $in: ids } }).toArray()).map(fromStoredUsage);
+        groups.push(stored.map((d) => d.group!));
+      }
+      expect(writers.size).to.equal(1);
+      // Each owner goes on from the groups its predecessor stamped: a stamp never repeats.
+      for (let r = 1; r < groups.length; r++) expect(Math.min(...groups[r])).to.be.greaterThan(Math.max(...groups[r - 1]));
+    });
+
+    it('ledgers started and closed together never share a writer; a workspace has as many documents as ledgers ran at once', async () => {
+      const other = await createTenant(db, 100);
+      let expected = 0;
+      const seen = new Set<string>();
+      for (let round = 0; round < 4; round++) {
+        const ledgers = Array.from({ length: 4 }, () => new UsageLedger(db));
+        await Promise.all(
+          ledgers.flatMap((ledger, l) =>
+            [ws.workspaceId, other.workspaceId].flatMap((workspaceId) =>
+              Array.from({ length: 10 }, (_, i) => record(ledger, `gen-together-${workspaceId}-${round}-${l}-${i}`, 0.01, workspaceId)),
+            ),
+          ),
+        );
+        expected += 4 * 10 * 0.01;
+        const ids = ledgers.map((l) => l['totals'].id);
+        expect(new Set(ids).size, ids.join(' ')).to.equal(4);
+        for (const id of ids) seen.add(id);
+        await Promise.all(ledgers.map((l) => l.close(5_000)));
+        for (const workspaceId of [ws.workspaceId, other.workspaceId]) {
+          expect(await totalsOf(workspaceId)).to.have.length(4);
+          expect((await getBalance(db, workspaceId)).total_usage).to.be.closeTo(expected, 1e-9);
+        }
+      }
+      expect(seen.size).to.equal(4);
+    });
+
+    it('a ledger closed before its records are stored keeps its writer out of the pool, and every stored record counts', async () => {
+      const ledger = new UsageLedger(db);
+      await record(ledger, `gen-first-${ws.workspaceId}`, 0.5); // the writer's id is settled by its first write
+      const ids = Array.from({ length: 300 }, (_, i) => `gen-cut-${ws.workspaceId}-${i}`);
+      const outcomes = ids.map((id) => record(ledger, id, 0.001).catch((err: Error) => err));
+      await ledger.close(0);
+      await Promise.all(outcomes);
+      expect(await retiredWriters(db).countDocuments({ _id: ledger['totals'].id })).to.equal(0);
+      const next = new UsageLedger(db);
+      await record(next, `gen-next-${ws.workspaceId}`, 0.25);
+      expect(next['totals'].id).to.not.equal(ledger['totals'].id);
+      const stored = (
+        await db.usage.find({ _id: { $in: [...ids, `gen-first-${ws.workspaceId}`, `gen-next-${ws.workspaceId}`] } }).toArray()
+      ).map(fromStoredUsage);
+      await next.close(5_000);
+      expect((await getBalance(db, ws.workspaceId)).total_usage).to.be.closeTo(
+        stored.reduce((sum, d) => sum + d.cost, 0),
+        1e-9,
+      );
+    });
   });
 });

@@ -154,10 +154,22 @@ export class UsageLedger {
     this.closed = true;
     if (this.adopter) clearInterval(this.adopter);
     let timer: NodeJS.Timeout | undefined;
-    await Promise.race([this.flushed(), new Promise((resolve) => (timer = setTimeout(resolve, graceMs)))]);
+    const flushed = await Promise.race([
+      this.flushed().then(() => true),
+      new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), graceMs))),
+    ]);
     clearTimeout(timer);
     if (this.retryTimer) clearTimeout(this.retryTimer);
     if (this.settleTimer) clearTimeout(this.settleTimer);
+    if (flushed && !this.writing && !this.queue.length) {
+      // Everything is stored: the next ledger to start takes this writer on (see usage-totals.ts).
+      // No write may start meanwhile.
+      this.writing = true;
+      await this.totals.retire().catch((err: unknown) => this.opts.onTrouble?.('usage totals writer not retired', { err }));
+      this.nowIdle();
+    }
+    // Journaled records wait in the journal for the next start; a caller waiting for the database is told.
+    for (const p of this.queue) p.reject?.(new ServiceUnavailableError('Usage records cannot be stored right now; try again shortly'));
     this.queue = [];
     this.opts.journal?.close();
   }
