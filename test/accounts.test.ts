@@ -69,6 +69,45 @@ describe('workspaces, keys and credits', () => {
     expect(one.body.data).to.deep.equal(created.body.data);
   });
 
+  it('lists keys a page at a time, in creation order, revoked ones included; after continues where a page ended', async () => {
+    const t = await createTenant(gw.store, 5);
+    const made: string[] = [];
+    for (let i = 0; i < 7; i++) {
+      const created = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey, body: { name: `page-${i}` } });
+      made.push(created.body.data.id);
+    }
+    await call(`${gw.url}/api/v1/keys/${made[3]}`, { method: 'DELETE', key: t.managementKey });
+    const seen: any[] = [];
+    const pages: number[] = [];
+    let after = '';
+    for (;;) {
+      const page = await call(`${gw.url}/api/v1/keys?limit=3${after ? `&after=${after}` : ''}`, { key: t.managementKey });
+      expect(page.status, JSON.stringify(page.body)).to.equal(200);
+      expect(page.body.object).to.equal('list');
+      expect(page.body.first_id).to.equal(page.body.data[0]?.id ?? null);
+      expect(page.body.last_id).to.equal(page.body.data.at(-1)?.id ?? null);
+      seen.push(...page.body.data);
+      pages.push(page.body.data.length);
+      if (!page.body.has_more) break;
+      after = page.body.last_id;
+    }
+    // The tenant's own two keys, then the seven made here, each once, oldest first.
+    expect(pages).to.deep.equal([3, 3, 3]);
+    expect(seen.map((k) => k.id)).to.deep.equal([t.managementKeyId, t.inferenceKeyId, ...made]);
+    expect(seen.map((k) => k.created_at)).to.deep.equal(seen.map((k) => k.created_at).sort());
+    expect(seen.find((k) => k.id === made[3]).revoked_at).to.be.a('string');
+    expect(seen.every((k) => k.workspace_id === t.workspaceId)).to.equal(true);
+    // Without a limit, a page of up to 100.
+    const whole = await call(`${gw.url}/api/v1/keys`, { key: t.managementKey });
+    expect(whole.body.data).to.have.length(9);
+    expect(whole.body.has_more).to.equal(false);
+    for (const bad of ['limit=0', 'limit=101', 'limit=x', 'after=key_nothex', 'after=batch_1', 'other=1']) {
+      const r = await call(`${gw.url}/api/v1/keys?${bad}`, { key: t.managementKey });
+      expect(r.status, bad).to.equal(400);
+      expect(r.body.error.code, bad).to.equal(400);
+    }
+  });
+
   it("never shows one workspace another's keys or generations: 404, not 403", async () => {
     const listed = await call(`${gw.url}/api/v1/keys`, { key: a.managementKey });
     expect(listed.body.data.map((k: { workspace_id: string }) => k.workspace_id)).to.satisfy((ids: string[]) =>

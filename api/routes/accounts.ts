@@ -1,11 +1,20 @@
 // The caller's own key, its workspace's keys and credits, and generation lookups. Every query is
 // scoped to the authenticated workspace: another workspace's objects are simply not found.
 import { Type } from '@sinclair/typebox';
-import { createKey, keyOfWorkspace, listKeys, publicKey, revokeKey } from '../../domain/accounts/keys';
+import { createKey, keyOfWorkspace, keysPage, publicKey, revokeKey } from '../../domain/accounts/keys';
 import { NotFoundError } from '../../infrastructure/errors';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
-import { CreateKeyBody, Credits, CurrentKey, Generation, GenerationQuery, KeyIdParams, PublicKey } from '../../domain/accounts/schema';
+import {
+  CreateKeyBody,
+  Credits,
+  CurrentKey,
+  Generation,
+  GenerationQuery,
+  KeyIdParams,
+  ListKeysQuery,
+  PublicKey,
+} from '../../domain/accounts/schema';
 import type { AppDeps } from '../deps';
 
 export function accountRoutes({ store, rateLimiter, keys, workspaces, usage }: AppDeps): AnyRoute[] {
@@ -54,10 +63,23 @@ export function accountRoutes({ store, rateLimiter, keys, workspaces, usage }: A
       path: '/keys',
       tag: 'Keys',
       auth: 'management',
-      summary: "List the workspace's API keys (management keys only)",
-      responses: { 200: { description: 'Keys', schema: Type.Object({ data: Type.Array(PublicKey) }) } },
-      handler: async (ctx) => {
-        ctx.body = { data: await listKeys(store, authOf(ctx).workspaceId) };
+      query: ListKeysQuery,
+      summary: "The workspace's API keys, revoked ones included, a page at a time in creation order (management keys only)",
+      responses: {
+        200: {
+          description: 'A page of keys',
+          schema: Type.Object({
+            object: Type.Literal('list'),
+            data: Type.Array(PublicKey),
+            first_id: Type.Union([Type.String(), Type.Null()]),
+            last_id: Type.Union([Type.String(), Type.Null()]),
+            has_more: Type.Boolean(),
+          }),
+        },
+      },
+      handler: async (ctx, { query }) => {
+        const page = await keysPage(store, authOf(ctx).workspaceId, { after: query.after, limit: query.limit });
+        ctx.body = { object: 'list', data: page.keys, first_id: page.keys[0]?.id ?? null, last_id: page.last, has_more: page.hasMore };
       },
     }),
     defineRoute({

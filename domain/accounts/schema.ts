@@ -21,7 +21,17 @@ export const CreateKeyBody = Type.Object(
   { additionalProperties: false },
 );
 
-export const KeyIdParams = Type.Object({ id: Type.String({ pattern: '^key_[0-9a-f]{24}$' }) });
+const KeyId = Type.String({ pattern: '^key_[0-9a-f]{24}$' });
+
+export const KeyIdParams = Type.Object({ id: KeyId });
+
+export const ListKeysQuery = Type.Object(
+  {
+    limit: Type.Integer({ minimum: 1, maximum: 100, default: 100 }),
+    after: Type.Optional({ ...KeyId, description: 'The last_id of the previous page' }),
+  },
+  { additionalProperties: false },
+);
 
 export const CurrentKey = Type.Object({
   data: Type.Object({
