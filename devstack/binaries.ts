@@ -118,6 +118,28 @@ func idRangeWhere(d *types.Document) (string, []any) {
   },
 ];
 
+/**
+ * Its `update` command keeps each statement's query open until the whole command ends (a `defer`
+ * inside the loop), and each open query holds one of the backend's 100 SQLite connections. A
+ * command of 100 statements, or a few concurrent ones of 40, then waits forever for a connection,
+ * and so does every later query of the database: FerretDB stops answering. The build closes each
+ * statement's query once the statement is done.
+ */
+const FERRETDB_UPDATE_CLOSE_PATCHES = [
+  {
+    file: path.join('internal', 'handler', 'msg_update.go'),
+    from: '\t\tcloser := iterator.NewMultiCloser()\n\t\tdefer closer.Close()\n',
+    to: '\t\tcloser := iterator.NewMultiCloser()\n',
+    count: 1,
+  },
+  {
+    file: path.join('internal', 'handler', 'msg_update.go'),
+    from: '\t\tresult, err := common.UpdateDocument(ctx, c, "update", iter, &u)\n',
+    to: '\t\tresult, err := common.UpdateDocument(ctx, c, "update", iter, &u)\n\t\tcloser.Close()\n',
+    count: 1,
+  },
+];
+
 export class ToolBuildError extends Error {}
 
 export interface ToolPaths {
@@ -131,7 +153,7 @@ function toolPaths(toolsDir: string): ToolPaths {
   return {
     temporal: path.join(toolsDir, `temporal-${TEMPORAL_CLI_VERSION}`),
     // The suffix names the patches, so a binary built without them is never reused.
-    ferretdb: path.join(toolsDir, `ferretdb-${FERRETDB_VERSION}-id-index-4`),
+    ferretdb: path.join(toolsDir, `ferretdb-${FERRETDB_VERSION}-id-index-4-update-close`),
   };
 }
 
@@ -237,7 +259,13 @@ async function buildFerretDB(target: string, progress: Progress): Promise<void> 
     fs.cpSync(info.Dir, src, { recursive: true });
     spawnSync('chmod', ['-R', 'u+w', src]);
     fs.writeFileSync(path.join(src, 'build', 'version', 'version.txt'), `${FERRETDB_VERSION}\n`);
-    for (const patch of [FERRETDB_ID_LOOKUP_PATCH, FERRETDB_ID_AND_MORE_PATCH, ...FERRETDB_ID_RANGE_PATCHES]) applyPatch(src, patch);
+    for (const patch of [
+      FERRETDB_ID_LOOKUP_PATCH,
+      FERRETDB_ID_AND_MORE_PATCH,
+      ...FERRETDB_ID_RANGE_PATCHES,
+      ...FERRETDB_UPDATE_CLOSE_PATCHES,
+    ])
+      applyPatch(src, patch);
     await runGo(['build', '-v', '-buildvcs=false', '-o', path.join(work, 'ferretdb'), './cmd/ferretdb'], {
       cwd: src,
       label: 'ferretdb build',

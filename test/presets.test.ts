@@ -4,7 +4,7 @@ import { expect } from 'chai';
 import { Collection } from 'mongodb';
 import { mergeTools, presetReference, withPreset } from '../domain/presets/apply';
 import { CONFIG_KEYS, configOf } from '../domain/presets/overlap';
-import type { VersionView } from '../domain/presets/store';
+import { MAX_PRESETS, type VersionView } from '../domain/presets/store';
 import { call, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
@@ -309,20 +309,30 @@ describe('presets', () => {
     expect((await get('/presets?offset=-1', tenant.inferenceKey)).status).to.equal(400);
   });
 
-  it("a page of the list reads its own presets' versions only; a preset stored without updated_at is ordered from its newest version's time", async () => {
+  it("the list is ordered from the workspace's list alone: a page reads its own presets and newest versions only; a preset listed by an earlier version is placed by reading it", async () => {
     const tenant = await createTenant(gw.store);
     const slugs = ['q-0', 'q-1', 'q-2', 'q-3', 'q-4', 'q-5'];
     for (const slug of slugs)
       await post(slug, { model: 'sandbox/chat-1', system: `${slug} ${'s'.repeat(100_000)}` }, 'messages', tenant.managementKey);
     await post('q-1', { model: 'sandbox/chat-1', max_tokens: 5 }, 'messages', tenant.managementKey); // q-1 is now the newest
-    // As a preset stored before the field was kept: q-3 is placed by its newest version's time.
-    await gw.store.presets.updateOne({ workspace_id: tenant.workspaceId, slug: 'q-3' }, { $unset: { updated_at: '' } });
-    const reads: { projected: boolean }[] = [];
+    // As stored by an earlier version: q-3's list entry has no time or slug, its preset no updated_at.
+    const q3 = (await gw.store.presets.findOne({ workspace_id: tenant.workspaceId, slug: 'q-3' }))!;
+    await gw.store.presets.updateOne({ _id: q3._id }, { $unset: { updated_at: '' } });
+    await gw.store.db
+      .collection('workspace_presets')
+      .updateOne({ _id: `${tenant.workspaceId}:${q3._id}` } as object, { $unset: { updated_at: '', slug: '' } });
+    const reads: { collection: string; ids: number; projected: boolean }[] = [];
     const proto = Collection.prototype as unknown as { find: (...args: unknown[]) => unknown };
     const find = proto.find;
     proto.find = function (this: Collection, ...args: unknown[]) {
-      if (this.collectionName === 'preset_versions')
-        reads.push({ projected: Object.keys((args[1] as { projection?: object })?.projection ?? {}).length > 0 });
+      if (this.collectionName === 'preset_versions' || this.collectionName === 'presets') {
+        const filter = args[0] as { _id?: { $in?: unknown[] } };
+        reads.push({
+          collection: this.collectionName,
+          ids: filter._id?.$in?.length ?? -1,
+          projected: Object.keys((args[1] as { projection?: object })?.projection ?? {}).length > 0,
+        });
+      }
       return find.apply(this, args);
     };
     let page: Awaited<ReturnType<typeof get>>;
@@ -334,10 +344,42 @@ describe('presets', () => {
     expect(page.body.total_count).to.equal(6);
     expect(page.body.data.map((p: { slug: string }) => p.slug)).to.deep.equal(['q-1', 'q-5']);
     expect(page.body.data[1].designated_version.system_prompt).to.have.length(100_004); // the page's versions, whole
-    expect(reads.filter((r) => !r.projected)).to.have.length(2); // one newest version per preset on the page
-    expect(reads.filter((r) => r.projected)).to.have.length(1); // q-3's newest version's time, without its config
+    // Presets read: q-3 (to place it), then the page's two; never all six.
+    expect(reads.filter((r) => r.collection === 'presets').map((r) => r.ids)).to.deep.equal([1, 2]);
+    // Versions: q-3's newest version's time (without its config), then the page's newest in one read
+    // (each preset's hinted version and the next).
+    const versions = reads.filter((r) => r.collection === 'preset_versions');
+    expect(versions.filter((r) => r.projected)).to.have.length(1);
+    expect(versions.filter((r) => !r.projected).map((r) => r.ids)).to.deep.equal([4]);
+    // q-3's entry now holds its time (written after the answer): later listings read no preset to place it.
+    let healed = null;
+    for (let i = 0; i < 50 && !healed?.updated_at; i++) {
+      await new Promise((res) => setTimeout(res, 20));
+      healed = await gw.store.db.collection('workspace_presets').findOne({ _id: `${tenant.workspaceId}:${q3._id}` } as object);
+    }
+    expect(healed).to.include({ slug: 'q-3' });
+    expect(healed!.updated_at).to.be.instanceOf(Date);
     const all = await get('/presets', tenant.inferenceKey);
     expect(all.body.data.map((p: { slug: string }) => p.slug)).to.deep.equal(['q-1', 'q-5', 'q-4', 'q-3', 'q-2', 'q-0']);
+    expect(all.body.data.find((p: { slug: string }) => p.slug === 'q-1').designated_version.version).to.equal(2);
+  });
+
+  it(`a workspace holds at most ${MAX_PRESETS} presets: a new slug past that is a 400; versions of those it has are still added`, async () => {
+    const tenant = await createTenant(gw.store);
+    await post('kept', { model: 'sandbox/chat-1' }, 'messages', tenant.managementKey);
+    // The rest of the workspace's list, as if created: the bound counts the list.
+    await gw.store.db
+      .collection('workspace_presets')
+      .insertMany(
+        Array.from({ length: MAX_PRESETS - 1 }, (_, i) => ({ _id: `${tenant.workspaceId}:filler-${i}`, ref: `filler-${i}` }) as object),
+      );
+    const refused = await post('one-more', { model: 'sandbox/chat-1' }, 'messages', tenant.managementKey);
+    expect(refused.status).to.equal(400);
+    expect(refused.body.error.message).to.include(`at most ${MAX_PRESETS} presets`);
+    expect((await get('/presets/one-more', tenant.inferenceKey)).status).to.equal(404);
+    const version = await post('kept', { model: 'sandbox/chat-1', max_tokens: 3 }, 'messages', tenant.managementKey);
+    expect(version.status).to.equal(200);
+    expect(version.body.data.designated_version.version).to.equal(2);
   });
 
   it('concurrent writers: contiguous version numbers, no lost or doubled version, losers get 409', async () => {

@@ -1,5 +1,9 @@
+import path from 'node:path';
 import { expect } from 'chai';
+import { MongoClient } from 'mongodb';
 import { Store } from '../infrastructure/store';
+import { freePort } from '../devstack/processes';
+import { startFerretDB } from '../devstack/services';
 import { stack } from './fixture';
 import { createTenant, uniqueName, usageRecord } from './helpers';
 import { UsageLedger, newGenerationId } from '../domain/accounts/usage-ledger';
@@ -51,6 +55,37 @@ describe('store: lookups by _id on the embedded FerretDB', () => {
     expect((await coll.replaceOne({ _id: 'p', n: { $lte: 3 } }, { n: 3 })).matchedCount).to.equal(0);
     expect((await coll.replaceOne({ _id: 'p', $or: [{ n: { $lte: 6 } }, { n: { $exists: false } }] }, { n: 6 })).matchedCount).to.equal(1);
     expect((await coll.findOne({ _id: 'p' }))?.n).to.equal(6);
+  });
+
+  it('update commands of many statements, several at once, are answered, and so is everything after them', async function () {
+    // On a FerretDB of its own: as published, v1.24.2 stopped answering altogether here (each
+    // statement held a connection until its command ended); the build closes each statement's query.
+    this.timeout(60_000);
+    const own = await startFerretDB({
+      binary: stack.tools!.ferretdb,
+      port: await freePort(),
+      dataDir: path.join(stack.tmpDir, uniqueName('ferret-updates')),
+    });
+    const client = await new MongoClient(own.address, { serverSelectionTimeoutMS: 5_000 }).connect();
+    try {
+      const coll = client.db('t').collection<{ _id: string; n: number }>('many');
+      await coll.insertMany(Array.from({ length: 400 }, (_, i) => ({ _id: `d${i}`, n: 0 })));
+      const commands = Array.from({ length: 4 }, (_, c) =>
+        coll.bulkWrite(
+          Array.from({ length: 100 }, (_, i) => ({ updateOne: { filter: { _id: `d${c * 100 + i}` }, update: { $set: { n: 1 } } } })),
+          { ordered: false },
+        ),
+      );
+      const outcome = await Promise.race([
+        Promise.all(commands).then(() => 'answered'),
+        new Promise((res) => setTimeout(() => res('hung'), 20_000)),
+      ]);
+      expect(outcome).to.equal('answered');
+      expect(await coll.countDocuments({ n: 1 }, { maxTimeMS: 5_000 })).to.equal(400);
+    } finally {
+      await client.close(true);
+      await own.process.stop();
+    }
   });
 
   it('updates and deletes by _id reach the one document they name', async () => {

@@ -210,6 +210,19 @@ describe('usage totals: the balance in bounded reads', () => {
       expect(seen.size).to.equal(4);
     });
 
+    it('a group of records from 300 workspaces is stored and counted, and the database keeps answering', async () => {
+      // Its totals are one update per workspace: sent as one command, FerretDB as published stopped answering.
+      const tenants = await Promise.all(Array.from({ length: 300 }, () => createTenant(db, 1)));
+      const ledger = new UsageLedger(db);
+      const outcomes = await Promise.all(
+        tenants.map((t, i) => record(ledger, `gen-wide-${t.workspaceId}`, 0.001 * (i + 1), t.workspaceId)),
+      );
+      expect(outcomes.every(Boolean)).to.equal(true);
+      await ledger.close(5_000);
+      for (const i of [0, 149, 299])
+        expect((await getBalance(db, tenants[i].workspaceId)).total_usage).to.be.closeTo(0.001 * (i + 1), 1e-9);
+    });
+
     it('a ledger closed before its records are stored keeps its writer out of the pool, and every stored record counts', async () => {
       const ledger = new UsageLedger(db);
       await record(ledger, `gen-first-${ws.workspaceId}`, 0.5); // the writer's id is settled by its first write

@@ -17,7 +17,7 @@
 // billed, and a balance read grew with restarts (55 µs of FerretDB a document: 57 ms at 1,000).
 import { randomBytes } from 'node:crypto';
 import type { AnyBulkWriteOperation, Document } from 'mongodb';
-import { workspaceRange, type Store, type UsageDoc } from '../../infrastructure/store';
+import { bulkWriteInParts, workspaceRange, type Store, type UsageDoc } from '../../infrastructure/store';
 import { fromJsonText, toJsonText } from '../../infrastructure/store/json-text';
 import { fromStoredUsage } from '../../infrastructure/store/usage-form';
 
@@ -233,7 +233,7 @@ export class TotalsWriter {
         upsert: true,
       },
     }));
-    await usageTotals(this.store).bulkWrite(ops, { ordered: false });
+    await bulkWriteInParts(this.store, usageTotals(this.store), ops);
     for (const ws of workspaces) {
       if (pendingOf(ws)) this.unsettled.add(ws);
       else this.unsettled.delete(ws);

@@ -1,6 +1,15 @@
 // The MongoDB connection and the collections the gateway keeps. FerretDB (the embedded default)
 // has no transactions and scans everything but `_id` lookups, so writes are idempotent by `_id`.
-import { MongoClient, MongoNetworkError, type Db, type Document, type Collection, type FindCursor, type MongoClientOptions } from 'mongodb';
+import {
+  MongoClient,
+  MongoNetworkError,
+  type AnyBulkWriteOperation,
+  type Collection,
+  type Db,
+  type Document,
+  type FindCursor,
+  type MongoClientOptions,
+} from 'mongodb';
 import type { StoredUsageDoc } from './usage-form';
 
 export interface ProbeDoc extends Document {
@@ -122,10 +131,11 @@ export class Store {
     readonly client: MongoClient,
     readonly db: Db,
     /**
-     * FerretDB sorts in memory whatever the sort: a sorted read of an `_id` range reads the whole
-     * range before its limit. Unsorted, it returns an `_id` range in index order (devstack/binaries.ts).
+     * FerretDB, not MongoDB. It sorts in memory whatever the sort: a sorted read of an `_id` range
+     * reads the whole range before its limit; unsorted, it returns an `_id` range in index order
+     * (devstack/binaries.ts). And its update commands are sent in parts (`bulkWriteInParts`).
      */
-    readonly sortsInMemory: boolean,
+    readonly ferretdb: boolean,
   ) {
     client.on('serverHeartbeatFailed', () => (this.answering = false));
     client.on('serverHeartbeatSucceeded', () => (this.answering = true));
@@ -280,21 +290,31 @@ export async function listUnder(store: Store, name: Parameters<typeof workspaceL
   await workspaceList(store, name).replaceOne({ _id: `${workspaceId}:${id}` }, { ref }, { upsert: true });
 }
 
-/** Every `ref` listed under the workspace. */
-export async function listedUnder(store: Store, name: Parameters<typeof workspaceList>[1], workspaceId: string): Promise<string[]> {
-  return (
-    await workspaceList(store, name)
-      .find({ _id: workspaceRange(workspaceId) })
-      .toArray()
-  ).map((d) => d.ref);
-}
-
 /**
  * A read of an `_id` range in `_id` order that stops at its limit: sorted on MongoDB (by the `_id`
  * index), unsorted on FerretDB, whose patched build reads the range from the index in order.
  */
 export function inIdOrder<T>(store: Store, cursor: FindCursor<T>): FindCursor<T> {
-  return store.sortsInMemory ? cursor : cursor.sort({ _id: 1 });
+  return store.ferretdb ? cursor : cursor.sort({ _id: 1 });
+}
+
+/** Statements per update command sent to FerretDB (see `bulkWriteInParts`). */
+const UPDATE_STATEMENTS = 16;
+
+/**
+ * `bulkWrite`, on FerretDB in commands of at most UPDATE_STATEMENTS statements, one after another.
+ * FerretDB 1.24 as published holds one of its 100 SQLite connections per statement of an update
+ * command until the command ends: one command of 100 statements, or four of 40 at once, waited
+ * forever, and the whole database with it. The embedded build is patched (devstack/binaries.ts);
+ * a MONGODB_URI may name a FerretDB that is not.
+ */
+export async function bulkWriteInParts<T extends Document>(
+  store: Store,
+  coll: Collection<T>,
+  ops: AnyBulkWriteOperation<T>[],
+): Promise<void> {
+  const part = store.ferretdb ? UPDATE_STATEMENTS : ops.length;
+  for (let i = 0; i < ops.length; i += part) await coll.bulkWrite(ops.slice(i, i + part), { ordered: false });
 }
 
 /** True for a unique-index violation (E11000), which FerretDB also reports on insert. */
