@@ -234,6 +234,8 @@ describe('usage totals: the balance in bounded reads', () => {
       const next = new UsageLedger(db);
       await record(next, `gen-next-${ws.workspaceId}`, 0.25);
       expect(next['totals'].id).to.not.equal(ledger['totals'].id);
+      await ledger.flushed(); // the write in flight at close ends (its callers were told already)
+      expect(await retiredWriters(db).countDocuments({ _id: ledger['totals'].id })).to.equal(0);
       const stored = (
         await db.usage.find({ _id: { $in: [...ids, `gen-first-${ws.workspaceId}`, `gen-next-${ws.workspaceId}`] } }).toArray()
       ).map(fromStoredUsage);
