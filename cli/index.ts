@@ -10,7 +10,7 @@ import { ensureTools } from '../devstack/binaries';
 import { addAdminCommands } from './admin';
 import { addBatchCommands } from './batches';
 // Light: it needs nothing but the logger's type, so every long-running command shares it.
-import { stopOnSignals } from './signals';
+import { shutdownDeadlineMs, stopOnSignals } from './signals';
 
 function configOrExit(): Config {
   try {
@@ -70,7 +70,7 @@ export function buildProgram(): Command {
             process.exit(1);
           },
         }).catch(fail);
-        stopOnSignals(logger, [api.stop]);
+        stopOnSignals(logger, [api.stop], { deadlineMs: shutdownDeadlineMs(config.http.shutdownGraceMs) });
         return;
       }
       const { runApiRole } = await import('./roles');
@@ -80,7 +80,7 @@ export function buildProgram(): Command {
         processIndex: member?.index,
       }).catch(fail);
       member?.ready(api.url);
-      stopOnSignals(logger, [api.stop]);
+      stopOnSignals(logger, [api.stop], { deadlineMs: shutdownDeadlineMs(config.http.shutdownGraceMs) });
     });
 
   program
@@ -94,7 +94,7 @@ export function buildProgram(): Command {
       const member = apiProcessMember();
       const stop = await runWorkerRole(config, logger, configuredAddresses(config), { processIndex: member?.index }).catch(fail);
       member?.ready('');
-      stopOnSignals(logger, [stop]);
+      stopOnSignals(logger, [stop], { deadlineMs: shutdownDeadlineMs(config.http.shutdownGraceMs) });
     });
 
   program
@@ -107,7 +107,7 @@ export function buildProgram(): Command {
       const { listenSandbox } = await import('../devstack/sandbox/server');
       const sandbox = await listenSandbox('127.0.0.1', config.sandbox.port).catch(fail);
       logger.info({ url: sandbox.url }, 'sandbox provider listening');
-      stopOnSignals(logger, [sandbox.close]);
+      stopOnSignals(logger, [sandbox.close], { deadlineMs: shutdownDeadlineMs(config.http.shutdownGraceMs) });
     });
 
   program

@@ -13,7 +13,7 @@ import { Supervisor } from '../devstack/supervisor';
 import { RunRecord } from '../devstack/run-file';
 import { runApiRole } from './roles';
 import { startApiProcesses } from './api-processes';
-import { stopOnSignals, type Stop } from './signals';
+import { shutdownDeadlineMs, stopOnSignals, type Stop } from './signals';
 import { Store } from '../infrastructure/store';
 import { bootstrapIfEmpty } from '../domain/accounts/bootstrap';
 
@@ -49,7 +49,7 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   const say = (line: string) => logger.info(line);
   const stops: Stop[] = [];
   let supervisor: Supervisor | null = null;
-  stopOnSignals(logger, stops, () => supervisor?.halt());
+  stopOnSignals(logger, stops, { deadlineMs: shutdownDeadlineMs(config.http.shutdownGraceMs), first: () => supervisor?.halt() });
   const embeddedMongo = !config.mongo.uri;
   const embeddedTemporal = !config.temporal.address;
   // Whatever an earlier run left (its gateway killed a moment ago, its children still dying) is

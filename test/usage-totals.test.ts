@@ -223,6 +223,27 @@ describe('usage totals: the balance in bounded reads', () => {
         expect((await getBalance(db, tenants[i].workspaceId)).total_usage).to.be.closeTo(0.001 * (i + 1), 1e-9);
     });
 
+    it('a ledger closing against a database that stops answering gives up after its grace', async () => {
+      // The pool's insert never answers, as with a database that accepts and never replies.
+      const silent = Object.create(db) as Store;
+      const writers = new Proxy(retiredWriters(db), {
+        get: (coll, prop) => (prop === 'insertOne' ? () => new Promise(() => undefined) : Reflect.get(coll, prop)),
+      });
+      Object.defineProperty(silent, 'db', {
+        get: () =>
+          new Proxy(db.db, {
+            get: (d, prop) =>
+              prop === 'collection' ? (name: string) => (name === 'usage_writers' ? writers : d.collection(name)) : Reflect.get(d, prop),
+          }),
+      });
+      const ledger = new UsageLedger(silent);
+      expect(await record(ledger, `gen-silent-${ws.workspaceId}`, 0.5)).to.equal(true);
+      const started = Date.now();
+      await ledger.close(300);
+      expect(Date.now() - started).to.be.within(250, 2_000);
+      expect((await getBalance(db, ws.workspaceId)).total_usage).to.equal(0.5);
+    });
+
     it('a ledger closed before its records are stored keeps its writer out of the pool, and every stored record counts', async () => {
       const ledger = new UsageLedger(db);
       await record(ledger, `gen-first-${ws.workspaceId}`, 0.5); // the writer's id is settled by its first write

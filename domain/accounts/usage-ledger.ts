@@ -153,20 +153,26 @@ export class UsageLedger {
   async close(graceMs: number): Promise<void> {
     this.closed = true;
     if (this.adopter) clearInterval(this.adopter);
-    let timer: NodeJS.Timeout | undefined;
-    const flushed = await Promise.race([
+    const deadline = Date.now() + graceMs;
+    const flushed = await withinMs(
       this.flushed().then(() => true),
-      new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), graceMs))),
-    ]);
-    clearTimeout(timer);
+      graceMs,
+      false,
+    );
     if (this.retryTimer) clearTimeout(this.retryTimer);
     if (this.settleTimer) clearTimeout(this.settleTimer);
     if (flushed && !this.writing && !this.queue.length) {
       // Everything is stored: the next ledger to start takes this writer on (see usage-totals.ts).
-      // No write may start meanwhile.
+      // No write may start meanwhile, nor after, if the database does not answer in time.
       this.writing = true;
-      await this.totals.retire().catch((err: unknown) => this.opts.onTrouble?.('usage totals writer not retired', { err }));
-      this.nowIdle();
+      const retiring = this.totals.retire().then(
+        () => true,
+        (err: unknown) => {
+          this.opts.onTrouble?.('usage totals writer not retired', { err });
+          return true;
+        },
+      );
+      if (await withinMs(retiring, Math.max(0, deadline - Date.now()), false)) this.nowIdle();
     }
     // Journaled records wait in the journal for the next start; a caller waiting for the database is told.
     for (const p of this.queue) p.reject?.(new ServiceUnavailableError('Usage records cannot be stored right now; try again shortly'));
@@ -387,4 +393,14 @@ export function newGenerationId(prefix = 'gen-'): string {
   const random = randomPool.toString('hex', randomAt, randomAt + 10);
   randomAt += 10;
   return `${prefix}${Date.now().toString(36)}${random}`;
+}
+
+/** `p`'s value, or `otherwise` once `ms` have passed first. */
+async function withinMs<T>(p: Promise<T>, ms: number, otherwise: T): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([p, new Promise<T>((resolve) => (timer = setTimeout(() => resolve(otherwise), ms)))]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
