@@ -119,7 +119,7 @@ describe('hostile input', () => {
     expect(q.body.error.message).to.equal('query.limit: must be a finite number');
   });
 
-  it('10⁵ invalid items in any array: a 400 naming the first within 100 ms, and /healthz answers meanwhile within 50 ms', async function () {
+  it('10⁵ invalid items in any array: a 400 naming the first within 500 ms, and /healthz answers meanwhile within 250 ms', async function () {
     this.timeout(60_000);
     const items = (item: string) => `[${Array.from({ length: 100_000 }, () => item).join(',')}]`;
     const cases: [string, string, string, RegExp][] = [
@@ -169,7 +169,9 @@ describe('hostile input', () => {
         expect(r.body.error.message, path).to.match(message);
         expect(r.body.error.metadata.errors.length, path).to.be.at.most(20);
         attempts.push(`answered in ${took.toFixed(1)} ms, /healthz within ${worstHealth.toFixed(1)} ms`);
-        met = took < 100 && worstHealth < 50;
+        // Bounds for a loaded 2-core machine (a quiet one answers in ~5 ms): the process this
+        // guards against was frozen for 9 s to minutes.
+        met = took < 500 && worstHealth < 250;
       }
       expect(met, `${path}: ${attempts.join('; ')}`).to.equal(true);
     }
