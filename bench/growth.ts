@@ -8,7 +8,7 @@ import path from 'node:path';
 import { benchCatalog } from './batches';
 import { benchKey, closedLoop, cpuSeconds, percentiles, startStack, writeResult, type Stack } from './harness';
 import { Store, workspaceRange } from '../infrastructure/store';
-import { UsageLedger } from '../domain/accounts/usage-ledger';
+import { UsageLedger, type UsageRecord } from '../domain/accounts/usage-ledger';
 import { createWorkspace } from '../domain/accounts/workspaces';
 import { getBalance, grantCredits } from '../domain/accounts/credits';
 import { usageTotals } from '../domain/accounts/usage-totals';
@@ -157,26 +157,7 @@ export async function benchGrowth() {
     for (let w = 0; w * perWorkspace < RECORDS; w++) {
       const ws = `history-${w}`;
       const n = Math.min(perWorkspace, RECORDS - w * perWorkspace);
-      await Promise.all(
-        Array.from({ length: n }, (_, i) =>
-          ledger.record({
-            _id: `gen-history-${w}-${i}`,
-            workspace_id: ws,
-            key_id: 'key_history',
-            kind: 'completion',
-            model: 'bench/0ms',
-            provider: 'bench-0ms',
-            input_tokens: 10,
-            output_tokens: 4,
-            cost: 0.000_01,
-            session_id: null,
-            user: null,
-            trace: null,
-            app: { referer: null, title: null, categories: [] },
-            batch_id: null,
-          }),
-        ),
-      );
+      await Promise.all(Array.from({ length: n }, (_, i) => ledger.record(historyRecord(`gen-history-${w}-${i}`, ws))));
       if (((w + 1) * perWorkspace) % 100_000 === 0)
         console.log(`${(w + 1) * perWorkspace} usage records stored (${Math.round((performance.now() - fillStart) / 1000)} s)`);
     }
@@ -215,16 +196,13 @@ export async function benchGrowth() {
   }
 }
 
-/**
- * A workspace billed by RESTARTS ledgers in turn, each started, billing one record and closed as a
- * process stopping would: its balance read, against one billed by a single ledger.
- */
-async function balanceAfterRestarts(store: Store) {
-  const record = (ws: string, i: number) => ({
-    _id: `gen-restart-${ws}-${i}`,
-    workspace_id: ws,
+/** One small chat call's usage record, written straight through a ledger. */
+function historyRecord(id: string, workspaceId: string): UsageRecord {
+  return {
+    _id: id,
+    workspace_id: workspaceId,
     key_id: 'key_history',
-    kind: 'completion' as const,
+    kind: 'completion',
     model: 'bench/0ms',
     provider: 'bench-0ms',
     input_tokens: 10,
@@ -235,7 +213,15 @@ async function balanceAfterRestarts(store: Store) {
     trace: null,
     app: { referer: null, title: null, categories: [] },
     batch_id: null,
-  });
+  };
+}
+
+/**
+ * A workspace billed by RESTARTS ledgers in turn, each started, billing one record and closed as a
+ * process stopping would: its balance read, against one billed by a single ledger.
+ */
+async function balanceAfterRestarts(store: Store) {
+  const record = (ws: string, i: number) => historyRecord(`gen-restart-${ws}-${i}`, ws);
   const [restarted, steady] = ['restarted', 'steady'].map((n) => `${n}-${Date.now().toString(36)}`);
   const started = performance.now();
   for (let i = 0; i < RESTARTS; i++) {

@@ -2,7 +2,8 @@ import { expect } from 'chai';
 import http from 'node:http';
 import net from 'node:net';
 import { Acceptors, socketOptions } from '../api/acceptors';
-import { capturingLogger, startTestGateway } from './helpers';
+import { startTestGateway } from './helpers';
+import { capturingLogger } from './capture-log';
 
 /** A server whose requests each keep the loop busy for 5 ms, as a loaded gateway's do. */
 async function listening(): Promise<{ server: http.Server; port: number }> {

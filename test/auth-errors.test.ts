@@ -20,17 +20,8 @@ import { decisionService } from '../domain/decisions/service';
 import { decisionRoutes } from '../api/routes/decisions';
 import { createUpstreams } from '../domain/routing/upstreams';
 import type { AppDeps } from '../api/deps';
-import {
-  usageRecord,
-  call,
-  capturingLogger,
-  clearOfWindowEdge,
-  createTenant,
-  startTestGateway,
-  storeWith,
-  type Tenant,
-  type TestGateway,
-} from './helpers';
+import { usageRecord, call, clearOfWindowEdge, createTenant, startTestGateway, storeWith, type Tenant, type TestGateway } from './helpers';
+import { capturingLogger } from './capture-log';
 
 const envelope = (code: number, message: string, metadata: unknown = null, userId: string | null = null) => ({
   error: { code, message, metadata },

@@ -6,7 +6,8 @@ import path from 'node:path';
 import { startFerretDB } from '../devstack/services';
 import { freePort } from '../devstack/processes';
 import { stack } from './fixture';
-import { capturingLogger, startTestGateway, type TestGateway } from './helpers';
+import { startTestGateway, type TestGateway } from './helpers';
+import { capturingLogger } from './capture-log';
 
 describe('health, request ids and the error envelope', () => {
   let gw: TestGateway;

@@ -3,7 +3,6 @@ import { expect } from 'chai';
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { Writable } from 'node:stream';
 import { DEFAULT_CATALOG_PATH, loadConfig, type Config } from '../infrastructure/config';
 import { createLogger, type Logger } from '../infrastructure/log';
 import { runApiRole } from '../cli/roles';
@@ -23,18 +22,6 @@ import { newBatchId, type BatchDoc } from '../domain/batches/store';
 
 export function uniqueName(prefix: string): string {
   return `${prefix}-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
-}
-
-/** A logger whose JSON lines land in an array the test can read. */
-export function capturingLogger(level = 'info'): { logger: Logger; lines: Record<string, unknown>[] } {
-  const lines: Record<string, unknown>[] = [];
-  const sink = new Writable({
-    write(chunk: Buffer, _enc, cb) {
-      for (const l of chunk.toString().split('\n')) if (l) lines.push(JSON.parse(l));
-      cb();
-    },
-  });
-  return { logger: createLogger(level, 'test', { destination: sink }), lines };
 }
 
 export interface TestGateway {

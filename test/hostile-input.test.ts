@@ -8,7 +8,6 @@ import path from 'node:path';
 import {
   batchesWithoutDocument,
   call,
-  capturingLogger,
   createTenant,
   startGatewayProcess,
   startTestGateway,
@@ -18,6 +17,7 @@ import {
   type TestGateway,
   storedRecord,
 } from './helpers';
+import { capturingLogger } from './capture-log';
 import { fromJsonText } from '../infrastructure/store/json-text';
 import { TRACE_MAX_JSON_LENGTH } from '../infrastructure/validation/types';
 import { Store } from '../infrastructure/store';

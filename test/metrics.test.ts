@@ -7,7 +7,6 @@ import { questions, state } from './decision-sample';
 import {
   clearOfWindowEdge,
   call,
-  capturingLogger,
   createTenant,
   startTestGateway,
   uniqueName,
@@ -16,6 +15,7 @@ import {
   type Tenant,
   type TestGateway,
 } from './helpers';
+import { capturingLogger } from './capture-log';
 import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { freePort } from '../devstack/processes';

@@ -5,6 +5,7 @@ import { createKey, keyOfWorkspace, keysPage, publicKey, revokeKey } from '../..
 import { NotFoundError } from '../../infrastructure/errors';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
+import { CursorPage } from '../../infrastructure/validation/types';
 import {
   CreateKeyBody,
   Credits,
@@ -68,13 +69,7 @@ export function accountRoutes({ store, rateLimiter, keys, workspaces, usage }: A
       responses: {
         200: {
           description: 'A page of keys',
-          schema: Type.Object({
-            object: Type.Literal('list'),
-            data: Type.Array(PublicKey),
-            first_id: Type.Union([Type.String(), Type.Null()]),
-            last_id: Type.Union([Type.String(), Type.Null()]),
-            has_more: Type.Boolean(),
-          }),
+          schema: CursorPage(PublicKey),
         },
       },
       handler: async (ctx, { query }) => {

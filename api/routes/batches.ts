@@ -21,6 +21,7 @@ import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
 import { mostBodyBytes } from '../body';
 import { defineRoute, type AnyRoute } from '../route';
+import { CursorPage } from '../../infrastructure/validation/types';
 import {
   BatchIdParams,
   BatchObject,
@@ -172,13 +173,7 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics, batch
       responses: {
         200: {
           description: 'A page of batches',
-          schema: Type.Object({
-            object: Type.Literal('list'),
-            data: Type.Array(BatchObject),
-            first_id: Type.Union([Type.String(), Type.Null()]),
-            last_id: Type.Union([Type.String(), Type.Null()]),
-            has_more: Type.Boolean(),
-          }),
+          schema: CursorPage(BatchObject),
         },
       },
       handler: async (ctx, { query }) => {

@@ -19,6 +19,16 @@ export function KeyedRecord<V extends TSchema>(key: Record<string, unknown>, val
 /** A schema that also accepts null. */
 export const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
 
+/** A page of a list read by cursor, as OpenAI's lists are: `after=<last_id>` asks for the next. */
+export const CursorPage = <T extends TSchema>(item: T) =>
+  Type.Object({
+    object: Type.Literal('list'),
+    data: Type.Array(item),
+    first_id: Nullable(Type.String()),
+    last_id: Nullable(Type.String()),
+    has_more: Type.Boolean(),
+  });
+
 export const ErrorEnvelope = Type.Object(
   {
     error: Type.Object({

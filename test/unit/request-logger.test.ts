@@ -1,18 +1,9 @@
 // A request's logger writes the lines pino's own child would, redaction included.
-import { Writable } from 'node:stream';
 import { expect } from 'chai';
+import { capturingLogger } from '../capture-log';
 import { createLogger, requestLogger } from '../../infrastructure/log';
 
-function capture() {
-  const lines: Record<string, unknown>[] = [];
-  const destination = new Writable({
-    write(chunk: Buffer, _enc, done) {
-      for (const l of chunk.toString().split('\n').filter(Boolean)) lines.push(JSON.parse(l) as Record<string, unknown>);
-      done();
-    },
-  });
-  return { lines, logger: createLogger('debug', 'test', { destination }) };
-}
+const capture = (level = 'debug') => capturingLogger(level);
 
 const omitTime = ({ time: _t, ...rest }: Record<string, unknown>) => rest;
 

@@ -1,19 +1,9 @@
 // A start-up step that does not finish says so in the log, naming itself, until it does.
-import { Writable } from 'node:stream';
 import { expect } from 'chai';
-import { createLogger } from '../../infrastructure/log';
+import { capturingLogger } from '../capture-log';
 import { startupStep } from '../../cli/startup-step';
 
-function capture() {
-  const lines: Record<string, unknown>[] = [];
-  const destination = new Writable({
-    write(chunk: Buffer, _enc, done) {
-      for (const l of chunk.toString().split('\n').filter(Boolean)) lines.push(JSON.parse(l) as Record<string, unknown>);
-      done();
-    },
-  });
-  return { lines, logger: createLogger('warn', 'test', { destination }) };
-}
+const capture = (level = 'debug') => capturingLogger(level);
 
 const sleep = (ms: number) => new Promise((res) => setTimeout(res, ms));
 
