@@ -124,7 +124,9 @@ export class TotalsWriter {
       const pool = await retiredWriters(this.store).find({}).limit(TAKE_TRIES).toArray();
       for (const w of pool) {
         if ((await retiredWriters(this.store).deleteOne({ _id: w._id })).deletedCount !== 1) continue;
-        Object.assign(this, { id: w._id, groups: w.groups, inherited: true });
+        this.id = w._id;
+        this.groups = w.groups;
+        this.inherited = true;
         return;
       }
     } catch {
@@ -198,9 +200,8 @@ export class TotalsWriter {
     const docs = await usageTotals(this.store)
       .find({ _id: { $in: unknown.map((ws) => `${ws}:${this.id}`) } }, { projection: { workspace_id: 1, cost: 1 } })
       .toArray();
-    // Retired settled, so each document holds its writer's whole cost; `add` may have counted this
-    // process's records already.
-    for (const d of docs) this.stored.set(d.workspace_id, (this.stored.get(d.workspace_id) ?? 0) + d.cost);
+    // Retired settled, so each document holds its writer's whole cost (pending groups aside).
+    for (const d of docs) this.stored.set(d.workspace_id, d.cost);
     for (const ws of unknown) this.known.add(ws);
   }
 

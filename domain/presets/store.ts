@@ -108,23 +108,25 @@ const versionIds = (presetId: string, from: number, count: number) =>
 
 /** The newest version, probing forward from `hint` (a version known to exist, or 0). */
 async function latestVersion(store: Store, presetId: string, hint = 0): Promise<PresetVersionDoc | null> {
-  return newestOf(store, presetId, hint, {});
-}
-
-/** When the newest version was added, read without its config (which may be megabytes); null: it has none. */
-async function latestVersionAt(store: Store, presetId: string, hint = 0): Promise<Date | null> {
-  return (await newestOf(store, presetId, hint, { version: 1, created_at: 1 }))?.created_at ?? null;
+  return (await newestOfMany(store, [{ id: presetId, hint }])).get(presetId) ?? null;
 }
 
 /**
- * The newest version of each preset, in one query per round: first each one's hinted version and
- * the next (the hint is rarely behind), then PROBE more for those whose next exists.
+ * The newest version of each preset (fields of `projection` only, if given), in one query per round:
+ * first each one's hinted version and the next (the hint is rarely behind), then PROBE more for
+ * those whose next exists. Versions are numbered without gaps.
  */
-async function newestOfMany(store: Store, presets: { id: string; hint: number }[]): Promise<Map<string, PresetVersionDoc>> {
+async function newestOfMany(
+  store: Store,
+  presets: { id: string; hint: number }[],
+  projection?: Document,
+): Promise<Map<string, PresetVersionDoc>> {
+  const fields = projection && { ...projection, preset_id: 1, version: 1 };
   const newest = new Map<string, PresetVersionDoc>();
   let probing = presets.map((p) => ({ id: p.id, from: Math.max(p.hint, 1), width: 2 }));
   while (probing.length) {
-    const found = await store.presetVersions.find({ _id: { $in: probing.flatMap((p) => versionIds(p.id, p.from, p.width)) } }).toArray();
+    const ids = probing.flatMap((p) => versionIds(p.id, p.from, p.width));
+    const found = await store.presetVersions.find({ _id: { $in: ids } }, fields && { projection: fields }).toArray();
     const counts = new Map<string, number>();
     for (const v of found) {
       counts.set(v.preset_id, (counts.get(v.preset_id) ?? 0) + 1);
@@ -134,15 +136,6 @@ async function newestOfMany(store: Store, presets: { id: string; hint: number }[
     probing = probing.filter((p) => counts.get(p.id) === p.width).map((p) => ({ id: p.id, from: p.from + p.width, width: PROBE }));
   }
   return newest;
-}
-
-async function newestOf(store: Store, presetId: string, hint: number, projection: Document): Promise<PresetVersionDoc | null> {
-  let newest: PresetVersionDoc | null = null;
-  for (let from = Math.max(hint, 1); ; from += PROBE) {
-    const found = await store.presetVersions.find({ _id: { $in: versionIds(presetId, from, PROBE) } }, { projection }).toArray();
-    for (const v of found) if (!newest || v.version > newest.version) newest = v;
-    if (found.length < PROBE) return newest;
-  }
 }
 
 /** Creates the preset if the slug is new in the workspace, then adds the next version. */
@@ -256,14 +249,18 @@ export async function listPresets(store: Store, workspaceId: string, offset: num
   }
   if (unplaced.length) {
     const presets = await store.presets.find({ _id: { $in: unplaced }, workspace_id: workspaceId }).toArray();
-    const placed = await Promise.all(
-      presets.map(async (p) => ({
-        id: p._id,
-        slug: p.slug,
-        at: p.latest && p.updated_at ? p.updated_at : await latestVersionAt(store, p._id, p.latest),
-      })),
+    // A preset stored before `updated_at` was kept (or whose first version has not raised `latest`
+    // yet) is placed by its newest version's time, read without its config (which may be megabytes).
+    const undated = presets.filter((p) => !(p.latest && p.updated_at));
+    const newestOfUndated = await newestOfMany(
+      store,
+      undated.map((p) => ({ id: p._id, hint: p.latest ?? 0 })),
+      { created_at: 1 },
     );
-    const found = placed.filter((e): e is { id: string; slug: string; at: Date } => e.at !== null); // else no version was written
+    const found = presets.flatMap((p) => {
+      const at = p.latest && p.updated_at ? p.updated_at : newestOfUndated.get(p._id)?.created_at;
+      return at ? [{ id: p._id, slug: p.slug, at }] : []; // else no version was written
+    });
     entries.push(...found);
     // Their entries keep the time from now on, so later listings read none of them (written in the
     // background: an old workspace's many would hold up this answer).
