@@ -382,7 +382,7 @@ describe('402, 500 and the billable guard', () => {
     now = 5_000;
     // Expired: this request is answered from the earlier reading while one re-read starts...
     await cache.assertCanSpend(t.workspaceId);
-    expect(cache['loading'].size).to.equal(0); // answered before the re-read even started
+    expect(cache['accounts'].peek(t.workspaceId)?.loading).to.equal(null); // answered before the re-read even started
     // ...and once it is in, the spending shows.
     let status = 0;
     for (let i = 0; i < 100 && status !== 402; i++) {

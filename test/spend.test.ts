@@ -120,6 +120,61 @@ describe('holds against a workspace balance', () => {
     expect((await cache.balance(t.workspaceId)).balance).to.equal(1.5);
   });
 
+  it('a workspace left unused is forgotten once all it spent is in the ledger, and read afresh when next used; never while spending is on its way', async () => {
+    let now = 0;
+    const unstored = new Map<string, number>();
+    const cache = new SpendAdmission(
+      store,
+      5_000,
+      () => now,
+      (ws) => unstored.get(ws) ?? 0,
+      15_000,
+      60_000,
+    );
+    const ledger = new UsageLedger(store);
+    const [stored, journaled, line, inFlight] = await Promise.all([1, 2, 3, 4].map(() => createTenant(store, 1)));
+    // Stored: its record is in the ledger.
+    await ledger.record(usageRecord(`gen-idle-${stored.workspaceId}`, stored.workspaceId, stored.inferenceKeyId, 0.25));
+    (await cache.hold(stored.workspaceId, 0.1)).settle(0.25);
+    // Journaled: settled, its record not in the ledger yet.
+    (await cache.hold(journaled.workspaceId, 0.1)).settle(0.5);
+    unstored.set(journaled.workspaceId, 0.5);
+    // A batch line settled before its record is written.
+    const lineStored = (await cache.hold(line.workspaceId, 0.1)).settleUnstored(0.125);
+    // A call still in flight.
+    const call = await cache.hold(inFlight.workspaceId, 0.5);
+    // An hour of other workspaces, one a minute.
+    let most = 0;
+    for (let i = 0; i < 60; i++) {
+      now += 61_000;
+      await cache.balance(uniqueName('ws'));
+      most = Math.max(most, cache.size);
+    }
+    expect(most, 'workspaces held').to.be.at.most(7);
+    const kept = (ws: string) => cache['accounts'].peek(ws) !== undefined;
+    expect([stored, journaled, line, inFlight].map((t) => kept(t.workspaceId))).to.deep.equal([false, true, true, true]);
+    // Each balance is exact: read afresh for the forgotten one, the kept ones count what is on its way.
+    expect((await cache.balance(stored.workspaceId)).balance).to.equal(0.75);
+    expect((await cache.balance(journaled.workspaceId)).balance).to.equal(0.5);
+    expect((await cache.balance(line.workspaceId)).balance).to.equal(0.875);
+    call.settle(0.5);
+    await ledger.record(usageRecord(`gen-idle-${inFlight.workspaceId}`, inFlight.workspaceId, inFlight.inferenceKeyId, 0.5));
+    // Once their records are in, the rest may go too.
+    await ledger.record(usageRecord(`gen-idle-${journaled.workspaceId}`, journaled.workspaceId, journaled.inferenceKeyId, 0.5));
+    unstored.delete(journaled.workspaceId);
+    await ledger.record(usageRecord(`gen-idle-${line.workspaceId}`, line.workspaceId, line.inferenceKeyId, 0.125));
+    lineStored();
+    await new Promise((r) => setTimeout(r, 250)); // the re-reads the balances above started (soon.ts) are done
+    for (let i = 0; i < 10; i++) {
+      now += 61_000;
+      await cache.balance(uniqueName('ws'));
+    }
+    expect([journaled, line, inFlight].map((t) => kept(t.workspaceId))).to.deep.equal([false, false, false]);
+    expect((await cache.balance(journaled.workspaceId)).balance).to.equal(0.5);
+    expect((await cache.balance(line.workspaceId)).balance).to.equal(0.875);
+    expect((await cache.balance(inFlight.workspaceId)).balance).to.equal(0.5);
+  });
+
   it("a 402 names the real balance when this process's records reached the ledger while the reading was in flight", async () => {
     const t = await createTenant(store, 0.5);
     let unstored: number[] = [];
@@ -143,7 +198,8 @@ describe('holds against a workspace balance', () => {
     try {
       const sums: string[] = [];
       watched.client.on('commandStarted', (e) => {
-        if (e.commandName === 'find') sums.push(String(e.command.find));
+        // The balance's sum is a range of `_id`s (a new ledger also reads its own totals by `_id` once).
+        if (e.commandName === 'find' && e.command.filter?._id?.$gte !== undefined) sums.push(String(e.command.find));
       });
       const t = await createTenant(watched, 2);
       const cache = new SpendAdmission(watched, 60_000);

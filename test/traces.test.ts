@@ -6,7 +6,8 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { expect } from 'chai';
-import { call, createTenant, startTestGateway, waitForStatus, type Tenant, type TestGateway } from './helpers';
+import { Broadcaster, type Generation } from '../domain/traces/broadcast';
+import { call, createTenant, startTestGateway, uniqueName, waitForStatus, type Tenant, type TestGateway } from './helpers';
 
 interface Received {
   headers: http.IncomingHttpHeaders;
@@ -225,5 +226,48 @@ describe('trace broadcast over OTLP/HTTP', function () {
       expect(bad.status, message).to.equal(400);
       expect(bad.body.error.message).to.equal(message);
     }
+  });
+
+  it('a workspace that sent no span lately is forgotten, its exporter closed with its spans sent; its next span reads its destinations again', async () => {
+    let now = Date.now();
+    const bc = new Broadcaster(gw.store, { global: null, allowPrivate: true, idleMs: 60_000, now: () => now });
+    const generation = (workspaceId: string, id: string): Generation => ({
+      workspaceId,
+      id,
+      api: 'chat',
+      kind: 'completion',
+      requestedModel: 'sandbox/chat-1',
+      model: 'sandbox/chat-1',
+      provider: 'sandbox',
+      usage: { input_tokens: 1, output_tokens: 1 },
+      cost: 0,
+      finishReason: 'stop',
+      startedAt: Date.now(),
+      endedAt: Date.now(),
+      meta: { session_id: null, user: null, trace: null },
+    });
+    const held = () => bc['cache'].peek(a.workspaceId);
+    bc.generation(generation(a.workspaceId, 'gen-forgotten-1'));
+    await held()!.reading;
+    const [{ sink }] = [...held()!.sinks.values()];
+    let closed = false;
+    const close = sink.close.bind(sink);
+    sink.close = () => ((closed = true), close());
+    // An hour of other workspaces' spans, one a minute.
+    let most = 0;
+    for (let i = 0; i < 60; i++) {
+      now += 61_000;
+      bc.generation(generation(uniqueName('ws'), `gen-other-${i}`));
+      most = Math.max(most, bc.size);
+    }
+    expect(most, 'workspaces held').to.be.at.most(3);
+    expect(held(), 'forgotten').to.equal(undefined);
+    expect(closed, 'its exporter closed').to.equal(true);
+    await team.spanOf('gen-forgotten-1');
+    // Its next span: the destinations read again, a new exporter.
+    bc.generation(generation(a.workspaceId, 'gen-forgotten-2'));
+    await team.spanOf('gen-forgotten-2');
+    expect([...held()!.sinks.values()][0].sink).to.not.equal(sink);
+    await bc.close();
   });
 });

@@ -125,6 +125,37 @@ describe('usage totals: the balance in bounded reads', () => {
     expect(await usage()).to.equal(0.75);
   });
 
+  it('a writer forgets workspaces it has not billed lately, and reads a forgotten one back before rewriting its total', async () => {
+    let now = 0;
+    const writer = new TotalsWriter(store, { idleMs: 1_000, now: () => now });
+    const group = async (docs: UsageDoc[]) => {
+      await writer.begin(docs);
+      await store.usage.insertMany(docs.map(toStoredUsage));
+      writer.inserted(
+        docs,
+        docs.map(() => 'inserted' as const),
+      );
+      await writer.settle();
+    };
+    await group([doc(`gen-forget-${t.workspaceId}-1`, 0.5), doc(`gen-forget-${t.workspaceId}-2`, 0.25)]);
+    // Many other workspaces come and go, one group each, a second apart.
+    let most = 0;
+    for (let i = 0; i < 40; i++) {
+      now += 1_500;
+      const other = `${uniqueName('ws')}`;
+      await group([doc(`gen-forget-${other}`, 0.01, other)]);
+      most = Math.max(most, writer.size);
+    }
+    expect(most, 'workspaces held in memory').to.be.at.most(3);
+    expect(writer['stored'].peek(t.workspaceId), 'forgotten').to.equal(undefined);
+    // Billed again: its document keeps what it held (read back), plus the new record.
+    now += 1_500;
+    await group([doc(`gen-forget-${t.workspaceId}-3`, 0.125)]);
+    const [total] = await settledTotals(t.workspaceId);
+    expect(total).to.include({ writer: writer.id, cost: 0.875, pending: null });
+    expect(await usage()).to.equal(0.875);
+  });
+
   it('is read by _id: grants and totals are _id ranges, pending records an _id set, whatever the ledger holds', async function () {
     const info = await store.db.admin().command({ buildInfo: 1 });
     if (!info.ferretdbVersion) this.skip();

@@ -33,7 +33,7 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
           requestBytes: ctx.request.length,
           maxStateBytes: limits.maxStateBytes,
         });
-        const { settings } = await workspaces.get(workspaceId);
+        const settings = await workspaces.settings(workspaceId);
         const generationId = newGenerationId('gen-dec-');
         const { signal, timedOut, done } = requestSignal(ctx, limits.timeoutMs);
         try {

@@ -19,6 +19,7 @@ import type { Store, WorkspaceDoc } from '../../infrastructure/store';
 import { getBalance, type Balance } from './credits';
 import { roundUsd } from '../catalog/usd';
 import { Soon } from '../../infrastructure/concurrency/soon';
+import { RecentlyUsed } from '../../infrastructure/concurrency/recently-used';
 
 interface Entry {
   credits: number;
@@ -37,14 +38,20 @@ interface Entry {
   exact: boolean;
 }
 
-/** This process's own spending on a workspace. */
-interface Local {
-  /** Real cost of every call settled here, ever. */
+/** What this process knows of a workspace: its last reading and its own spending since. */
+interface Account {
+  /** The last reading of the ledger, if any. */
+  reading: Entry | null;
+  /** The reading in flight, if any: one at a time. */
+  loading: Promise<Entry> | null;
+  /** Real cost of every call settled here while this account was kept. */
   committed: number;
   /** Estimates held by calls in flight. */
   held: number;
   /** Settled here through `settleUnstored` whose usage records are not in the ledger yet. */
   unstored: number;
+  /** Calls in flight, and calls settled through `settleUnstored` whose records are not stored yet. */
+  open: number;
   /** Calls waiting for a hold to end. */
   waiters: Set<() => void>;
   /** How many calls have settled here: a reading taken meanwhile may count some twice. */
@@ -68,9 +75,11 @@ export interface Hold {
 const LOW_WATER = 10;
 
 export class SpendAdmission {
-  private readonly entries = new Map<string, Entry>();
-  private readonly loading = new Map<string, Promise<Entry>>();
-  private readonly local = new Map<string, Local>();
+  /**
+   * Forgetting an account is safe once everything it spent is in the ledger: a fresh reading then
+   * counts it all, and spending since starts again from zero.
+   */
+  private readonly accounts: RecentlyUsed<Account>;
   private readonly refreshes = new Soon();
 
   constructor(
@@ -81,75 +90,89 @@ export class SpendAdmission {
     private readonly unstored: (workspaceId: string) => number = () => 0,
     /** How long a call waits for holds in flight to end before it is refused. */
     private readonly holdWaitMs = 15_000,
-  ) {}
+    /** A workspace unused this long, with nothing in flight or unstored, is forgotten (read afresh when next used). */
+    idleMs?: number,
+  ) {
+    this.accounts = new RecentlyUsed<Account>({
+      idleMs,
+      now,
+      canDrop: (a, workspaceId) => a.open === 0 && !a.waiters.size && !a.loading && this.unstored(workspaceId) === 0,
+    });
+  }
+
+  /** Workspaces this process keeps an account of. */
+  get size(): number {
+    return this.accounts.size;
+  }
 
   /**
-   * The workspace's entry. A fresh one is returned as is; an expired one is returned too while a
+   * The workspace's reading. A fresh one is returned as is; an expired one is returned too while a
    * single background read (started soon, see soon.ts) replaces it, so requests never queue behind
-   * the database. Only a workspace never read waits for the store, and every read does with `ttlMs`
-   * 0 (no caching).
+   * the database. Only a workspace not read yet (or forgotten) waits for the store, and every read
+   * does with `ttlMs` 0 (no caching).
    */
-  async get(workspaceId: string): Promise<Entry> {
-    const e = this.entries.get(workspaceId);
+  private async get(a: Account, workspaceId: string): Promise<Entry> {
+    const e = a.reading;
     if (e && this.now() - e.at < this.ttlMs) return e;
     if (e && this.ttlMs > 0) {
-      this.refreshes.run(workspaceId, () => this.load(workspaceId));
+      // Not a use of the account: an idle one is not kept alive by its own refresh.
+      this.refreshes.run(workspaceId, async () => {
+        const current = this.accounts.peek(workspaceId);
+        if (current) await this.load(current, workspaceId);
+      });
       return e;
     }
-    return this.load(workspaceId);
+    return this.load(a, workspaceId);
   }
 
-  private localOf(workspaceId: string): Local {
-    let l = this.local.get(workspaceId);
-    if (!l) this.local.set(workspaceId, (l = { committed: 0, held: 0, unstored: 0, waiters: new Set(), settles: 0 }));
-    return l;
-  }
-
-  private load(workspaceId: string): Promise<Entry> {
-    let pending = this.loading.get(workspaceId);
-    if (!pending) {
-      // One read per workspace at a time, however many requests are waiting for it.
-      pending = (async () => {
-        // Spending settled while the read is in flight may be counted twice (in the reading and
-        // as local spending since it): never less than the truth. Spending settled but not yet
-        // stored is not in the reading, so it stays counted as spending since.
-        const local = this.localOf(workspaceId);
-        // What of this process's spending the ledger has: it grows only as records are stored.
-        const inLedger = () => local.committed - local.unstored - this.unstored(workspaceId);
-        const committedAtRead = inLedger();
-        const settlesAtRead = local.settles;
-        const [b, ws] = await Promise.all([
-          getBalance(this.store, workspaceId),
-          this.store.workspaces.findOne({ _id: workspaceId }, { projection: { settings: 1 } }),
-        ]);
-        const exact = inLedger() === committedAtRead;
-        const entry = {
-          credits: b.total_credits,
-          usage: b.total_usage,
-          balance: b.balance,
-          settings: ws?.settings ?? {},
-          at: this.now(),
-          committedAtRead,
-          settlesAtRead,
-          exact,
-        };
-        this.entries.set(workspaceId, entry);
-        return entry;
-      })().finally(() => this.loading.delete(workspaceId));
-      this.loading.set(workspaceId, pending);
+  private accountOf(workspaceId: string): Account {
+    let a = this.accounts.get(workspaceId);
+    if (!a) {
+      a = { reading: null, loading: null, committed: 0, held: 0, unstored: 0, open: 0, waiters: new Set(), settles: 0 };
+      this.accounts.set(workspaceId, a);
     }
-    return pending;
+    return a;
+  }
+
+  private load(a: Account, workspaceId: string): Promise<Entry> {
+    // One read per workspace at a time, however many requests are waiting for it.
+    a.loading ??= (async () => {
+      // Spending settled while the read is in flight may be counted twice (in the reading and
+      // as local spending since it): never less than the truth. Spending settled but not yet
+      // stored is not in the reading, so it stays counted as spending since.
+      // What of this process's spending the ledger has: it grows only as records are stored.
+      const inLedger = () => a.committed - a.unstored - this.unstored(workspaceId);
+      const committedAtRead = inLedger();
+      const settlesAtRead = a.settles;
+      const [b, ws] = await Promise.all([
+        getBalance(this.store, workspaceId),
+        this.store.workspaces.findOne({ _id: workspaceId }, { projection: { settings: 1 } }),
+      ]);
+      const exact = inLedger() === committedAtRead;
+      a.reading = {
+        credits: b.total_credits,
+        usage: b.total_usage,
+        balance: b.balance,
+        settings: ws?.settings ?? {},
+        at: this.now(),
+        committedAtRead,
+        settlesAtRead,
+        exact,
+      };
+      return a.reading;
+    })().finally(() => (a.loading = null));
+    return a.loading;
   }
 
   /** The balance as of the reading, less this process's spending since: what a 402 reports. */
-  private left(workspaceId: string, e: Entry): number {
+  private left(a: Account, e: Entry): number {
     // Rounded as balances are, so float residue (1 - 0.9 - 0.1) is not money left.
-    return roundUsd(e.balance - (this.localOf(workspaceId).committed - e.committedAtRead));
+    return roundUsd(e.balance - (a.committed - e.committedAtRead));
   }
 
   /** What is left less the estimates held by calls in flight. */
-  private available(workspaceId: string, e: Entry): number {
-    return roundUsd(this.left(workspaceId, e) - this.localOf(workspaceId).held);
+  private available(a: Account, e: Entry): number {
+    return roundUsd(this.left(a, e) - a.held);
   }
 
   /**
@@ -158,16 +181,24 @@ export class SpendAdmission {
    * cache period. Reading the ledger sum on every request took seconds under load.
    */
   async balance(workspaceId: string): Promise<Balance> {
+    const a = this.accountOf(workspaceId);
     // Never a reading older than the cache period: after a quiet spell the caller waits for a fresh one.
-    let e = await this.get(workspaceId);
-    if (this.ttlMs > 0 && this.now() - e.at >= this.ttlMs) e = await this.load(workspaceId);
-    const since = this.localOf(workspaceId).committed - e.committedAtRead;
+    let e = await this.get(a, workspaceId);
+    if (this.ttlMs > 0 && this.now() - e.at >= this.ttlMs) e = await this.load(a, workspaceId);
+    const since = a.committed - e.committedAtRead;
     return { total_credits: e.credits, total_usage: roundUsd(e.usage + since), balance: roundUsd(e.balance - since) };
+  }
+
+  /** The workspace's routing settings, as of its last reading. */
+  async settings(workspaceId: string): Promise<WorkspaceDoc['settings']> {
+    const a = this.accountOf(workspaceId);
+    return (await this.get(a, workspaceId)).settings;
   }
 
   /** 402 unless something is left: the cheap gate every billable route passes before its body is read. */
   async assertCanSpend(workspaceId: string): Promise<void> {
-    await this.refuseUnlessLeft(workspaceId, await this.get(workspaceId));
+    const a = this.accountOf(workspaceId);
+    await this.refuseUnlessLeft(a, workspaceId, await this.get(a, workspaceId));
   }
 
   /**
@@ -176,10 +207,9 @@ export class SpendAdmission {
    * counted as spending since): before refusing on such a reading, read again, so a 402 names the
    * real balance. Refusals with no spending since (a client hammering a spent workspace) cost no read.
    */
-  private async refuseUnlessLeft(workspaceId: string, e: Entry): Promise<Entry> {
-    if (this.left(workspaceId, e) <= 0 && (this.localOf(workspaceId).settles !== e.settlesAtRead || !e.exact))
-      e = await this.load(workspaceId);
-    const left = this.left(workspaceId, e);
+  private async refuseUnlessLeft(a: Account, workspaceId: string, e: Entry): Promise<Entry> {
+    if (this.left(a, e) <= 0 && (a.settles !== e.settlesAtRead || !e.exact)) e = await this.load(a, workspaceId);
+    const left = this.left(a, e);
     if (left <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: left });
     return e;
   }
@@ -190,42 +220,53 @@ export class SpendAdmission {
    * `signal` aborts) for one of them to end.
    */
   async hold(workspaceId: string, estimate: number, signal?: AbortSignal, waitMs = this.holdWaitMs): Promise<Hold> {
-    const l = this.localOf(workspaceId);
-    const deadline = this.now() + waitMs;
-    for (;;) {
-      let e = await this.get(workspaceId);
-      if (this.available(workspaceId, e) < LOW_WATER * estimate) e = await this.load(workspaceId);
-      e = await this.refuseUnlessLeft(workspaceId, e);
-      if (this.available(workspaceId, e) > 0 || l.held <= 0) break;
-      if (signal?.aborted || this.now() >= deadline) {
-        throw new PaymentRequiredError('Insufficient credits: what is left is held by calls still in flight; try again shortly', {
-          balance: this.left(workspaceId, e),
-        });
+    const a = this.accountOf(workspaceId);
+    a.open++; // from here until its record is stored, the account is not forgotten
+    try {
+      const deadline = this.now() + waitMs;
+      for (;;) {
+        let e = await this.get(a, workspaceId);
+        if (this.available(a, e) < LOW_WATER * estimate) e = await this.load(a, workspaceId);
+        e = await this.refuseUnlessLeft(a, workspaceId, e);
+        if (this.available(a, e) > 0 || a.held <= 0) break;
+        if (signal?.aborted || this.now() >= deadline) {
+          throw new PaymentRequiredError('Insufficient credits: what is left is held by calls still in flight; try again shortly', {
+            balance: this.left(a, e),
+          });
+        }
+        await this.holdEnded(a, Math.min(deadline - this.now(), 60_000), signal);
       }
-      await this.holdEnded(l, Math.min(deadline - this.now(), 60_000), signal);
+    } catch (err) {
+      a.open--;
+      throw err;
     }
-    l.held += estimate;
+    a.held += estimate;
     let done = false;
     const end = (cost: number) => {
       if (done) return false;
       done = true;
-      l.held -= estimate;
-      l.committed += cost;
-      l.settles++;
-      for (const wake of l.waiters) wake();
+      a.held -= estimate;
+      a.committed += cost;
+      a.settles++;
+      for (const wake of a.waiters) wake();
       return true;
     };
     return {
-      settle: (cost) => void end(cost),
-      release: () => void end(0),
+      settle: (cost) => {
+        if (end(cost)) a.open--;
+      },
+      release: () => {
+        if (end(0)) a.open--;
+      },
       settleUnstored: (cost) => {
         if (!end(cost)) return () => undefined;
-        l.unstored += cost;
+        a.unstored += cost;
         let stored = false;
         return () => {
           if (stored) return;
           stored = true;
-          l.unstored -= cost;
+          a.unstored -= cost;
+          a.open--;
         };
       },
     };
@@ -245,16 +286,16 @@ export class SpendAdmission {
   }
 
   /** Resolves when a hold of the workspace ends, after `ms`, or when `signal` aborts. */
-  private holdEnded(l: Local, ms: number, signal?: AbortSignal): Promise<void> {
+  private holdEnded(a: Account, ms: number, signal?: AbortSignal): Promise<void> {
     return new Promise((resolve) => {
       const wake = () => {
         clearTimeout(timer);
-        l.waiters.delete(wake);
+        a.waiters.delete(wake);
         signal?.removeEventListener('abort', wake);
         resolve();
       };
       const timer = setTimeout(wake, ms);
-      l.waiters.add(wake);
+      a.waiters.add(wake);
       signal?.addEventListener('abort', wake, { once: true });
     });
   }

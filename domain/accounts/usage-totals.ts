@@ -20,6 +20,7 @@ import type { AnyBulkWriteOperation, Document } from 'mongodb';
 import { bulkWriteInParts, workspaceRange, type Store, type UsageDoc } from '../../infrastructure/store';
 import { fromJsonText, toJsonText } from '../../infrastructure/store/json-text';
 import { fromStoredUsage } from '../../infrastructure/store/usage-form';
+import { RecentlyUsed } from '../../infrastructure/concurrency/recently-used';
 
 export interface UsageTotalDoc extends Document {
   _id: string; // <workspace id>:<writer id>
@@ -97,21 +98,30 @@ export class TotalsWriter {
   /** A new id, unless a retired writer is taken from the pool before the first write. */
   id = `w${Date.now().toString(36)}${randomBytes(6).toString('hex')}`;
   private groups = 0;
-  /** This writer's stored cost per workspace (what its documents hold once settled). */
-  private readonly stored = new Map<string, number>();
   /** Workspaces whose document still names a pending group. */
   private readonly unsettled = new Set<string>();
+  /**
+   * This writer's stored cost per workspace billed lately (what its documents hold once settled).
+   * A settled workspace left unused is forgotten; its document is read by `_id` before it is next
+   * rewritten, as are the documents a writer taken from the pool inherits.
+   */
+  private readonly stored: RecentlyUsed<number>;
   /** A group whose insert failed as a whole: which of its records got in is known only by looking. */
   private unresolved: { group: number; docs: UsageDoc[] } | null = null;
-  /** Taken from the pool: its documents hold what earlier owners stored, read before each is first rewritten. */
-  private inherited = false;
-  /** Workspaces whose document's cost is in `stored` (every one, for a new writer). */
-  private readonly known = new Set<string>();
   private readonly started: Promise<void>;
   private retired = false;
 
-  constructor(private readonly store: Store) {
+  constructor(
+    private readonly store: Store,
+    opts: { idleMs?: number; now?: () => number } = {},
+  ) {
+    this.stored = new RecentlyUsed<number>({ ...opts, canDrop: (_, ws) => !this.unsettled.has(ws) });
     this.started = this.take();
+  }
+
+  /** Workspaces whose stored cost this writer holds in memory. */
+  get size(): number {
+    return this.stored.size;
   }
 
   /**
@@ -126,7 +136,6 @@ export class TotalsWriter {
         if ((await retiredWriters(this.store).deleteOne({ _id: w._id })).deletedCount !== 1) continue;
         this.id = w._id;
         this.groups = w.groups;
-        this.inherited = true;
         return;
       }
     } catch {
@@ -192,19 +201,19 @@ export class TotalsWriter {
     if (this.unsettled.size) await this.write([...this.unsettled], () => null);
   }
 
-  /** An inherited writer's stored cost for the workspaces it has not rewritten yet: one read by `_id` each, once. */
+  /** The stored cost of workspaces not in memory (inherited, forgotten or new): one read by `_id`. */
   private async learn(workspaces: string[]): Promise<void> {
-    if (!this.inherited) return;
-    const unknown = workspaces.filter((ws) => !this.known.has(ws));
+    const unknown = workspaces.filter((ws) => this.stored.peek(ws) === undefined);
     if (!unknown.length) return;
     const docs = await usageTotals(this.store)
       .find({ _id: { $in: unknown.map((ws) => `${ws}:${this.id}`) } }, { projection: { workspace_id: 1, cost: 1 } })
       .toArray();
-    // Retired settled, so each document holds its writer's whole cost (pending groups aside).
-    for (const d of docs) this.stored.set(d.workspace_id, d.cost);
-    for (const ws of unknown) this.known.add(ws);
+    // Settled, so each document holds its writer's whole cost (pending groups aside).
+    const cost = new Map(docs.map((d) => [d.workspace_id, d.cost]));
+    for (const ws of unknown) this.stored.set(ws, cost.get(ws) ?? 0);
   }
 
+  /** Only for workspaces of a group begun (so learned, and unsettled until written again). */
   private add(workspaceId: string, cost: number): void {
     this.stored.set(workspaceId, (this.stored.get(workspaceId) ?? 0) + cost);
   }
@@ -230,7 +239,7 @@ export class TotalsWriter {
     const ops: AnyBulkWriteOperation<UsageTotalDoc>[] = workspaces.map((ws) => ({
       replaceOne: {
         filter: { _id: `${ws}:${this.id}` },
-        replacement: { workspace_id: ws, writer: this.id, cost: this.stored.get(ws) ?? 0, pending: pendingOf(ws), updated_at: now },
+        replacement: { workspace_id: ws, writer: this.id, cost: this.stored.get(ws)!, pending: pendingOf(ws), updated_at: now },
         upsert: true,
       },
     }));

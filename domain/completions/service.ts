@@ -123,7 +123,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
   async function prepare(req: CompletionRequest): Promise<Call> {
     const body = await withPreset(req.body, req.operation, presetLookup(store, req.workspaceId));
     const plan = planInference(upstreams.catalog, body, req.operation);
-    const { settings } = await workspaces.get(req.workspaceId);
+    const settings = await workspaces.settings(req.workspaceId);
     return {
       ...req,
       plan,

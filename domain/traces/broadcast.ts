@@ -8,6 +8,7 @@ import { TraceDestination, type SpanOutcome, type SpanRecord } from '../../infra
 import { guardedLookup } from '../webhooks/address';
 import { listDestinations, type TraceDestinationDoc } from './destinations';
 import { generationSpan, type Generation } from './span';
+import { RecentlyUsed } from '../../infrastructure/concurrency/recently-used';
 
 export type { Generation } from './span';
 
@@ -19,6 +20,9 @@ export interface BroadcastOptions {
   count?: (destination: 'global' | 'workspace', outcome: SpanOutcome, spans: number) => void;
   /** How long a workspace's list of destinations is trusted. */
   cacheMs?: number;
+  /** How long a workspace's destinations are kept unused (tests; see RecentlyUsed). */
+  idleMs?: number;
+  now?: () => number;
 }
 
 /** A workspace destination as the broadcaster sends to it. */
@@ -27,19 +31,20 @@ interface Listed {
   includeContent: boolean;
 }
 
-/** A workspace's destinations as last read, and the read that refreshes them. */
+/** A workspace's destinations as last read, the read that refreshes them, and their exporters. */
 interface Cached {
   at: number;
   reading: Promise<Listed[]>;
   /** The list once read: served while a newer read is on its way, so no span waits for the database then. */
   listed: Listed[] | null;
+  /** Each destination's exporter, by the destination's `_id`, with what it was made for. */
+  sinks: Map<string, { key: string; sink: TraceDestination }>;
 }
 
 export class Broadcaster {
   private readonly global: { sink: TraceDestination; includeContent: boolean } | null;
-  private readonly cache = new Map<string, Cached>();
-  /** Every workspace destination's exporter, by the destination's `_id`, with what it was made for. */
-  private readonly sinks = new Map<string, { key: string; sink: TraceDestination }>();
+  /** Workspaces sending spans lately; one left unused is forgotten, its exporters closed (their spans sent). */
+  private readonly cache: RecentlyUsed<Cached>;
   private readonly cacheMs: number;
 
   constructor(
@@ -47,10 +52,16 @@ export class Broadcaster {
     private readonly o: BroadcastOptions,
   ) {
     this.cacheMs = o.cacheMs ?? 5_000;
+    this.cache = new RecentlyUsed<Cached>({ idleMs: o.idleMs, now: o.now, onDrop: (c) => void closeAll(c.sinks) });
     this.global = o.global && {
       sink: new TraceDestination({ url: o.global.url, headers: o.global.headers, count: (outcome, n) => o.count?.('global', outcome, n) }),
       includeContent: o.global.includeContent,
     };
+  }
+
+  /** Workspaces whose destinations this process holds. */
+  get size(): number {
+    return this.cache.size;
   }
 
   /** Queues the generation's span for every destination; returns at once. */
@@ -75,33 +86,38 @@ export class Broadcaster {
 
   /** The workspace's destinations, read again in the background once the cache period has passed. */
   private destinationsOf(workspaceId: string): Cached {
-    const c = this.cache.get(workspaceId);
-    if (c && Date.now() - c.at < this.cacheMs) return c;
-    const next: Cached = {
-      at: Date.now(),
-      listed: c?.listed ?? null,
-      reading: listDestinations(this.store, workspaceId).then((docs) => this.sinksOf(workspaceId, docs)),
-    };
-    next.reading.then(
-      (listed) => (next.listed = listed),
-      () => this.cache.delete(workspaceId),
+    const now = this.o.now ?? Date.now;
+    let c = this.cache.get(workspaceId);
+    if (c && now() - c.at < this.cacheMs) return c;
+    if (!c) this.cache.set(workspaceId, (c = { at: 0, reading: Promise.resolve([]), listed: null, sinks: new Map() }));
+    const cached = c;
+    // Only the latest read of a workspace still kept may touch its exporters: an earlier one
+    // answering late holds an older list, and a forgotten workspace's exporters are closed.
+    const current = () => cached.reading === reading && this.cache.peek(workspaceId) === cached;
+    const reading: Promise<Listed[]> = listDestinations(this.store, workspaceId).then((docs) =>
+      current() ? this.sinksOf(cached.sinks, docs) : (cached.listed ?? []),
     );
-    this.cache.set(workspaceId, next);
-    return next;
+    cached.at = now();
+    cached.reading = reading;
+    reading.then(
+      (listed) => current() && (cached.listed = listed),
+      () => current() && (cached.at = 0), // read again by the next span
+    );
+    return cached;
   }
 
   /** One exporter per destination, made anew when its endpoint or headers change; a removed one's is closed. */
-  private sinksOf(workspaceId: string, docs: TraceDestinationDoc[]): Listed[] {
+  private sinksOf(sinks: Cached['sinks'], docs: TraceDestinationDoc[]): Listed[] {
     const ids = new Set(docs.map((d) => d._id));
-    for (const [id, known] of this.sinks) {
-      if (id.startsWith(`${workspaceId}:`) && !ids.has(id)) {
+    for (const [id, known] of sinks) {
+      if (!ids.has(id)) {
         void known.sink.close();
-        this.sinks.delete(id);
+        sinks.delete(id);
       }
     }
     return docs.map((d) => {
       const key = JSON.stringify([d.endpoint, d.headers]);
-      let known = this.sinks.get(d._id);
+      let known = sinks.get(d._id);
       if (known?.key !== key) {
         void known?.sink.close();
         const sink = new TraceDestination({
@@ -111,7 +127,7 @@ export class Broadcaster {
           count: (outcome, n) => this.o.count?.('workspace', outcome, n),
         });
         known = { key, sink };
-        this.sinks.set(d._id, known);
+        sinks.set(d._id, known);
       }
       return { sink: known.sink, includeContent: d.include_content };
     });
@@ -119,10 +135,18 @@ export class Broadcaster {
 
   /** Sends what is queued (tests, shutdown). */
   async flush(): Promise<void> {
-    await Promise.all([this.global?.sink.flush(), ...[...this.sinks.values()].map((s) => s.sink.flush())]);
+    await Promise.all([this.global?.sink.flush(), ...[...this.workspaceSinks()].map((s) => s.flush())]);
   }
 
   async close(): Promise<void> {
-    await Promise.all([this.global?.sink.close(), ...[...this.sinks.values()].map((s) => s.sink.close())]);
+    await Promise.all([this.global?.sink.close(), ...[...this.workspaceSinks()].map((s) => s.close())]);
   }
+
+  private *workspaceSinks(): IterableIterator<TraceDestination> {
+    for (const c of this.cache.values()) for (const { sink } of c.sinks.values()) yield sink;
+  }
+}
+
+function closeAll(sinks: Cached['sinks']): Promise<unknown> {
+  return Promise.all([...sinks.values()].map(({ sink }) => sink.close()));
 }
