@@ -1,16 +1,22 @@
 import { expect } from 'chai';
 import { RecentlyUsed } from '../../infrastructure/concurrency/recently-used';
 
+/** A map on a clock the test moves (`at`), with the keys it dropped. */
+function watched(idleMs: number) {
+  const clock = { now: 0 };
+  const dropped: string[] = [];
+  const m = new RecentlyUsed<number>({ idleMs, now: () => clock.now, onDrop: (_, k) => dropped.push(k) });
+  return { m, dropped, at: (ms: number) => (clock.now = ms) };
+}
+
 describe('RecentlyUsed: per-key state kept while used', () => {
   it('drops entries unused for idleMs as new keys come, and keeps those used since', () => {
-    let now = 0;
-    const dropped: string[] = [];
-    const m = new RecentlyUsed<number>({ idleMs: 100, now: () => now, onDrop: (_, k) => dropped.push(k) });
+    const { m, dropped, at } = watched(100);
     m.set('a', 1);
     m.set('b', 2);
-    now = 50;
+    at(50);
     expect(m.get('a')).to.equal(1); // a used at 50, b last at 0
-    now = 120;
+    at(120);
     m.set('c', 3);
     expect(dropped).to.deep.equal(['b']);
     expect(m.peek('a')).to.equal(1);
@@ -52,12 +58,10 @@ describe('RecentlyUsed: per-key state kept while used', () => {
   });
 
   it('set on a kept key replaces its value without dropping anything; delete is not a drop', () => {
-    let now = 0;
-    const dropped: string[] = [];
-    const m = new RecentlyUsed<number>({ idleMs: 10, now: () => now, onDrop: (_, k) => dropped.push(k) });
+    const { m, dropped, at } = watched(10);
     m.set('a', 1);
     m.set('b', 1);
-    now = 100;
+    at(100);
     m.set('a', 2);
     expect(dropped).to.deep.equal([]);
     expect([...m.values()]).to.deep.equal([2, 1]);
