@@ -25,6 +25,8 @@ import { insertManyEach, type RateTicketDoc, type Store } from '../../infrastruc
 const CLAIM_PATIENCE_MS = 1_000;
 /** A key that needs another claim this soon after its last is busy: its claims grow (up to the cap). */
 const QUICK_CLAIM_MS = 1_000;
+/** Keys held before those of past windows are first dropped. */
+const MIN_DROP_AT = 10_000;
 
 export interface RateDecision {
   allowed: boolean;
@@ -67,6 +69,8 @@ export class RateLimiter {
   private readonly keys = new Map<string, KeyWindow>();
   /** Writes made to claim blocks, for tests and the benchmark. */
   claimWrites = 0;
+  /** The map's size at which keys of past windows are next dropped. */
+  private dropAt = MIN_DROP_AT;
 
   constructor(
     private readonly store: Store,
@@ -135,12 +139,7 @@ export class RateLimiter {
     const s = this.keys.get(keyId);
     if (s && s.window >= window) return s;
     if (s) this.retire([s]);
-    // Keys that stopped sending keep their old window's entry until seen again; bound the map.
-    if (this.keys.size >= 10_000) {
-      const stale = [...this.keys].filter(([, k]) => k.window < window);
-      for (const [k] of stale) this.keys.delete(k);
-      this.retire(stale.map(([, k]) => k));
-    }
+    if (this.keys.size >= this.dropAt) this.dropStale(window);
     const fresh: KeyWindow = {
       window,
       ranges: [],
@@ -202,6 +201,19 @@ export class RateLimiter {
     s.exhausted = true;
   }
   /** Deletes finished windows' blocks by `_id` (no scan), in the background: they only take space. */
+  /**
+   * Keys that stopped sending keep their old window's entry until seen again: drop those of past
+   * windows. The next drop waits until the map has doubled, so its cost is spread over as many new
+   * entries as it walked (a drop at every new key past 10,000, when all were current, cost each
+   * key's first request of a window a walk of the whole map).
+   */
+  private dropStale(window: number): void {
+    const stale = [...this.keys].filter(([, k]) => k.window < window);
+    for (const [k] of stale) this.keys.delete(k);
+    this.retire(stale.map(([, k]) => k));
+    this.dropAt = Math.max(MIN_DROP_AT, 2 * this.keys.size);
+  }
+
   private retire(windows: KeyWindow[]): void {
     const ops: AnyBulkWriteOperation<RateTicketDoc>[] = windows.flatMap((w) =>
       w.claimed.map((_id) => ({ deleteOne: { filter: { _id } } })),
