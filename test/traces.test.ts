@@ -228,7 +228,7 @@ describe('trace broadcast over OTLP/HTTP', function () {
     }
   });
 
-  it('a workspace that sent no span lately is forgotten, its exporter closed with its spans sent; its next span reads its destinations again', async () => {
+  it('a workspace that sent no span lately is forgotten and its exporter closed; its next span reads its destinations again', async () => {
     let now = Date.now();
     const bc = new Broadcaster(gw.store, { global: null, allowPrivate: true, idleMs: 60_000, now: () => now });
     const generation = (workspaceId: string, id: string): Generation => ({
@@ -258,7 +258,7 @@ describe('trace broadcast over OTLP/HTTP', function () {
     for (let i = 0; i < 60; i++) {
       now += 61_000;
       bc.generation(generation(uniqueName('ws'), `gen-other-${i}`));
-      most = Math.max(most, bc.size);
+      most = Math.max(most, bc['cache'].size);
     }
     expect(most, 'workspaces held').to.be.at.most(3);
     expect(held(), 'forgotten').to.equal(undefined);

@@ -5,7 +5,7 @@ import { createKey, keyOfWorkspace, keysPage, publicKey, revokeKey } from '../..
 import { NotFoundError } from '../../infrastructure/errors';
 import { authOf } from '../auth';
 import { defineRoute, type AnyRoute } from '../route';
-import { CursorPage } from '../../infrastructure/validation/types';
+import { CursorPage, cursorPage } from '../../infrastructure/validation/types';
 import {
   CreateKeyBody,
   Credits,
@@ -74,7 +74,7 @@ export function accountRoutes({ store, rateLimiter, keys, workspaces, usage }: A
       },
       handler: async (ctx, { query }) => {
         const page = await keysPage(store, authOf(ctx).workspaceId, { after: query.after, limit: query.limit });
-        ctx.body = { object: 'list', data: page.keys, first_id: page.keys[0]?.id ?? null, last_id: page.last, has_more: page.hasMore };
+        ctx.body = cursorPage(page.keys, page.hasMore, page.last);
       },
     }),
     defineRoute({

@@ -21,7 +21,7 @@ import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
 import { mostBodyBytes } from '../body';
 import { defineRoute, type AnyRoute } from '../route';
-import { CursorPage } from '../../infrastructure/validation/types';
+import { CursorPage, cursorPage } from '../../infrastructure/validation/types';
 import {
   BatchIdParams,
   BatchObject,
@@ -190,13 +190,7 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics, batch
         });
         const items = page.slice(0, query.limit);
         const data = await Promise.all(items.map(async (b) => batchView(b, await live.of(b))));
-        ctx.body = {
-          object: 'list',
-          data,
-          first_id: data[0]?.id ?? null,
-          last_id: data[data.length - 1]?.id ?? null,
-          has_more: page.length > query.limit,
-        };
+        ctx.body = cursorPage(data, page.length > query.limit);
       },
     }),
     defineRoute({

@@ -100,11 +100,6 @@ export class SpendAdmission {
     });
   }
 
-  /** Workspaces this process keeps an account of. */
-  get size(): number {
-    return this.accounts.size;
-  }
-
   /**
    * The workspace's reading. A fresh one is returned as is; an expired one is returned too while a
    * single background read (started soon, see soon.ts) replaces it, so requests never queue behind

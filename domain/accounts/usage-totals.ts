@@ -119,11 +119,6 @@ export class TotalsWriter {
     this.started = this.take();
   }
 
-  /** Workspaces whose stored cost this writer holds in memory. */
-  get size(): number {
-    return this.stored.size;
-  }
-
   /**
    * Takes a retired writer from the pool. Deleting its pool document is the claim: of concurrent
    * deletes of one document exactly one deletes it (on FerretDB as on MongoDB), so no two ledgers

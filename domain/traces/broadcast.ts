@@ -59,11 +59,6 @@ export class Broadcaster {
     };
   }
 
-  /** Workspaces whose destinations this process holds. */
-  get size(): number {
-    return this.cache.size;
-  }
-
   /** Queues the generation's span for every destination; returns at once. */
   generation(g: Generation): void {
     if (this.global?.sink.accepts()) this.global.sink.emit(generationSpan(g, this.global.includeContent));

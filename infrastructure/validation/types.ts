@@ -29,6 +29,11 @@ export const CursorPage = <T extends TSchema>(item: T) =>
     has_more: Type.Boolean(),
   });
 
+/** A CursorPage's body; `last` is the cursor for the next page, the last item's id unless told. */
+export function cursorPage<T extends { id: string }>(data: T[], hasMore: boolean, last: string | null = data[data.length - 1]?.id ?? null) {
+  return { object: 'list' as const, data, first_id: data[0]?.id ?? null, last_id: last, has_more: hasMore };
+}
+
 export const ErrorEnvelope = Type.Object(
   {
     error: Type.Object({
