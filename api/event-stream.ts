@@ -1,7 +1,9 @@
 // A server-sent-events answer written straight to the socket: headers are sent when the first
 // event is (or when a keep-alive comment has to be), each write waits while the client's buffer
 // is full (so a slow reader slows the provider, not the gateway's memory), and a provider that is
-// silent for a while gets `: keep-alive` comments sent in its place.
+// silent for a while gets `: keep-alive` comments sent in its place. A client that reads nothing for
+// `stallMs` is cut off, as nginx's send_timeout does: else a stream it stopped reading would hold its
+// provider slot and both sockets for as long as it kept the connection open.
 import type Koa from 'koa';
 
 export class EventStream {
@@ -13,6 +15,7 @@ export class EventStream {
     private readonly ctx: Koa.ParameterizedContext,
     private readonly headers: Record<string, string>,
     keepAliveMs: number,
+    private readonly stallMs: number,
   ) {
     // Ticks at half the interval, so a silence never runs much past `keepAliveMs`.
     this.timer = setInterval(() => {
@@ -64,10 +67,17 @@ export class EventStream {
     const res = this.ctx.res;
     await new Promise<void>((resolve) => {
       const done = () => {
+        clearTimeout(timer);
         res.off('drain', done);
         res.off('close', done);
         resolve();
       };
+      // Closing the connection is what tells the provider call, through the request's signal.
+      const timer = setTimeout(() => {
+        this.ctx.state.log?.info({ stalled_ms: this.stallMs }, 'client read nothing of its stream for too long: connection closed');
+        res.destroy();
+        done();
+      }, this.stallMs);
       res.on('drain', done);
       res.on('close', done);
     });

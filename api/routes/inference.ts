@@ -23,7 +23,7 @@ import type { AppDeps } from '../deps';
 
 export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
   const completions = completionService(deps);
-  const keepAliveMs = deps.config.inference.keepAliveMs;
+  const { keepAliveMs, stallMs } = deps.config.inference;
 
   async function handle(ctx: Koa.ParameterizedContext, operation: InferenceOperation, body: Record<string, unknown>): Promise<void> {
     const { workspaceId, keyId } = authOf(ctx);
@@ -40,7 +40,7 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
         log: ctx.state.log,
       });
       if (call.plan.stream) {
-        await completions.stream(call, () => new EventStream(ctx, { 'x-generation-id': call.generationId }, keepAliveMs));
+        await completions.stream(call, () => new EventStream(ctx, { 'x-generation-id': call.generationId }, keepAliveMs, stallMs));
       } else {
         const { body: answer, dropped } = await completions.answer(call);
         ctx.body = answer;

@@ -305,7 +305,9 @@ async function stream(
 ): Promise<void> {
   res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
   let content = 0;
-  for (const [i, e] of events.entries()) {
+  let i = -1;
+  for (const e of events) {
+    i++;
     if (res.destroyed) return;
     if (faults.chunkDelayMs > 0 && i > 0) await new Promise((r) => setTimeout(r, faults.chunkDelayMs));
     const dying = e.content && faults.failAfter !== null && ++content >= faults.failAfter;

@@ -154,6 +154,7 @@ export class LineRunner {
     for (let attempt = 1; ; attempt++) {
       try {
         const r = await invoke(this.o.upstreams, {
+          workspaceId: batch.workspace_id,
           models: [this.target.model],
           variant: this.target.variant,
           operation: this.operation,

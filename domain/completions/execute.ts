@@ -15,6 +15,7 @@ import type { InferencePlan } from './request';
 import { sseEvents } from './sse';
 
 export interface CallContext {
+  workspaceId: string;
   workspace: { only?: string[]; ignore?: string[] } | undefined;
   signal: AbortSignal;
   /** The sticky-routing key, when the call names a session. */
@@ -23,6 +24,7 @@ export interface CallContext {
 
 function requestOf(operation: InferenceOperation, plan: InferencePlan, ctx: CallContext): InvokeRequest {
   return {
+    workspaceId: ctx.workspaceId,
     models: plan.models,
     variant: plan.variant,
     operation,
@@ -96,7 +98,15 @@ export async function openStream(
         throw up.http.classify(err, e.provider.slug, e.provider.timeout_ms);
       }
     },
-    { limiter: up.limiter, stats: up.stats, observer: up.observer, signal: ctx.signal, holdSlot: true, measure: () => null },
+    {
+      limiter: up.limiter,
+      stats: up.stats,
+      observer: up.observer,
+      signal: ctx.signal,
+      holdSlot: true,
+      measure: () => null,
+      workspaceId: ctx.workspaceId,
+    },
   );
   return { endpoint: opened.endpoint, attempts: opened.attempts, release: opened.release, ...opened.response };
 }

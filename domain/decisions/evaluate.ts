@@ -25,10 +25,11 @@ export interface Evaluation {
 export async function evaluate(
   up: Upstreams,
   request: DecisionsRequest,
-  opts: { workspace?: { only?: string[]; ignore?: string[] }; signal?: AbortSignal; session?: string } = {},
+  opts: { workspaceId?: string; workspace?: { only?: string[]; ignore?: string[] }; signal?: AbortSignal; session?: string } = {},
 ): Promise<Evaluation> {
   const { model, variant } = up.catalog.resolve(request.model);
   const common = {
+    workspaceId: opts.workspaceId,
     models: [model],
     variant,
     preferences: request.provider ?? undefined,

@@ -46,7 +46,7 @@ export function decisionService({
   return async (job, signal) => {
     const startedAt = Date.now();
     const session = sessionKey(job.workspaceId, job.meta.session_id);
-    const e = await evaluate(upstreams, job.request, { workspace: job.workspace, signal, session });
+    const e = await evaluate(upstreams, job.request, { workspaceId: job.workspaceId, workspace: job.workspace, signal, session });
     const details = {
       ...(e.labelMass && { label_mass: e.labelMass, prompt_format: PROMPT_FORMAT }),
       ...(e.providers && { providers: e.providers }),

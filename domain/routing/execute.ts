@@ -48,6 +48,8 @@ export interface ExecuteOptions<T = ProviderResponse> {
   holdSlot?: boolean;
   /** Told of every attempt and fallback (metrics). */
   observer?: UpstreamObserver;
+  /** Whose call it is: a workspace holds at most its share of a provider's slots (see the limiter). */
+  workspaceId?: string;
 }
 
 const measureResponse = (r: unknown): Sample => {
@@ -95,7 +97,7 @@ export async function executePlan<T = ProviderResponse>(
       let release: (() => void) | null = null;
       let startedAt = 0;
       try {
-        release = await opts.limiter.acquire(e.provider, opts.queueWaitMs ?? e.provider.timeout_ms, opts.signal);
+        release = await opts.limiter.acquire(e.provider, opts.queueWaitMs ?? e.provider.timeout_ms, opts.signal, opts.workspaceId);
         startedAt = performance.now();
         const response = await call(e, opts.signal);
         opts.observer?.call(e.provider.slug, e.model.canonicalId, 'ok', (performance.now() - startedAt) / 1000);

@@ -48,6 +48,8 @@ export function createUpstreams(
 }
 
 export interface InvokeRequest {
+  /** Whose call it is (the provider limiter's share is per workspace). */
+  workspaceId?: string;
   models: CatalogModel[];
   variant?: ModelVariant;
   operation: Operation;
@@ -105,7 +107,14 @@ export async function invoke(up: Upstreams, req: InvokeRequest): Promise<Invocat
         { signal, env: up.env, requireParameters },
       );
     },
-    { limiter: up.limiter, stats: up.stats, observer: up.observer, signal: req.signal, queueWaitMs: req.queueWaitMs },
+    {
+      limiter: up.limiter,
+      stats: up.stats,
+      observer: up.observer,
+      signal: req.signal,
+      queueWaitMs: req.queueWaitMs,
+      workspaceId: req.workspaceId,
+    },
   );
   return {
     endpoint,

@@ -195,6 +195,8 @@ export function loadConfig(env: Env = process.env) {
     inference: {
       /** A stream whose provider has been silent this long gets an SSE comment, so proxies keep it open. */
       keepAliveMs: 10_000,
+      /** A client that reads nothing of its stream this long is cut off (its provider slot freed, the output so far billed). */
+      stallMs: 60_000,
     },
     batches: {
       maxRequests: positiveInt(env, 'BATCH_MAX_REQUESTS', 50_000),

@@ -1,22 +1,36 @@
 // Per-provider concurrency limits (the catalog's max_concurrency), shared by every request and
 // batch line in this process. A call that cannot get a slot within its wait is a capacity failure.
+// One workspace holds at most three quarters of a provider's slots: a client that opens streams and
+// stops reading them, or one large batch, leaves the other workspaces a quarter to call it with.
 import { Semaphore } from '../concurrency/semaphore';
 import { UpstreamFailure } from './failure';
+
+/** The most slots of a provider's `max` one workspace may hold at once. */
+export const workspaceShare = (max: number): number => max - Math.floor(max / 4);
 
 export class ProviderLimiter {
   private readonly semaphores = new Map<string, Semaphore>();
 
-  acquire(provider: { slug: string; max_concurrency: number }, waitMs: number, signal?: AbortSignal): Promise<() => void> {
+  acquire(
+    provider: { slug: string; max_concurrency: number },
+    waitMs: number,
+    signal?: AbortSignal,
+    workspaceId?: string,
+  ): Promise<() => void> {
     let s = this.semaphores.get(provider.slug);
-    if (!s) this.semaphores.set(provider.slug, (s = new Semaphore(provider.max_concurrency)));
+    if (!s) this.semaphores.set(provider.slug, (s = new Semaphore(provider.max_concurrency, workspaceShare(provider.max_concurrency))));
+    const share = s.maxPerOwner;
     return s.acquire({
+      owner: workspaceId,
       waitMs,
       signal,
-      onTimeout: () =>
+      onTimeout: (capped) =>
         new UpstreamFailure(
           'capacity',
           provider.slug,
-          `Provider ${provider.slug} is at its concurrency limit (${provider.max_concurrency})`,
+          capped
+            ? `This workspace holds its share of provider ${provider.slug}'s concurrency limit (${share} of ${provider.max_concurrency} per process)`
+            : `Provider ${provider.slug} is at its concurrency limit (${provider.max_concurrency})`,
         ),
       onAbort: () => new UpstreamFailure('aborted', provider.slug, 'Request was cancelled'),
     });

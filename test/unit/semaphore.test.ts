@@ -1,0 +1,67 @@
+// The provider limiter's semaphore: slots pass to the longest waiter that may take one, and no owner
+// (workspace) holds more than its share, so what one owner leaves stays the others' to take.
+import { expect } from 'chai';
+import { Semaphore } from '../../infrastructure/concurrency/semaphore';
+import { workspaceShare } from '../../infrastructure/providers/limiter';
+
+/** A pending acquire whose outcome can be looked at without awaiting it. */
+function pending(p: Promise<() => void>) {
+  const state: { release: (() => void) | null; error: Error | null } = { release: null, error: null };
+  p.then(
+    (r) => (state.release = r),
+    (e: Error) => (state.error = e),
+  );
+  return state;
+}
+const turn = () => new Promise((r) => setImmediate(r));
+
+describe('semaphore shares', () => {
+  it('leaves a quarter of a provider’s slots to other workspaces (none for a limit below 4)', () => {
+    expect([1, 3, 4, 8, 100].map(workspaceShare)).to.deep.equal([1, 3, 3, 6, 75]);
+  });
+
+  it('an owner at its share waits while another takes the slot left; a freed slot skips the capped owner’s waiter', async () => {
+    const s = new Semaphore(4, 3);
+    const a = await Promise.all([s.acquire({ owner: 'a' }), s.acquire({ owner: 'a' }), s.acquire({ owner: 'a' })]);
+    const aFourth = pending(s.acquire({ owner: 'a' }));
+    await turn();
+    expect(aFourth.release, 'a holds its share of 3').to.equal(null);
+    const b = await s.acquire({ owner: 'b' }); // the slot a may not take
+    const c = pending(s.acquire({ owner: 'c' })); // all 4 held: c waits behind a's waiter
+    await turn();
+    expect(c.release).to.equal(null);
+    b();
+    await turn();
+    expect(c.release, "b's slot goes to c, the first waiter that may take it").to.be.a('function');
+    expect(aFourth.release).to.equal(null);
+    a[0]();
+    await turn();
+    expect(aFourth.release, "a's own freed slot goes to a's waiter").to.be.a('function');
+    // Everything given back: all four slots are free again, for anyone.
+    for (const r of [a[1], a[2], aFourth.release!, c.release!]) r();
+    const all = await Promise.all(['x', 'x', 'x', 'y'].map((owner) => s.acquire({ owner })));
+    expect(all).to.have.length(4);
+  });
+
+  it('says whether a wait ran out on the owner’s share or on the whole limit', async () => {
+    const s = new Semaphore(4, 3);
+    await Promise.all([1, 2, 3].map(() => s.acquire({ owner: 'a' })));
+    const capped = s.acquire({ owner: 'a', waitMs: 10, onTimeout: (c) => new Error(c ? 'share' : 'limit') });
+    await s.acquire({ owner: 'b' });
+    const full = s.acquire({ owner: 'b', waitMs: 10, onTimeout: (c) => new Error(c ? 'share' : 'limit') });
+    expect(await capped.catch((e: Error) => e.message)).to.equal('share');
+    expect(await full.catch((e: Error) => e.message)).to.equal('limit');
+  });
+
+  it('counts unowned slots only against the limit', async () => {
+    const s = new Semaphore(4, 1);
+    const held = await Promise.all([1, 2, 3, 4].map(() => s.acquire()));
+    expect(held).to.have.length(4);
+    const fifth = pending(s.acquire());
+    await turn();
+    expect(fifth.release).to.equal(null);
+    held[0]();
+    await turn();
+    expect(fifth.release).to.be.a('function');
+  });
+});
