@@ -6,7 +6,7 @@ import { metricsExposure, type Addresses, type Config } from '../infrastructure/
 import type { Logger } from '../infrastructure/log';
 import { Store, type UsageDoc } from '../infrastructure/store';
 import { connectTemporal, pingTemporal } from '../infrastructure/temporal/client';
-import { createWorker } from '../worker';
+import { createWebhookWorker, createWorker } from '../worker';
 import { startApiServer } from '../api/server';
 import type { AppDeps } from '../api/deps';
 import { RateLimiter } from '../domain/accounts/rate-limit';
@@ -106,17 +106,18 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
   }
   let stopWorker: Stop = async () => undefined;
   if (withWorker) {
-    const worker = await startupStep(
+    const where = { connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, activities };
+    const workers = await startupStep(
       logger,
-      `creating the worker of namespace ${config.temporal.namespace}`,
-      createWorker({ connection, namespace: config.temporal.namespace, taskQueue: config.temporal.taskQueue, activities, handoff }),
+      `creating the workers of namespace ${config.temporal.namespace}`,
+      Promise.all([createWorker({ ...where, handoff }), createWebhookWorker(where)]),
     );
-    const running = worker.run();
-    running.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
-    logger.info({ task_queue: config.temporal.taskQueue }, 'worker polling');
+    const running = workers.map((w) => w.run());
+    for (const r of running) r.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
+    logger.info({ task_queues: workers.map((w) => w.options.taskQueue) }, 'workers polling');
     stopWorker = async () => {
-      worker.shutdown();
-      await running.catch(() => undefined);
+      for (const w of workers) w.shutdown();
+      await Promise.all(running.map((r) => r.catch(() => undefined)));
     };
   }
   // Deleted batches' lines are removed in the background; this finishes deletions a process stopped in the middle of.

