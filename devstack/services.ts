@@ -23,6 +23,18 @@ export interface TemporalServerOptions {
   namespace: string;
 }
 
+/**
+ * The Temporal server settings the gateway relies on (docker-compose's server reads the same, from
+ * deploy/temporal-dynamic-config.yaml). Fairness: batch workflows carry their workspace as fairness
+ * key, and a backlog is dispatched a workspace at a time, in turn, not first come, first served. One
+ * partition per task queue, since fairness is kept within each partition.
+ */
+export const TEMPORAL_DYNAMIC_CONFIG = {
+  'matching.enableFairness': true,
+  'matching.numTaskqueueReadPartitions': 1,
+  'matching.numTaskqueueWritePartitions': 1,
+} as const;
+
 export async function startTemporalServer(opts: TemporalServerOptions): Promise<RunningService> {
   const args = [
     'server',
@@ -47,6 +59,7 @@ export async function startTemporalServer(opts: TemporalServerOptions): Promise<
     // (a power loss may drop the last moments, acceptable for the embedded dev stack).
     args.push('--db-filename', opts.dbFile, '--sqlite-pragma', 'journal_mode=wal', '--sqlite-pragma', 'synchronous=normal');
   }
+  for (const [key, value] of Object.entries(TEMPORAL_DYNAMIC_CONFIG)) args.push('--dynamic-config-value', `${key}=${value}`);
   for (const key of Object.values(searchAttributes)) {
     args.push('--search-attribute', `${key.name}=${key.type === 'KEYWORD' ? 'Keyword' : key.type}`);
   }

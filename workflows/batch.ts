@@ -83,6 +83,8 @@ export function batchWorkflowStart(
     workflowId: b._id,
     taskQueue: opts.taskQueue,
     workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
+    // Tasks of its activities inherit it: a server with fairness on dispatches each workspace's backlog in turn.
+    priority: { fairnessKey: b.workspace_id },
     args: [input] as [BatchWorkflowInput],
     staticSummary: `batch · ${b.total} lines · ${b.endpoint} · ${b.canonical_model} · workspace ${b.workspace_id} · key ${b.key_id}`,
     staticDetails: [

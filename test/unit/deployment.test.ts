@@ -7,6 +7,7 @@ import Ajv2019 from 'ajv/dist/2019';
 import { parse } from 'yaml';
 import { loadConfig, metricsExposure } from '../../infrastructure/config';
 import { Metrics } from '../../infrastructure/metrics';
+import { TEMPORAL_DYNAMIC_CONFIG } from '../../devstack/services';
 
 const root = path.resolve(__dirname, '..', '..', '..');
 const compose = parse(fs.readFileSync(path.join(root, 'docker-compose.yml'), 'utf8'), { merge: true });
@@ -133,5 +134,16 @@ describe('docker-compose.yml', () => {
         for (const n of names) expect(exported.has(n), `${panel.title}: ${n}`).to.equal(true);
       }
     }
+  });
+
+  it("runs Temporal with the embedded server's settings: fairness between workspaces' batches", () => {
+    const mount = (services.temporal.volumes as string[]).find((v) =>
+      v.endsWith(`:${services.temporal.environment.DYNAMIC_CONFIG_FILE_PATH}:ro`),
+    );
+    expect(mount, 'the dynamic config file mounted where DYNAMIC_CONFIG_FILE_PATH points').to.be.a('string');
+    const file = parse(fs.readFileSync(path.join(root, mount!.split(':')[0]), 'utf8')) as Record<string, { value: unknown }[]>;
+    const settings = Object.fromEntries(Object.entries(file).map(([key, [{ value }]]) => [key, value]));
+    expect(settings).to.deep.equal(TEMPORAL_DYNAMIC_CONFIG);
+    expect(settings['matching.enableFairness']).to.equal(true);
   });
 });
