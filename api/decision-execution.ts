@@ -9,7 +9,7 @@
 import type { Client } from '@temporalio/client';
 import type { Decide, DecisionJob, DecisionResult } from '../domain/decisions/service';
 import type { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
-import { Semaphore } from '../infrastructure/concurrency/semaphore';
+import { ownerShare, Semaphore } from '../infrastructure/concurrency/semaphore';
 import { ServiceUnavailableError } from '../infrastructure/errors';
 import { fromWorkflowFailure } from '../infrastructure/temporal/failures';
 import { decisionWorkflow } from '../workflows/decision';
@@ -32,13 +32,16 @@ export function inlineExecution(decide: Decide): DecisionExecution {
  *   start eager and the throughput at its peak instead of collapsing under concurrency.
  */
 export function workflowExecution(temporal: Client, handoff: DecisionHandoff, taskQueue: string, maxInFlight: number): DecisionExecution {
-  const slots = new Semaphore(maxInFlight);
+  // One workspace runs at most three quarters of them: a flood of one workspace's decisions leaves
+  // the others a quarter to start theirs at once, instead of waiting behind the whole flood.
+  const slots = new Semaphore(maxInFlight, ownerShare(maxInFlight));
   return {
     mode: 'workflow',
     run: async (job, signal) => {
       // Leaving the line is the client's to do; once started, the workflow's own timeout bounds it
       // and a client that goes away does not cancel a run that is being recorded.
       const release = await slots.acquire({
+        owner: job.workspaceId,
         signal,
         onAbort: () => new ServiceUnavailableError('Decision was cancelled before it started'),
       });

@@ -633,3 +633,43 @@ describe('decision models in the default catalog', () => {
     }
   });
 });
+
+describe('decisions as workflows under one workspace’s flood', function () {
+  this.timeout(60_000);
+  it('leave another workspace a quarter of the slots: its decision starts at once, not behind the flood', async () => {
+    const catalogPath = writeTestCatalog('decision-flood', (base) => {
+      const native = base.providers.find((p) => p.slug === 'sandbox-systemone');
+      base.providers.push({ ...native, slug: 'flood-systemone', base_url: '${SANDBOX_URL}/~decflood=1,latency=500/systemone' });
+      const jev = base.models.find((m) => m.id === 'typesafe/jev-1.13');
+      base.models.push({
+        ...jev,
+        id: 'test/dec-flood',
+        family: 'test/dec-flood',
+        endpoints: [{ ...jev.endpoints[0], provider: 'flood-systemone' }],
+      });
+    });
+    // 4 decisions at once per process: one workspace may run 3.
+    const gw = await startTestGateway({
+      env: { CATALOG_PATH: catalogPath, DECISIONS_EXECUTION: 'workflow', DECISION_WORKFLOW_CONCURRENCY: '4' },
+    });
+    try {
+      const hog = await createTenant(gw.store, 5);
+      const other = await createTenant(gw.store, 5);
+      const decide = (key: string, i: number) =>
+        call(`${gw.url}/api/v1/systemone`, {
+          key,
+          body: { model: 'test/dec-flood', state: `flood ${i}`, questions: { q: { type: 'noul', instructions: 'ok?' } } },
+        });
+      let hogDone = 0;
+      const flood = Array.from({ length: 12 }, (_, i) => decide(hog.inferenceKey, i).then((r) => (hogDone++, r)));
+      await new Promise((r) => setTimeout(r, 100));
+      const answered = await decide(other.inferenceKey, 0);
+      expect(answered.status, JSON.stringify(answered.body)).to.equal(200);
+      // Its decision ran beside the flood's first three: first come, first served, it waited for 8.
+      expect(hogDone, 'decisions of the flood answered before it').to.be.at.most(4);
+      for (const r of await Promise.all(flood)) expect(r.status).to.equal(200);
+    } finally {
+      await gw.stop();
+    }
+  });
+});

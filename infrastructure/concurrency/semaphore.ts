@@ -3,6 +3,9 @@
 // Slots may be held on behalf of owners (workspaces), none of which may hold more than
 // `maxPerOwner` at once: what one owner leaves is the others' to take, however long it holds its own.
 
+/** An owner's share of `max` slots: all but a quarter (rounded down), so the other owners always keep that quarter. */
+export const ownerShare = (max: number): number => max - Math.floor(max / 4);
+
 interface Waiter {
   owner: string | null;
   wake: () => void;

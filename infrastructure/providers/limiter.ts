@@ -2,11 +2,8 @@
 // batch line in this process. A call that cannot get a slot within its wait is a capacity failure.
 // One workspace holds at most three quarters of a provider's slots: a client that opens streams and
 // stops reading them, or one large batch, leaves the other workspaces a quarter to call it with.
-import { Semaphore } from '../concurrency/semaphore';
+import { ownerShare, Semaphore } from '../concurrency/semaphore';
 import { UpstreamFailure } from './failure';
-
-/** The most slots of a provider's `max` one workspace may hold at once. */
-export const workspaceShare = (max: number): number => max - Math.floor(max / 4);
 
 export class ProviderLimiter {
   private readonly semaphores = new Map<string, Semaphore>();
@@ -18,7 +15,7 @@ export class ProviderLimiter {
     workspaceId?: string,
   ): Promise<() => void> {
     let s = this.semaphores.get(provider.slug);
-    if (!s) this.semaphores.set(provider.slug, (s = new Semaphore(provider.max_concurrency, workspaceShare(provider.max_concurrency))));
+    if (!s) this.semaphores.set(provider.slug, (s = new Semaphore(provider.max_concurrency, ownerShare(provider.max_concurrency))));
     const share = s.maxPerOwner;
     return s.acquire({
       owner: workspaceId,

@@ -1,8 +1,7 @@
 // The provider limiter's semaphore: slots pass to the longest waiter that may take one, and no owner
 // (workspace) holds more than its share, so what one owner leaves stays the others' to take.
 import { expect } from 'chai';
-import { Semaphore } from '../../infrastructure/concurrency/semaphore';
-import { workspaceShare } from '../../infrastructure/providers/limiter';
+import { ownerShare, Semaphore } from '../../infrastructure/concurrency/semaphore';
 
 /** A pending acquire whose outcome can be looked at without awaiting it. */
 function pending(p: Promise<() => void>) {
@@ -16,8 +15,8 @@ function pending(p: Promise<() => void>) {
 const turn = () => new Promise((r) => setImmediate(r));
 
 describe('semaphore shares', () => {
-  it('leaves a quarter of a provider’s slots to other workspaces (none for a limit below 4)', () => {
-    expect([1, 3, 4, 8, 100].map(workspaceShare)).to.deep.equal([1, 3, 3, 6, 75]);
+  it('leaves a quarter of the slots to other owners (none for a limit below 4)', () => {
+    expect([1, 3, 4, 8, 20, 100].map(ownerShare)).to.deep.equal([1, 3, 3, 6, 15, 75]);
   });
 
   it('an owner at its share waits while another takes the slot left; a freed slot skips the capped owner’s waiter', async () => {
