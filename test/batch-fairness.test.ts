@@ -50,7 +50,7 @@ describe('batch fairness between workspaces', function () {
     });
     await waitForStatus(api.url, other.inferenceKey, last, ['completed'], 60_000);
     const hogsDone = await api.store.db.collection('batches').countDocuments({ _id: { $in: hogs as any[] }, status: 'completed' });
-    // First come, first served finished it after all 200 (twice in two runs); with fairness, 0-34 were done.
+    // First come, first served finished it after all 200 (twice in two runs); with fairness, 0-34 were done (four runs).
     expect(hogsDone, `the hog's batches completed before the last one created`).to.be.below(HOG_BATCHES / 2);
     for (const id of hogs) await waitForStatus(api.url, hog.inferenceKey, id, ['completed'], 60_000);
   });
