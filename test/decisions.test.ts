@@ -639,7 +639,7 @@ describe('decisions as workflows under one workspace’s flood', function () {
   it('leave another workspace a quarter of the slots: its decision starts at once, not behind the flood', async () => {
     const catalogPath = writeTestCatalog('decision-flood', (base) => {
       const native = base.providers.find((p) => p.slug === 'sandbox-systemone');
-      base.providers.push({ ...native, slug: 'flood-systemone', base_url: '${SANDBOX_URL}/~decflood=1,latency=500/systemone' });
+      base.providers.push({ ...native, slug: 'flood-systemone', base_url: '${SANDBOX_URL}/~decflood=1,latency=1000/systemone' });
       const jev = base.models.find((m) => m.id === 'typesafe/jev-1.13');
       base.models.push({
         ...jev,

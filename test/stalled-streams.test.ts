@@ -10,7 +10,7 @@ import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entr
 import { call, createTenant, startTestGateway, storedRecord, uniqueName, writeTestCatalog, type Tenant, type TestGateway } from './helpers';
 
 const run = uniqueName('stall');
-const STALL_MS = 5_000;
+const STALL_MS = 8_000;
 
 /**
  * A streamed call whose client reads its first piece and then nothing more, keeping the connection
@@ -63,7 +63,7 @@ describe('stalled streams', function () {
     const catalog = writeTestCatalog('stalled', (c) => {
       // 4 slots per process: one workspace may hold 3. A long answer, so a stalled reader's buffers fill.
       c.providers.push(
-        providerEntry('narrow', `\${SANDBOX_URL}/~run=${run},max_words=150000/openai/v1`, { max_concurrency: 4, timeout_ms: 1_500 }),
+        providerEntry('narrow', `\${SANDBOX_URL}/~run=${run},max_words=150000/openai/v1`, { max_concurrency: 4, timeout_ms: 3_000 }),
       );
       c.models.push(modelEntry('test/narrow', [endpointEntry('narrow', 0.1, { supported_parameters: ['max_tokens'] })]));
     });
