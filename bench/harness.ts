@@ -40,6 +40,8 @@ export async function startStack(
     gateways?: Record<string, Record<string, string>>;
     /** The first gateway serves the API only, and a `worker` process of its own runs its batches. */
     separateWorker?: boolean;
+    /** The Temporal server's dynamic config, when not the gateway's own (TEMPORAL_DYNAMIC_CONFIG). */
+    temporalDynamicConfig?: Record<string, string | number | boolean>;
   } = {},
 ): Promise<Stack> {
   const tools = await ensureTools(process.env.TOOLS_DIR ?? defaultToolsDir(), { temporal: true, ferretdb: true });
@@ -52,6 +54,7 @@ export async function startStack(
       uiPort: null,
       dbFile: opts.temporalInMemory ? null : path.join(dataDir, 'temporal.db'),
       namespace: 'default',
+      dynamicConfig: opts.temporalDynamicConfig,
     }),
   ]);
   const sandboxPort = await freePort();

@@ -1,4 +1,4 @@
-// `npm run bench [decisions|batches|proxy|results|growth|broadcast|accept …]`: runs the named benchmarks (all by default) and writes
+// `npm run bench [decisions|batches|proxy|results|growth|broadcast|accept|fairness …]`: runs the named benchmarks (all by default) and writes
 // their results as JSON under bench/results/.
 import { benchDecisions } from './decisions';
 import { benchBatches } from './batches';
@@ -7,6 +7,7 @@ import { benchResults } from './results';
 import { benchGrowth } from './growth';
 import { benchBroadcast } from './broadcast';
 import { benchAccept } from './accept';
+import { benchFairness } from './fairness';
 
 const all: Record<string, () => Promise<unknown>> = {
   // BENCH_LEVELS=1,50 runs only those concurrency levels.
@@ -21,6 +22,8 @@ const all: Record<string, () => Promise<unknown>> = {
   broadcast: () => benchBroadcast(),
   // Connection bursts under load: one Node process against two sharing the port.
   accept: () => benchAccept(),
+  // Another workspace's batch behind one workspace's backlog (BENCH_FAIRNESS_BATCHES, 600), with Temporal fairness and without.
+  fairness: () => benchFairness(),
 };
 
 async function main() {

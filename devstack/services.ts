@@ -21,6 +21,8 @@ export interface TemporalServerOptions {
   /** SQLite file for persistence, or null for an in-memory server. */
   dbFile: string | null;
   namespace: string;
+  /** Dynamic config (default TEMPORAL_DYNAMIC_CONFIG): the fairness bench measures a server without it too. */
+  dynamicConfig?: Record<string, string | number | boolean>;
 }
 
 /**
@@ -59,7 +61,8 @@ export async function startTemporalServer(opts: TemporalServerOptions): Promise<
     // (a power loss may drop the last moments, acceptable for the embedded dev stack).
     args.push('--db-filename', opts.dbFile, '--sqlite-pragma', 'journal_mode=wal', '--sqlite-pragma', 'synchronous=normal');
   }
-  for (const [key, value] of Object.entries(TEMPORAL_DYNAMIC_CONFIG)) args.push('--dynamic-config-value', `${key}=${value}`);
+  for (const [key, value] of Object.entries(opts.dynamicConfig ?? TEMPORAL_DYNAMIC_CONFIG))
+    args.push('--dynamic-config-value', `${key}=${value}`);
   for (const key of Object.values(searchAttributes)) {
     args.push('--search-attribute', `${key.name}=${key.type === 'KEYWORD' ? 'Keyword' : key.type}`);
   }
