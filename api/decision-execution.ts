@@ -42,6 +42,7 @@ export function workflowExecution(temporal: Client, handoff: DecisionHandoff, ta
       // and a client that goes away does not cancel a run that is being recorded.
       const release = await slots.acquire({
         owner: job.workspaceId,
+        capped: true,
         signal,
         onAbort: () => new ServiceUnavailableError('Decision was cancelled before it started'),
       });

@@ -66,6 +66,11 @@ describe('stalled streams', function () {
         providerEntry('narrow', `\${SANDBOX_URL}/~run=${run},max_words=150000/openai/v1`, { max_concurrency: 4, timeout_ms: 3_000 }),
       );
       c.models.push(modelEntry('test/narrow', [endpointEntry('narrow', 0.1, { supported_parameters: ['max_tokens'] })]));
+      // 4 slots again, answers that take 1 s: calls that end by themselves.
+      c.providers.push(
+        providerEntry('narrow-slow', `\${SANDBOX_URL}/~run=${run},latency=1000/openai/v1`, { max_concurrency: 4, timeout_ms: 5_000 }),
+      );
+      c.models.push(modelEntry('test/narrow-slow', [endpointEntry('narrow-slow', 0.1, { supported_parameters: ['max_tokens'] })]));
     });
     gw = await startTestGateway({ env: { CATALOG_PATH: catalog }, tune: (c) => (c.inference.stallMs = STALL_MS) });
     hog = await createTenant(gw.store, 50);
@@ -111,5 +116,20 @@ describe('stalled streams', function () {
     // Their slots are free again: the hog is served too.
     const after = await ask(hog.inferenceKey);
     expect(after.status, JSON.stringify(after.body)).to.equal(200);
+  });
+
+  it('calls that end by themselves are not held to the share: one workspace may use every slot', async () => {
+    const started = Date.now();
+    const answers = await Promise.all(
+      [1, 2, 3, 4].map((i) =>
+        call(url('/chat/completions'), {
+          key: hog.inferenceKey,
+          body: { model: 'test/narrow-slow', messages: [{ role: 'user', content: `call ${i}` }], max_tokens: 5 },
+        }),
+      ),
+    );
+    for (const a of answers) expect(a.status, JSON.stringify(a.body)).to.equal(200);
+    // All four at once take one answer's time (1 s); held to 3 slots, the fourth would wait for a second one.
+    expect(Date.now() - started).to.be.below(1_800);
   });
 });

@@ -97,7 +97,13 @@ export async function executePlan<T = ProviderResponse>(
       let release: (() => void) | null = null;
       let startedAt = 0;
       try {
-        release = await opts.limiter.acquire(e.provider, opts.queueWaitMs ?? e.provider.timeout_ms, opts.signal, opts.workspaceId);
+        release = await opts.limiter.acquire(
+          e.provider,
+          opts.queueWaitMs ?? e.provider.timeout_ms,
+          opts.signal,
+          opts.workspaceId,
+          opts.holdSlot === true,
+        );
         startedAt = performance.now();
         const response = await call(e, opts.signal);
         opts.observer?.call(e.provider.slug, e.model.canonicalId, 'ok', (performance.now() - startedAt) / 1000);

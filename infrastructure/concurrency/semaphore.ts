@@ -1,13 +1,16 @@
-// A counting semaphore with a FIFO queue. A released slot passes straight to the longest waiter
-// that may take it, so a caller arriving meanwhile cannot take it too and push the count past `max`.
-// Slots may be held on behalf of owners (workspaces), none of which may hold more than
-// `maxPerOwner` at once: what one owner leaves is the others' to take, however long it holds its own.
+// A counting semaphore with a queue. A released slot passes straight to a waiter, so a caller
+// arriving meanwhile cannot take it too and push the count past `max`. Slots may be held on behalf
+// of owners (workspaces): a released slot goes to the waiting owner that holds the fewest (the
+// longest waiter among equals), so one owner's queue cannot keep another waiting behind it. A
+// `capped` slot (one whose holder decides how long it lasts) is taken only while its owner holds
+// fewer than `maxPerOwner`: what one owner leaves is the others', however long it holds its own.
 
 /** An owner's share of `max` slots: all but a quarter (rounded down), so the other owners always keep that quarter. */
 export const ownerShare = (max: number): number => max - Math.floor(max / 4);
 
 interface Waiter {
   owner: string | null;
+  capped: boolean;
   wake: () => void;
   fail: (err: Error) => void;
 }
@@ -15,6 +18,11 @@ interface Waiter {
 export interface AcquireOptions {
   /** Who the slot is for; unowned slots count only against `max`. */
   owner?: string;
+  /**
+   * Taken only within the owner's share: for slots the others must not wait behind, such as a
+   * stream held for as long as its client reads, or a decision workflow whose start is waited for.
+   */
+  capped?: boolean;
   waitMs?: number;
   signal?: AbortSignal;
   /** The error for a wait that ran out; `capped` when the owner's own share was what it waited for. */
@@ -33,8 +41,20 @@ export class Semaphore {
     readonly maxPerOwner = max,
   ) {}
 
-  private mayTake(owner: string | null): boolean {
-    return owner === null || (this.held.get(owner) ?? 0) < this.maxPerOwner;
+  private heldBy(owner: string | null): number {
+    return owner === null ? 0 : (this.held.get(owner) ?? 0);
+  }
+
+  private mayTake(owner: string | null, capped: boolean): boolean {
+    return !capped || this.heldBy(owner) < this.maxPerOwner;
+  }
+
+  /** The waiter a freed slot goes to: of those that may take it, the one whose owner holds the fewest, the longest waiting among equals. */
+  private nextWaiter(): Waiter | undefined {
+    let best: Waiter | undefined;
+    for (const w of this.waiting)
+      if (this.mayTake(w.owner, w.capped) && (!best || this.heldBy(w.owner) < this.heldBy(best.owner))) best = w;
+    return best;
   }
 
   /**
@@ -43,7 +63,8 @@ export class Semaphore {
    */
   acquire(opts: AcquireOptions = {}): Promise<() => void> {
     const owner = opts.owner ?? null;
-    if (this.active < this.max && this.mayTake(owner)) {
+    const capped = opts.capped === true;
+    if (this.active < this.max && this.mayTake(owner, capped)) {
       this.active++;
       return Promise.resolve(this.releaser(owner));
     }
@@ -52,6 +73,7 @@ export class Semaphore {
       let timer: NodeJS.Timeout | undefined;
       const entry: Waiter = {
         owner,
+        capped,
         wake: () => {
           cleanup();
           resolve(this.releaser(owner));
@@ -69,7 +91,7 @@ export class Semaphore {
         if (i >= 0) this.waiting.splice(i, 1);
       };
       if (opts.waitMs !== undefined)
-        timer = setTimeout(() => entry.fail(opts.onTimeout?.(!this.mayTake(owner)) ?? new Error('timed out')), opts.waitMs);
+        timer = setTimeout(() => entry.fail(opts.onTimeout?.(!this.mayTake(owner, capped)) ?? new Error('timed out')), opts.waitMs);
       opts.signal?.addEventListener('abort', onAbort, { once: true });
       this.waiting.push(entry);
     });
@@ -87,7 +109,7 @@ export class Semaphore {
         if (n) this.held.set(owner, n);
         else this.held.delete(owner);
       }
-      const next = this.waiting.find((w) => this.mayTake(w.owner));
+      const next = this.nextWaiter();
       // The slot moves to the waiter as it is: `active` stays, and nobody can slip in between.
       if (next) next.wake();
       else this.active--;

@@ -1,7 +1,10 @@
 // Per-provider concurrency limits (the catalog's max_concurrency), shared by every request and
 // batch line in this process. A call that cannot get a slot within its wait is a capacity failure.
-// One workspace holds at most three quarters of a provider's slots: a client that opens streams and
-// stops reading them, or one large batch, leaves the other workspaces a quarter to call it with.
+// A freed slot goes to the waiting workspace that holds the fewest, so one workspace's queue (a large
+// batch's lines) never keeps another's calls behind it. Streams, which last as long as their client
+// reads, take slots only within the workspace's share, three quarters: a client that opens streams
+// and stops reading them leaves the other workspaces a quarter to call the provider with. Calls
+// that end by themselves (within the provider's timeout) may use every slot that is free.
 import { ownerShare, Semaphore } from '../concurrency/semaphore';
 import { UpstreamFailure } from './failure';
 
@@ -13,12 +16,14 @@ export class ProviderLimiter {
     waitMs: number,
     signal?: AbortSignal,
     workspaceId?: string,
+    stream = false,
   ): Promise<() => void> {
     let s = this.semaphores.get(provider.slug);
     if (!s) this.semaphores.set(provider.slug, (s = new Semaphore(provider.max_concurrency, ownerShare(provider.max_concurrency))));
     const share = s.maxPerOwner;
     return s.acquire({
       owner: workspaceId,
+      capped: stream,
       waitMs,
       signal,
       onTimeout: (capped) =>

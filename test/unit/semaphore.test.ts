@@ -1,5 +1,5 @@
-// The provider limiter's semaphore: slots pass to the longest waiter that may take one, and no owner
-// (workspace) holds more than its share, so what one owner leaves stays the others' to take.
+// The provider limiter's semaphore: a freed slot passes to the waiting owner (workspace) holding the
+// fewest, and capped slots stay within the owner's share, so what one owner leaves stays the others'.
 import { expect } from 'chai';
 import { ownerShare, Semaphore } from '../../infrastructure/concurrency/semaphore';
 
@@ -21,12 +21,16 @@ describe('semaphore shares', () => {
 
   it('an owner at its share waits while another takes the slot left; a freed slot skips the capped owner’s waiter', async () => {
     const s = new Semaphore(4, 3);
-    const a = await Promise.all([s.acquire({ owner: 'a' }), s.acquire({ owner: 'a' }), s.acquire({ owner: 'a' })]);
-    const aFourth = pending(s.acquire({ owner: 'a' }));
+    const a = await Promise.all([
+      s.acquire({ owner: 'a', capped: true }),
+      s.acquire({ owner: 'a', capped: true }),
+      s.acquire({ owner: 'a', capped: true }),
+    ]);
+    const aFourth = pending(s.acquire({ owner: 'a', capped: true }));
     await turn();
     expect(aFourth.release, 'a holds its share of 3').to.equal(null);
-    const b = await s.acquire({ owner: 'b' }); // the slot a may not take
-    const c = pending(s.acquire({ owner: 'c' })); // all 4 held: c waits behind a's waiter
+    const b = await s.acquire({ owner: 'b', capped: true }); // the slot a may not take
+    const c = pending(s.acquire({ owner: 'c', capped: true })); // all 4 held: c waits behind a's waiter
     await turn();
     expect(c.release).to.equal(null);
     b();
@@ -44,12 +48,33 @@ describe('semaphore shares', () => {
 
   it('says whether a wait ran out on the owner’s share or on the whole limit', async () => {
     const s = new Semaphore(4, 3);
-    await Promise.all([1, 2, 3].map(() => s.acquire({ owner: 'a' })));
-    const capped = s.acquire({ owner: 'a', waitMs: 10, onTimeout: (c) => new Error(c ? 'share' : 'limit') });
-    await s.acquire({ owner: 'b' });
-    const full = s.acquire({ owner: 'b', waitMs: 10, onTimeout: (c) => new Error(c ? 'share' : 'limit') });
+    await Promise.all([1, 2, 3].map(() => s.acquire({ owner: 'a', capped: true })));
+    const capped = s.acquire({ owner: 'a', capped: true, waitMs: 10, onTimeout: (c) => new Error(c ? 'share' : 'limit') });
+    await s.acquire({ owner: 'b', capped: true });
+    const full = s.acquire({ owner: 'b', capped: true, waitMs: 10, onTimeout: (c) => new Error(c ? 'share' : 'limit') });
     expect(await capped.catch((e: Error) => e.message)).to.equal('share');
     expect(await full.catch((e: Error) => e.message)).to.equal('limit');
+  });
+
+  it('lets uncapped slots use the whole limit, and gives a freed slot to the waiting owner holding the fewest', async () => {
+    const s = new Semaphore(4, 3);
+    const a = await Promise.all([1, 2, 3, 4].map(() => s.acquire({ owner: 'a' }))); // calls that end by themselves: all four
+    const aMore = pending(s.acquire({ owner: 'a' })); // a's queue first...
+    const b = pending(s.acquire({ owner: 'b' })); // ...then b, which holds none
+    await turn();
+    a[0]();
+    await turn();
+    expect(b.release, 'the freed slot goes to b, holding none, before a, holding three').to.be.a('function');
+    expect(aMore.release).to.equal(null);
+    a[1]();
+    await turn();
+    expect(aMore.release).to.be.a('function');
+    // A capped slot is not taken past the share even when slots are free.
+    for (const r of [a[2], a[3], aMore.release!]) r();
+    await Promise.all([1, 2, 3].map(() => s.acquire({ owner: 'c', capped: true })));
+    const fourth = pending(s.acquire({ owner: 'c', capped: true }));
+    await turn();
+    expect(fourth.release, 'one slot free, but c holds its share').to.equal(null);
   });
 
   it('counts unowned slots only against the limit', async () => {
