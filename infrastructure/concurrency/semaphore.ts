@@ -11,6 +11,8 @@ export const ownerShare = (max: number): number => max - Math.floor(max / 4);
 interface Waiter {
   owner: string | null;
   capped: boolean;
+  /** Arrival order, across owners. */
+  seq: number;
   wake: () => void;
   fail: (err: Error) => void;
 }
@@ -32,7 +34,13 @@ export interface AcquireOptions {
 
 export class Semaphore {
   private active = 0;
-  private readonly waiting: Waiter[] = [];
+  /**
+   * Waiters by owner, each owner's in arrival order; an owner is here while it has any. By owner,
+   * so that a release looks at the few owners waiting, not at every waiter (a batch keeps a few
+   * hundred lines waiting on a provider's slots, and a slot is freed thousands of times a second).
+   */
+  private readonly waiting = new Map<string | null, Waiter[]>();
+  private arrivals = 0;
   /** Slots held per owner, for the owners holding any. */
   private readonly held = new Map<string, number>();
 
@@ -52,8 +60,17 @@ export class Semaphore {
   /** The waiter a freed slot goes to: of those that may take it, the one whose owner holds the fewest, the longest waiting among equals. */
   private nextWaiter(): Waiter | undefined {
     let best: Waiter | undefined;
-    for (const w of this.waiting)
-      if (this.mayTake(w.owner, w.capped) && (!best || this.heldBy(w.owner) < this.heldBy(best.owner))) best = w;
+    let bestHeld = Infinity;
+    for (const [owner, queue] of this.waiting) {
+      const held = this.heldBy(owner);
+      if (held > bestHeld) continue;
+      // Within its share every waiter of the owner may take a slot; past it, only uncapped ones.
+      const w = held < this.maxPerOwner ? queue[0] : queue.find((x) => !x.capped);
+      if (w && (held < bestHeld || w.seq < best!.seq)) {
+        best = w;
+        bestHeld = held;
+      }
+    }
     return best;
   }
 
@@ -74,6 +91,7 @@ export class Semaphore {
       const entry: Waiter = {
         owner,
         capped,
+        seq: this.arrivals++,
         wake: () => {
           cleanup();
           resolve(this.releaser(owner));
@@ -87,13 +105,18 @@ export class Semaphore {
       const cleanup = () => {
         clearTimeout(timer);
         opts.signal?.removeEventListener('abort', onAbort);
-        const i = this.waiting.indexOf(entry);
-        if (i >= 0) this.waiting.splice(i, 1);
+        const queue = this.waiting.get(owner);
+        const i = queue ? queue.indexOf(entry) : -1;
+        if (i < 0) return;
+        queue!.splice(i, 1);
+        if (!queue!.length) this.waiting.delete(owner);
       };
       if (opts.waitMs !== undefined)
         timer = setTimeout(() => entry.fail(opts.onTimeout?.(!this.mayTake(owner, capped)) ?? new Error('timed out')), opts.waitMs);
       opts.signal?.addEventListener('abort', onAbort, { once: true });
-      this.waiting.push(entry);
+      const queue = this.waiting.get(owner);
+      if (queue) queue.push(entry);
+      else this.waiting.set(owner, [entry]);
     });
   }
 
