@@ -40,12 +40,12 @@ export function peakRssMb(pid: number | undefined): number {
   return m ? Math.round(Number(m[1]) / 1024) : NaN;
 }
 
-export async function runBatch(url: string, key: string, model: string, lines: number) {
+/** Creates a batch of `lines` chat lines; its id. */
+export async function postBatch(url: string, key: string, model: string, lines: number): Promise<string> {
   const requests = Array.from({ length: lines }, (_, i) => ({
     custom_id: `line-${i}`,
     body: { messages: [{ role: 'user', content: `Summarise item ${i} in five words.` }], max_tokens: 8 },
   }));
-  const started = performance.now();
   const res = await fetch(`${url}/api/v1/batches`, {
     method: 'POST',
     headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
@@ -53,6 +53,12 @@ export async function runBatch(url: string, key: string, model: string, lines: n
   });
   const created = (await res.json()) as { id: string };
   if (res.status !== 202) throw new Error(`create failed: ${res.status} ${JSON.stringify(created)}`);
+  return created.id;
+}
+
+export async function runBatch(url: string, key: string, model: string, lines: number) {
+  const started = performance.now();
+  const id = await postBatch(url, key, model, lines);
   const accepted = (performance.now() - started) / 1000;
   for (;;) {
     await new Promise((r) => setTimeout(r, 500));
@@ -60,10 +66,10 @@ export async function runBatch(url: string, key: string, model: string, lines: n
     const list = (await (await fetch(`${url}/api/v1/batches?limit=1`, { headers: { authorization: `Bearer ${key}` } })).json()) as {
       data: { id: string; status: string; request_counts: { completed: number; failed: number } }[];
     };
-    const b = list.data.find((x) => x.id === created.id)!;
+    const b = list.data.find((x) => x.id === id)!;
     if (['completed', 'failed', 'expired', 'cancelled'].includes(b.status)) {
       return {
-        id: created.id,
+        id,
         status: b.status,
         seconds: (performance.now() - started) / 1000,
         accepted_seconds: accepted,

@@ -200,7 +200,6 @@ export class RateLimiter {
     }
     s.exhausted = true;
   }
-  /** Deletes finished windows' blocks by `_id` (no scan), in the background: they only take space. */
   /**
    * Keys that stopped sending keep their old window's entry until seen again: drop those of past
    * windows. The next drop waits until the map has doubled, so its cost is spread over as many new
@@ -214,6 +213,7 @@ export class RateLimiter {
     this.dropAt = Math.max(MIN_DROP_AT, 2 * this.keys.size);
   }
 
+  /** Deletes finished windows' blocks by `_id` (no scan), in the background: they only take space. */
   private retire(windows: KeyWindow[]): void {
     const ops: AnyBulkWriteOperation<RateTicketDoc>[] = windows.flatMap((w) =>
       w.claimed.map((_id) => ({ deleteOne: { filter: { _id } } })),

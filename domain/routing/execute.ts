@@ -48,7 +48,7 @@ export interface ExecuteOptions<T = ProviderResponse> {
   holdSlot?: boolean;
   /** Told of every attempt and fallback (metrics). */
   observer?: UpstreamObserver;
-  /** Whose call it is: a workspace holds at most its share of a provider's slots (see the limiter). */
+  /** Whose call it is: a freed provider slot goes to the waiting workspace holding the fewest (see the limiter). */
   workspaceId?: string;
 }
 
@@ -97,13 +97,12 @@ export async function executePlan<T = ProviderResponse>(
       let release: (() => void) | null = null;
       let startedAt = 0;
       try {
-        release = await opts.limiter.acquire(
-          e.provider,
-          opts.queueWaitMs ?? e.provider.timeout_ms,
-          opts.signal,
-          opts.workspaceId,
-          opts.holdSlot === true,
-        );
+        release = await opts.limiter.acquire(e.provider, {
+          waitMs: opts.queueWaitMs ?? e.provider.timeout_ms,
+          signal: opts.signal,
+          workspaceId: opts.workspaceId,
+          stream: opts.holdSlot === true,
+        });
         startedAt = performance.now();
         const response = await call(e, opts.signal);
         opts.observer?.call(e.provider.slug, e.model.canonicalId, 'ok', (performance.now() - startedAt) / 1000);

@@ -48,7 +48,7 @@ export function createUpstreams(
 }
 
 export interface InvokeRequest {
-  /** Whose call it is (the provider limiter's share is per workspace). */
+  /** Whose call it is (the provider limiter serves waiting workspaces by the slots they hold). */
   workspaceId?: string;
   models: CatalogModel[];
   variant?: ModelVariant;

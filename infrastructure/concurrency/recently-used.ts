@@ -1,6 +1,6 @@
 // Per-key state a process keeps in memory for the keys in use (workspaces, mostly), dropped once
-// idle. A process that kept every workspace it ever served grew without bound: ~1.9 KB a workspace
-// across its balance view, usage totals and trace destinations (20,000 workspaces: +38 MB of heap).
+// idle. A process that kept every workspace it ever served grew without bound: 1.2 KB a workspace
+// across its balance view, usage totals and trace destinations (20,000 more workspaces: +24 MB of heap).
 //
 // No timer and no sweep over the whole map: each key added looks at the two entries held longest
 // (a Map iterates in insertion order). One unused for `idleMs` that its owner lets go is dropped;

@@ -13,19 +13,22 @@ export class ProviderLimiter {
 
   acquire(
     provider: { slug: string; max_concurrency: number },
-    waitMs: number,
-    signal?: AbortSignal,
-    workspaceId?: string,
-    stream = false,
+    call: {
+      waitMs: number;
+      signal?: AbortSignal;
+      workspaceId?: string;
+      /** A stream holds its slot as long as its client reads: it is held to the workspace's share. */
+      stream: boolean;
+    },
   ): Promise<() => void> {
     let s = this.semaphores.get(provider.slug);
     if (!s) this.semaphores.set(provider.slug, (s = new Semaphore(provider.max_concurrency, ownerShare(provider.max_concurrency))));
     const share = s.maxPerOwner;
     return s.acquire({
-      owner: workspaceId,
-      capped: stream,
-      waitMs,
-      signal,
+      owner: call.workspaceId,
+      capped: call.stream,
+      waitMs: call.waitMs,
+      signal: call.signal,
       onTimeout: (capped) =>
         new UpstreamFailure(
           'capacity',
