@@ -1,34 +1,84 @@
-// Batch create bodies, read off the event loop when large. A body may be up to BATCH_MAX_BYTES
-// (200 MB): decoding, parsing, checking and serialising again 50,000 lines of 3.5 KB held the API
-// process's one thread for 1.5 s, and every other request of the process waited. A body above
-// OFF_THREAD_BYTES is read on a worker thread, which answers with the lines packed in one buffer,
-// moved rather than copied (domain/batches/packed-lines.ts); a smaller one is read in place.
+// Batch create bodies: received to disk when large, and read off the event loop. A body may be up to
+// BATCH_MAX_BYTES (200 MB) and arrive as slowly as its client sends it: what it holds meanwhile is a
+// file (api/body-spool.ts) and a share of this process's disk budget for bodies, so one workspace's
+// slow uploads cannot keep another's out. Then decoding, parsing, checking and serialising again
+// 50,000 lines of 3.5 KB held the API process's one thread for 1.5 s, and every other request of
+// the process waited: a body above OFF_THREAD_BYTES (or a compressed one) is read on a worker thread,
+// which answers with the lines packed in one buffer, moved rather than copied
+// (domain/batches/packed-lines.ts); a smaller one is read in place.
+import fs from 'node:fs';
 import path from 'node:path';
+import zlib from 'node:zlib';
 import { Worker } from 'node:worker_threads';
+import type Koa from 'koa';
 import { CreateBatchBody } from '../domain/batches/schema';
 import { readBatchLines, type ReadBatch } from '../domain/batches/create';
-import { errorFromStatus, RateLimitedError, ServiceUnavailableError, type ErrorMetadata } from '../infrastructure/errors';
+import {
+  BadRequestError,
+  errorFromStatus,
+  PayloadTooLargeError,
+  RateLimitedError,
+  ServiceUnavailableError,
+  type ErrorMetadata,
+} from '../infrastructure/errors';
+import { ownerShare } from '../infrastructure/concurrency/semaphore';
 import { compileBody } from '../infrastructure/validation/index';
-import { parseJsonBytes } from './body';
+import { bodyEncoding, closeUnread, mostBodyBytes, parseJsonBytes, readBody } from './body';
+import { SpooledBody, spoolDirectory } from './body-spool';
 
 export interface BatchBodyLimits {
   /** BODY_MAX_DEPTH. */
   maxDepth: number;
   /** BATCH_MAX_REQUESTS. */
   maxRequests: number;
+  /** BATCH_MAX_BYTES: the most a body may be, decoded (and as sent). */
+  maxBytes: number;
+}
+
+export interface BatchBodySettings extends BatchBodyLimits {
+  /** BODY_IDLE_TIMEOUT_MS. */
+  idleMs: number;
 }
 
 /**
- * Bodies up to this size are read in place: 1 MB holds the event loop 8 ms (lines of 3.5 KB) to
- * ~30 ms (6,000 lines of 170 bytes), and the worker's copies and messages cost a body ~30% more.
+ * Bodies up to this size are kept in memory and read in place: 1 MB holds the event loop 8 ms
+ * (lines of 3.5 KB) to ~30 ms (6,000 lines of 170 bytes), and the worker's copies and messages cost a
+ * body ~30% more.
  */
 const OFF_THREAD_BYTES = 1024 * 1024;
+
+/**
+ * Large bodies being received or read, in BATCH_MAX_BYTES: what this process's disk holds for them
+ * at most. One workspace holds at most three quarters of it (`ownerShare`), so the others always have
+ * room for a body of the largest size, however many one workspace sends and however slowly.
+ */
+const SPOOLED_BODIES = 4;
 
 const createBody = compileBody(CreateBatchBody);
 
 /** Reads a batch create body: JSON (strictly), its shape, then its lines. What the worker thread runs. */
 export function readBatchBody(raw: Uint8Array, limits: BatchBodyLimits): ReadBatch {
   return readBatchLines(createBody(parseJsonBytes(raw, limits.maxDepth)), limits.maxRequests);
+}
+
+const DECODE: Record<string, (raw: Uint8Array, opts: zlib.ZlibOptions) => Buffer> = {
+  gzip: zlib.gunzipSync,
+  'x-gzip': zlib.gunzipSync,
+  deflate: zlib.inflateSync,
+  br: zlib.brotliDecompressSync,
+};
+
+/** A body as sent, decoded: no further than `maxBytes`, so a small bomb stops at the limit. What the worker thread runs first. */
+export function decodeBatchBody(raw: Uint8Array, encoding: string, maxBytes: number): Uint8Array {
+  const decode = DECODE[encoding];
+  if (!decode) return raw;
+  try {
+    return decode(raw, { maxOutputLength: maxBytes });
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ERR_BUFFER_TOO_LARGE')
+      throw new PayloadTooLargeError('Request body is larger than the configured limit');
+    throw new BadRequestError(`Request body is not valid ${encoding} data`);
+  }
 }
 
 /** A refusal, as it crosses back from the worker. */
@@ -38,8 +88,8 @@ interface ReadFailure {
   metadata: ErrorMetadata | null;
 }
 
-/** A body goes to the worker in pieces, then its end; the worker answers once per body. */
-export type ToWorker = { id: number; piece: Uint8Array } | { id: number; end: true };
+/** A body goes to the worker as its file, or (a small compressed one) as its bytes; the worker answers once per body. */
+export type ToWorker = { id: number; encoding: string } & ({ file: string } | { bytes: Uint8Array });
 /** `crash`: anything but a refusal (a defect), as its stack, so that it is logged as the error it was. */
 export type WorkerAnswer = { id: number; read: ReadBatch } | { id: number; error: ReadFailure } | { id: number; crash: string };
 
@@ -48,80 +98,162 @@ interface Waiting {
   reject: (err: unknown) => void;
 }
 
-/** What the worker is sent at a time, so that the event loop is given back between pieces. */
-const PIECE_BYTES = 4 * 1024 * 1024;
+const mb = (bytes: number) => `${Math.round(bytes / 1024 ** 2)} MB`;
 
 /**
- * Reads batch create bodies; one worker thread (started by `warm`, or by the first large body)
- * serves them in turn. Large bodies are admitted up to BATCH_MAX_BYTES at once: reading one takes
- * several times its size in memory for a while (one 179 MB batch took the process from 0.2 to
- * 1.4 GB, six at once to 4.2 GB).
+ * Memory for reading large bodies: up to a budget of bytes at once, one body always, in the order
+ * they finished arriving. Reading a body takes several times its size in memory for a while (one 179
+ * MB batch took the process from 0.2 to 1.4 GB, six at once to 4.2 GB). A body waits here only for
+ * the reads and stores ahead of it, never for a client.
+ */
+class ReadTurns {
+  private used = 0;
+  private readonly queue: { bytes: number; go: () => void }[] = [];
+
+  constructor(private readonly budget: number) {}
+
+  private fits(bytes: number): boolean {
+    return this.used === 0 || this.used + bytes <= this.budget;
+  }
+
+  async take(bytes: number): Promise<() => void> {
+    if (this.queue.length || !this.fits(bytes)) await new Promise<void>((go) => this.queue.push({ bytes, go }));
+    else this.used += bytes;
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      this.used -= bytes;
+      while (this.queue.length && this.fits(this.queue[0].bytes)) {
+        const next = this.queue.shift()!;
+        this.used += next.bytes;
+        next.go();
+      }
+    };
+  }
+}
+
+/**
+ * Receives and reads batch create bodies; one worker thread (started by `warm`, or by the first large
+ * body) reads the large ones in turn.
  */
 export class BatchBodyReader {
   private worker: Worker | null = null;
   private readonly waiting = new Map<number, Waiting>();
   private next = 0;
-  /** Bytes of large bodies admitted and not yet done with. */
-  private admitted = 0;
+  /** Made by `warm` or the first body (again after `close`). */
+  private dir: string | null = null;
+  /** Bytes of large bodies being received or read (as declared, or the limit when not known in advance), in all and by workspace. */
+  private spooled = 0;
+  private readonly spooledBy = new Map<string, number>();
+  private readonly turns: ReadTurns;
 
   constructor(
-    private readonly limits: BatchBodyLimits & {
-      /** BATCH_MAX_BYTES: the most bytes of large bodies this process reads at once (one such body is always admitted). */
-      maxBytes: number;
-    },
+    private readonly settings: BatchBodySettings,
     private readonly offThreadBytes = OFF_THREAD_BYTES,
-  ) {}
+  ) {
+    this.turns = new ReadTurns(settings.maxBytes);
+  }
 
   /**
-   * Admits a body of `bytes` (at most, when its size is not known in advance) before it is read, or
-   * refuses it with a 429 while others hold the budget; the function returned ends the admission.
+   * Receives a request's batch body for a workspace and reads it; `use` runs with the lines read,
+   * while the memory they take is still counted. Refused with a 429 before the body is read when the
+   * workspace (or the process) holds its share of large bodies already.
    */
-  admit(bytes: number): () => void {
-    if (bytes <= this.offThreadBytes) return () => undefined;
-    if (this.admitted > 0 && this.admitted + bytes > this.limits.maxBytes) {
-      throw new RateLimitedError('This process is reading other large batches right now; retry in a few seconds', 5);
+  async receive<T>(ctx: Koa.Context, workspaceId: string, use: (read: ReadBatch) => Promise<T>): Promise<T> {
+    const { maxBytes, maxDepth, idleMs } = this.settings;
+    let body: SpooledBody | null = null;
+    let unreserve = () => {};
+    try {
+      const encoding = bodyEncoding(ctx.req);
+      unreserve = this.reserve(workspaceId, mostBodyBytes(ctx.req, maxBytes));
+      body = this.spool(encoding);
+      await readBody(ctx.req, { limitBytes: maxBytes, maxDepth, idleMs }, body, { decode: false });
+    } catch (err) {
+      closeUnread(ctx);
+      unreserve();
+      body?.discard();
+      throw err;
     }
-    this.admitted += bytes;
+    let endTurn = () => {};
+    try {
+      if (!body.file && body.encoding === 'identity') return await use(this.readInPlace(body));
+      // A compressed body may decode to the limit; one sent as is, to its size.
+      endTurn = await this.turns.take(body.encoding === 'identity' ? body.bytes : maxBytes);
+      return await use(await this.read(body));
+    } finally {
+      endTurn();
+      unreserve();
+      body.discard();
+    }
+  }
+
+  /** Holds `bytes` of the spool for a workspace's body, or refuses it; the function returned gives them back. */
+  reserve(workspaceId: string, bytes: number): () => void {
+    if (bytes <= this.offThreadBytes) return () => undefined;
+    const budget = SPOOLED_BODIES * this.settings.maxBytes;
+    const share = ownerShare(budget);
+    const held = this.spooledBy.get(workspaceId) ?? 0;
+    if (held + bytes > share)
+      throw new RateLimitedError(
+        `This workspace is sending other large batches to this process (${mb(held)} of the ${mb(share)} one workspace may send at once); retry once they are read`,
+        5,
+      );
+    if (this.spooled + bytes > budget)
+      throw new RateLimitedError('This process is receiving other large batches right now; retry in a few seconds', 5);
+    this.spooled += bytes;
+    this.spooledBy.set(workspaceId, held + bytes);
     let done = false;
     return () => {
-      if (!done) this.admitted -= bytes;
+      if (done) return;
       done = true;
+      this.spooled -= bytes;
+      const left = this.spooledBy.get(workspaceId)! - bytes;
+      if (left) this.spooledBy.set(workspaceId, left);
+      else this.spooledBy.delete(workspaceId);
     };
   }
 
-  /** Starts the worker now, off any request's path: it takes ~0.3 s to load, which the first large body would wait for. */
-  warm(): void {
-    this.started();
+  /** A new body kept in this reader's directory (for tests that feed one by hand). */
+  spool(encoding = 'identity'): SpooledBody {
+    this.dir ??= spoolDirectory();
+    return new SpooledBody(this.dir, `${this.next++}.body`, this.offThreadBytes, encoding);
   }
 
-  /** Reads a body given in the pieces it arrived in. */
-  async read(chunks: Buffer[]): Promise<ReadBatch> {
-    const size = chunks.reduce((n, c) => n + c.byteLength, 0);
-    if (size <= this.offThreadBytes) return readBatchBody(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size), this.limits);
+  /** Starts the worker and makes the directory now, off any request's path: the worker takes ~0.3 s to load. */
+  warm(): void {
+    this.started();
+    this.dir ??= spoolDirectory();
+  }
+
+  private readInPlace(body: SpooledBody): ReadBatch {
+    const { chunks } = body;
+    return readBatchBody(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, body.bytes), this.settings);
+  }
+
+  /** Reads a body that has arrived in full: in place when small and sent as is, else on the worker. */
+  async read(body: SpooledBody): Promise<ReadBatch> {
+    if (!body.file && body.encoding === 'identity') return this.readInPlace(body);
     const id = this.next++;
     const answered = new Promise<ReadBatch>((resolve, reject) => this.waiting.set(id, { resolve, reject }));
-    answered.catch(() => undefined); // it may fail while the pieces are still being sent: not unhandled
-    // One worker for the whole body: if it dies meanwhile, the rest goes nowhere and the read fails (503).
     const worker = this.started();
-    // Copied a few MB at a time into memory of its own (~1 ms each), then moved: never the whole
-    // body at once (179 MB: 144 ms). Posting the pieces as they are would copy each one's whole
-    // backing memory, which they may share with each other or with Node's.
-    for (let i = 0; i < chunks.length;) {
-      const from = i;
-      let bytes = 0;
-      for (; i < chunks.length && bytes < PIECE_BYTES; i++) bytes += chunks[i].byteLength;
-      const piece = new Uint8Array(bytes); // never from Buffer's shared pool, which moving would take from everyone
-      for (let k = from, at = 0; k < i; at += chunks[k].byteLength, k++) piece.set(chunks[k], at);
-      worker.postMessage({ id, piece } satisfies ToWorker, [piece.buffer]);
-      if (i < chunks.length) await new Promise((resolve) => setImmediate(resolve));
+    if (body.file) {
+      worker.postMessage({ id, encoding: body.encoding, file: body.file } satisfies ToWorker);
+    } else {
+      // A small compressed body: copied into memory of its own and moved (never from Buffer's shared
+      // pool, which moving would take from everyone).
+      const bytes = new Uint8Array(body.bytes);
+      for (let k = 0, at = 0; k < body.chunks.length; at += body.chunks[k].byteLength, k++) bytes.set(body.chunks[k], at);
+      worker.postMessage({ id, encoding: body.encoding, bytes } satisfies ToWorker, [bytes.buffer]);
     }
-    worker.postMessage({ id, end: true } satisfies ToWorker);
     return answered;
   }
 
   private started(): Worker {
     if (this.worker) return this.worker;
-    const worker = new Worker(path.join(__dirname, 'batch-body-worker.js'), { workerData: this.limits });
+    const worker = new Worker(path.join(__dirname, 'batch-body-worker.js'), {
+      workerData: { maxDepth: this.settings.maxDepth, maxRequests: this.settings.maxRequests, maxBytes: this.settings.maxBytes },
+    });
     worker.unref(); // an idle reader never keeps the process alive
     worker.on('message', (answer: WorkerAnswer) => {
       const w = this.waiting.get(answer.id);
@@ -147,5 +279,7 @@ export class BatchBodyReader {
     const worker = this.worker;
     this.worker = null;
     await worker?.terminate();
+    if (this.dir) fs.rmSync(this.dir, { recursive: true, force: true });
+    this.dir = null;
   }
 }

@@ -92,22 +92,56 @@ export function mostBodyBytes(req: Koa.Request['req'], limitBytes: number): numb
   return encodingOf(req) === 'identity' && declared > 0 ? Math.min(declared, limitBytes) : limitBytes;
 }
 
-/** The body as it arrived, in pieces: a large one is never copied into one buffer on the event loop. */
-function readAll(req: Koa.Request['req'], limits: BodyLimits): Promise<Buffer[]> {
+/**
+ * Where a body's pieces go as they are read: in memory (`InMemory`), or, for a batch, a file once
+ * large (api/body-spool.ts).
+ */
+export interface BodySink {
+  /** Keeps a piece; false when reading should pause until `onDrain` calls back. Throws a GatewayError to refuse. */
+  take(chunk: Buffer): boolean;
+  onDrain(resume: () => void): void;
+  /** Everything arrived: resolves once it is all kept. */
+  end(): Promise<void>;
+}
+
+/** The pieces as they arrived: a large body is never copied into one buffer on the event loop. */
+class InMemory implements BodySink {
+  readonly chunks: Buffer[] = [];
+  take(chunk: Buffer): boolean {
+    this.chunks.push(chunk);
+    return true;
+  }
+  onDrain(): void {}
+  end(): Promise<void> {
+    return Promise.resolve();
+  }
+}
+
+/** Refuses an encoding we cannot read; the encoding otherwise. */
+export function bodyEncoding(req: Koa.Request['req']): string {
   const encoding = encodingOf(req);
   if (!(encoding in DECODERS))
     throw new BadRequestError(
       `Content-Encoding ${JSON.stringify(encoding.slice(0, 40))} is not supported (use identity, gzip, deflate or br)`,
     );
+  return encoding;
+}
+
+/**
+ * Reads a body into `sink`: decoded (limits on decoded bytes) or, with `decode: false`, as sent
+ * (limits on bytes received; whoever reads it decodes it, within the same limit).
+ */
+export function readBody(req: Koa.Request['req'], limits: BodyLimits, sink: BodySink, { decode = true } = {}): Promise<void> {
+  const encoding = bodyEncoding(req);
   const declared = Number(req.headers['content-length']);
   if (encoding === 'identity' && declared > limits.limitBytes)
     throw new PayloadTooLargeError('Request body is larger than the configured limit');
-  const decoder = DECODERS[encoding]?.() ?? null;
+  const decoder = decode ? (DECODERS[encoding]?.() ?? null) : null;
   // pipeline, not pipe: a request that ends early or errors must end the decoder too.
   const source: Readable = decoder ? pipeline(req, decoder, () => undefined) : req;
-  return new Promise<Buffer[]>((resolve, reject) => {
-    const chunks: Buffer[] = [];
+  return new Promise<void>((resolve, reject) => {
     let size = 0;
+    let settled = false;
     const watching: Watched = {
       sweeps: Math.max(1, Math.ceil(limits.idleMs / SWEEP_MS)),
       quiet: 0,
@@ -116,6 +150,8 @@ function readAll(req: Koa.Request['req'], limits: BodyLimits): Promise<Buffer[]>
     };
     // Settles once; stops reading without destroying the request, whose socket still carries the answer.
     const finish = (err: GatewayError | null) => {
+      if (settled) return;
+      settled = true;
       watched.delete(watching);
       source.off('data', onData).off('end', onEnd).off('error', onError);
       req.off('aborted', onAborted);
@@ -125,16 +161,33 @@ function readAll(req: Koa.Request['req'], limits: BodyLimits): Promise<Buffer[]>
         decoder?.destroy();
         reject(err);
       } else {
-        resolve(chunks);
+        resolve();
       }
+    };
+    const resume = () => {
+      watching.active = true;
+      if (!settled) source.resume();
     };
     const onData = (chunk: Buffer) => {
       watching.active = true;
       size += chunk.length;
       if (size > limits.limitBytes) return finish(new PayloadTooLargeError('Request body is larger than the configured limit'));
-      chunks.push(chunk);
+      try {
+        if (!sink.take(chunk)) {
+          source.pause();
+          sink.onDrain(resume);
+        }
+      } catch (err) {
+        finish(err as GatewayError);
+      }
     };
-    const onEnd = () => finish(null);
+    const onEnd = () => {
+      watched.delete(watching); // what is left is ours to write, not the client's to send
+      sink.end().then(
+        () => finish(null),
+        (err: GatewayError) => finish(err),
+      );
+    };
     const onError = (err: NodeJS.ErrnoException) => {
       const corrupt =
         decoder &&
@@ -175,10 +228,10 @@ export function parseJsonBytes(raw: Uint8Array, maxDepth: number): unknown {
 }
 
 /**
- * Reads a JSON body into `ctx.request.body`; with `parse: false`, only its bytes into
- * `ctx.request.rawBody`, for a route that parses it elsewhere (a large batch, off the event loop).
+ * Reads a JSON body into `ctx.request.body`; with `read: false`, only checks its headers, for a
+ * route that reads the body itself (a batch, which may be large: api/batch-body).
  */
-export function jsonBody(limits: BodyLimits, { parse = true } = {}): Koa.Middleware {
+export function jsonBody(limits: BodyLimits, { read = true } = {}): Koa.Middleware {
   return async (ctx, next) => {
     const hasBody = Number(ctx.get('content-length') || 0) > 0 || ctx.get('transfer-encoding') !== '';
     try {
@@ -192,22 +245,27 @@ export function jsonBody(limits: BodyLimits, { parse = true } = {}): Koa.Middlew
       const charset = /charset\s*=\s*"?([^";\s]+)/i.exec(ctx.get('content-type'))?.[1]?.toLowerCase();
       if (charset && charset !== 'utf-8' && charset !== 'utf8')
         throw new BadRequestError(`Request body must be UTF-8, not ${JSON.stringify(charset.slice(0, 40))}`);
-      const raw = await readAll(ctx.req, limits);
-      if (parse) ctx.request.body = parseJsonBytes(raw.length === 1 ? raw[0] : Buffer.concat(raw), limits.maxDepth);
-      else ctx.request.rawBody = raw;
+      if (read) {
+        const sink = new InMemory();
+        await readBody(ctx.req, limits, sink);
+        const raw = sink.chunks;
+        ctx.request.body = parseJsonBytes(raw.length === 1 ? raw[0] : Buffer.concat(raw), limits.maxDepth);
+      }
     } catch (err) {
-      // The unread rest of the body would otherwise sit on a kept-alive socket.
-      if (!ctx.req.readableEnded) ctx.set('Connection', 'close');
+      closeUnread(ctx);
       throw err;
     }
     await next();
   };
 }
 
+/** After a refusal: the unread rest of the body would otherwise sit on a kept-alive socket. */
+export function closeUnread(ctx: Koa.Context): void {
+  if (!ctx.req.readableEnded) ctx.set('Connection', 'close');
+}
+
 declare module 'koa' {
   interface Request {
     body?: unknown;
-    /** The body's bytes in the pieces they arrived in (`jsonBody` with `parse: false`). */
-    rawBody?: Buffer[];
   }
 }

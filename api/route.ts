@@ -1,5 +1,5 @@
 // A route is declared once: method, path, auth, schemas and handler. The same declaration wires the
-// Koa middleware chain (auth ▶ rate limit ▶ 402 gate ▶ admission ▶ body ▶ validation ▶ handler ▶ its
+// Koa middleware chain (auth ▶ rate limit ▶ 402 gate ▶ body ▶ validation ▶ handler ▶ its
 // JSON answer written at once, api/send-json) and the OpenAPI document.
 import type Koa from 'koa';
 import Router from '@koa/router';
@@ -25,12 +25,8 @@ export interface RouteSpec<B, Q, P> {
   params?: P;
   /** Billable routes are refused with 402 while the workspace balance is not positive. */
   billable?: boolean;
-  /** Overrides BODY_LIMIT for routes that take large documents (batches). */
-  bodyLimitBytes?: number;
-  /** The handler parses the body itself from `ctx.request.rawBody` (`body` still documents it): a large batch is read off the event loop. */
-  rawBody?: boolean;
-  /** Admits the request before its body is read (or throws its refusal); what it returns is called once the route is done. */
-  admit?: (ctx: Koa.ParameterizedContext) => () => void;
+  /** The handler reads the body itself once its headers are checked (`body` still documents it): a batch, which may be large. */
+  readsOwnBody?: boolean;
   /** `stream`: the route also answers as server-sent events (`"stream": true`), described so. */
   responses: Record<number, { description: string; schema?: TSchema; contentType?: string; stream?: string }>;
   handler: (ctx: Koa.ParameterizedContext, input: { body: Maybe<B>; query: Maybe<Q>; params: Maybe<P> }) => unknown;
@@ -49,7 +45,7 @@ export function defineRoute<
 /** Registers routes on a router; validators are compiled here, once, at start-up. */
 export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): void {
   for (const spec of routes) {
-    const body = spec.body && !spec.rawBody ? compileBody(spec.body) : null;
+    const body = spec.body && !spec.readsOwnBody ? compileBody(spec.body) : null;
     const query = spec.query ? compileQuery(spec.query) : null;
     const params = spec.params ? compileParams(spec.params) : null;
     const chain: Koa.Middleware[] = [];
@@ -60,31 +56,9 @@ export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): 
         await next();
       });
     }
-    if (spec.admit) {
-      const admit = spec.admit;
-      chain.push(async (ctx, next) => {
-        let done: () => void;
-        try {
-          done = admit(ctx);
-        } catch (err) {
-          ctx.set('Connection', 'close'); // its body was not read: not worth reading to keep the connection
-          throw err;
-        }
-        try {
-          await next();
-        } finally {
-          done();
-        }
-      });
-    }
     if (spec.body) {
       const { bodyLimitBytes, bodyMaxDepth, bodyIdleMs } = deps.config.http;
-      chain.push(
-        jsonBody(
-          { limitBytes: spec.bodyLimitBytes ?? bodyLimitBytes, maxDepth: bodyMaxDepth, idleMs: bodyIdleMs },
-          { parse: !spec.rawBody },
-        ),
-      );
+      chain.push(jsonBody({ limitBytes: bodyLimitBytes, maxDepth: bodyMaxDepth, idleMs: bodyIdleMs }, { read: !spec.readsOwnBody }));
     }
     chain.push(async (ctx) => {
       const input = {

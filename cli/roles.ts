@@ -167,6 +167,7 @@ export async function runApiRole(
     maxDepth: config.http.bodyMaxDepth,
     maxRequests: config.batches.maxRequests,
     maxBytes: config.batches.maxBytes,
+    idleMs: config.http.bodyIdleMs,
   });
   batchBodies.warm();
   const api = await startupStep(

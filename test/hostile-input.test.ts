@@ -386,8 +386,10 @@ describe('hostile input', () => {
     await call(`${gw.url}/api/v1/batches/${rb.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
   });
 
-  it('large batch bodies are read up to BATCH_MAX_BYTES at once per process: past it a 429 with Retry-After, before the body is read', async function () {
+  it("one workspace's slow large batch uploads hold at most its share of the process's room for them: another workspace's largest batch is received meanwhile; the first gets a 429 before its body is read", async function () {
     this.timeout(60_000);
+    const MB = 1024 * 1024;
+    const other = await createTenant(gw.store, 5);
     const batchOf = (n: number, tag: string) =>
       Buffer.from(
         JSON.stringify({
@@ -400,47 +402,44 @@ describe('hostile input', () => {
           })),
         }),
       );
-    const slow = batchOf(3_000, 'slow'); // ~30 MB of the 40 MB allowed
-    const other = batchOf(2_000, 'other'); // ~20 MB: the two together are over
-    /** Sends the first megabyte of a body; `rest` sends the rest. */
-    const started = (body: Buffer) => {
-      let rest!: () => void;
-      const answered = new Promise<{ status: number; headers: http.IncomingHttpHeaders; body: any }>((resolve, reject) => {
-        const req = http.request(
-          {
-            host: '127.0.0.1',
-            port,
-            path: '/api/v1/batches',
-            method: 'POST',
-            headers: { ...auth(), 'content-length': String(body.length) },
-          },
-          (res) => {
-            const chunks: Buffer[] = [];
-            res.on('data', (c) => chunks.push(c));
-            res.on('end', () =>
-              resolve({ status: res.statusCode!, headers: res.headers, body: JSON.parse(Buffer.concat(chunks).toString()) }),
-            );
-          },
-        );
-        req.on('error', reject);
-        req.write(body.subarray(0, 1_000_000));
-        rest = () => req.end(body.subarray(1_000_000));
+    /** A batch of the largest size (BATCH_MAX_BYTES, 40 MB), sent a few bytes at a time, never falling silent for the 500 ms idle limit. */
+    const trickled = () => {
+      const req = http.request({
+        host: '127.0.0.1',
+        port,
+        path: '/api/v1/batches',
+        method: 'POST',
+        headers: { ...auth(), 'content-length': String(40 * MB) },
       });
-      return { answered, rest };
+      req.on('error', () => undefined);
+      req.write('{"endpoint":"/v1/chat/completions","model":"sandbox/chat-1","requests":[');
+      const drip = setInterval(() => req.write(' '), 100);
+      return () => {
+        clearInterval(drip);
+        req.destroy();
+      };
     };
-    // The first is held part-way: admitted, its body still being read.
-    const first = started(slow);
+    // Three quarters of the room for four of the largest: this workspace's share.
+    const held = [trickled(), trickled(), trickled()];
+    try {
+      await new Promise((r) => setTimeout(r, 500));
+      const refused = await post(port, '/api/v1/batches', auth(), batchOf(200, 'more'));
+      expect(refused.status).to.equal(429);
+      expect(refused.headers['retry-after']).to.equal('5');
+      expect(refused.headers.connection).to.equal('close');
+      expect(refused.body.error.message).to.match(/This workspace is sending other large batches to this process \(120 MB of the 120 MB/);
+      // Another workspace's batch of the largest size is received and created meanwhile.
+      const largest = batchOf(3_950, 'other');
+      expect(largest.length).to.be.within(38 * MB, 40 * MB);
+      const created = await post(port, '/api/v1/batches', { ...auth(), authorization: `Bearer ${other.managementKey}` }, largest);
+      expect(created.status, JSON.stringify(created.body).slice(0, 200)).to.equal(202);
+      expect(created.body.request_counts.total).to.equal(3_950);
+    } finally {
+      for (const stop of held) stop();
+    }
+    // The slow uploads gone, their room is given back.
     await new Promise((r) => setTimeout(r, 300));
-    const refused = await started(other).answered; // refused without the rest of its body
-    expect(refused.status).to.equal(429);
-    expect(refused.headers['retry-after']).to.equal('5');
-    expect(refused.headers.connection).to.equal('close');
-    expect(refused.body.error.message).to.match(/reading other large batches/);
-    first.rest();
-    const done = await first.answered;
-    expect(done.status, JSON.stringify(done.body).slice(0, 200)).to.equal(202);
-    // Once the first is done, the second is read.
-    expect((await post(port, '/api/v1/batches', auth(), other)).status).to.equal(202);
+    expect((await post(port, '/api/v1/batches', auth(), batchOf(200, 'after'))).status).to.equal(202);
   });
 
   it('a refused batch leaves no collections behind', async () => {

@@ -19,7 +19,6 @@ import {
 import { LiveCounts } from '../../domain/batches/live-counts';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
-import { mostBodyBytes } from '../body';
 import { defineRoute, type AnyRoute } from '../route';
 import { CursorPage, cursorPage } from '../../infrastructure/validation/types';
 import {
@@ -129,20 +128,21 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics, batch
       auth: 'any',
       billable: true,
       body: CreateBatchBody,
-      bodyLimitBytes: settings.maxBytes,
-      rawBody: true, // read by batchBodies: a large one off the event loop
-      admit: (ctx) => batchBodies.admit(mostBodyBytes(ctx.req, settings.maxBytes)),
+      readsOwnBody: true, // received by batchBodies: a large one to disk, then read off the event loop
       summary: 'Create a batch of requests to one endpoint, run asynchronously (202, status validating)',
       responses: { 202: { description: 'Accepted', schema: BatchObject } },
       handler: async (ctx) => {
         const auth = authOf(ctx);
-        const read = await batchBodies.read(ctx.request.rawBody!);
-        const { doc, lines, modelId } = await planNewBatch(
-          { catalog: upstreams.catalog, allowPrivateCallbacks: config.webhooks.allowPrivateUrls },
-          { workspaceId: auth.workspaceId, keyId: auth.keyId, meta: requestMeta(ctx) },
-          read,
-        );
-        const stored = await createBatch(store, doc, lines, settings.chunkSize);
+        // The lines are stored before the memory they take is given back.
+        const { doc, stored, modelId } = await batchBodies.receive(ctx, auth.workspaceId, async (read) => {
+          const { doc, lines, modelId } = await planNewBatch(
+            { catalog: upstreams.catalog, allowPrivateCallbacks: config.webhooks.allowPrivateUrls },
+            { workspaceId: auth.workspaceId, keyId: auth.keyId, meta: requestMeta(ctx) },
+            read,
+          );
+          const stored = await createBatch(store, doc, lines, settings.chunkSize);
+          return { doc, stored, modelId };
+        });
         const start = batchWorkflowStart(stored, modelId, {
           taskQueue: config.temporal.taskQueue,
           window: settings.window,

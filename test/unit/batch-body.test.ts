@@ -2,12 +2,18 @@
 // the same refusals as reading in place, the event loop free meanwhile, and the lines packed in one
 // buffer that round-trips any text.
 import { expect } from 'chai';
-import { BatchBodyReader, readBatchBody } from '../../api/batch-body';
+import { spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import zlib from 'node:zlib';
+import { BatchBodyReader, decodeBatchBody, readBatchBody } from '../../api/batch-body';
+import { spoolDirectory, type SpooledBody } from '../../api/body-spool';
 import { mostBodyBytes } from '../../api/body';
 import { bodyBytes, lineCount, packLines, unpackLines } from '../../domain/batches/packed-lines';
 import type { GatewayError } from '../../infrastructure/errors';
 
-const limits = { maxDepth: 64, maxRequests: 50_000, maxBytes: 200 * 1024 * 1024 };
+const limits = { maxDepth: 64, maxRequests: 50_000, maxBytes: 200 * 1024 * 1024, idleMs: 15_000 };
 
 const line = (i: number, content = `question ${i}`) => ({
   custom_id: `c${i}`,
@@ -16,9 +22,13 @@ const line = (i: number, content = `question ${i}`) => ({
 const bodyOf = (requests: unknown[], extra: Record<string, unknown> = {}) =>
   Buffer.from(JSON.stringify({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests, ...extra }));
 
-/** A body as the HTTP layer hands it over: in pieces of 64 KB. */
-const pieces = (raw: Buffer) =>
-  Array.from({ length: Math.ceil(raw.length / 65_536) }, (_, i) => raw.subarray(i * 65_536, (i + 1) * 65_536));
+/** A body as the HTTP layer hands it over: in pieces of 64 KB, kept as the reader keeps them. */
+async function received(reader: BatchBodyReader, raw: Buffer, encoding = 'identity'): Promise<SpooledBody> {
+  const body = reader.spool(encoding);
+  for (let at = 0; at < raw.length; at += 65_536) body.take(raw.subarray(at, at + 65_536));
+  await body.end();
+  return body;
+}
 
 async function refusal(p: Promise<unknown>): Promise<GatewayError> {
   try {
@@ -59,7 +69,7 @@ describe('batch create bodies read on a worker thread', () => {
     requests[7] = { custom_id: 'bad', body: { max_tokens: 5 } as never }; // no messages: counted, not refused
     const raw = bodyOf(requests, { metadata: { team: 'risk' } });
     expect(raw.length).to.be.above(1024 * 1024);
-    const off = await reader.read(pieces(raw));
+    const off = await reader.read(await received(reader, raw));
     const here = readBatchBody(raw, limits);
     expect(off.fields).to.deep.equal(here.fields);
     expect(off.validation).to.deep.equal({ invalid: 1, examples: ['bad (messages: is required)'] });
@@ -89,7 +99,7 @@ describe('batch create bodies read on a worker thread', () => {
     try {
       for (const [name, raw, status, message] of cases) {
         expect(raw.length, name).to.be.above(1024);
-        const off = await refusal(strict.read(pieces(raw)));
+        const off = await refusal(strict.read(await received(strict, raw)));
         const here = await refusal((async () => readBatchBody(raw, { ...limits, maxRequests: 2 }))());
         expect(off.status, name).to.equal(status);
         expect(off.message, name).to.match(message);
@@ -115,7 +125,7 @@ describe('batch create bodies read on a worker thread', () => {
       last = now;
     }, 2);
     try {
-      const read = await reader.read(pieces(raw));
+      const read = await reader.read(await received(reader, raw));
       expect(lineCount(read.lines)).to.equal(15_000);
     } finally {
       clearInterval(ticker);
@@ -124,28 +134,86 @@ describe('batch create bodies read on a worker thread', () => {
     expect(longest, `longest turn while read on the worker (in place: ${inPlace.toFixed(0)} ms)`).to.be.below(50);
   });
 
-  it('admits large bodies up to its budget at once (one always), small ones always, and ends an admission once', () => {
-    const budgeted = new BatchBodyReader({ ...limits, maxBytes: 10_000 }, 1024);
-    const small = budgeted.admit(1024); // read in place: not counted
-    const first = budgeted.admit(50_000); // larger than the budget, but alone: admitted
+  it('holds large bodies for a workspace up to three quarters of four of the largest, and for the process up to four; small ones always; each given back once', () => {
+    const budgeted = new BatchBodyReader({ ...limits, maxBytes: 10_000 }, 1024); // spool: 40,000, a workspace's share 30,000
+    const small = budgeted.reserve('a', 1024); // kept in memory and read in place: not counted
+    const held = [budgeted.reserve('a', 10_000), budgeted.reserve('a', 10_000), budgeted.reserve('a', 10_000)];
     let refused: any = null;
     try {
-      budgeted.admit(2048);
+      budgeted.reserve('a', 2048);
     } catch (err) {
       refused = err;
     }
     expect(refused?.status).to.equal(429);
     expect(refused.retryAfterSeconds).to.equal(5);
-    expect(budgeted.admit(1024)).to.be.a('function');
-    first();
-    first(); // twice: still once
-    const a = budgeted.admit(6_000);
-    const b = budgeted.admit(4_000); // 10,000: within the budget
-    expect(() => budgeted.admit(2048)).to.throw(/reading other large batches/);
-    a();
-    b();
-    small();
-    expect(budgeted.admit(10_000)).to.be.a('function');
+    expect(refused.message).to.match(/This workspace is sending other large batches/);
+    expect(budgeted.reserve('a', 1024)).to.be.a('function');
+    // Another workspace still has room for a body of the largest size.
+    const other = budgeted.reserve('b', 10_000);
+    expect(() => budgeted.reserve('c', 2048)).to.throw(/This process is receiving other large batches/);
+    held[0]();
+    held[0](); // twice: still once
+    const again = budgeted.reserve('c', 10_000);
+    expect(() => budgeted.reserve('b', 2048)).to.throw(/This process is receiving other large batches/);
+    for (const done of [...held.slice(1), other, again, small]) done();
+    expect(budgeted.reserve('a', 10_000)).to.be.a('function');
+    expect(budgeted.reserve('b', 10_000)).to.be.a('function');
+  });
+
+  it('keeps a body in memory up to its threshold, past it in a file that discarding removes', async () => {
+    const raw = bodyOf(Array.from({ length: 50 }, (_, i) => line(i, 'x'.repeat(100))));
+    const roomy = new BatchBodyReader(limits, raw.length);
+    const small = await received(roomy, raw);
+    await roomy.close();
+    expect([small.file, small.bytes, Buffer.concat(small.chunks).equals(raw)]).to.deep.equal([null, raw.length, true]);
+    const big = await received(reader, raw);
+    expect(big.file).to.be.a('string');
+    expect(big.chunks).to.deep.equal([]);
+    expect(fs.readFileSync(big.file!).equals(raw)).to.equal(true);
+    big.discard();
+    await new Promise((r) => setTimeout(r, 50));
+    expect(fs.existsSync(big.file!)).to.equal(false);
+  });
+
+  it('removes the body directories of processes that are gone (a crash leaves its bodies), not those of live ones', () => {
+    const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'spool-test-'));
+    try {
+      const gone = spawnSync(process.execPath, ['-e', '0']).pid;
+      const stale = path.join(tmp, `inference-gateway-batch-bodies-${gone}-abc`);
+      const live = path.join(tmp, `inference-gateway-batch-bodies-${process.ppid}-def`);
+      for (const dir of [stale, live]) {
+        fs.mkdirSync(dir);
+        fs.writeFileSync(path.join(dir, '0.body'), '{}');
+      }
+      const own = spoolDirectory(tmp);
+      expect(path.basename(own)).to.match(new RegExp(`^inference-gateway-batch-bodies-${process.pid}-`));
+      expect(fs.readdirSync(tmp).sort()).to.deep.equal([path.basename(live), path.basename(own)].sort());
+    } finally {
+      fs.rmSync(tmp, { recursive: true, force: true });
+    }
+  });
+
+  it('reads compressed bodies on the worker, decoded no further than the limit', async () => {
+    const raw = bodyOf(Array.from({ length: 30 }, (_, i) => line(i)));
+    for (const [encoding, encode] of [
+      ['gzip', zlib.gzipSync],
+      ['deflate', zlib.deflateSync],
+      ['br', zlib.brotliCompressSync],
+    ] as const) {
+      const read = await reader.read(await received(reader, encode(raw), encoding));
+      expect(unpackLines(read.lines, 0, 30), encoding).to.deep.equal(unpackLines(readBatchBody(raw, limits).lines, 0, 30));
+    }
+    const bomb = zlib.gzipSync(Buffer.alloc(20_000, 0x20));
+    const tooBig = await refusal((async () => decodeBatchBody(bomb, 'gzip', 10_000))());
+    expect([tooBig.status, tooBig.message]).to.deep.equal([413, 'Request body is larger than the configured limit']);
+    const strict = new BatchBodyReader({ ...limits, maxBytes: 10_000 }, 1024);
+    try {
+      expect((await refusal(strict.read(await received(strict, bomb, 'gzip')))).status).to.equal(413);
+    } finally {
+      await strict.close();
+    }
+    const fake = await refusal(reader.read(await received(reader, raw, 'gzip')));
+    expect([fake.status, fake.message]).to.deep.equal([400, 'Request body is not valid gzip data']);
   });
 
   it('counts a body by its Content-Length when it is sent as is, else by the most it may decode to', () => {
@@ -159,10 +227,11 @@ describe('batch create bodies read on a worker thread', () => {
 
   it('a read in flight when the reader closes fails with 503, and the next one starts a new worker', async () => {
     const raw = bodyOf(Array.from({ length: 5_000 }, (_, i) => line(i, 'x'.repeat(2_000))));
-    const pending = refusal(reader.read(pieces(raw)));
+    const body = await received(reader, raw);
+    const pending = refusal(reader.read(body));
     await reader.close();
     const err = await pending;
     expect(err.status).to.equal(503);
-    expect(lineCount((await reader.read(pieces(raw))).lines)).to.equal(5_000);
+    expect(lineCount((await reader.read(await received(reader, raw))).lines)).to.equal(5_000);
   });
 });
