@@ -45,7 +45,7 @@ export class SpooledBody implements BodySink {
   private resume: (() => void) | null = null;
 
   constructor(
-    private readonly dir: string,
+    readonly dir: string,
     private readonly name: string,
     private readonly inMemoryBytes: number,
     readonly encoding: string,

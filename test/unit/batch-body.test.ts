@@ -175,6 +175,21 @@ describe('batch create bodies read on a worker thread', () => {
     expect(fs.existsSync(big.file!)).to.equal(false);
   });
 
+  it('refuses a body that cannot be written (its directory gone) with a 503', async () => {
+    const body = reader.spool();
+    fs.rmSync(body.dir, { recursive: true });
+    const refused = await refusal(
+      (async () => {
+        for (let i = 0; i < 64; i++) {
+          if (!body.take(Buffer.alloc(65_536, 0x20))) await new Promise<void>((r) => body.onDrain(r));
+        }
+        await body.end();
+      })(),
+    );
+    expect([refused.status, refused.message]).to.deep.equal([503, 'The request body could not be stored right now; try again']);
+    body.discard();
+  });
+
   it('removes the body directories of processes that are gone (a crash leaves its bodies), not those of live ones', () => {
     const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'spool-test-'));
     try {
