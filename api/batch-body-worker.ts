@@ -4,7 +4,8 @@
 import fs from 'node:fs';
 import { parentPort, workerData } from 'node:worker_threads';
 import { GatewayError } from '../infrastructure/errors';
-import { decodeBatchBody, readBatchBody, type BatchBodyLimits, type ToWorker, type WorkerAnswer } from './batch-body';
+import { readBatchBody, type BatchBodyLimits, type ToWorker, type WorkerAnswer } from './batch-body';
+import { inflatedNow } from './body';
 
 const limits = workerData as BatchBodyLimits;
 
@@ -12,7 +13,7 @@ parentPort!.on('message', (m: ToWorker) => {
   let answer: WorkerAnswer;
   try {
     const sent = 'file' in m ? fs.readFileSync(m.file) : m.bytes;
-    const read = readBatchBody(decodeBatchBody(sent, m.encoding, limits.maxBytes), limits);
+    const read = readBatchBody(inflatedNow(sent, m.encoding, limits.maxBytes), limits);
     parentPort!.postMessage({ id: m.id, read } satisfies WorkerAnswer, [read.lines.bodies.buffer as ArrayBuffer]);
     return;
   } catch (err) {

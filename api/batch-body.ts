@@ -1,26 +1,20 @@
-// Batch create bodies: received to disk when large, and read off the event loop. A body may be up to
-// BATCH_MAX_BYTES (200 MB) and arrive as slowly as its client sends it: what it holds meanwhile is a
-// file (api/body-spool.ts) and a share of this process's disk budget for bodies, so one workspace's
-// slow uploads cannot keep another's out. Then decoding, parsing, checking and serialising again
-// 50,000 lines of 3.5 KB held the API process's one thread for 1.5 s, and every other request of
-// the process waited: a body above OFF_THREAD_BYTES (or a compressed one) is read on a worker thread,
-// which answers with the lines packed in one buffer, moved rather than copied
-// (domain/batches/packed-lines.ts); a smaller one is read in place.
+// Batch create bodies, received to disk when large and read off the event loop. A body may be up to
+// BATCH_MAX_BYTES (200 MB):
+// - it may arrive as slowly as its client sends it, so what it holds meanwhile is a file
+//   (api/body-spool.ts) and a share of this process's room for large bodies: one workspace's slow
+//   uploads cannot keep another's out;
+// - decoding, parsing, checking and serialising again 50,000 lines of 3.5 KB held the API process's
+//   one thread for 1.5 s, during which every other request of the process waited. So a body above
+//   OFF_THREAD_BYTES (or a compressed one) is read on a worker thread, which answers with the lines
+//   packed in one buffer, moved rather than copied (domain/batches/packed-lines.ts); a smaller one
+//   is read in place.
 import fs from 'node:fs';
 import path from 'node:path';
-import zlib from 'node:zlib';
 import { Worker } from 'node:worker_threads';
 import type Koa from 'koa';
 import { CreateBatchBody } from '../domain/batches/schema';
 import { readBatchLines, type ReadBatch } from '../domain/batches/create';
-import {
-  BadRequestError,
-  errorFromStatus,
-  PayloadTooLargeError,
-  RateLimitedError,
-  ServiceUnavailableError,
-  type ErrorMetadata,
-} from '../infrastructure/errors';
+import { errorFromStatus, RateLimitedError, ServiceUnavailableError, type ErrorMetadata } from '../infrastructure/errors';
 import { ownerShare } from '../infrastructure/concurrency/semaphore';
 import { compileBody } from '../infrastructure/validation/index';
 import { bodyEncoding, closeUnread, mostBodyBytes, parseJsonBytes, readBody } from './body';
@@ -59,26 +53,6 @@ const createBody = compileBody(CreateBatchBody);
 /** Reads a batch create body: JSON (strictly), its shape, then its lines. What the worker thread runs. */
 export function readBatchBody(raw: Uint8Array, limits: BatchBodyLimits): ReadBatch {
   return readBatchLines(createBody(parseJsonBytes(raw, limits.maxDepth)), limits.maxRequests);
-}
-
-const DECODE: Record<string, (raw: Uint8Array, opts: zlib.ZlibOptions) => Buffer> = {
-  gzip: zlib.gunzipSync,
-  'x-gzip': zlib.gunzipSync,
-  deflate: zlib.inflateSync,
-  br: zlib.brotliDecompressSync,
-};
-
-/** A body as sent, decoded: no further than `maxBytes`, so a small bomb stops at the limit. What the worker thread runs first. */
-export function decodeBatchBody(raw: Uint8Array, encoding: string, maxBytes: number): Uint8Array {
-  const decode = DECODE[encoding];
-  if (!decode) return raw;
-  try {
-    return decode(raw, { maxOutputLength: maxBytes });
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ERR_BUFFER_TOO_LARGE')
-      throw new PayloadTooLargeError('Request body is larger than the configured limit');
-    throw new BadRequestError(`Request body is not valid ${encoding} data`);
-  }
 }
 
 /** A refusal, as it crosses back from the worker. */
@@ -143,7 +117,7 @@ export class BatchBodyReader {
   private next = 0;
   /** Made by `warm` or the first body (again after `close`). */
   private dir: string | null = null;
-  /** Bytes of large bodies being received or read (as declared, or the limit when not known in advance), in all and by workspace. */
+  /** Bytes of large bodies being received or read (as declared, or the limit when sent chunked), in all and by workspace. */
   private spooled = 0;
   private readonly spooledBy = new Map<string, number>();
   private readonly turns: ReadTurns;
@@ -168,7 +142,7 @@ export class BatchBodyReader {
       const encoding = bodyEncoding(ctx.req);
       unreserve = this.reserve(workspaceId, mostBodyBytes(ctx.req, maxBytes));
       body = this.spool(encoding);
-      await readBody(ctx.req, { limitBytes: maxBytes, maxDepth, idleMs }, body, { decode: false });
+      await readBody(ctx.req, { limitBytes: maxBytes, maxDepth, idleMs }, body);
     } catch (err) {
       closeUnread(ctx);
       unreserve();
@@ -214,7 +188,7 @@ export class BatchBodyReader {
     };
   }
 
-  /** A new body kept in this reader's directory (for tests that feed one by hand). */
+  /** A new body, kept in this reader's directory once large. */
   spool(encoding = 'identity'): SpooledBody {
     this.dir ??= spoolDirectory();
     return new SpooledBody(this.dir, `${this.next++}.body`, this.offThreadBytes, encoding);

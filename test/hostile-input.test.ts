@@ -213,7 +213,7 @@ describe('hostile input', () => {
     expect(odd.body.error.message).to.match(/Content-Encoding/);
   });
 
-  it('a gzip bomb stops at the size limit (413), memory stays flat, and the connection is closed so the next request is answered', async () => {
+  it('a gzip bomb stops at the size limit (413), memory stays flat, and the next request on the connection is answered', async () => {
     const bomb = zlib.gzipSync(Buffer.alloc(64 * 1024 * 1024, 0x20)); // 64 MB of spaces, ~64 KB compressed
     const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
     const before = process.memoryUsage().rss;
@@ -226,15 +226,52 @@ describe('hostile input', () => {
       expect(a.body.error.code).to.equal(413);
     }
     expect(grown, `RSS grew ${grown.toFixed(0)} MB`).to.be.lessThan(200);
-    // One kept-alive socket: a 413 for an unread body closes it, and the next request gets a new one and an answer.
+    // One kept-alive socket: the bomb was read in full (as sent) before it was inflated, so the socket carries the next request.
     const first = await post(port, presetPath('bomb'), { ...auth(), 'content-encoding': 'gzip' }, bomb, agent);
     expect(first.status).to.equal(413);
-    expect(first.headers.connection).to.equal('close');
+    expect(first.headers.connection).to.equal('keep-alive');
     const started = Date.now();
     const next = await post(port, presetPath('after-bomb'), auth(), Buffer.from(JSON.stringify({ model: 'sandbox/chat-1' })), agent);
     expect(next.status).to.be.oneOf([200, 201]);
     expect(Date.now() - started).to.be.lessThan(5000);
     agent.destroy();
+  });
+
+  it('a compressed body holds what was sent while it arrives, not what it inflates to: 100 trickled gzip bodies of 1.9 MB each', async function () {
+    this.timeout(30_000);
+    // A few KB of gzip that inflate to most of the 2 MB limit, sent without their end.
+    const gz = zlib.createGzip();
+    const parts: Buffer[] = [];
+    gz.on('data', (d: Buffer) => parts.push(d));
+    gz.write('{"model":"sandbox/chat-1","messages":[{"role":"user","content":"');
+    gz.write(Buffer.alloc(1_900_000, 0x61));
+    await new Promise<void>((r) => gz.flush(zlib.constants.Z_SYNC_FLUSH, () => r()));
+    const start = Buffer.concat(parts);
+    expect(start.length).to.be.below(10_000);
+    global.gc?.();
+    const before = process.memoryUsage().rss;
+    const held = Array.from({ length: 100 }, () => {
+      const req = http.request({
+        host: '127.0.0.1',
+        port,
+        path: presetPath('trickled-gzip'),
+        method: 'POST',
+        headers: { ...auth(), 'content-encoding': 'gzip', 'transfer-encoding': 'chunked' },
+      });
+      req.on('error', () => undefined);
+      req.write(start);
+      return req;
+    });
+    // An empty deflate block every 200 ms: never silent for the 500 ms idle limit.
+    const drip = setInterval(() => held.forEach((r) => r.write(Buffer.from([0, 0, 0, 0xff, 0xff]))), 200);
+    try {
+      await new Promise((r) => setTimeout(r, 2_000));
+      const grown = (process.memoryUsage().rss - before) / 1024 ** 2;
+      expect(grown, `RSS grew ${grown.toFixed(0)} MB (inflated as they arrive: 190 MB)`).to.be.below(60);
+    } finally {
+      clearInterval(drip);
+      held.forEach((r) => r.destroy());
+    }
   });
 
   it('a body read in full that is not JSON is a 400 that keeps the connection for the next request', async () => {
