@@ -19,6 +19,7 @@ import { ownerShare } from '../infrastructure/concurrency/semaphore';
 import { compileBody } from '../infrastructure/validation/index';
 import { bodyEncoding, closeUnread, mostBodyBytes, parseJsonBytes, readBody } from './body';
 import { SpooledBody, spoolDirectory } from './body-spool';
+import type { BodyMemory } from './body-memory';
 
 export interface BatchBodyLimits {
   /** BODY_MAX_DEPTH. */
@@ -134,15 +135,18 @@ export class BatchBodyReader {
    * while the memory they take is still counted. Refused with a 429 before the body is read when the
    * workspace (or the process) holds its share of large bodies already.
    */
-  async receive<T>(ctx: Koa.Context, workspaceId: string, use: (read: ReadBatch) => Promise<T>): Promise<T> {
+  async receive<T>(ctx: Koa.Context, workspaceId: string, memory: BodyMemory, use: (read: ReadBatch) => Promise<T>): Promise<T> {
     const { maxBytes, maxDepth, idleMs } = this.settings;
     let body: SpooledBody | null = null;
     let unreserve = () => {};
     try {
       const encoding = bodyEncoding(ctx.req);
-      unreserve = this.reserve(workspaceId, mostBodyBytes(ctx.req, maxBytes));
+      const most = mostBodyBytes(ctx.req, maxBytes);
+      unreserve = this.reserve(workspaceId, most);
       body = this.spool(encoding);
-      await readBody(ctx.req, { limitBytes: maxBytes, maxDepth, idleMs }, body);
+      // A body that stays in memory counts there; a larger one was reserved room on disk above.
+      const hold = most <= this.offThreadBytes ? memory.hold(workspaceId) : undefined;
+      await readBody(ctx.req, { limitBytes: maxBytes, maxDepth, idleMs }, body, hold);
     } catch (err) {
       closeUnread(ctx);
       unreserve();

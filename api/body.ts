@@ -8,6 +8,7 @@ import zlib from 'node:zlib';
 import { promisify } from 'node:util';
 import type Koa from 'koa';
 import bourne from '@hapi/bourne';
+import type { BodyHold, BodyMemory } from './body-memory';
 import { BadRequestError, PayloadTooLargeError, RequestTimeoutError, type GatewayError } from '../infrastructure/errors';
 
 export interface BodyLimits {
@@ -158,8 +159,11 @@ export function bodyEncoding(req: Koa.Request['req']): string {
   return encoding;
 }
 
-/** Reads a body, as sent, into `sink`; whoever reads it inflates it (`inflatedNow`), within the same limit. */
-export function readBody(req: Koa.Request['req'], limits: BodyLimits, sink: BodySink): Promise<void> {
+/**
+ * Reads a body, as sent, into `sink`; whoever reads it inflates it (`inflatedNow`), within the same
+ * limit. `hold` counts what is kept in memory meanwhile (and may refuse it); released once read.
+ */
+export function readBody(req: Koa.Request['req'], limits: BodyLimits, sink: BodySink, hold?: BodyHold): Promise<void> {
   bodyEncoding(req);
   if (Number(req.headers['content-length']) > limits.limitBytes)
     throw new PayloadTooLargeError('Request body is larger than the configured limit');
@@ -178,6 +182,7 @@ export function readBody(req: Koa.Request['req'], limits: BodyLimits, sink: Body
       settled = true;
       watched.delete(watching);
       req.off('data', onData).off('end', onEnd).off('error', lost).off('aborted', lost);
+      hold?.release();
       if (err) {
         req.pause();
         reject(err);
@@ -194,6 +199,7 @@ export function readBody(req: Koa.Request['req'], limits: BodyLimits, sink: Body
       size += chunk.length;
       if (size > limits.limitBytes) return finish(new PayloadTooLargeError('Request body is larger than the configured limit'));
       try {
+        hold?.add(chunk.length);
         if (!sink.take(chunk)) {
           req.pause();
           sink.onDrain(resume);
@@ -247,7 +253,7 @@ export function parseJsonBytes(raw: Uint8Array, maxDepth: number): unknown {
  * Reads a JSON body into `ctx.request.body`; with `read: false`, only checks its headers, for a
  * route that reads the body itself (a batch, which may be large: api/batch-body).
  */
-export function jsonBody(limits: BodyLimits, { read = true } = {}): Koa.Middleware {
+export function jsonBody(limits: BodyLimits, { read = true, memory }: { read?: boolean; memory?: BodyMemory } = {}): Koa.Middleware {
   return async (ctx, next) => {
     const hasBody = Number(ctx.get('content-length') || 0) > 0 || ctx.get('transfer-encoding') !== '';
     try {
@@ -263,7 +269,7 @@ export function jsonBody(limits: BodyLimits, { read = true } = {}): Koa.Middlewa
         throw new BadRequestError(`Request body must be UTF-8, not ${JSON.stringify(charset.slice(0, 40))}`);
       if (read) {
         const sink = new InMemory();
-        await readBody(ctx.req, limits, sink);
+        await readBody(ctx.req, limits, sink, memory?.hold((ctx.state.auth as { workspaceId?: string } | undefined)?.workspaceId ?? ''));
         const raw = sink.chunks.length === 1 ? sink.chunks[0] : Buffer.concat(sink.chunks);
         const encoding = encodingOf(ctx.req);
         // Sent as is (nearly every call): no await, which would cost the hot path a turn.

@@ -12,6 +12,7 @@ import type { DecisionExecution } from './decision-execution';
 import type { Metrics } from '../infrastructure/metrics';
 import type { Broadcaster } from '../domain/traces/broadcast';
 import type { BatchBodyReader } from './batch-body';
+import type { BodyMemory } from './body-memory';
 
 export interface AppDeps {
   config: Config;
@@ -34,6 +35,8 @@ export interface AppDeps {
   broadcast: Broadcaster;
   /** Reads batch create bodies, a large one on a worker thread. */
   batchBodies: BatchBodyReader;
+  /** Counts the request bodies held in memory while they arrive (one workspace's at most its share). */
+  bodyMemory: BodyMemory;
   /** Under `gateway start`: the state of each embedded process it supervises (for /readyz). */
   embedded?: () => Record<string, 'ok' | 'restarting'>;
 }

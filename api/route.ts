@@ -58,7 +58,12 @@ export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): 
     }
     if (spec.body) {
       const { bodyLimitBytes, bodyMaxDepth, bodyIdleMs } = deps.config.http;
-      chain.push(jsonBody({ limitBytes: bodyLimitBytes, maxDepth: bodyMaxDepth, idleMs: bodyIdleMs }, { read: !spec.readsOwnBody }));
+      chain.push(
+        jsonBody(
+          { limitBytes: bodyLimitBytes, maxDepth: bodyMaxDepth, idleMs: bodyIdleMs },
+          { read: !spec.readsOwnBody, memory: deps.bodyMemory },
+        ),
+      );
     }
     chain.push(async (ctx) => {
       const input = {

@@ -25,6 +25,7 @@ import { Metrics } from '../infrastructure/metrics';
 import { createWebhookSender } from '../domain/webhooks/deliver';
 import { purgeDeleted } from '../domain/batches/store';
 import { BatchBodyReader } from '../api/batch-body';
+import { BodyMemory } from '../api/body-memory';
 import { startupStep } from './startup-step';
 
 /** How often a process looks for batch deletions left unfinished. */
@@ -189,6 +190,7 @@ export async function runApiRole(
         workspaces: credits,
         keys: new KeyCache(store, config.auth.keyCacheMs),
         batchBodies,
+        bodyMemory: new BodyMemory(config.http.bodyLimitBytes),
         embedded: opts.embedded,
       },
       config.host,

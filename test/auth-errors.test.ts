@@ -318,6 +318,7 @@ describe('402, 500 and the billable guard', () => {
       keys: new KeyCache(gw.store, 0),
       broadcast: null as never,
       batchBodies: null as never,
+      bodyMemory: null as never,
     }; // no caching: every call reads the ledger
     mountRoutes(
       router,

@@ -5,6 +5,8 @@ import http from 'node:http';
 import net from 'node:net';
 import zlib from 'node:zlib';
 import path from 'node:path';
+import fs from 'node:fs';
+import os from 'node:os';
 import {
   batchesWithoutDocument,
   call,
@@ -274,6 +276,60 @@ describe('hostile input', () => {
     }
   });
 
+  it("one workspace's slow bodies hold at most three quarters of what bodies may hold in a process's memory: past it a 429, and another workspace is served meanwhile", async function () {
+    this.timeout(60_000);
+    const other = await createTenant(gw.store, 5);
+    // BODY_LIMIT is 2 MB here: bodies in memory may hold 128 MB, one workspace's 96 MB.
+    const trickled = (bytes: number) => {
+      const req = http.request({
+        host: '127.0.0.1',
+        port,
+        path: presetPath('held-in-memory'),
+        method: 'POST',
+        headers: { ...auth(), 'content-length': String(2_000_000) },
+      });
+      const answered = new Promise<{ status: number; headers: http.IncomingHttpHeaders; body: any }>((resolve) =>
+        req.on('response', (res) => {
+          const chunks: Buffer[] = [];
+          res.on('data', (c) => chunks.push(c));
+          res.on('end', () =>
+            resolve({ status: res.statusCode!, headers: res.headers, body: JSON.parse(Buffer.concat(chunks).toString()) }),
+          );
+        }),
+      );
+      req.on('error', () => undefined);
+      req.write(`{"model":"sandbox/chat-1","pad":"${'x'.repeat(bytes - 40)}`);
+      return { req, answered };
+    };
+    const held = Array.from({ length: 50 }, () => trickled(1_990_000)); // 99.5 MB, of the 100.7 MB (96 MiB) one workspace may hold
+    const drip = setInterval(() => held.forEach((h) => h.req.write(' ')), 200);
+    try {
+      await new Promise((r) => setTimeout(r, 1_500));
+      const refused = await Promise.race([
+        trickled(1_990_000).answered,
+        new Promise<never>((_, reject) => setTimeout(() => reject(new Error('no answer within 10 s')), 10_000)),
+      ]);
+      expect(refused.status).to.equal(429);
+      expect(refused.headers.connection).to.equal('close');
+      expect(refused.body.error.message).to.match(
+        /This workspace is sending more request bodies to this process at once than it may hold \(96 MB\)/,
+      );
+      const served = await post(
+        port,
+        presetPath('other-workspace'),
+        { ...auth(), authorization: `Bearer ${other.managementKey}` },
+        Buffer.from(JSON.stringify({ model: 'sandbox/chat-1' })),
+      );
+      expect(served.status, JSON.stringify(served.body)).to.be.oneOf([200, 201]);
+    } finally {
+      clearInterval(drip);
+      held.forEach((h) => h.req.destroy());
+    }
+    await new Promise((r) => setTimeout(r, 300));
+    const again = await post(port, presetPath('after-held'), auth(), Buffer.from(JSON.stringify({ model: 'sandbox/chat-1' })));
+    expect(again.status).to.be.oneOf([200, 201]);
+  });
+
   it('a body read in full that is not JSON is a 400 that keeps the connection for the next request', async () => {
     const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
     const bad = await post(port, presetPath('bad-json'), auth(), Buffer.from('{"model": '), agent);
@@ -449,7 +505,8 @@ describe('hostile input', () => {
         headers: { ...auth(), 'content-length': String(40 * MB) },
       });
       req.on('error', () => undefined);
-      req.write('{"endpoint":"/v1/chat/completions","model":"sandbox/chat-1","requests":[');
+      // Past 1 MB: kept in a file from there on.
+      req.write(`{"endpoint":"/v1/chat/completions","model":"sandbox/chat-1","requests":[${' '.repeat(1.5 * MB)}`);
       const drip = setInterval(() => req.write(' '), 100);
       return () => {
         clearInterval(drip);
@@ -458,6 +515,12 @@ describe('hostile input', () => {
     };
     // Three quarters of the room for four of the largest: this workspace's share.
     const held = [trickled(), trickled(), trickled()];
+    /** The files of this process's bodies being received (the gateway runs in this process). */
+    const spooled = () =>
+      fs
+        .readdirSync(os.tmpdir())
+        .filter((d) => d.startsWith(`inference-gateway-batch-bodies-${process.pid}-`))
+        .flatMap((d) => fs.readdirSync(path.join(os.tmpdir(), d)));
     try {
       await new Promise((r) => setTimeout(r, 500));
       const refused = await post(port, '/api/v1/batches', auth(), batchOf(200, 'more'));
@@ -471,11 +534,14 @@ describe('hostile input', () => {
       const created = await post(port, '/api/v1/batches', { ...auth(), authorization: `Bearer ${other.managementKey}` }, largest);
       expect(created.status, JSON.stringify(created.body).slice(0, 200)).to.equal(202);
       expect(created.body.request_counts.total).to.equal(3_950);
+      // The three slow ones are files meanwhile; the created one's is gone.
+      expect(spooled()).to.have.length(3);
     } finally {
       for (const stop of held) stop();
     }
-    // The slow uploads gone, their room is given back.
+    // The slow uploads gone, their room is given back, and their files removed.
     await new Promise((r) => setTimeout(r, 300));
+    expect(spooled()).to.deep.equal([]);
     expect((await post(port, '/api/v1/batches', auth(), batchOf(200, 'after'))).status).to.equal(202);
   });
 

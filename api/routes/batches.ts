@@ -58,7 +58,7 @@ function timeBound(name: 'created_after' | 'created_before', raw: string | undef
  */
 const MAX_RESULT_READS = 4;
 
-export function batchRoutes({ config, store, temporal, upstreams, metrics, batchBodies }: AppDeps): AnyRoute[] {
+export function batchRoutes({ config, store, temporal, upstreams, metrics, batchBodies, bodyMemory }: AppDeps): AnyRoute[] {
   const settings = config.batches;
   const resultReads = new Map<string, number>();
   const live = new LiveCounts(store);
@@ -134,7 +134,7 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics, batch
       handler: async (ctx) => {
         const auth = authOf(ctx);
         // The lines are stored before the memory they take is given back.
-        const { doc, stored, modelId } = await batchBodies.receive(ctx, auth.workspaceId, async (read) => {
+        const { doc, stored, modelId } = await batchBodies.receive(ctx, auth.workspaceId, bodyMemory, async (read) => {
           const { doc, lines, modelId } = await planNewBatch(
             { catalog: upstreams.catalog, allowPrivateCallbacks: config.webhooks.allowPrivateUrls },
             { workspaceId: auth.workspaceId, keyId: auth.keyId, meta: requestMeta(ctx) },

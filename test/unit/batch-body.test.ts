@@ -10,6 +10,7 @@ import zlib from 'node:zlib';
 import { BatchBodyReader, readBatchBody } from '../../api/batch-body';
 import { spoolDirectory, type SpooledBody } from '../../api/body-spool';
 import { inflatedNow, mostBodyBytes } from '../../api/body';
+import { BodyMemory } from '../../api/body-memory';
 import { bodyBytes, lineCount, packLines, unpackLines } from '../../domain/batches/packed-lines';
 import type { GatewayError } from '../../infrastructure/errors';
 
@@ -158,6 +159,24 @@ describe('batch create bodies read on a worker thread', () => {
     for (const done of [...held.slice(1), other, again, small]) done();
     expect(budgeted.reserve('a', 10_000)).to.be.a('function');
     expect(budgeted.reserve('b', 10_000)).to.be.a('function');
+  });
+
+  it('counts bodies held in memory: a workspace up to three quarters of 64 of the largest, the process up to 64; each released once', () => {
+    const memory = new BodyMemory(1_000); // budget 64,000, a workspace's share 48,000
+    const a = memory.hold('a');
+    a.add(40_000);
+    a.add(8_000);
+    const more = memory.hold('a');
+    expect(() => more.add(1)).to.throw(/This workspace is sending more request bodies/);
+    const b = memory.hold('b');
+    b.add(16_000);
+    expect(() => memory.hold('c').add(1)).to.throw(/This process is receiving too many request bodies/);
+    a.release();
+    a.release(); // twice: still once
+    more.add(48_000);
+    expect(() => memory.hold('c').add(1)).to.throw(/This process is receiving too many/);
+    b.release();
+    memory.hold('c').add(16_000);
   });
 
   it('keeps a body in memory up to its threshold, past it in a file that discarding removes', async () => {
