@@ -145,7 +145,7 @@ export class BatchBodyReader {
       unreserve = this.reserve(workspaceId, most);
       body = this.spool(encoding);
       // A body that stays in memory counts there; a larger one was reserved room on disk above.
-      const hold = most <= this.offThreadBytes ? memory.hold(workspaceId) : undefined;
+      const hold = most <= this.offThreadBytes ? { memory, workspaceId } : undefined;
       await readBody(ctx.req, { limitBytes: maxBytes, maxDepth, idleMs }, body, hold);
     } catch (err) {
       closeUnread(ctx);

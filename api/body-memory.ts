@@ -10,12 +10,6 @@ import { ownerShare } from '../infrastructure/concurrency/semaphore';
 /** Bodies of the largest size the process may hold in memory at once. */
 const BODIES = 64;
 
-/** One body's count: `add` as its pieces arrive (throws the refusal), `release` once it is read or refused. */
-export interface BodyHold {
-  add(bytes: number): void;
-  release(): void;
-}
-
 const mb = (bytes: number) => `${Math.round(bytes / 1024 ** 2)} MB`;
 
 export class BodyMemory {
@@ -27,32 +21,27 @@ export class BodyMemory {
     this.budget = BODIES * bodyLimitBytes;
   }
 
-  /** A body's count, for a workspace (or '' before one is known). */
-  hold(workspaceId: string): BodyHold {
-    let counted = 0;
-    return {
-      add: (bytes) => {
-        const mine = this.heldBy.get(workspaceId) ?? 0;
-        const share = ownerShare(this.budget);
-        if (mine + bytes > share)
-          throw new RateLimitedError(
-            `This workspace is sending more request bodies to this process at once than it may hold (${mb(share)}); retry once they are read`,
-            1,
-          );
-        if (this.held + bytes > this.budget)
-          throw new RateLimitedError('This process is receiving too many request bodies at once; retry shortly', 1);
-        this.held += bytes;
-        this.heldBy.set(workspaceId, mine + bytes);
-        counted += bytes;
-      },
-      release: () => {
-        if (!counted) return;
-        this.held -= counted;
-        const left = this.heldBy.get(workspaceId)! - counted;
-        if (left) this.heldBy.set(workspaceId, left);
-        else this.heldBy.delete(workspaceId);
-        counted = 0;
-      },
-    };
+  /** Counts `bytes` more of a workspace's bodies (or refuses them, counting nothing). */
+  add(workspaceId: string, bytes: number): void {
+    const mine = this.heldBy.get(workspaceId) ?? 0;
+    const share = ownerShare(this.budget);
+    if (mine + bytes > share)
+      throw new RateLimitedError(
+        `This workspace is sending more request bodies to this process at once than it may hold (${mb(share)}); retry once they are read`,
+        1,
+      );
+    if (this.held + bytes > this.budget)
+      throw new RateLimitedError('This process is receiving too many request bodies at once; retry shortly', 1);
+    this.held += bytes;
+    this.heldBy.set(workspaceId, mine + bytes);
+  }
+
+  /** Gives back what `add` counted for a body, once it is read or refused. */
+  release(workspaceId: string, bytes: number): void {
+    if (!bytes) return;
+    this.held -= bytes;
+    const left = this.heldBy.get(workspaceId)! - bytes;
+    if (left) this.heldBy.set(workspaceId, left);
+    else this.heldBy.delete(workspaceId);
   }
 }

@@ -8,7 +8,7 @@ import zlib from 'node:zlib';
 import { promisify } from 'node:util';
 import type Koa from 'koa';
 import bourne from '@hapi/bourne';
-import type { BodyHold, BodyMemory } from './body-memory';
+import type { BodyMemory } from './body-memory';
 import { BadRequestError, PayloadTooLargeError, RequestTimeoutError, type GatewayError } from '../infrastructure/errors';
 
 export interface BodyLimits {
@@ -159,11 +159,17 @@ export function bodyEncoding(req: Koa.Request['req']): string {
   return encoding;
 }
 
+/** Whose body it is, for a body kept in memory: counted against the process's room for them while it arrives. */
+export interface MemoryHold {
+  memory: BodyMemory;
+  workspaceId: string;
+}
+
 /**
  * Reads a body, as sent, into `sink`; whoever reads it inflates it (`inflatedNow`), within the same
- * limit. `hold` counts what is kept in memory meanwhile (and may refuse it); released once read.
+ * limit. With `hold`, what is kept in memory meanwhile is counted (and may be refused), until read.
  */
-export function readBody(req: Koa.Request['req'], limits: BodyLimits, sink: BodySink, hold?: BodyHold): Promise<void> {
+export function readBody(req: Koa.Request['req'], limits: BodyLimits, sink: BodySink, hold?: MemoryHold): Promise<void> {
   bodyEncoding(req);
   if (Number(req.headers['content-length']) > limits.limitBytes)
     throw new PayloadTooLargeError('Request body is larger than the configured limit');
@@ -182,7 +188,7 @@ export function readBody(req: Koa.Request['req'], limits: BodyLimits, sink: Body
       settled = true;
       watched.delete(watching);
       req.off('data', onData).off('end', onEnd).off('error', lost).off('aborted', lost);
-      hold?.release();
+      hold?.memory.release(hold.workspaceId, size);
       if (err) {
         req.pause();
         reject(err);
@@ -196,10 +202,15 @@ export function readBody(req: Koa.Request['req'], limits: BodyLimits, sink: Body
     };
     const onData = (chunk: Buffer) => {
       watching.active = true;
-      size += chunk.length;
-      if (size > limits.limitBytes) return finish(new PayloadTooLargeError('Request body is larger than the configured limit'));
+      if (size + chunk.length > limits.limitBytes)
+        return finish(new PayloadTooLargeError('Request body is larger than the configured limit'));
       try {
-        hold?.add(chunk.length);
+        hold?.memory.add(hold.workspaceId, chunk.length);
+      } catch (err) {
+        return finish(err as GatewayError);
+      }
+      size += chunk.length; // counted in memory, when held, from here
+      try {
         if (!sink.take(chunk)) {
           req.pause();
           sink.onDrain(resume);
@@ -269,7 +280,8 @@ export function jsonBody(limits: BodyLimits, { read = true, memory }: { read?: b
         throw new BadRequestError(`Request body must be UTF-8, not ${JSON.stringify(charset.slice(0, 40))}`);
       if (read) {
         const sink = new InMemory();
-        await readBody(ctx.req, limits, sink, memory?.hold((ctx.state.auth as { workspaceId?: string } | undefined)?.workspaceId ?? ''));
+        const workspaceId = (ctx.state.auth as { workspaceId?: string } | undefined)?.workspaceId ?? '';
+        await readBody(ctx.req, limits, sink, memory ? { memory, workspaceId } : undefined);
         const raw = sink.chunks.length === 1 ? sink.chunks[0] : Buffer.concat(sink.chunks);
         const encoding = encodingOf(ctx.req);
         // Sent as is (nearly every call): no await, which would cost the hot path a turn.

@@ -161,22 +161,18 @@ describe('batch create bodies read on a worker thread', () => {
     expect(budgeted.reserve('b', 10_000)).to.be.a('function');
   });
 
-  it('counts bodies held in memory: a workspace up to three quarters of 64 of the largest, the process up to 64; each released once', () => {
+  it('counts bodies held in memory: a workspace up to three quarters of 64 of the largest, the process up to 64', () => {
     const memory = new BodyMemory(1_000); // budget 64,000, a workspace's share 48,000
-    const a = memory.hold('a');
-    a.add(40_000);
-    a.add(8_000);
-    const more = memory.hold('a');
-    expect(() => more.add(1)).to.throw(/This workspace is sending more request bodies/);
-    const b = memory.hold('b');
-    b.add(16_000);
-    expect(() => memory.hold('c').add(1)).to.throw(/This process is receiving too many request bodies/);
-    a.release();
-    a.release(); // twice: still once
-    more.add(48_000);
-    expect(() => memory.hold('c').add(1)).to.throw(/This process is receiving too many/);
-    b.release();
-    memory.hold('c').add(16_000);
+    memory.add('a', 40_000);
+    memory.add('a', 8_000);
+    expect(() => memory.add('a', 1)).to.throw(/This workspace is sending more request bodies/);
+    memory.add('b', 16_000);
+    expect(() => memory.add('c', 1)).to.throw(/This process is receiving too many request bodies/);
+    memory.release('a', 48_000);
+    memory.add('c', 48_000);
+    expect(() => memory.add('a', 1)).to.throw(/This process is receiving too many/);
+    memory.release('b', 16_000);
+    memory.add('a', 16_000);
   });
 
   it('keeps a body in memory up to its threshold, past it in a file that discarding removes', async () => {
