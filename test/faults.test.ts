@@ -153,7 +153,10 @@ describe('faults: a running batch survives each process being killed', function 
       const seen: number[] = [];
       const replaced = await fault(gw, env);
       if (replaced) gw = replaced;
-      const done = await pollUntilTerminal(() => gw.url, t.inferenceKey, created.body.id, seen, 180_000);
+      const done = await pollUntilTerminal(() => gw.url, t.inferenceKey, created.body.id, seen, 180_000).catch((err: Error) => {
+        // What the gateway said meanwhile: a batch that stalls here is otherwise a mystery.
+        throw new Error(`${err.message}\ncounts seen: ${seen.join(',')}\n${gw.proc.recentOutput()}`);
+      });
 
       expect(gw.proc.hasExited, `the gateway died:\n${gw.proc.recentOutput()}`).to.equal(false);
       expect(done.status, JSON.stringify(done.error)).to.equal('completed');
