@@ -15,7 +15,7 @@ import type Koa from 'koa';
 import { CreateBatchBody } from '../domain/batches/schema';
 import { readBatchLines, type ReadBatch } from '../domain/batches/create';
 import { errorFromStatus, RateLimitedError, ServiceUnavailableError, type ErrorMetadata } from '../infrastructure/errors';
-import { ownerShare } from '../infrastructure/concurrency/semaphore';
+import { inMB, SharedBytes } from '../infrastructure/concurrency/shared-bytes';
 import { compileBody } from '../infrastructure/validation/index';
 import { bodyEncoding, closeUnread, mostBodyBytes, parseJsonBytes, readBody } from './body';
 import { SpooledBody, spoolDirectory } from './body-spool';
@@ -73,15 +73,13 @@ interface Waiting {
   reject: (err: unknown) => void;
 }
 
-const mb = (bytes: number) => `${Math.round(bytes / 1024 ** 2)} MB`;
-
 /**
  * Memory for reading large bodies: up to a budget of bytes at once, one body always, in the order
  * they finished arriving. Reading a body takes several times its size in memory for a while (one 179
  * MB batch took the process from 0.2 to 1.4 GB, six at once to 4.2 GB). A body waits here only for
  * the reads and stores ahead of it, never for a client.
  */
-class ReadTurns {
+export class ReadTurns {
   private used = 0;
   private readonly queue: { bytes: number; go: () => void }[] = [];
 
@@ -118,9 +116,8 @@ export class BatchBodyReader {
   private next = 0;
   /** Made by `warm` or the first body (again after `close`). */
   private dir: string | null = null;
-  /** Bytes of large bodies being received or read (as declared, or the limit when sent chunked), in all and by workspace. */
-  private spooled = 0;
-  private readonly spooledBy = new Map<string, number>();
+  /** Bytes of large bodies being received or read (as declared, or the limit when sent chunked), by workspace. */
+  private readonly spooled: SharedBytes;
   private readonly turns: ReadTurns;
 
   constructor(
@@ -128,6 +125,14 @@ export class BatchBodyReader {
     private readonly offThreadBytes = OFF_THREAD_BYTES,
   ) {
     this.turns = new ReadTurns(settings.maxBytes);
+    this.spooled = new SharedBytes(SPOOLED_BODIES * settings.maxBytes, {
+      owner: (held, share) =>
+        new RateLimitedError(
+          `This workspace is sending other large batches to this process (${inMB(held)} of the ${inMB(share)} one workspace may send at once); retry once they are read`,
+          5,
+        ),
+      all: () => new RateLimitedError('This process is receiving other large batches right now; retry in a few seconds', 5),
+    });
   }
 
   /**
@@ -155,7 +160,7 @@ export class BatchBodyReader {
     }
     let endTurn = () => {};
     try {
-      if (!body.file && body.encoding === 'identity') return await use(this.readInPlace(body));
+      if (body.readableInPlace) return await use(this.readInPlace(body));
       // A compressed body may decode to the limit; one sent as is, to its size.
       endTurn = await this.turns.take(body.encoding === 'identity' ? body.bytes : maxBytes);
       return await use(await this.read(body));
@@ -169,26 +174,11 @@ export class BatchBodyReader {
   /** Holds `bytes` of the spool for a workspace's body, or refuses it; the function returned gives them back. */
   reserve(workspaceId: string, bytes: number): () => void {
     if (bytes <= this.offThreadBytes) return () => undefined;
-    const budget = SPOOLED_BODIES * this.settings.maxBytes;
-    const share = ownerShare(budget);
-    const held = this.spooledBy.get(workspaceId) ?? 0;
-    if (held + bytes > share)
-      throw new RateLimitedError(
-        `This workspace is sending other large batches to this process (${mb(held)} of the ${mb(share)} one workspace may send at once); retry once they are read`,
-        5,
-      );
-    if (this.spooled + bytes > budget)
-      throw new RateLimitedError('This process is receiving other large batches right now; retry in a few seconds', 5);
-    this.spooled += bytes;
-    this.spooledBy.set(workspaceId, held + bytes);
+    this.spooled.add(workspaceId, bytes);
     let done = false;
     return () => {
-      if (done) return;
+      if (!done) this.spooled.release(workspaceId, bytes);
       done = true;
-      this.spooled -= bytes;
-      const left = this.spooledBy.get(workspaceId)! - bytes;
-      if (left) this.spooledBy.set(workspaceId, left);
-      else this.spooledBy.delete(workspaceId);
     };
   }
 
@@ -211,7 +201,7 @@ export class BatchBodyReader {
 
   /** Reads a body that has arrived in full: in place when small and sent as is, else on the worker. */
   async read(body: SpooledBody): Promise<ReadBatch> {
-    if (!body.file && body.encoding === 'identity') return this.readInPlace(body);
+    if (body.readableInPlace) return this.readInPlace(body);
     const id = this.next++;
     const answered = new Promise<ReadBatch>((resolve, reject) => this.waiting.set(id, { resolve, reject }));
     const worker = this.started();

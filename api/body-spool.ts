@@ -9,6 +9,8 @@ import { ServiceUnavailableError } from '../infrastructure/errors';
 import type { BodySink } from './body';
 
 const PREFIX = 'inference-gateway-batch-bodies-';
+/** A directory of ours, and the process id that made it. */
+const OURS = new RegExp(`^${PREFIX}(\\d+)-`);
 
 function alive(pid: number): boolean {
   try {
@@ -25,7 +27,7 @@ function alive(pid: number): boolean {
  */
 export function spoolDirectory(tmp = os.tmpdir()): string {
   for (const name of fs.readdirSync(tmp)) {
-    const pid = Number(new RegExp(`^${PREFIX}(\\d+)-`).exec(name)?.[1]);
+    const pid = Number(OURS.exec(name)?.[1]);
     if (pid && pid !== process.pid && !alive(pid)) fs.rmSync(path.join(tmp, name), { recursive: true, force: true });
   }
   return fs.mkdtempSync(path.join(tmp, `${PREFIX}${process.pid}-`));
@@ -50,6 +52,11 @@ export class SpooledBody implements BodySink {
     private readonly inMemoryBytes: number,
     readonly encoding: string,
   ) {}
+
+  /** Still in memory, and as it is to be read (not compressed). */
+  get readableInPlace(): boolean {
+    return !this.file && this.encoding === 'identity';
+  }
 
   take(chunk: Buffer): boolean {
     if (this.failed) throw notStored();

@@ -166,14 +166,15 @@ export interface MemoryHold {
 }
 
 /**
- * Reads a body, as sent, into `sink`; whoever reads it inflates it (`inflatedNow`), within the same
- * limit. With `hold`, what is kept in memory meanwhile is counted (and may be refused), until read.
+ * Reads a body, as sent, into `sink`; resolves with its encoding, for whoever reads it to inflate
+ * (`inflatedNow`) within the same limit. With `hold`, what is kept in memory meanwhile is counted
+ * (and may be refused), until read.
  */
-export function readBody(req: Koa.Request['req'], limits: BodyLimits, sink: BodySink, hold?: MemoryHold): Promise<void> {
-  bodyEncoding(req);
+export function readBody(req: Koa.Request['req'], limits: BodyLimits, sink: BodySink, hold?: MemoryHold): Promise<string> {
+  const encoding = bodyEncoding(req);
   if (Number(req.headers['content-length']) > limits.limitBytes)
     throw new PayloadTooLargeError('Request body is larger than the configured limit');
-  return new Promise<void>((resolve, reject) => {
+  return new Promise<string>((resolve, reject) => {
     let size = 0;
     let settled = false;
     const watching: Watched = {
@@ -193,7 +194,7 @@ export function readBody(req: Koa.Request['req'], limits: BodyLimits, sink: Body
         req.pause();
         reject(err);
       } else {
-        resolve();
+        resolve(encoding);
       }
     };
     const resume = () => {
@@ -281,9 +282,8 @@ export function jsonBody(limits: BodyLimits, { read = true, memory }: { read?: b
       if (read) {
         const sink = new InMemory();
         const workspaceId = (ctx.state.auth as { workspaceId?: string } | undefined)?.workspaceId ?? '';
-        await readBody(ctx.req, limits, sink, memory ? { memory, workspaceId } : undefined);
+        const encoding = await readBody(ctx.req, limits, sink, memory ? { memory, workspaceId } : undefined);
         const raw = sink.chunks.length === 1 ? sink.chunks[0] : Buffer.concat(sink.chunks);
-        const encoding = encodingOf(ctx.req);
         // Sent as is (nearly every call): no await, which would cost the hot path a turn.
         ctx.request.body = parseJsonBytes(
           encoding === 'identity' ? raw : await inflated(raw, encoding, limits.limitBytes),

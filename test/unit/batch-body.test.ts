@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import zlib from 'node:zlib';
-import { BatchBodyReader, readBatchBody } from '../../api/batch-body';
+import { BatchBodyReader, ReadTurns, readBatchBody } from '../../api/batch-body';
 import { spoolDirectory, type SpooledBody } from '../../api/body-spool';
 import { inflatedNow, mostBodyBytes } from '../../api/body';
 import { BodyMemory } from '../../api/body-memory';
@@ -173,6 +173,29 @@ describe('batch create bodies read on a worker thread', () => {
     expect(() => memory.add('a', 1)).to.throw(/This process is receiving too many/);
     memory.release('b', 16_000);
     memory.add('a', 16_000);
+  });
+
+  it('reads bodies that have arrived up to a budget of bytes at once (one always), in the order they arrived', async () => {
+    const turns = new ReadTurns(10_000);
+    const order: string[] = [];
+    const big = await turns.take(50_000); // over the budget, but alone: taken
+    const waiting = [
+      turns.take(6_000).then((done) => (order.push('a'), done)),
+      turns.take(1_000).then((done) => (order.push('b'), done)), // would fit, but waits its turn behind a
+    ];
+    await new Promise((r) => setTimeout(r, 20));
+    expect(order).to.deep.equal([]);
+    big();
+    big(); // twice: given back once
+    const [a, b] = await Promise.all(waiting);
+    expect(order).to.deep.equal(['a', 'b']);
+    let third = false;
+    const c = turns.take(4_000).then((done) => ((third = true), done)); // 6,000 + 1,000 + 4,000: over
+    await new Promise((r) => setTimeout(r, 20));
+    expect(third).to.equal(false);
+    a();
+    (await c)();
+    b();
   });
 
   it('keeps a body in memory up to its threshold, past it in a file that discarding removes', async () => {
