@@ -135,6 +135,11 @@ export class BatchBodyReader {
     });
   }
 
+  /** Bytes of large bodies being received or read now (as counted against the room for them). */
+  get spooledBytes(): number {
+    return this.spooled.heldBytes;
+  }
+
   /**
    * Receives a request's batch body for a workspace and reads it; `use` runs with the lines read,
    * while the memory they take is still counted. Refused with a 429 before the body is read when the

@@ -171,6 +171,8 @@ export async function runApiRole(
     idleMs: config.http.bodyIdleMs,
   });
   batchBodies.warm();
+  const bodyMemory = new BodyMemory(config.http.bodyLimitBytes);
+  metrics.watchBodies({ memory: () => bodyMemory.heldBytes, disk: () => batchBodies.spooledBytes });
   const api = await startupStep(
     logger,
     `starting the API on port ${config.port}`,
@@ -190,7 +192,7 @@ export async function runApiRole(
         workspaces: credits,
         keys: new KeyCache(store, config.auth.keyCacheMs),
         batchBodies,
-        bodyMemory: new BodyMemory(config.http.bodyLimitBytes),
+        bodyMemory,
         embedded: opts.embedded,
       },
       config.host,

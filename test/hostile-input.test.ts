@@ -100,6 +100,23 @@ describe('hostile input', () => {
 
   const auth = () => ({ authorization: `Bearer ${t.managementKey}`, 'content-type': 'application/json' });
 
+  /** Bytes of request bodies the gateway holds now, in memory or on disk, as its /metrics reports them. */
+  const bodyBytesHeld = async (where: 'memory' | 'disk'): Promise<number> => {
+    const text = await (await fetch(`${gw.url}/metrics`)).text();
+    const line = text.split('\n').find((l) => l.startsWith(`gateway_request_body_bytes{held_in="${where}"}`));
+    return Number(line?.split(' ').pop());
+  };
+  /** Waits (up to `ms`) until the gateway holds at least `bytes` of bodies in `where`; resolves with what it holds. */
+  const heldAtLeast = async (where: 'memory' | 'disk', bytes: number, ms = 20_000): Promise<number> => {
+    const until = Date.now() + ms;
+    let held = await bodyBytesHeld(where);
+    while (held < bytes && Date.now() < until) {
+      await new Promise((r) => setTimeout(r, 50));
+      held = await bodyBytesHeld(where);
+    }
+    return held;
+  };
+
   it('400 for __proto__ anywhere in a body', async () => {
     for (const text of [
       '{"model":"sandbox/chat-1","__proto__":{"x":1}}',
@@ -288,25 +305,33 @@ describe('hostile input', () => {
         method: 'POST',
         headers: { ...auth(), 'content-length': String(2_000_000) },
       });
-      const answered = new Promise<{ status: number; headers: http.IncomingHttpHeaders; body: any }>((resolve) =>
+      const h = { req, answer: null as null | { status: number; headers: http.IncomingHttpHeaders; body: any } };
+      const answered = new Promise<NonNullable<typeof h.answer>>((resolve) =>
         req.on('response', (res) => {
           const chunks: Buffer[] = [];
           res.on('data', (c) => chunks.push(c));
-          res.on('end', () =>
-            resolve({ status: res.statusCode!, headers: res.headers, body: JSON.parse(Buffer.concat(chunks).toString()) }),
-          );
+          res.on('end', () => {
+            h.answer = { status: res.statusCode!, headers: res.headers, body: JSON.parse(Buffer.concat(chunks).toString()) };
+            resolve(h.answer);
+          });
         }),
       );
       req.on('error', () => undefined);
       req.write(`{"model":"sandbox/chat-1","pad":"${'x'.repeat(bytes - 40)}`);
-      return { req, answered };
+      return Object.assign(h, { answered });
     };
     const held = Array.from({ length: 50 }, () => trickled(1_990_000)); // 99.5 MB, of the 100.7 MB (96 MiB) one workspace may hold
-    const drip = setInterval(() => held.forEach((h) => h.req.write(' ')), 200);
+    const drip = setInterval(() => held.forEach((h) => h.req.write(' ')), 100);
     try {
-      await new Promise((r) => setTimeout(r, 1_500));
+      // Every slow body arrived as far as it goes: on a busy machine that can take seconds.
+      const inMemory = await heldAtLeast('memory', 50 * 1_990_000);
+      const early = held.filter((h) => h.answer).map((h) => h.answer!.status);
+      expect(early, 'slow bodies answered before the next was sent').to.deep.equal([]);
+      expect(inMemory).to.be.within(50 * 1_990_000, 50 * 2_000_000);
+      const next = trickled(1_990_000);
+      held.push(next); // dripped too: a 429 and not a 408 for silence
       const refused = await Promise.race([
-        trickled(1_990_000).answered,
+        next.answered,
         new Promise<never>((_, reject) => setTimeout(() => reject(new Error('no answer within 10 s')), 10_000)),
       ]);
       expect(refused.status).to.equal(429);
@@ -325,7 +350,9 @@ describe('hostile input', () => {
       clearInterval(drip);
       held.forEach((h) => h.req.destroy());
     }
-    await new Promise((r) => setTimeout(r, 300));
+    // Given back as the slow ones end.
+    for (let i = 0; i < 100 && (await bodyBytesHeld('memory')) > 0; i++) await new Promise((r) => setTimeout(r, 20));
+    expect(await bodyBytesHeld('memory')).to.equal(0);
     const again = await post(port, presetPath('after-held'), auth(), Buffer.from(JSON.stringify({ model: 'sandbox/chat-1' })));
     expect(again.status).to.be.oneOf([200, 201]);
   });
@@ -522,7 +549,8 @@ describe('hostile input', () => {
         .filter((d) => d.startsWith(`inference-gateway-batch-bodies-${process.pid}-`))
         .flatMap((d) => fs.readdirSync(path.join(os.tmpdir(), d)));
     try {
-      await new Promise((r) => setTimeout(r, 500));
+      // Counted as declared once each request's headers are in.
+      expect(await heldAtLeast('disk', 120 * MB)).to.equal(120 * MB);
       const refused = await post(port, '/api/v1/batches', auth(), batchOf(200, 'more'));
       expect(refused.status).to.equal(429);
       expect(refused.headers['retry-after']).to.equal('5');
@@ -541,8 +569,9 @@ describe('hostile input', () => {
       for (const stop of held) stop();
     }
     // The slow uploads gone, their room is given back, and their files removed.
-    await new Promise((r) => setTimeout(r, 300));
+    for (let i = 0; i < 100 && (spooled().length || (await bodyBytesHeld('disk')) > 0); i++) await new Promise((r) => setTimeout(r, 20));
     expect(spooled()).to.deep.equal([]);
+    expect(await bodyBytesHeld('disk')).to.equal(0);
     expect((await post(port, '/api/v1/batches', auth(), batchOf(200, 'after'))).status).to.equal(202);
   });
 

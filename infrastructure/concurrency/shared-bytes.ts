@@ -24,6 +24,11 @@ export class SharedBytes {
     this.share = ownerShare(budget);
   }
 
+  /** Bytes held now, over all owners. */
+  get heldBytes(): number {
+    return this.held;
+  }
+
   /** Counts `bytes` more for an owner, or throws the refusal, counting nothing. */
   add(owner: string, bytes: number): void {
     const mine = this.heldBy.get(owner) ?? 0;

@@ -1,7 +1,7 @@
 // The process's Prometheus metrics, all named here. Label values come from bounded sets only (route
 // templates, catalog ids, provider slugs, outcome kinds, up to SPEND_SERIES workspace ids): never keys, prompts or
 // anything else a caller writes.
-import { collectDefaultMetrics, Counter, Histogram, Registry } from 'prom-client';
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { joinClusterMetrics } from './cluster';
 
 /** What the routing layer reports about each provider call; `Metrics` is one, a test may be another. */
@@ -98,6 +98,24 @@ export class Metrics implements UpstreamObserver {
     labelNames: ['status'] as const,
     registers: [this.registry],
   });
+
+  /**
+   * Request bodies held while they arrive, read at each scrape: in memory (every body until it has
+   * arrived) and on disk (batch bodies over 1 MB). Each has a room per process (api/body-memory.ts,
+   * api/batch-body.ts); near it, workspaces' uploads are being refused with 429s.
+   */
+  watchBodies(held: { memory: () => number; disk: () => number }): void {
+    new Gauge({
+      name: 'gateway_request_body_bytes',
+      help: 'Bytes of request bodies this process holds while they arrive, by where they are held (memory, or disk for large batch bodies)',
+      labelNames: ['held_in'] as const,
+      registers: [this.registry],
+      collect() {
+        this.set({ held_in: 'memory' }, held.memory());
+        this.set({ held_in: 'disk' }, held.disk());
+      },
+    });
+  }
 
   constructor() {
     collectDefaultMetrics({ register: this.registry, prefix: 'gateway_' });
