@@ -24,6 +24,8 @@ export interface AppDeps {
   /** A round trip to the Temporal server (its caller bounds the wait). */
   pingTemporal: () => Promise<unknown>;
   rateLimiter: RateLimiter;
+  /** Batch creations per workspace (BATCH_CREATES_PER_MINUTE), keyed `batches:<workspace id>`. */
+  batchCreates: RateLimiter;
   keys: KeyCache;
   workspaces: SpendAdmission;
   upstreams: Upstreams;

@@ -311,6 +311,7 @@ describe('402, 500 and the billable guard', () => {
       decisions: null as never,
       pingTemporal: async () => undefined,
       rateLimiter: new RateLimiter(gw.store, 1000, 60),
+      batchCreates: null as never,
       upstreams: null as never,
       usage: null as never,
       metrics: new Metrics(),
@@ -487,6 +488,43 @@ describe('rate limits', () => {
     expect(denied.retryAfterSeconds).to.be.within(1, 60);
     now += 60_000;
     expect(await limiter.take(key)).to.include({ allowed: true, remaining: 1 });
+  });
+});
+
+describe('batch creations per workspace', () => {
+  let gw: TestGateway;
+  before(async () => {
+    gw = await startTestGateway({ withWorker: false, env: { BATCH_CREATES_PER_MINUTE: '3' } });
+  });
+  after(async () => {
+    await gw.stop();
+  });
+
+  it("counts a workspace's creates over all its keys: past the limit a 429 before the body is read, and another workspace creates meanwhile", async () => {
+    await clearOfWindowEdge(60, 15_000);
+    const [a, b] = [await createTenant(gw.store), await createTenant(gw.store)];
+    const body = {
+      endpoint: '/v1/chat/completions',
+      model: 'sandbox/chat-1',
+      requests: [{ custom_id: 'x', body: { messages: [{ role: 'user', content: 'hi' }] } }],
+    };
+    // Three creates through two keys: the workspace's limit, not each key's.
+    for (const key of [a.inferenceKey, a.managementKey, a.inferenceKey]) {
+      const created = await call(`${gw.url}/api/v1/batches`, { key, body });
+      expect(created.status, JSON.stringify(created.body)).to.equal(202);
+    }
+    const refused = await call(`${gw.url}/api/v1/batches`, { key: a.managementKey, body });
+    expect(refused.status).to.equal(429);
+    expect(refused.body.error.message).to.equal('Batch creation rate limit exceeded: 3 batches per 60s for this workspace');
+    expect(refused.body.error.metadata).to.include({ limit: 3, window_seconds: 60 });
+    expect(Number(refused.headers.get('retry-after'))).to.be.within(1, 60);
+    expect(refused.headers.get('connection')).to.equal('close');
+    // Nothing of the refused one was stored.
+    const listed = await call(`${gw.url}/api/v1/batches?limit=10`, { key: a.inferenceKey });
+    expect(listed.body.data).to.have.length(3);
+    // Another workspace's limit is its own; other requests of the first go on.
+    expect((await call(`${gw.url}/api/v1/batches`, { key: b.inferenceKey, body })).status).to.equal(202);
+    expect((await call(`${gw.url}/api/v1/credits`, { key: a.inferenceKey })).status).to.equal(200);
   });
 });
 

@@ -23,7 +23,8 @@ describe('batch fairness between workspaces', function () {
 
   it("one workspace's backlog of batches does not keep another's waiting behind it", async () => {
     // Batches are created with no worker polling, so that all of them wait in the queue at once.
-    api = await startTestGateway({ withWorker: false });
+    // A backlog of 200 batches of one workspace: past its create limit.
+    api = await startTestGateway({ withWorker: false, env: { BATCH_CREATES_PER_MINUTE: '1000' } });
     const hog = await createTenant(api.store, 50);
     const other = await createTenant(api.store, 50);
     const create = async (key: string) => {

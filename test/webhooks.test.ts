@@ -235,7 +235,10 @@ describe('batch completion webhooks', function () {
     });
     await new Promise<void>((r) => hole.listen(0, '127.0.0.1', r));
     const holeUrl = `http://127.0.0.1:${(hole.address() as AddressInfo).port}/hook`;
-    const slow = await startTestGateway({ env: { WEBHOOKS_ALLOW_PRIVATE_URLS: 'true', WEBHOOK_TIMEOUT_MS: '60000' } });
+    // 105 batches of one workspace within a minute: past its create limit.
+    const slow = await startTestGateway({
+      env: { WEBHOOKS_ALLOW_PRIVATE_URLS: 'true', WEBHOOK_TIMEOUT_MS: '60000', BATCH_CREATES_PER_MINUTE: '1000' },
+    });
     try {
       const hog = await createTenant(slow.store, 5);
       const other = await createTenant(slow.store, 5);

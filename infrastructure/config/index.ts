@@ -202,6 +202,13 @@ export function loadConfig(env: Env = process.env) {
       maxRequests: positiveInt(env, 'BATCH_MAX_REQUESTS', 50_000),
       maxBytes: bytes(env, 'BATCH_MAX_BYTES', 200 * 1024 ** 2),
       /**
+       * Batches one workspace may create per minute, over all its keys and processes. A create costs
+       * the stack ~70 ms of CPU (a workflow started and run), a chat call ~0.3: counted as requests,
+       * one workspace's creates within its keys' limits took another's chat calls from 1,200 to 260
+       * req/s. OpenAI allows 2,000 creations an hour; OpenRouter rate-limits creates per billable entity.
+       */
+      createsPerMinute: positiveInt(env, 'BATCH_CREATES_PER_MINUTE', 60),
+      /**
        * Lines per stored chunk and per chunk activity. Between two chunks a window slot runs no line
        * (the chunk's last writes, Temporal's turn, the next chunk's reads): 500 rather than 250 lines
        * took 50,000 lines at 0 ms from ~2,700 to ~3,300 lines/s (docs/performance.md).
