@@ -7,6 +7,7 @@ import { startFerretDB } from '../devstack/services';
 import { freePort } from '../devstack/processes';
 import { stack } from './fixture';
 import { startTestGateway, type TestGateway } from './helpers';
+import { Store } from '../infrastructure/store';
 import { capturingLogger } from './capture-log';
 
 describe('health, request ids and the error envelope', () => {
@@ -45,6 +46,28 @@ describe('health, request ids and the error envelope', () => {
       AsyncLocalStorage.prototype.run = run;
     }
     expect(runs).to.equal(0);
+  });
+
+  it('GET /readyz probes arriving together share one check: an unauthenticated flood does not reach MongoDB and Temporal once each', async () => {
+    let pings = 0;
+    const ping = Store.prototype.ping;
+    Store.prototype.ping = function (this: Store, ...args: Parameters<typeof ping>) {
+      pings++;
+      return ping.apply(this, args);
+    };
+    try {
+      const answers = await Promise.all(Array.from({ length: 50 }, () => fetch(`${gw.url}/readyz`)));
+      expect(answers.map((r) => r.status)).to.deep.equal(answers.map(() => 200));
+      for (const r of answers) expect(((await r.json()) as any).checks).to.deep.equal({ mongodb: 'ok', temporal: 'ok' });
+      // 50 probes sent at once arrive over a few turns of the event loop: a few checks, not 50.
+      expect(pings).to.be.within(1, 10);
+      // A probe after they are answered runs a check of its own.
+      const before = pings;
+      expect((await fetch(`${gw.url}/readyz`)).status).to.equal(200);
+      expect(pings).to.equal(before + 1);
+    } finally {
+      Store.prototype.ping = ping;
+    }
   });
 
   it('generates a request id, echoes it, and puts it on the request log line', async () => {
