@@ -38,7 +38,9 @@ function apiRoutes(deps: AppDeps): AnyRoute[] {
     ...accountRoutes(deps),
     ...modelRoutes(deps),
   ];
-  let document: Record<string, unknown> | null = null;
+  // Serialised once: the document is 148 KB, and stringifying it for every request (the route needs
+  // no key) made each cost eight /healthz's CPU (509 against 4,268 req/s at c=20).
+  let document: Buffer | null = null;
   routes.push(
     defineRoute({
       method: 'get',
@@ -48,7 +50,8 @@ function apiRoutes(deps: AppDeps): AnyRoute[] {
       summary: 'This OpenAPI 3.1 document',
       responses: { 200: { description: 'OpenAPI document', schema: Type.Object({}, { additionalProperties: true }) } },
       handler: (ctx) => {
-        document ??= buildOpenApi(routes, API_VERSION);
+        document ??= Buffer.from(JSON.stringify(buildOpenApi(routes, API_VERSION)));
+        ctx.type = 'application/json';
         ctx.body = document;
       },
     }),

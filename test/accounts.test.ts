@@ -372,4 +372,28 @@ describe('GET /api/v1/openapi.json', () => {
       '#/components/schemas/ErrorEnvelope',
     );
   });
+
+  it('is serialised once, not for every request (it is 148 KB, and needs no key)', async () => {
+    await call(`${gw.url}/api/v1/openapi.json`);
+    const stringify = JSON.stringify;
+    let large = 0;
+    JSON.stringify = function (...args: Parameters<typeof stringify>) {
+      const text = stringify.apply(JSON, args);
+      if (text && text.length > 100_000) large++;
+      return text;
+    } as typeof stringify;
+    let r: Awaited<ReturnType<typeof fetch>>;
+    try {
+      r = await fetch(`${gw.url}/api/v1/openapi.json`);
+    } finally {
+      JSON.stringify = stringify;
+    }
+    expect(large).to.equal(0);
+    expect(r.headers.get('content-type')).to.equal('application/json; charset=utf-8');
+    const text = await r.text();
+    expect(Number(r.headers.get('content-length')))
+      .to.equal(Buffer.byteLength(text))
+      .and.be.greaterThan(100_000);
+    expect(JSON.parse(text).openapi).to.equal('3.1.0');
+  });
 });
