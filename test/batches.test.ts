@@ -799,6 +799,16 @@ describe('batches', () => {
     expect(r.status).to.equal(202);
     const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed'], 100_000);
     expect(done.request_counts).to.deep.equal({ total: 720, completed: 720, failed: 0 });
+    expect(done.results.map((x: any) => x.custom_id)).to.deep.equal(Array.from({ length: 720 }, (_, i) => `e${i}`));
+    // Streamed in pieces of ~64 KB (several here): every line whole, in order, once.
+    const jsonl = await fetch(`${gw.url}/api/v1/batches/${r.body.id}/results`, { headers: { authorization: `Bearer ${t.inferenceKey}` } });
+    const text = await jsonl.text();
+    expect(text.length).to.be.greaterThan(2 * 64 * 1024);
+    const lines = text
+      .trimEnd()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    expect(lines.map((l) => [l.line, l.custom_id])).to.deep.equal(Array.from({ length: 720 }, (_, i) => [i, `e${i}`]));
     await withTemporal(async (client) => {
       const runs = [];
       for await (const w of client.workflow.list({ query: `WorkflowId = '${r.body.id}'` })) runs.push(w);

@@ -61,6 +61,28 @@ function timeBound(name: 'created_after' | 'created_before', raw: string | undef
  */
 const MAX_RESULT_READS = 4;
 
+/** Characters a streamed answer's texts are joined into before each write. */
+const PIECE_CHARS = 64 * 1024;
+
+/**
+ * Texts joined into pieces of about PIECE_CHARS: streamed one result at a time, a download of 50,000
+ * results was 50,000 writes and 1.5 s of the process's CPU.
+ */
+async function* inPieces(texts: AsyncIterable<string>): AsyncGenerator<string> {
+  let parts: string[] = [];
+  let size = 0;
+  for await (const text of texts) {
+    parts.push(text);
+    size += text.length;
+    if (size >= PIECE_CHARS) {
+      yield parts.join('');
+      parts = [];
+      size = 0;
+    }
+  }
+  if (parts.length) yield parts.join('');
+}
+
 /**
  * A workspace's batch creations, over all its keys: a create costs the stack ~200 chat calls' CPU,
  * so the per-key request limit does not bound what one workspace's creates take from the others.
@@ -104,7 +126,7 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics, batch
 
   /** A result stream, counted until it closes: read to the end, failed, or the client went away. */
   function resultStream(release: () => void, body: AsyncIterable<string>): Readable {
-    const stream = Readable.from(body);
+    const stream = Readable.from(inPieces(body));
     stream.once('close', release);
     return stream;
   }
