@@ -1,8 +1,20 @@
-// Applies the per-key limit and reports it on every authenticated response.
+// Applies the per-key limit and reports it on every authenticated response; and the per-workspace
+// limit on batch creations.
 import type Koa from 'koa';
 import { RateLimitedError } from '../infrastructure/errors';
+import type { RateDecision, RateLimiter } from '../domain/accounts/rate-limit';
+import { closeUnread } from './body';
 import type { AppDeps } from './deps';
 import type { AuthContext } from './auth';
+
+/** The 429 for a refused decision of `limiter`. */
+function refusal(message: string, d: RateDecision, limiter: RateLimiter): RateLimitedError {
+  return new RateLimitedError(message, d.retryAfterSeconds, {
+    limit: d.limit,
+    window_seconds: limiter.windowSeconds,
+    reset_at: d.resetAt,
+  });
+}
 
 export function rateLimit(deps: AppDeps): Koa.Middleware {
   return async (ctx, next) => {
@@ -14,16 +26,20 @@ export function rateLimit(deps: AppDeps): Koa.Middleware {
     if (d.unchecked) deps.metrics.rateUnchecked.inc();
     if (!d.allowed) {
       deps.metrics.rateLimited.inc();
-      throw new RateLimitedError(
-        `Rate limit exceeded: ${d.limit} requests per ${deps.rateLimiter.windowSeconds}s for this key`,
-        d.retryAfterSeconds,
-        {
-          limit: d.limit,
-          window_seconds: deps.rateLimiter.windowSeconds,
-          reset_at: d.resetAt,
-        },
-      );
+      throw refusal(`Rate limit exceeded: ${d.limit} requests per ${deps.rateLimiter.windowSeconds}s for this key`, d, deps.rateLimiter);
     }
     await next();
   };
+}
+
+/**
+ * A workspace's batch creations, over all its keys: a create costs the stack ~200 chat calls' CPU,
+ * so the per-key request limit does not bound what one workspace's creates take from the others.
+ * Refused before the body is read.
+ */
+export async function admitBatchCreate(limiter: RateLimiter, ctx: Koa.Context, workspaceId: string): Promise<void> {
+  const d = await limiter.take(`batches:${workspaceId}`);
+  if (d.allowed) return;
+  closeUnread(ctx);
+  throw refusal(`Batch creation rate limit exceeded: ${d.limit} batches per ${limiter.windowSeconds}s for this workspace`, d, limiter);
 }

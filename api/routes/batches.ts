@@ -1,7 +1,6 @@
 // Batches: created synchronously (shape, model, custom_ids, size, credits), then run by a durable
 // workflow whose id is the batch id. Every read is scoped to the key's workspace.
 import { Readable } from 'node:stream';
-import type Koa from 'koa';
 import { Type } from '@sinclair/typebox';
 import { BadRequestError, ConflictError, NotFoundError, RateLimitedError, ServiceUnavailableError } from '../../infrastructure/errors';
 import { batchWorkflow, batchWorkflowStart, cancelBatchSignal } from '../../workflows/batch';
@@ -32,8 +31,7 @@ import {
   TERMINAL_STATUSES,
 } from '../../domain/batches/schema';
 import type { AppDeps } from '../deps';
-import type { RateLimiter } from '../../domain/accounts/rate-limit';
-import { closeUnread } from '../body';
+import { admitBatchCreate } from '../rate-limit';
 
 const MAX_DATE_MS = 8.64e15;
 
@@ -81,22 +79,6 @@ async function* inPieces(texts: AsyncIterable<string>): AsyncGenerator<string> {
     }
   }
   if (parts.length) yield parts.join('');
-}
-
-/**
- * A workspace's batch creations, over all its keys: a create costs the stack ~200 chat calls' CPU,
- * so the per-key request limit does not bound what one workspace's creates take from the others.
- * Refused before the body is read.
- */
-async function admitCreate(limiter: RateLimiter, ctx: Koa.Context, workspaceId: string): Promise<void> {
-  const d = await limiter.take(`batches:${workspaceId}`);
-  if (d.allowed) return;
-  closeUnread(ctx);
-  throw new RateLimitedError(
-    `Batch creation rate limit exceeded: ${d.limit} batches per ${limiter.windowSeconds}s for this workspace`,
-    d.retryAfterSeconds,
-    { limit: d.limit, window_seconds: limiter.windowSeconds, reset_at: d.resetAt },
-  );
 }
 
 export function batchRoutes({ config, store, temporal, upstreams, metrics, batchBodies, bodyMemory, batchCreates }: AppDeps): AnyRoute[] {
@@ -174,7 +156,7 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics, batch
       responses: { 202: { description: 'Accepted', schema: BatchObject } },
       handler: async (ctx) => {
         const auth = authOf(ctx);
-        await admitCreate(batchCreates, ctx, auth.workspaceId);
+        await admitBatchCreate(batchCreates, ctx, auth.workspaceId);
         // The lines are stored before the memory they take is given back.
         const { doc, stored, modelId } = await batchBodies.receive(ctx, auth.workspaceId, bodyMemory, async (read) => {
           const { doc, lines, modelId } = await planNewBatch(
