@@ -26,6 +26,7 @@ import { stack } from './fixture';
 import { addPresetVersion } from '../domain/presets/store';
 import { ChunkWriter } from '../domain/batches/chunk-writer';
 import { LiveCounts } from '../domain/batches/live-counts';
+import { PageCache } from '../domain/batches/page-cache';
 import { LineRunner } from '../domain/batches/line-runner';
 import { createTenant, testActivities, testBatchDoc, uniqueName, writeTestCatalog, type Tenant } from './helpers';
 
@@ -309,6 +310,17 @@ describe('batch chunk activity', () => {
       // Into the unfinished chunk: its missing page and its progress are read, and nothing of it is done.
       expect(await read({ after: 279, limit: 100 })).to.deep.equal(range(280, 20));
       expect(finds).to.have.length(3);
+
+      // Pages read once through a cache are read from it the next time: no page is asked of the store.
+      const cache = new PageCache();
+      const pageFinds = async (opts: { after?: number; limit?: number }) => {
+        finds.length = 0;
+        const out: number[] = [];
+        for await (const r of resultTexts(watched, b, opts, cache)) out.push(r.line);
+        return { out, pages: finds.filter((f) => String(f._id).includes('.')).length };
+      };
+      expect(await pageFinds({ after: -1, limit: 300 })).to.deep.equal({ out: range(0, 300), pages: 3 });
+      expect(await pageFinds({ after: -1, limit: 300 })).to.deep.equal({ out: range(0, 300), pages: 0 });
 
       // An unfinished chunk's done lines are read one by one (the page comes when it finishes).
       await saveProgress(store, ref(id), 3, { ...emptyTally(), completed: 2 }, [300, 302]);

@@ -18,6 +18,7 @@ import { fromJsonText } from '../../infrastructure/store/json-text';
 import type { BATCH_ENDPOINTS, BATCH_STATUSES } from './schema';
 import type { LineCheck } from './lines';
 import { bodyBytes, lineCount, unpackLines, type PackedLines } from './packed-lines';
+import type { PageCache } from './page-cache';
 
 export type BatchStatus = (typeof BATCH_STATUSES)[number];
 export type BatchEndpoint = (typeof BATCH_ENDPOINTS)[number];
@@ -600,14 +601,17 @@ export async function* resultTexts(
   store: Store,
   b: BatchDoc,
   opts: { after?: number; limit?: number } = {},
+  cache?: PageCache,
 ): AsyncGenerator<{ line: number; text: string }> {
   let left = opts.limit ?? Infinity;
   let next = Math.max(0, (opts.after ?? -1) + 1);
   let done = null as { chunk: number; lines: Set<number> } | null;
   while (next < b.total && left > 0) {
     const at = locate(b.chunk_starts, b.total, next);
-    const page = await pages(store).findOne({ _id: pageId(b._id, at.chunk, at.page) });
+    const id = pageId(b._id, at.chunk, at.page);
+    const page = cache?.get(id) ?? (await pages(store).findOne({ _id: id }));
     if (page) {
+      cache?.add(page);
       for (let i = next - page.first; i < page.lines.length && left > 0; i++, left--) yield { line: page.first + i, text: page.lines[i] };
       next = at.end;
       continue;
