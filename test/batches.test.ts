@@ -419,11 +419,15 @@ describe('batches', () => {
     it('a workspace may have 4 result streams open at once (429 past that), without holding back another workspace', async function () {
       this.timeout(60_000);
       const other = await createTenant(gw.store, 10);
-      // Results long enough (megabytes) that a stream the client does not read stays open.
+      // Results long enough (13 MB, past what sockets and streams buffer) that a stream the client
+      // does not read stays open, even when its pages are read from memory.
       const r = await create({
-        endpoint: '/v1/chat/completions',
-        model: 'sandbox/chat-1',
-        requests: Array.from({ length: 1000 }, (_, i) => chatLine(i, { max_tokens: 600 })),
+        endpoint: '/v1/embeddings',
+        model: 'sandbox/embed-1',
+        requests: Array.from({ length: 300 }, (_, i) => ({
+          custom_id: `e${i}`,
+          body: { input: `t${i}`, dimensions: 2048, encoding_format: 'float' },
+        })),
       });
       expect(r.status, JSON.stringify(r.body)).to.equal(202);
       await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed']);
