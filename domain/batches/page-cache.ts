@@ -1,4 +1,4 @@
-// Pages of results kept in a process's memory, the most recently read first. A page is written once
+// Pages of results kept in a process's memory, the least recently read leaving first. A page is written once
 // and never changed (a batch's deletion removes its document first, so its pages are no longer
 // asked for), so a kept page is always right. A client that polls a finished batch reads all of its
 // results each time (the interface puts them in the batch object): a 50,000-line batch cost FerretDB
