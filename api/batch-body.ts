@@ -165,9 +165,9 @@ export class BatchBodyReader {
     }
     let endTurn = () => {};
     try {
-      if (body.readableInPlace) return await use(this.readInPlace(body));
-      // A compressed body may decode to the limit; one sent as is, to its size.
-      endTurn = await this.turns.take(body.encoding === 'identity' ? body.bytes : maxBytes);
+      // Small and sent as is: read in place. Else it waits its turn for the memory to read it: its
+      // size, or the limit for a compressed body (which may decode to that).
+      if (!body.readableInPlace) endTurn = await this.turns.take(body.encoding === 'identity' ? body.bytes : maxBytes);
       return await use(await this.read(body));
     } finally {
       endTurn();

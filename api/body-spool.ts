@@ -6,20 +6,12 @@ import os from 'node:os';
 import path from 'node:path';
 import { finished } from 'node:stream/promises';
 import { ServiceUnavailableError } from '../infrastructure/errors';
+import { processRunning } from '../infrastructure/processes';
 import type { BodySink } from './body';
 
 const PREFIX = 'inference-gateway-batch-bodies-';
 /** A directory of ours, and the process id that made it. */
 const OURS = new RegExp(`^${PREFIX}(\\d+)-`);
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
-}
 
 /**
  * A new directory of this process's own for bodies, under the system's temporary one. Those of
@@ -28,7 +20,7 @@ function alive(pid: number): boolean {
 export function spoolDirectory(tmp = os.tmpdir()): string {
   for (const name of fs.readdirSync(tmp)) {
     const pid = Number(OURS.exec(name)?.[1]);
-    if (pid && pid !== process.pid && !alive(pid)) fs.rmSync(path.join(tmp, name), { recursive: true, force: true });
+    if (pid && pid !== process.pid && !processRunning(pid)) fs.rmSync(path.join(tmp, name), { recursive: true, force: true });
   }
   return fs.mkdtempSync(path.join(tmp, `${PREFIX}${process.pid}-`));
 }

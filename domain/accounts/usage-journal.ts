@@ -27,6 +27,7 @@ import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { BSON } from 'mongodb';
 import type { UsageDoc } from '../../infrastructure/store';
+import { processRunning } from '../../infrastructure/processes';
 
 /** Records per segment before the next one is started. */
 const SEGMENT_RECORDS = 1_000;
@@ -209,7 +210,7 @@ export class UsageJournal {
     if (info.database !== this.database) return false;
     if (Date.now() - mtime > STALE_MS) return true;
     // On this host a dead process is known at once: no such pid, or our own (an earlier run of us).
-    return info.host === os.hostname() && (info.pid === process.pid || !pidRunning(info.pid));
+    return info.host === os.hostname() && (info.pid === process.pid || !processRunning(info.pid));
   }
 
   /** Stops journaling. Segments with unconfirmed records stay for the next start to adopt. */
@@ -237,13 +238,4 @@ function readSegment(file: string, onBadLine: (file: string, line: number) => vo
       }
     });
   return docs;
-}
-
-function pidRunning(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }
