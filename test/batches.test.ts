@@ -4,7 +4,8 @@ import { expect } from 'chai';
 import http from 'node:http';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
-import { batches, createBatch, newBatchId, storeInputs } from '../domain/batches/store';
+import { batches, createBatch, emptyTally, newBatchId, saveProgress, storeInputs } from '../domain/batches/store';
+import { Collection } from 'mongodb';
 import { packLines } from '../domain/batches/packed-lines';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { batchProgressQuery, batchWorkflow } from '../workflows/batch';
@@ -616,6 +617,35 @@ describe('batches', () => {
       const second = await get(`/batches?limit=2&after=${first.body.last_id}`, tenant.inferenceKey);
       expect(second.body.data.map((b: any) => b.id)).to.deep.equal([ids[0]]);
       expect(second.body.has_more).to.equal(false);
+    });
+
+    it("a list of running batches reads their chunks' progress together: a few reads, not a few per batch", async () => {
+      const runner = await createTenant(gw.store, 5);
+      // 12 running batches of 3 chunks (7 lines each): chunk 0 of each half-way, the others not started.
+      const running: string[] = [];
+      for (let i = 0; i < 12; i++) {
+        const doc = testBatchDoc(runner, { model: 'sandbox/chat-1', total: 21 });
+        const lines = Array.from({ length: 21 }, (_, n) => ({ custom_id: `r${n}`, body: JSON.stringify(chatLine(n).body) }));
+        const b = await createBatch(gw.store, doc, packLines(lines), 7);
+        await saveProgress(gw.store, b, 0, { ...emptyTally(), completed: i }, []);
+        running.push(b._id);
+      }
+      const finds: unknown[] = [];
+      const find = Collection.prototype.find;
+      Collection.prototype.find = function (this: Collection, ...args: Parameters<typeof find>) {
+        if (this.collectionName === 'batch_progress') finds.push(args[0]);
+        return find.apply(this, args);
+      } as typeof find;
+      try {
+        const list = await get('/batches?limit=20', runner.inferenceKey);
+        expect(list.status).to.equal(200);
+        expect(list.body.data.map((b: any) => b.id)).to.deep.equal([...running].reverse());
+        expect(list.body.data.map((b: any) => b.request_counts.completed)).to.deep.equal(running.map((_, i) => i).reverse());
+      } finally {
+        Collection.prototype.find = find;
+      }
+      // Chunk 0 of every batch, then chunks 1 and 2 of every batch: two reads (one by one, 24).
+      expect(finds).to.have.length(2);
     });
 
     it('filters by repeated status and strict created_after / created_before', async () => {
