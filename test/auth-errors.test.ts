@@ -2,6 +2,7 @@
 // layer owns (400, 401, 402, 403, 404, 413, 429, 500).
 import { expect } from 'chai';
 import http from 'node:http';
+import { randomBytes } from 'node:crypto';
 import net, { type AddressInfo } from 'node:net';
 import Koa from 'koa';
 import Router from '@koa/router';
@@ -256,12 +257,14 @@ describe('authenticated-key cache', () => {
     const gate = new Promise<void>((resolve) => (open = resolve));
     let fetched = 0;
     const store = storeWith(gw.store, 'apiKeys', (keys) => ({
-      findOne: async (...args: Parameters<typeof keys.findOne>) => {
-        const doc = await keys.findOne(...args);
-        fetched++;
-        await gate;
-        return doc;
-      },
+      find: (...args: Parameters<typeof keys.find>) => ({
+        toArray: async () => {
+          const docs = await keys.find(...args).toArray();
+          fetched++;
+          await gate;
+          return docs;
+        },
+      }),
     }));
     const cache = new KeyCache(store, 5_000, 100);
 
@@ -269,12 +272,38 @@ describe('authenticated-key cache', () => {
     for (let i = 0; i < 100 && fetched === 0; i++) await new Promise((r) => setTimeout(r, 10));
     await gw.store.apiKeys.updateOne({ id: t.inferenceKeyId }, { $set: { revoked_at: new Date() } });
     cache.forget(t.inferenceKeyId); // … and is revoked through this process before that read answers
-    const after = cache.authenticate(t.inferenceKey);
-    for (let i = 0; i < 100 && fetched === 1; i++) await new Promise((r) => setTimeout(r, 10));
+    const after = cache.authenticate(t.inferenceKey); // read afresh once the read in flight is done
     open();
     expect((await before)?.id).to.equal(t.inferenceKeyId); // asked before the revocation
     expect(await after).to.equal(null);
+    expect(fetched).to.equal(2);
     expect(cache.size).to.equal(0);
+  });
+
+  it('looks up tokens not in memory together: a flood of made-up keys costs a few reads, and a live key among them is found', async () => {
+    const t = await createTenant(gw.store);
+    const reads: number[] = [];
+    const store = storeWith(gw.store, 'apiKeys', (keys) => ({
+      find: (filter: { _id: string | { $in: string[] } }) => {
+        reads.push(typeof filter._id === 'string' ? 1 : filter._id.$in.length);
+        return keys.find(filter);
+      },
+    }));
+    const cache = new KeyCache(store, 5_000, 100);
+    const madeUp = Array.from({ length: 250 }, () => `sk-gw-v1-${randomBytes(32).toString('hex')}`);
+    const tokens = [...madeUp.slice(0, 120), t.inferenceKey, ...madeUp.slice(120)];
+    const found = await Promise.all(tokens.map((k) => cache.authenticate(k)));
+    expect(found.filter((k) => k !== null).map((k) => k!.id)).to.deep.equal([t.inferenceKeyId]);
+    // 251 tokens asked at once: reads of at most 100 ids, one after another.
+    expect(reads).to.deep.equal([100, 100, 51]);
+    // Asked while a read is in flight, tokens wait for it and go together in the next.
+    reads.length = 0;
+    const first = cache.authenticate(madeUp[0]);
+    await new Promise((r) => setImmediate(r)); // its read is sent
+    const meanwhile = Promise.all(madeUp.slice(1, 40).map((k) => cache.authenticate(k)));
+    expect(await first).to.equal(null);
+    expect(await meanwhile).to.deep.equal(Array(39).fill(null));
+    expect(reads).to.deep.equal([1, 39]);
   });
 
   it('keeps no unknown or malformed tokens, and at most its bound of live ones', async () => {

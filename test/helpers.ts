@@ -237,7 +237,7 @@ export async function allApiProcessesUp(url: string, count: number, timeoutMs = 
 export function storeWith<C extends 'usage' | 'apiKeys'>(
   store: Store,
   collection: C,
-  replaced: (real: Store[C]) => Record<string, (...args: any[]) => Promise<unknown>>,
+  replaced: (real: Store[C]) => Record<string, (...args: any[]) => unknown>,
 ): Store {
   const real = store[collection];
   const methods = replaced(real);

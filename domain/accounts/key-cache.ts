@@ -1,7 +1,9 @@
 // Per-process memory of recently authenticated keys, so a request usually costs no database read
 // to authenticate (on FerretDB an `_id` lookup is the slowest step before a decision starts).
 // Only live keys are remembered: an unknown or revoked token always reads the store and cannot
-// fill memory. A key revoked through this process is forgotten at once; one revoked elsewhere
+// fill memory. Tokens not in memory are looked up together, those asked for in one turn of the
+// event loop in one read (infrastructure/concurrency/gathered): a flood of made-up keys cost
+// FerretDB 0.6 ms and this process 0.8 ms a request, read one by one. A key revoked through this process is forgotten at once; one revoked elsewhere
 // (another API process, the CLI) is refused here within `ttlMs`. A key in use is re-read in the
 // background (soon, see soon.ts) once past half its TTL, so a busy key never makes a request wait
 // for the store. Through a database outage a known key keeps working: when its re-read fails with
@@ -10,7 +12,8 @@
 // made elsewhere during the outage are seen once the database answers again.
 import type { ApiKeyDoc, Store } from '../../infrastructure/store';
 import { ServiceUnavailableError } from '../../infrastructure/errors';
-import { liveKeyByHash, tokenHash } from './keys';
+import { liveKeysByHash, tokenHash } from './keys';
+import { Gathered } from '../../infrastructure/concurrency/gathered';
 import { Soon } from '../../infrastructure/concurrency/soon';
 
 /** How long a key last read live may be served while the database cannot answer. */
@@ -23,6 +26,7 @@ export class KeyCache {
   /** Reads in flight, by hash: one per key however many requests ask. */
   private readonly reading = new Map<string, Promise<ApiKeyDoc | null>>();
   private readonly renewals = new Soon();
+  private readonly lookups: Gathered<ApiKeyDoc>;
   /** Bumped by `forget`, so a read that began before it cannot bring a forgotten key back. */
   private forgets = 0;
 
@@ -31,7 +35,9 @@ export class KeyCache {
     readonly ttlMs = 5_000,
     private readonly maxEntries = 10_000,
     private readonly now: () => number = Date.now,
-  ) {}
+  ) {
+    this.lookups = new Gathered((hashes) => liveKeysByHash(store, hashes));
+  }
 
   /** The key's record when the bearer token is a live key; null for anything else. */
   async authenticate(token: string): Promise<ApiKeyDoc | null> {
@@ -65,8 +71,10 @@ export class KeyCache {
     if (!this.store.reachable)
       return Promise.reject(new ServiceUnavailableError('The database is unavailable right now; try again shortly'));
     const forgets = this.forgets;
-    pending = liveKeyByHash(this.store, hash)
-      .then((doc) => {
+    pending = this.lookups
+      .get(hash)
+      .then((found) => {
+        const doc = found ?? null;
         this.entries.delete(hash);
         if (doc && this.ttlMs > 0 && forgets === this.forgets) {
           // A Map iterates in insertion order: when full, drop the key held longest.

@@ -73,10 +73,10 @@ export function tokenHash(token: string): string | null {
   return KEY_SHAPE.test(token) ? hashKey(token) : null;
 }
 
-/** The key's record when `hash` names a live key; null for anything else. */
-export async function liveKeyByHash(store: Store, hash: string): Promise<ApiKeyDoc | null> {
-  const doc = await store.apiKeys.findOne({ _id: hash });
-  return doc && !doc.revoked_at ? doc : null;
+/** The records of the live keys among `hashes`, by hash. */
+export async function liveKeysByHash(store: Store, hashes: string[]): Promise<Map<string, ApiKeyDoc>> {
+  const docs = await store.apiKeys.find(hashes.length === 1 ? { _id: hashes[0] } : { _id: { $in: hashes } }).toArray();
+  return new Map(docs.filter((d) => !d.revoked_at).map((d) => [d._id, d]));
 }
 
 /**
