@@ -2,6 +2,7 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Acceptors } from './acceptors';
+import { ConnectionGuard } from './connection-guard';
 import { createApp } from './app';
 import { envelope } from './errors';
 import { errorFromStatus } from '../infrastructure/errors';
@@ -17,6 +18,8 @@ export async function startApiServer(deps: AppDeps, host: string, port: number):
   const app = createApp(deps);
   const server = http.createServer(app.callback());
   server.keepAliveTimeout = 65_000; // longer than common load balancers' idle timeouts
+  const guard = new ConnectionGuard(server, deps.config.http.maxConnections, (how) => deps.metrics.connectionsShed.inc({ how }));
+  deps.metrics.watchConnections(() => guard.size);
   // Requests Node refuses before Koa sees them (headers or URL over 16 KB, malformed HTTP) still get
   // an answer in the error envelope, not a bare status line.
   server.on('clientError', (err: NodeJS.ErrnoException, socket) => {

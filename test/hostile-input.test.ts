@@ -664,3 +664,55 @@ describe('a large batch create', () => {
     }
   });
 });
+
+describe('connection floods', () => {
+  let gw: TestGateway;
+  let t: Tenant;
+
+  before(async () => {
+    gw = await startTestGateway({ withWorker: false, env: { MAX_CONNECTIONS: '20' } });
+    t = await createTenant(gw.store, 5);
+  });
+  after(async () => {
+    await gw.stop();
+  });
+
+  /** A GET on a connection of its own. */
+  const getAlone = (p: string, key?: string) =>
+    new Promise<{ status: number; text: string }>((resolve, reject) => {
+      const req = http.get(`${gw.url}${p}`, { agent: false, headers: key ? { authorization: `Bearer ${key}` } : {} }, (res) => {
+        let text = '';
+        res.on('data', (d) => (text += d));
+        res.on('end', () => resolve({ status: res.statusCode!, text }));
+      });
+      req.on('error', reject);
+    });
+  const metric = async (name: string): Promise<number> => {
+    const line = (await getAlone('/metrics')).text.split('\n').find((l) => l.startsWith(name));
+    return Number(line?.split(' ').pop());
+  };
+
+  it('silent sockets past MAX_CONNECTIONS give way to new clients, and never hold more than the limit (the process keeps its descriptors)', async () => {
+    const { port, hostname } = new URL(gw.url);
+    const silent: { socket: net.Socket; closed: boolean }[] = [];
+    try {
+      for (let i = 0; i < 40; i++) {
+        const s = { socket: net.connect(Number(port), hostname), closed: false };
+        s.socket.on('error', () => undefined);
+        s.socket.on('close', () => (s.closed = true));
+        await new Promise((r) => s.socket.once('connect', r));
+        silent.push(s);
+      }
+      // Clients arriving after the flood are served, each on a new connection.
+      for (let i = 0; i < 3; i++) expect((await getAlone('/api/v1/models', t.inferenceKey)).status).to.equal(200);
+      expect(await metric('gateway_connections ')).to.be.at.most(20);
+      // The first 20 made room for the next 20; the first client, for itself (the limit counts it).
+      expect(await metric('gateway_connections_shed_total{how="evicted"}')).to.equal(21);
+      const open = () => silent.filter((s) => !s.closed).length;
+      for (let i = 0; i < 100 && open() > 20; i++) await new Promise((r) => setTimeout(r, 10));
+      expect(open()).to.equal(19);
+    } finally {
+      for (const s of silent) s.socket.destroy();
+    }
+  });
+});

@@ -1,5 +1,6 @@
 // Every environment variable the gateway reads is declared here, once, with its default for the
 // embedded dev stack. Anything invalid stops start-up with a message naming the variable.
+import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
@@ -38,6 +39,18 @@ function positiveInt(env: Env, name: string, fallback: number, min = 1, max = In
     throw new ConfigError(name, raw, max === Infinity ? `a whole number of at least ${min}` : `a whole number from ${min} to ${max}`);
   }
   return Number(raw);
+}
+
+/** The open-file limit of this process, less a quarter of it (at least 256) kept for its own work. */
+export function defaultMaxConnections(limitsFile = '/proc/self/limits'): number {
+  let files = 4_096; // where the limit cannot be read (not Linux)
+  try {
+    const soft = /^Max open files\s+(\d+|unlimited)/m.exec(fs.readFileSync(limitsFile, 'utf8'))?.[1];
+    if (soft && soft !== 'unlimited') files = Number(soft);
+  } catch {
+    // keep the fallback
+  }
+  return Math.max(64, files - Math.max(256, Math.floor(files / 4)));
 }
 
 function wholeNumber(env: Env, name: string, fallback: number): number {
@@ -241,6 +254,12 @@ export function loadConfig(env: Env = process.env) {
        * most 64: each descriptor is woken by every new connection.
        */
       acceptors: positiveInt(env, 'HTTP_ACCEPTORS', 16, 1, 64),
+      /**
+       * Client connections per API process (api/connection-guard.ts); past it, a new connection
+       * takes the place of the one idle longest. By default the process's descriptor limit less a
+       * reserve for its own work (the database, providers, journal and spool files).
+       */
+      maxConnections: positiveInt(env, 'MAX_CONNECTIONS', defaultMaxConnections()),
     },
   };
 }

@@ -99,6 +99,25 @@ export class Metrics implements UpstreamObserver {
     registers: [this.registry],
   });
 
+  readonly connectionsShed = new Counter({
+    name: 'gateway_connections_shed_total',
+    help: 'Client connections closed at MAX_CONNECTIONS: evicted (idle, to make room for a new one) or refused (every connection had a request in progress)',
+    labelNames: ['how'] as const,
+    registers: [this.registry],
+  });
+
+  /** Client connections open in this API process, read at each scrape. */
+  watchConnections(open: () => number): void {
+    new Gauge({
+      name: 'gateway_connections',
+      help: 'Client connections open in this API process (at most MAX_CONNECTIONS)',
+      registers: [this.registry],
+      collect() {
+        this.set(open());
+      },
+    });
+  }
+
   /**
    * Request bodies held while they arrive, read at each scrape: in memory (every body until it has
    * arrived) and on disk (batch bodies over 1 MB). Each has a room per process (api/body-memory.ts,

@@ -2,7 +2,7 @@ import { expect } from 'chai';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { clientConfig, ConfigError, loadConfig } from '../../infrastructure/config';
+import { clientConfig, ConfigError, defaultMaxConnections, loadConfig } from '../../infrastructure/config';
 
 const root = path.resolve(__dirname, '..', '..', '..');
 
@@ -62,6 +62,24 @@ describe('config', () => {
     expect(c.toolsDir).to.equal('/opt/tools');
   });
 
+  it("keeps client connections under the process's open-file limit, with a reserve for its own work", () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'limits-'));
+    const limits = (soft: string) => {
+      const file = path.join(dir, soft);
+      fs.writeFileSync(
+        file,
+        `Limit                     Soft Limit           Hard Limit           Units\nMax open files            ${soft}                1048576              files\n`,
+      );
+      return file;
+    };
+    expect(defaultMaxConnections(limits('20000'))).to.equal(15_000); // a quarter kept
+    expect(defaultMaxConnections(limits('1024'))).to.equal(768); // at least 256 kept
+    expect(defaultMaxConnections(limits('unlimited'))).to.equal(3_072); // as where the limit cannot be read
+    expect(defaultMaxConnections(path.join(dir, 'missing'))).to.equal(3_072);
+    expect(loadConfig({ MAX_CONNECTIONS: '500' }).http.maxConnections).to.equal(500);
+    fs.rmSync(dir, { recursive: true });
+  });
+
   const invalid: [string, string][] = [
     ['PORT', 'eighty'],
     ['PORT', '70000'],
@@ -75,6 +93,7 @@ describe('config', () => {
     ['SHUTDOWN_GRACE_MS', '0'],
     ['API_PROCESSES', '0'],
     ['HTTP_ACCEPTORS', '0'],
+    ['MAX_CONNECTIONS', '0'],
     ['HTTP_ACCEPTORS', '65'], // each descriptor is woken by every new connection
     ['BATCH_HEARTBEAT_TIMEOUT_MS', '1000'], // chunks heartbeat every second: a shorter timeout would move healthy chunks
   ];
