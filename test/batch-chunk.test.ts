@@ -260,15 +260,14 @@ describe('batch chunk activity', () => {
         const c = await live.of(b);
         return { ...c, reads: [...reads] };
       };
-      // The first poll reads up to the first chunk that has not started, asking for 1, 2, then 4
-      // chunks at a time; the next ones skip the finished chunks.
-      expect(await poll()).to.deep.equal({ completed: 240, failed: 2, reads: [['b0'], ['b1', 'b2'], ['b3', 'b4']] });
-      expect(await poll()).to.deep.equal({ completed: 240, failed: 2, reads: [['b2'], ['b3', 'b4']] });
+      // One read per poll: the first asks for every chunk (up to 8), the next ones skip the finished chunks.
+      expect(await poll()).to.deep.equal({ completed: 240, failed: 2, reads: [['b0', 'b1', 'b2', 'b3', 'b4']] });
+      expect(await poll()).to.deep.equal({ completed: 240, failed: 2, reads: [['b2', 'b3', 'b4']] });
       // Chunk 3 starts, chunk 2 finishes: both are read once more, then chunk 2 is remembered.
       await saveProgress(store, ref(id), 3, { ...emptyTally(), completed: 1 }, []);
       await saveProgress(store, ref(id), 2, { ...emptyTally(), completed: 98, failed: 2 }, []);
-      expect(await poll()).to.deep.equal({ completed: 299, failed: 2, reads: [['b2'], ['b3', 'b4']] });
-      expect(await poll()).to.deep.equal({ completed: 299, failed: 2, reads: [['b3'], ['b4']] });
+      expect(await poll()).to.deep.equal({ completed: 299, failed: 2, reads: [['b2', 'b3', 'b4']] });
+      expect(await poll()).to.deep.equal({ completed: 299, failed: 2, reads: [['b3', 'b4']] });
 
       // Several batches (as a list shows them) are read together: one read per round for all of them.
       const other = await storeBatch(Array.from({ length: 250 }, (_, i) => chat(i)));
@@ -282,10 +281,15 @@ describe('batch chunk activity', () => {
         { completed: 1, failed: 0 },
         { completed: 299, failed: 2 },
       ]);
-      expect(reads).to.deep.equal([
-        ['o0', 'b3'],
-        ['o1', 'o2', 'b4'],
-      ]);
+      expect(reads).to.deep.equal([['o0', 'o1', 'o2', 'b3', 'b4']]);
+
+      // A batch further along than one read looks ahead is read on until its first chunk not started.
+      const long = await storeBatch(Array.from({ length: 1_100 }, (_, i) => chat(i)));
+      for (let c = 0; c < 10; c++) await saveProgress(store, ref(long), c, { ...emptyTally(), completed: 1 }, []);
+      const l = (await batches(store).findOne({ _id: long }))!;
+      reads.length = 0;
+      expect(await live.of(l)).to.deep.equal({ completed: 10, failed: 0 });
+      expect(reads.map((r) => r.length)).to.deep.equal([8, 3]);
 
       // A closed batch's counts are its own: nothing is read.
       reads.length = 0;
