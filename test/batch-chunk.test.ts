@@ -11,7 +11,10 @@ import { UsageLedger } from '../domain/accounts/usage-ledger';
 import { SpendAdmission } from '../domain/accounts/spend-admission';
 import {
   batches,
+  createBatch,
   newBatchId,
+  readBatch,
+  writeStatus,
   pages,
   readProgress,
   resultTexts,
@@ -162,7 +165,7 @@ describe('batch chunk activity', () => {
     // From in_progress to completed in one write (no finalizing in between), from one read of the batch.
     expect(statusWrites).to.have.length(1);
     expect(batchReads).to.have.length(1);
-    const closed = await batches(store).findOne({ _id: id });
+    const closed = await readBatch(store, id);
     expect(closed).to.include({ status: 'completed' });
     expect(closed!.finalized_at).to.be.instanceOf(Date);
     expect(closed!.final_counts).to.deep.equal({ completed: 3, failed: 0 });
@@ -176,7 +179,7 @@ describe('batch chunk activity', () => {
       (e: Error) => e,
     );
     expect(err).to.be.instanceOf(CancelledFailure);
-    expect(await batches(store).findOne({ _id: other })).to.include({ status: 'in_progress', finalized_at: null });
+    expect(await readBatch(store, other)).to.include({ status: 'in_progress', finalized_at: null });
   });
 
   it('validation uses the check made at creation, and checks the chunks of a batch stored without one', async () => {
@@ -217,6 +220,35 @@ describe('batch chunk activity', () => {
     expect(r.response!.status_code).to.equal(200);
   });
 
+  it("stores a batch document's objects and arrays as JSON text (FerretDB's cost is per element), and reads either form the same", async () => {
+    const doc = testBatchDoc(t, { model: 'sandbox/chat-1', total: 0, provider_only: ['sandbox-alpha'] });
+    const lines = Array.from({ length: 250 }, (_, i) => ({ custom_id: `c${i}`, body: JSON.stringify(chat(i)) }));
+    const created = await createBatch(store, { ...doc, total: 250, validation: { invalid: 0, examples: [] } }, packLines(lines), 100);
+    await writeStatus(store, created, {
+      status: 'completed',
+      finalized_at: new Date(),
+      final_counts: { completed: 250, failed: 0 },
+      usage: null,
+    });
+    const raw = (await store.db.collection('batches').findOne({ _id: created._id } as never))!;
+    for (const k of ['chunk_starts', 'meta', 'validation', 'provider_only', 'final_counts']) expect(typeof raw[k], k).to.equal('string');
+    expect(raw.chunk_starts).to.equal('[0,100,200]');
+    expect(raw.usage).to.equal(null);
+    const read = (await readBatch(store, created._id))!;
+    expect(read).to.deep.include({
+      chunk_starts: [0, 100, 200],
+      meta: doc.meta,
+      validation: { invalid: 0, examples: [] },
+      provider_only: ['sandbox-alpha'],
+      final_counts: { completed: 250, failed: 0 },
+      status: 'completed',
+    });
+    // A document of an earlier version, its fields as they were, reads the same.
+    const { _id, ...fields } = read;
+    await store.db.collection('batches').replaceOne({ _id } as never, fields);
+    expect(await readBatch(store, created._id)).to.deep.equal(read);
+  });
+
   it('a chunk stores an empty progress document as it starts, before any line is sent', async () => {
     const id = await storeBatch([chat(0), chat(1)]);
     const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
@@ -244,7 +276,7 @@ describe('batch chunk activity', () => {
     const id = await storeBatch(Array.from({ length: 430 }, (_, i) => chat(i)));
     for (const c of [0, 1]) await new MockActivityEnvironment().run(activities.processBatchChunk, id, c);
     await saveProgress(store, ref(id), 2, { ...emptyTally(), completed: 40, failed: 2 }, []);
-    const b = (await batches(store).findOne({ _id: id }))!;
+    const b = (await readBatch(store, id))!;
     const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
     try {
       // Each read of progress documents, as the chunks it asks for (`<batch>:<chunk>`).
@@ -273,7 +305,7 @@ describe('batch chunk activity', () => {
       const other = await storeBatch(Array.from({ length: 250 }, (_, i) => chat(i)));
       await new MockActivityEnvironment().run(activities.processBatchChunk, other, 0);
       await saveProgress(store, ref(other), 1, { ...emptyTally(), completed: 7 }, []);
-      const o = (await batches(store).findOne({ _id: other }))!;
+      const o = (await readBatch(store, other))!;
       reads.length = 0;
       const closed = { ...b, _id: 'batch_closed', final_counts: { completed: 1, failed: 0 } };
       expect(await live.ofEach([o, closed, b])).to.deep.equal([
@@ -286,7 +318,7 @@ describe('batch chunk activity', () => {
       // A batch further along than one read looks ahead is read on until its first chunk not started.
       const long = await storeBatch(Array.from({ length: 1_100 }, (_, i) => chat(i)));
       for (let c = 0; c < 10; c++) await saveProgress(store, ref(long), c, { ...emptyTally(), completed: 1 }, []);
-      const l = (await batches(store).findOne({ _id: long }))!;
+      const l = (await readBatch(store, long))!;
       reads.length = 0;
       expect(await live.of(l)).to.deep.equal({ completed: 10, failed: 0 });
       expect(reads.map((r) => r.length)).to.deep.equal([8, 3]);
@@ -303,7 +335,7 @@ describe('batch chunk activity', () => {
   it('a finished chunk stores its results as pages: any page of results is one or two reads by _id, never a scan', async () => {
     // 330 lines in chunks of 100 (the last of 30): pages of 100 lines within each chunk.
     const id = await storeBatch(Array.from({ length: 330 }, (_, i) => chat(i)));
-    const b = (await batches(store).findOne({ _id: id }))!;
+    const b = (await readBatch(store, id))!;
     expect(b.chunk_starts).to.deep.equal([0, 100, 200, 300]);
     // Chunk 3 has not run: reading it finds nothing, without a scan.
     for (const c of [0, 1, 2]) await new MockActivityEnvironment().run(activities.processBatchChunk, id, c);
@@ -422,7 +454,7 @@ describe('batch chunk activity', () => {
 
   it('the chunk writer keeps results through a failed write and stores them, billed once, when the database answers again', async () => {
     const id = await storeBatch([chat(0)]);
-    const batch = (await batches(store).findOne({ _id: id }))!;
+    const batch = (await readBatch(store, id))!;
     const broken = await Store.connect(stack.mongoUri, store.db.databaseName);
     await broken.close();
     const opts = { store: broken, usage: new UsageLedger(broken), batch, chunkIndex: 0, outageMs: 60_000 };
@@ -456,7 +488,7 @@ describe('batch chunk activity', () => {
 
   it('a group written again after its progress write failed counts each line once', async () => {
     const id = await storeBatch([chat(0), chat(1)]);
-    const batch = (await batches(store).findOne({ _id: id }))!;
+    const batch = (await readBatch(store, id))!;
     // The real database, with one failure injected where a dying database would fail: the progress
     // write, after the results and usage records of the group were stored.
     let failures = 0;
@@ -510,7 +542,7 @@ describe('batch chunk activity', () => {
 
   it('the line runner turns a line no endpoint may serve into a failed result (404), not a thrown error', async () => {
     const id = await storeBatch([chat(0)]);
-    const batch = (await batches(store).findOne({ _id: id }))!;
+    const batch = (await readBatch(store, id))!;
     const runner = new LineRunner({
       store,
       upstreams,

@@ -19,6 +19,8 @@ import { roundUsd } from '../catalog/usd';
 import {
   addToTally,
   batches,
+  packed,
+  readBatch,
   writeStatus,
   batchView,
   readChunk,
@@ -130,7 +132,7 @@ async function runLines(
 
 export function batchService({ store, upstreams, batchSettings, usage, credits, metrics, webhooks, broadcast }: BatchDeps) {
   async function load(batchId: string): Promise<BatchDoc> {
-    const b = await batches(store).findOne({ _id: batchId });
+    const b = await readBatch(store, batchId);
     if (!b) throw new Error(`batch ${batchId} not found`);
     return b;
   }
@@ -319,7 +321,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
     },
 
     async recordWebhookOutcome(batchId: string, outcome: NonNullable<BatchDoc['webhook']>): Promise<void> {
-      await batches(store).updateOne({ _id: batchId }, { $set: { webhook: outcome } });
+      await batches(store).updateOne({ _id: batchId }, { $set: packed({ webhook: outcome }) });
     },
 
     async setStatus(batchId: string, status: BatchStatus): Promise<void> {
