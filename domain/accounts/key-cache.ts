@@ -1,9 +1,10 @@
 // Per-process memory of recently authenticated keys, so a request usually costs no database read
 // to authenticate (on FerretDB an `_id` lookup is the slowest step before a decision starts).
 // Only live keys are remembered: an unknown or revoked token always reads the store and cannot
-// fill memory. Tokens not in memory are looked up together, those asked for in one turn of the
-// event loop in one read (infrastructure/concurrency/gathered): a flood of made-up keys cost
-// FerretDB 0.6 ms and this process 0.8 ms a request, read one by one. A key revoked through this process is forgotten at once; one revoked elsewhere
+// fill memory. Tokens not in memory are looked up together: those asked for while a lookup is in
+// flight wait for it and go in the next, one read of the set (infrastructure/concurrency/gathered);
+// read one by one, a flood of made-up keys cost FerretDB 0.6 ms and this process 0.8 ms a request.
+// A key revoked through this process is forgotten at once; one revoked elsewhere
 // (another API process, the CLI) is refused here within `ttlMs`. A key in use is re-read in the
 // background (soon, see soon.ts) once past half its TTL, so a busy key never makes a request wait
 // for the store. Through a database outage a known key keeps working: when its re-read fails with
