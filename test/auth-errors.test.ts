@@ -284,8 +284,8 @@ describe('authenticated-key cache', () => {
     const t = await createTenant(gw.store);
     const reads: number[] = [];
     const store = storeWith(gw.store, 'apiKeys', (keys) => ({
-      find: (filter: { _id: string | { $in: string[] } }) => {
-        reads.push(typeof filter._id === 'string' ? 1 : filter._id.$in.length);
+      find: (filter: { _id: { $in: string[] } }) => {
+        reads.push(filter._id.$in.length);
         return keys.find(filter);
       },
     }));

@@ -75,7 +75,7 @@ export function tokenHash(token: string): string | null {
 
 /** The records of the live keys among `hashes`, by hash. */
 export async function liveKeysByHash(store: Store, hashes: string[]): Promise<Map<string, ApiKeyDoc>> {
-  const docs = await store.apiKeys.find(hashes.length === 1 ? { _id: hashes[0] } : { _id: { $in: hashes } }).toArray();
+  const docs = await store.apiKeys.find({ _id: { $in: hashes } }).toArray();
   return new Map(docs.filter((d) => !d.revoked_at).map((d) => [d._id, d]));
 }
 

@@ -195,13 +195,9 @@ export class Metrics implements UpstreamObserver {
     while (this.freshAt.length && now - this.freshAt[0] >= 1_000) this.freshAt.shift();
     if (this.lastText !== null && this.freshAt.length >= FRESH_SCRAPES_PER_SECOND) return Promise.resolve(this.lastText);
     this.freshAt.push(now);
-    const making = this.source().then((text) => (this.lastText = text));
-    this.making = making;
-    making.then(
-      () => (this.making = null),
-      () => (this.making = null),
-    );
-    return making;
+    return (this.making = this.source()
+      .then((text) => (this.lastText = text))
+      .finally(() => (this.making = null)));
   }
 
   get contentType(): string {
