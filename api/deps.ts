@@ -23,7 +23,10 @@ export interface AppDeps {
   decisions: DecisionExecution;
   /** A round trip to the Temporal server (its caller bounds the wait). */
   pingTemporal: () => Promise<unknown>;
+  /** Requests per key (RATE_LIMIT_REQUESTS). */
   rateLimiter: RateLimiter;
+  /** Requests per workspace over all its keys (RATE_LIMIT_WORKSPACE_REQUESTS), keyed `requests:<workspace id>`. */
+  workspaceRequests: RateLimiter;
   /** Batch creations per workspace (BATCH_CREATES_PER_MINUTE), keyed `batches:<workspace id>`. */
   batchCreates: RateLimiter;
   keys: KeyCache;

@@ -1,5 +1,5 @@
-// Applies the per-key limit and reports it on every authenticated response; and the per-workspace
-// limit on batch creations.
+// Applies the per-key and per-workspace request limits and reports the binding one on every
+// authenticated response; and the per-workspace limit on batch creations.
 import type Koa from 'koa';
 import { RateLimitedError } from '../infrastructure/errors';
 import type { RateDecision, RateLimiter } from '../domain/accounts/rate-limit';
@@ -18,15 +18,31 @@ function refusal(message: string, d: RateDecision, limiter: RateLimiter): RateLi
 
 export function rateLimit(deps: AppDeps): Koa.Middleware {
   return async (ctx, next) => {
-    const { keyId } = ctx.state.auth as AuthContext;
-    const d = await deps.rateLimiter.take(keyId);
+    const { keyId, workspaceId } = ctx.state.auth as AuthContext;
+    const key = await deps.rateLimiter.take(keyId);
+    // A request the key's limit refuses takes nothing of its workspace's.
+    const workspace = key.allowed ? await deps.workspaceRequests.take(`requests:${workspaceId}`) : null;
+    // The headers tell the limit that binds first.
+    const d = workspace && workspace.remaining < key.remaining ? workspace : key;
     ctx.set('X-RateLimit-Limit', String(d.limit));
     ctx.set('X-RateLimit-Remaining', String(d.remaining));
     ctx.set('X-RateLimit-Reset', String(d.resetAt));
-    if (d.unchecked) deps.metrics.rateUnchecked.inc();
-    if (!d.allowed) {
-      deps.metrics.rateLimited.inc();
-      throw refusal(`Rate limit exceeded: ${d.limit} requests per ${deps.rateLimiter.windowSeconds}s for this key`, d, deps.rateLimiter);
+    if (key.unchecked || workspace?.unchecked) deps.metrics.rateUnchecked.inc();
+    if (!key.allowed) {
+      deps.metrics.rateLimited.inc({ scope: 'key' });
+      throw refusal(
+        `Rate limit exceeded: ${key.limit} requests per ${deps.rateLimiter.windowSeconds}s for this key`,
+        key,
+        deps.rateLimiter,
+      );
+    }
+    if (!workspace!.allowed) {
+      deps.metrics.rateLimited.inc({ scope: 'workspace' });
+      throw refusal(
+        `Rate limit exceeded: ${workspace!.limit} requests per ${deps.workspaceRequests.windowSeconds}s for this workspace, over all its keys`,
+        workspace!,
+        deps.workspaceRequests,
+      );
     }
     await next();
   };

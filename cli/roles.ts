@@ -185,6 +185,7 @@ export async function runApiRole(
         decisions,
         pingTemporal: () => pingTemporal(client),
         rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds),
+        workspaceRequests: new RateLimiter(store, config.rateLimit.workspaceRequests, config.rateLimit.windowSeconds),
         batchCreates: new RateLimiter(store, config.batches.createsPerMinute, 60),
         upstreams,
         usage,

@@ -340,6 +340,7 @@ describe('402, 500 and the billable guard', () => {
       decisions: null as never,
       pingTemporal: async () => undefined,
       rateLimiter: new RateLimiter(gw.store, 1000, 60),
+      workspaceRequests: new RateLimiter(gw.store, 10_000, 60),
       batchCreates: null as never,
       upstreams: null as never,
       usage: null as never,
@@ -520,6 +521,64 @@ describe('rate limits', () => {
   });
 });
 
+describe('rate limits per workspace', () => {
+  let gw: TestGateway;
+  before(async () => {
+    gw = await startTestGateway({
+      withWorker: false,
+      env: { RATE_LIMIT_REQUESTS: '5', RATE_LIMIT_WORKSPACE_REQUESTS: '8', RATE_LIMIT_WINDOW_SECONDS: '3600' },
+    });
+  });
+  beforeEach(() => clearOfWindowEdge());
+  after(async () => {
+    await gw.stop();
+  });
+
+  it("counts a workspace's requests over all its keys, reports the limit that binds first, and leaves other workspaces alone", async () => {
+    const [a, b] = [await createTenant(gw.store), await createTenant(gw.store)];
+    const credits = (key: string) => call(`${gw.url}/api/v1/credits`, { key });
+    const seen = (r: Awaited<ReturnType<typeof call>>) => [
+      r.status,
+      r.headers.get('x-ratelimit-limit'),
+      r.headers.get('x-ratelimit-remaining'),
+    ];
+    // The first key's own limit binds first: 5 of the workspace's 8.
+    const first = [];
+    for (let i = 0; i < 5; i++) first.push(seen(await credits(a.inferenceKey)));
+    expect(first).to.deep.equal([
+      [200, '5', '4'],
+      [200, '5', '3'],
+      [200, '5', '2'],
+      [200, '5', '1'],
+      [200, '5', '0'],
+    ]);
+    const keyRefused = await credits(a.inferenceKey);
+    expect(keyRefused.status).to.equal(429);
+    expect(keyRefused.body.error.message).to.equal('Rate limit exceeded: 5 requests per 3600s for this key');
+    // A request its key refused took nothing of the workspace's: the second key has 3 left, not 2.
+    const second = [];
+    for (let i = 0; i < 3; i++) second.push(seen(await credits(a.managementKey)));
+    expect(second).to.deep.equal([
+      [200, '8', '2'],
+      [200, '8', '1'],
+      [200, '8', '0'],
+    ]);
+    const refused = await credits(a.managementKey);
+    expect(refused.status).to.equal(429);
+    expect(refused.body.error.message).to.equal('Rate limit exceeded: 8 requests per 3600s for this workspace, over all its keys');
+    expect(refused.body.error.metadata).to.include({ limit: 8, window_seconds: 3600 });
+    expect(Number(refused.headers.get('retry-after'))).to.be.within(1, 3600);
+    // A key made now has its own budget, but not more of its workspace's.
+    const made = await call(`${gw.url}/api/v1/keys`, { key: a.managementKey, body: { kind: 'inference' } });
+    expect(made.status).to.equal(429);
+    // Another workspace's requests are its own.
+    expect(seen(await credits(b.inferenceKey))).to.deep.equal([200, '5', '4']);
+    const metrics = await (await fetch(`${gw.url}/metrics`)).text();
+    expect(metrics).to.include('gateway_rate_limit_rejections_total{scope="key"} 1');
+    expect(metrics).to.include('gateway_rate_limit_rejections_total{scope="workspace"} 2');
+  });
+});
+
 describe('batch creations per workspace', () => {
   let gw: TestGateway;
   before(async () => {
@@ -583,6 +642,7 @@ describe('inline decisions: errors as thrown, not through Temporal', () => {
       metrics: new Metrics(),
       keys: new KeyCache(gw.store, 0),
       rateLimiter: new RateLimiter(gw.store, 1000, 60),
+      workspaceRequests: new RateLimiter(gw.store, 10_000, 60),
     } as unknown as AppDeps;
     const app = new Koa();
     app.silent = true;

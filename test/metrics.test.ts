@@ -166,7 +166,7 @@ describe('metrics', function () {
 
   it('counts 402s, rate-limit rejections and decisions by mode', () => {
     expect(valueOf(text, 'gateway_payment_required_total')).to.be.at.least(1);
-    expect(valueOf(text, 'gateway_rate_limit_rejections_total')).to.equal(2);
+    expect(valueOf(text, 'gateway_rate_limit_rejections_total', { scope: 'key' })).to.equal(2);
     expect(valueOf(text, 'gateway_decisions_total', { mode: 'inline' })).to.equal(1);
   });
 

@@ -119,6 +119,7 @@ export function loadConfig(env: Env = process.env) {
   const dataDir = path.resolve(read(env, 'DATA_DIR') ?? '.data');
   const sandboxPort = port(env, 'SANDBOX_PORT', 8090);
   const sandboxUrl = url(env, 'SANDBOX_URL', ['http:', 'https:']) ?? `http://127.0.0.1:${sandboxPort}`;
+  const perKey = positiveInt(env, 'RATE_LIMIT_REQUESTS', 600);
   return {
     host: read(env, 'HOST') ?? '127.0.0.1',
     port: port(env, 'PORT', 8080),
@@ -163,7 +164,13 @@ export function loadConfig(env: Env = process.env) {
     },
     rateLimit: {
       /** Requests each API key may make per window, counted across all API processes. */
-      requests: positiveInt(env, 'RATE_LIMIT_REQUESTS', 600),
+      requests: perKey,
+      /**
+       * Requests each workspace may make per window over all its keys. Without it a workspace that
+       * made more keys made more requests: 100 keys within their own limits took another workspace's
+       * chat calls from 2,963 to 542 req/s (docs/performance.md).
+       */
+      workspaceRequests: positiveInt(env, 'RATE_LIMIT_WORKSPACE_REQUESTS', 10 * perKey),
       windowSeconds: positiveInt(env, 'RATE_LIMIT_WINDOW_SECONDS', 60),
     },
     credits: {

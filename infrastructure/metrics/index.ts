@@ -44,7 +44,8 @@ export class Metrics implements UpstreamObserver {
   });
   readonly rateLimited = new Counter({
     name: 'gateway_rate_limit_rejections_total',
-    help: 'Requests refused with 429 by the per-key rate limit',
+    help: "Requests refused with 429 by a rate limit: the key's, or its workspace's over all its keys",
+    labelNames: ['scope'] as const,
     registers: [this.registry],
   });
   readonly rateUnchecked = new Counter({

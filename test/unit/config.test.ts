@@ -21,6 +21,12 @@ describe('config', () => {
     expect(c.http.acceptors).to.equal(16);
   });
 
+  it("limits a workspace's requests over all its keys to ten keys' worth unless told otherwise", () => {
+    expect(loadConfig({}).rateLimit).to.include({ requests: 600, workspaceRequests: 6_000 });
+    expect(loadConfig({ RATE_LIMIT_REQUESTS: '50' }).rateLimit).to.include({ requests: 50, workspaceRequests: 500 });
+    expect(loadConfig({ RATE_LIMIT_WORKSPACE_REQUESTS: '70' }).rateLimit).to.include({ requests: 600, workspaceRequests: 70 });
+  });
+
   it('the variables it reads are exactly the documented ones', () => {
     // Which variables the config module reads, observed rather than parsed from its source.
     const read = new Set<string>();
@@ -94,6 +100,7 @@ describe('config', () => {
     ['API_PROCESSES', '0'],
     ['HTTP_ACCEPTORS', '0'],
     ['MAX_CONNECTIONS', '0'],
+    ['RATE_LIMIT_WORKSPACE_REQUESTS', '0'],
     ['HTTP_ACCEPTORS', '65'], // each descriptor is woken by every new connection
     ['BATCH_HEARTBEAT_TIMEOUT_MS', '1000'], // chunks heartbeat every second: a shorter timeout would move healthy chunks
   ];
