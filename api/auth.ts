@@ -12,6 +12,9 @@ export interface AuthContext {
   keyId: string;
   workspaceId: string;
   kind: KeyKind;
+  /** The key's name and label, which never change: `GET /key` answers from them without a read. */
+  name: string;
+  label: string;
 }
 
 /** The token of an `Authorization: Bearer <token>` header, or null when it has another form. */
@@ -29,7 +32,7 @@ export function authenticate(deps: AppDeps, level: Exclude<AuthLevel, 'none'>): 
     if (header && !token) throw new UnauthorizedError("Malformed Authorization header: expected 'Bearer <API key>'");
     const key = await deps.keys.authenticate(token ?? apiKey!.trim());
     if (!key) throw new UnauthorizedError('Invalid or revoked API key');
-    const auth: AuthContext = { keyId: key.id, workspaceId: key.workspace_id, kind: key.kind };
+    const auth: AuthContext = { keyId: key.id, workspaceId: key.workspace_id, kind: key.kind, name: key.name, label: key.label };
     ctx.state.auth = auth;
     ctx.state.userId = key.id;
     if (level === 'management' && key.kind !== 'management') {

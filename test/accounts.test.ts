@@ -215,7 +215,12 @@ describe('workspaces, keys and credits', () => {
     const credits = await call(`${gw.url}/api/v1/credits`, { key: t.inferenceKey });
     expect(credits.body.data).to.deep.equal({ total_credits: 2, total_usage: 0.25, balance: 1.75 });
     const key = await call(`${gw.url}/api/v1/key`, { key: t.inferenceKey });
-    expect(key.body.data).to.include({ usage: 0.25, kind: 'inference', workspace_id: t.workspaceId });
+    expect(key.body.data).to.include({ usage: 0.25, kind: 'inference', workspace_id: t.workspaceId, id: t.inferenceKeyId });
+    const stored = await gw.store.apiKeys.findOne({ id: t.inferenceKeyId });
+    expect(key.body.data).to.include({ name: stored!.name, label: stored!.label });
+    expect(key.body.data.label).to.match(/^sk-gw-v1-[0-9a-f]{6}…[0-9a-f]{4}$/);
+    expect(key.body.data.rate_limit).to.deep.equal({ requests: 600, interval: '60s' });
+    expect(key.body.data.workspace_rate_limit).to.deep.equal({ requests: 6000, interval: '60s' });
   });
 });
 

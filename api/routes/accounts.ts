@@ -18,32 +18,31 @@ import {
 } from '../../domain/accounts/schema';
 import type { AppDeps } from '../deps';
 
-export function accountRoutes({ store, rateLimiter, keys, workspaces, usage }: AppDeps): AnyRoute[] {
+export function accountRoutes({ store, rateLimiter, workspaceRequests, keys, workspaces, usage }: AppDeps): AnyRoute[] {
   return [
     defineRoute({
       method: 'get',
       path: '/key',
       tag: 'Keys',
       auth: 'any',
-      summary: 'The authenticating key, its workspace usage and rate limit',
+      summary: "The authenticating key, its workspace's usage, and the rate limits of the key and of its workspace",
       responses: { 200: { description: 'Current key', schema: CurrentKey } },
       handler: async (ctx) => {
         const auth = authOf(ctx);
-        const [doc, balance] = await Promise.all([
-          keyOfWorkspace(store, auth.workspaceId, auth.keyId),
-          workspaces.balance(auth.workspaceId),
-        ]);
+        const balance = await workspaces.balance(auth.workspaceId);
+        const limit = (l: typeof rateLimiter) => ({ requests: l.limit, interval: `${l.windowSeconds}s` });
         ctx.body = {
           data: {
             id: auth.keyId,
-            label: doc!.label,
-            name: doc!.name,
+            label: auth.label,
+            name: auth.name,
             kind: auth.kind,
             workspace_id: auth.workspaceId,
             usage: balance.total_usage,
             limit: null,
             is_free_tier: false,
-            rate_limit: { requests: rateLimiter.limit, interval: `${rateLimiter.windowSeconds}s` },
+            rate_limit: limit(rateLimiter),
+            workspace_rate_limit: limit(workspaceRequests),
           },
         };
       },

@@ -43,7 +43,11 @@ export const CurrentKey = Type.Object({
     usage: Type.Number({ description: 'USD spent by the workspace' }),
     limit: Type.Null(),
     is_free_tier: Type.Boolean(),
-    rate_limit: Type.Object({ requests: Type.Integer(), interval: Type.String() }),
+    rate_limit: Type.Object({ requests: Type.Integer(), interval: Type.String() }, { description: "This key's" }),
+    workspace_rate_limit: Type.Object(
+      { requests: Type.Integer(), interval: Type.String() },
+      { description: "The workspace's, over all its keys" },
+    ),
   }),
 });
 
