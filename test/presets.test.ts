@@ -4,7 +4,8 @@ import { expect } from 'chai';
 import { Collection } from 'mongodb';
 import { mergeTools, presetReference, withPreset } from '../domain/presets/apply';
 import { CONFIG_KEYS, configOf } from '../domain/presets/overlap';
-import { MAX_PRESETS, type VersionView } from '../domain/presets/store';
+import { MAX_PRESETS, addPresetVersion, listPresets, type VersionView } from '../domain/presets/store';
+import { PresetOrder } from '../domain/presets/list-order';
 import { call, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
@@ -307,6 +308,69 @@ describe('presets', () => {
     expect(page.body.data.map((p: { slug: string }) => p.slug)).to.deep.equal(['p-c']);
     expect((await get('/presets?limit=101', tenant.inferenceKey)).status).to.equal(400);
     expect((await get('/presets?offset=-1', tenant.inferenceKey)).status).to.equal(400);
+  });
+
+  it("each process keeps a workspace's order between listings, read again only once a write has changed the workspace's mark, or after 10 s", async () => {
+    const tenant = await createTenant(gw.store);
+    const add = (slug: string, maxTokens = 1) =>
+      addPresetVersion(gw.store, {
+        workspaceId: tenant.workspaceId,
+        slug,
+        creator: tenant.managementKeyId,
+        config: { model: 'sandbox/chat-1', max_tokens: maxTokens },
+        systemPrompt: null,
+      });
+    for (const slug of ['o-a', 'o-b', 'o-c']) await add(slug);
+    let now = 1_000_000;
+    // Two processes' orders over one database: `here` lists, `there` only writes (through add).
+    const here = new PresetOrder(100_000, () => now);
+    const listReads = { n: 0 };
+    const proto = Collection.prototype as unknown as { find: (...args: unknown[]) => unknown };
+    const find = proto.find;
+    proto.find = function (this: Collection, ...args: unknown[]) {
+      if (this.collectionName === 'workspace_presets') listReads.n++;
+      return find.apply(this, args);
+    };
+    const slugs = async () => (await listPresets(gw.store, tenant.workspaceId, 0, 10, here)).data.map((p) => p.slug);
+    try {
+      expect(await slugs()).to.deep.equal(['o-c', 'o-b', 'o-a']);
+      expect(await slugs()).to.deep.equal(['o-c', 'o-b', 'o-a']);
+      expect(listReads.n, 'the second listing reads no list entries').to.equal(1);
+      // Another process writes a version of o-a: the mark changes, and the next listing sees it first.
+      await add('o-a', 2);
+      expect(await slugs()).to.deep.equal(['o-a', 'o-c', 'o-b']);
+      expect(listReads.n).to.equal(2);
+      // A writer that died between its entry and its mark: the kept order is used for 10 s at most.
+      await gw.store.db.collection('workspace_presets').updateOne(
+        {
+          _id: `${tenant.workspaceId}:${(await gw.store.presets.findOne({ workspace_id: tenant.workspaceId, slug: 'o-b' }))!._id}`,
+        } as object,
+        {
+          $set: { updated_at: new Date(Date.now() + 60_000) },
+        },
+      );
+      now += 9_000;
+      expect(await slugs()).to.deep.equal(['o-a', 'o-c', 'o-b']);
+      now += 1_000;
+      expect(await slugs()).to.deep.equal(['o-b', 'o-a', 'o-c']);
+      expect(listReads.n).to.equal(3);
+    } finally {
+      proto.find = find;
+    }
+    // Orders kept beyond the budget leave least recently listed first.
+    const small = new PresetOrder(3);
+    const other = await createTenant(gw.store);
+    await addPresetVersion(gw.store, {
+      workspaceId: other.workspaceId,
+      slug: 'x',
+      creator: other.managementKeyId,
+      config: {},
+      systemPrompt: null,
+    });
+    await listPresets(gw.store, tenant.workspaceId, 0, 1, small);
+    expect(small.heldEntries).to.equal(3);
+    await listPresets(gw.store, other.workspaceId, 0, 1, small);
+    expect(small.heldEntries, "the first workspace's three gave way").to.equal(1);
   });
 
   it("the list is ordered from the workspace's list alone: a page reads its own presets and newest versions only; a preset listed by an earlier version is placed by reading it", async () => {

@@ -2,6 +2,7 @@
 // read by any key of the workspace.
 import { Type, type TSchema } from '@sinclair/typebox';
 import { addPresetVersion, getPreset, getVersion, listPresets, listVersions } from '../../domain/presets/store';
+import { PresetOrder } from '../../domain/presets/list-order';
 import { configOf, systemPromptOf, type PresetFormat } from '../../domain/presets/overlap';
 import { modelNamesOf } from '../../domain/completions/request';
 import { BadRequestError } from '../../infrastructure/errors';
@@ -22,6 +23,7 @@ import type { AppDeps } from '../deps';
 const Created = Type.Object({ data: PresetWithVersion });
 
 export function presetRoutes({ store }: AppDeps): AnyRoute[] {
+  const order = new PresetOrder();
   const create = (format: PresetFormat, path: string, body: TSchema, what: string) =>
     defineRoute({
       method: 'post',
@@ -68,7 +70,7 @@ export function presetRoutes({ store }: AppDeps): AnyRoute[] {
         },
       },
       handler: async (ctx, { query }) => {
-        ctx.body = await listPresets(store, authOf(ctx).workspaceId, query.offset, query.limit);
+        ctx.body = await listPresets(store, authOf(ctx).workspaceId, query.offset, query.limit, order);
       },
     }),
     defineRoute({

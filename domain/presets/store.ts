@@ -8,6 +8,7 @@
 // that writers raise with `$max` (a lost update only leaves it lower, which costs a probe); and a
 // workspace's presets are listed under it (`workspace_presets`), written before the preset.
 import { fromJsonText, toJsonText } from '../../infrastructure/store/json-text';
+import { markPresetsChanged, type ListedPreset, type PresetOrder } from './list-order';
 import { createHash } from 'node:crypto';
 import { BadRequestError, ConflictError, NotFoundError } from '../../infrastructure/errors';
 import type { Document } from 'mongodb';
@@ -204,6 +205,7 @@ export async function addPresetVersion(
       { $max: { updated_at: now }, $set: { slug: input.slug } },
     ),
   ]);
+  await markPresetsChanged(store, input.workspaceId); // after the entry: see list-order.ts
   return presetView(preset!, version);
 }
 
@@ -232,16 +234,34 @@ interface PresetListDoc extends WorkspaceListDoc {
 
 /**
  * A page of the workspace's presets, most recently updated first: the workspace's list is read in
- * one `_id` range, and only the page's presets and their newest versions (which hold the configs,
- * up to BODY_LIMIT each) are read. Reading every preset to order them took FerretDB 8 s a page at
+ * one `_id` range (or its order kept by `order`, see list-order.ts), and only the page's presets and
+ * their newest versions (which hold the configs, up to BODY_LIMIT each) are read. Reading every preset to order them took FerretDB 8 s a page at
  * 20,000 presets (MAX_PRESETS bounds them now); reading every newest version took 2.4 s for 200
  * presets of 1 MB.
  */
-export async function listPresets(store: Store, workspaceId: string, offset: number, limit: number) {
+export async function listPresets(store: Store, workspaceId: string, offset: number, limit: number, order?: PresetOrder) {
+  const entries = order ? await order.of(store, workspaceId, () => readOrder(store, workspaceId)) : await readOrder(store, workspaceId);
+  const ids = entries.slice(offset, offset + limit).map((e) => e.id);
+  const presets = ids.length ? await store.presets.find({ _id: { $in: ids }, workspace_id: workspaceId }).toArray() : [];
+  const newest = await newestOfMany(
+    store,
+    presets.map((p) => ({ id: p._id, hint: p.latest ?? 0 })),
+  );
+  const byId = new Map(presets.map((p) => [p._id, p]));
+  const data = ids.flatMap((id) => {
+    const p = byId.get(id);
+    const v = newest.get(id);
+    return p && v ? [presetView(p, v)] : [];
+  });
+  return { data, total_count: entries.length };
+}
+
+/** The workspace's presets, most recently updated first, from its list in one `_id` range. */
+async function readOrder(store: Store, workspaceId: string): Promise<ListedPreset[]> {
   const listed: PresetListDoc[] = await workspaceList(store, 'workspace_presets')
     .find({ _id: workspaceRange(workspaceId) })
     .toArray();
-  const entries: { id: string; slug: string; at: Date }[] = [];
+  const entries: ListedPreset[] = [];
   const unplaced: string[] = [];
   for (const d of listed) {
     if (d.updated_at && d.slug) entries.push({ id: d.ref, slug: d.slug, at: d.updated_at });
@@ -274,20 +294,7 @@ export async function listPresets(store: Store, workspaceId: string, offset: num
       ).catch(() => undefined); // a later listing tries again
     }
   }
-  entries.sort((a, b) => b.at.getTime() - a.at.getTime() || a.slug.localeCompare(b.slug));
-  const ids = entries.slice(offset, offset + limit).map((e) => e.id);
-  const presets = ids.length ? await store.presets.find({ _id: { $in: ids }, workspace_id: workspaceId }).toArray() : [];
-  const newest = await newestOfMany(
-    store,
-    presets.map((p) => ({ id: p._id, hint: p.latest ?? 0 })),
-  );
-  const byId = new Map(presets.map((p) => [p._id, p]));
-  const data = ids.flatMap((id) => {
-    const p = byId.get(id);
-    const v = newest.get(id);
-    return p && v ? [presetView(p, v)] : [];
-  });
-  return { data, total_count: entries.length };
+  return entries.sort((a, b) => b.at.getTime() - a.at.getTime() || a.slug.localeCompare(b.slug));
 }
 
 export async function listVersions(store: Store, workspaceId: string, slug: string, offset: number, limit: number) {
