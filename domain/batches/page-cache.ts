@@ -3,21 +3,21 @@
 // asked for), so a kept page is always right. A client that polls a finished batch reads all of its
 // results each time (the interface puts them in the batch object): a 50,000-line batch cost FerretDB
 // 3 s of CPU a read, 100 ns a byte, whatever the pages' layout.
-import type { PageDoc } from './store';
+import type { ResultPage } from './page-form';
 
 /** Characters of result text kept per process: two batches of 50,000 short chat lines. */
 const PAGE_CACHE_CHARS = 64 * 1024 * 1024;
 
-const charsOf = (page: PageDoc) => page.lines.reduce((n, l) => n + l.length, 0);
+const charsOf = (page: ResultPage) => page.lines.reduce((n, l) => n + l.length, 0);
 
 export class PageCache {
-  private readonly pages = new Map<string, { page: PageDoc; chars: number }>();
+  private readonly pages = new Map<string, { page: ResultPage; chars: number }>();
   private chars = 0;
 
   constructor(private readonly budgetChars = PAGE_CACHE_CHARS) {}
 
   /** A kept page, now the most recently read. */
-  get(id: string): PageDoc | undefined {
+  get(id: string): ResultPage | undefined {
     const e = this.pages.get(id);
     if (!e) return undefined;
     this.pages.delete(id);
@@ -26,7 +26,7 @@ export class PageCache {
   }
 
   /** Keeps a page read from the store, dropping the least recently read past the budget. */
-  add(page: PageDoc): void {
+  add(page: ResultPage): void {
     if (this.pages.has(page._id)) return;
     const chars = charsOf(page);
     if (chars > this.budgetChars / 8) return; // a page of huge results would push out many
