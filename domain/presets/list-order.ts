@@ -12,6 +12,7 @@
 import { randomUUID } from 'node:crypto';
 import type { Collection } from 'mongodb';
 import type { Store } from '../../infrastructure/store';
+import { SizedLru } from '../../infrastructure/concurrency/sized-lru';
 
 export interface ListedPreset {
   id: string;
@@ -21,7 +22,7 @@ export interface ListedPreset {
 
 /** How long a kept order is used however its mark reads: the bound on a writer that died mid-write. */
 const MAX_AGE_MS = 10_000;
-/** Entries kept per process: about 15 MB, a hundred full workspaces. */
+/** Entries kept per process: about 15 MB, a hundred full workspaces (one of more than an eighth is not kept). */
 const BUDGET_ENTRIES = 100_000;
 
 interface MarkDoc {
@@ -37,43 +38,27 @@ export async function markPresetsChanged(store: Store, workspaceId: string): Pro
 }
 
 export class PresetOrder {
-  /** By workspace, least recently listed first. */
-  private readonly kept = new Map<string, { mark: string; at: number; entries: ListedPreset[] }>();
-  private entries = 0;
+  /** By workspace, sized by entries. */
+  private readonly kept: SizedLru<{ mark: string; at: number; entries: ListedPreset[] }>;
 
   constructor(
-    private readonly budget = BUDGET_ENTRIES,
+    budget = BUDGET_ENTRIES,
     private readonly now: () => number = Date.now,
-  ) {}
+  ) {
+    this.kept = new SizedLru(budget);
+  }
 
   /** The workspace's presets in order: kept, or from `read` (which sorts them) when its mark has changed. */
   async of(store: Store, workspaceId: string, read: () => Promise<ListedPreset[]>): Promise<ListedPreset[]> {
     const mark = (await marks(store).findOne({ _id: workspaceId }))?.token ?? '';
     const kept = this.kept.get(workspaceId);
-    if (kept) {
-      this.kept.delete(workspaceId);
-      this.entries -= kept.entries.length;
-      if (kept.mark === mark && this.now() - kept.at < MAX_AGE_MS) {
-        this.keep(workspaceId, kept);
-        return kept.entries;
-      }
-    }
+    if (kept && kept.mark === mark && this.now() - kept.at < MAX_AGE_MS) return kept.entries;
     const entries = await read();
-    this.keep(workspaceId, { mark, at: this.now(), entries });
+    this.kept.set(workspaceId, { mark, at: this.now(), entries }, entries.length);
     return entries;
   }
 
-  private keep(workspaceId: string, order: { mark: string; at: number; entries: ListedPreset[] }): void {
-    this.kept.set(workspaceId, order);
-    this.entries += order.entries.length;
-    for (const [id, o] of this.kept) {
-      if (this.entries <= this.budget) break;
-      this.kept.delete(id);
-      this.entries -= o.entries.length;
-    }
-  }
-
   get heldEntries(): number {
-    return this.entries;
+    return this.kept.held;
   }
 }
