@@ -13,6 +13,7 @@ import type { Metrics } from '../infrastructure/metrics';
 import type { Broadcaster } from '../domain/traces/broadcast';
 import type { BatchBodyReader } from './batch-body';
 import type { BodyMemory } from './body-memory';
+import type { KeptVersions } from '../domain/presets/kept-versions';
 
 export interface AppDeps {
   config: Config;
@@ -42,6 +43,8 @@ export interface AppDeps {
   batchBodies: BatchBodyReader;
   /** Counts the request bodies held in memory while they arrive (one workspace's at most its share). */
   bodyMemory: BodyMemory;
+  /** Preset versions this process has read (shared with its batch worker, if any). */
+  presetVersions: KeptVersions;
   /** Under `gateway start`: the state of each embedded process it supervises (for /readyz). */
   embedded?: () => Record<string, 'ok' | 'restarting'>;
 }

@@ -10,6 +10,7 @@ import { createWebhookWorker, createWorker } from '../worker';
 import { startApiServer } from '../api/server';
 import type { AppDeps } from '../api/deps';
 import { RateLimiter } from '../domain/accounts/rate-limit';
+import { KeptVersions } from '../domain/presets/kept-versions';
 import { SpendAdmission } from '../domain/accounts/spend-admission';
 import { KeyCache } from '../domain/accounts/key-cache';
 import { createUpstreams } from '../domain/routing/upstreams';
@@ -80,6 +81,8 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     count: (destination, outcome, n) => metrics.traceSpans.inc({ destination, outcome }, n),
   });
   const sender = createWebhookSender(config.webhooks.allowPrivateUrls);
+  // Read by calls, batch lines and the presets API alike: a version never changes once written.
+  const presetVersions = new KeptVersions();
   const activities = createActivities({
     store,
     upstreams,
@@ -89,6 +92,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     metrics,
     webhooks: { sender, timeoutMs: config.webhooks.timeoutMs },
     broadcast,
+    presetVersions,
   });
   // Inline decisions are synchronous calls like the others: answered once their usage record is
   // journaled (the database write follows in groups), not after a round trip to the database.
@@ -139,7 +143,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     await sender.close();
     await store.close();
   };
-  return { store, upstreams, client, handoff, activities, inlineDecisions, usage, credits, metrics, broadcast, stop };
+  return { store, upstreams, client, handoff, activities, inlineDecisions, usage, credits, metrics, broadcast, presetVersions, stop };
 }
 
 export async function runWorkerRole(config: Config, logger: Logger, addr: Addresses, opts: { processIndex?: number } = {}): Promise<Stop> {
@@ -158,7 +162,7 @@ export async function runApiRole(
   const core = await startCore(config, logger, addr, opts.withWorker, true);
   // One of several API processes on one port: each scrape answers for all of them.
   if (opts.processIndex !== undefined) core.metrics.shareAcrossProcesses(opts.processIndex);
-  const { store, upstreams, client, handoff, inlineDecisions, credits, metrics, broadcast, stop } = core;
+  const { store, upstreams, client, handoff, inlineDecisions, credits, metrics, broadcast, presetVersions, stop } = core;
   const usage = core.usage;
   const decisions =
     config.decisions.execution === 'workflow'
@@ -195,6 +199,7 @@ export async function runApiRole(
         keys: new KeyCache(store, config.auth.keyCacheMs),
         batchBodies,
         bodyMemory,
+        presetVersions,
         embedded: opts.embedded,
       },
       config.host,

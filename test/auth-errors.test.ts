@@ -11,6 +11,7 @@ import { requestContext } from '../api/request-context';
 import { errorMiddleware } from '../api/errors';
 import { defineRoute, mountRoutes } from '../api/route';
 import { RateLimiter } from '../domain/accounts/rate-limit';
+import { KeptVersions } from '../domain/presets/kept-versions';
 import { SpendAdmission } from '../domain/accounts/spend-admission';
 import { KeyCache } from '../domain/accounts/key-cache';
 import { Metrics } from '../infrastructure/metrics';
@@ -342,6 +343,7 @@ describe('402, 500 and the billable guard', () => {
       rateLimiter: new RateLimiter(gw.store, 1000, 60),
       workspaceRequests: new RateLimiter(gw.store, 10_000, 60),
       batchCreates: null as never,
+      presetVersions: new KeptVersions(),
       upstreams: null as never,
       usage: null as never,
       metrics: new Metrics(),

@@ -2,10 +2,11 @@
 // validation, concurrency, workspace isolation, use in later requests, and the OpenRouter SDK.
 import { expect } from 'chai';
 import { Collection } from 'mongodb';
-import { mergeTools, presetReference, withPreset } from '../domain/presets/apply';
+import { mergeTools, presetLookup, presetReference, withPreset } from '../domain/presets/apply';
 import { CONFIG_KEYS, configOf } from '../domain/presets/overlap';
 import { MAX_PRESETS, addPresetVersion, listPresets, type VersionView } from '../domain/presets/store';
 import { PresetOrder } from '../domain/presets/list-order';
+import { KeptVersions } from '../domain/presets/kept-versions';
 import { call, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
@@ -331,7 +332,7 @@ describe('presets', () => {
       if (this.collectionName === 'workspace_presets') listReads.n++;
       return find.apply(this, args);
     };
-    const slugs = async () => (await listPresets(gw.store, tenant.workspaceId, 0, 10, here)).data.map((p) => p.slug);
+    const slugs = async () => (await listPresets(gw.store, tenant.workspaceId, 0, 10, { order: here })).data.map((p) => p.slug);
     try {
       expect(await slugs()).to.deep.equal(['o-c', 'o-b', 'o-a']);
       expect(await slugs()).to.deep.equal(['o-c', 'o-b', 'o-a']);
@@ -379,10 +380,10 @@ describe('presets', () => {
     const find = proto.find;
     proto.find = function (this: Collection, ...args: unknown[]) {
       if (this.collectionName === 'preset_versions' || this.collectionName === 'presets') {
-        const filter = args[0] as { _id?: { $in?: unknown[] } };
+        const filter = args[0] as { _id?: string | { $in?: unknown[] } };
         reads.push({
           collection: this.collectionName,
-          ids: filter._id?.$in?.length ?? -1,
+          ids: typeof filter._id === 'string' ? 1 : (filter._id?.$in?.length ?? -1),
           projected: Object.keys((args[1] as { projection?: object })?.projection ?? {}).length > 0,
         });
       }
@@ -399,11 +400,12 @@ describe('presets', () => {
     expect(page.body.data[1].designated_version.system_prompt).to.have.length(100_004); // the page's versions, whole
     // Presets read: q-3 (to place it), then the page's two; never all six.
     expect(reads.filter((r) => r.collection === 'presets').map((r) => r.ids)).to.deep.equal([1, 2]);
-    // Versions: q-3's newest version's time (without its config), then the page's newest in one read
-    // (each preset's hinted version and the next).
+    // Versions, without configs: which of q-3's is newest, that one's time, and whether any of the
+    // page's two is newer than its hint (the two ids above each); then the page's two designated
+    // versions whole, one at a time.
     const versions = reads.filter((r) => r.collection === 'preset_versions');
-    expect(versions.filter((r) => r.projected)).to.have.length(1);
-    expect(versions.filter((r) => !r.projected).map((r) => r.ids)).to.deep.equal([4]);
+    expect(versions.filter((r) => r.projected).map((r) => r.ids)).to.deep.equal([2, 1, 4]);
+    expect(versions.filter((r) => !r.projected).map((r) => r.ids)).to.deep.equal([1, 1]);
     // q-3's entry now holds its time (written after the answer): later listings read no preset to place it.
     let healed = null;
     for (let i = 0; i < 50 && !healed?.updated_at; i++) {
@@ -415,6 +417,70 @@ describe('presets', () => {
     const all = await get('/presets', tenant.inferenceKey);
     expect(all.body.data.map((p: { slug: string }) => p.slug)).to.deep.equal(['q-1', 'q-5', 'q-4', 'q-3', 'q-2', 'q-0']);
     expect(all.body.data.find((p: { slug: string }) => p.slug === 'q-1').designated_version.version).to.equal(2);
+  });
+
+  it('a call naming a preset reads its designated version whole once per process (versions never change); a newer one is used at once', async () => {
+    const tenant = await createTenant(gw.store);
+    const add = (prompt: string) =>
+      addPresetVersion(gw.store, {
+        workspaceId: tenant.workspaceId,
+        slug: 'kept',
+        creator: tenant.managementKeyId,
+        config: { model: 'sandbox/chat-1' },
+        systemPrompt: prompt,
+      });
+    const whole = { n: 0 };
+    const proto = Collection.prototype as unknown as { find: (...args: unknown[]) => unknown };
+    const find = proto.find;
+    proto.find = function (this: Collection, ...args: unknown[]) {
+      const projected = Object.keys((args[1] as { projection?: object })?.projection ?? {}).length > 0;
+      if (this.collectionName === 'preset_versions' && !projected) whole.n++;
+      return find.apply(this, args);
+    };
+    try {
+      const kept = new KeptVersions();
+      const lookup = presetLookup(gw.store, tenant.workspaceId, kept);
+      await add('first');
+      for (let i = 0; i < 3; i++) expect((await lookup('kept')).system_prompt).to.equal('first');
+      expect(whole.n, 'three calls, one whole read').to.equal(1);
+      await add('second');
+      expect((await lookup('kept')).system_prompt).to.equal('second');
+      expect((await lookup('kept')).system_prompt).to.equal('second');
+      expect(whole.n).to.equal(2);
+      // Without a process's versions kept, every call reads its version whole.
+      const unkept = presetLookup(gw.store, tenant.workspaceId);
+      for (let i = 0; i < 2; i++) await unkept('kept');
+      expect(whole.n).to.equal(4);
+    } finally {
+      proto.find = find;
+    }
+  });
+
+  it('a page of versions or presets ends once it holds 16 MB of configs (with at least one), so no answer outgrows memory', async () => {
+    const tenant = await createTenant(gw.store);
+    const big = (slug: string, i: number) =>
+      addPresetVersion(gw.store, {
+        workspaceId: tenant.workspaceId,
+        slug,
+        creator: tenant.managementKeyId,
+        config: { model: 'sandbox/chat-1' },
+        systemPrompt: `${i}`.padEnd(9_000_000, 'x'),
+      });
+    for (let i = 1; i <= 3; i++) await big('heavy', i);
+    const page = await get('/presets/heavy/versions?limit=10', tenant.inferenceKey);
+    expect(page.status).to.equal(200);
+    expect(page.body.total_count).to.equal(3);
+    expect(page.body.data.map((v: VersionView) => v.version)).to.deep.equal([1, 2]);
+    const rest = await get('/presets/heavy/versions?offset=2&limit=10', tenant.inferenceKey);
+    expect(rest.body.data.map((v: VersionView) => v.version)).to.deep.equal([3]);
+    for (const slug of ['heavy-b', 'heavy-c']) await big(slug, 4);
+    const presets = await get('/presets?limit=10', tenant.inferenceKey);
+    expect(presets.status).to.equal(200);
+    expect(presets.body.total_count).to.equal(3);
+    expect(presets.body.data.map((p: { slug: string }) => p.slug)).to.deep.equal(['heavy-c', 'heavy-b']);
+    const last = await get('/presets?offset=2&limit=10', tenant.inferenceKey);
+    expect(last.body.data.map((p: { slug: string }) => p.slug)).to.deep.equal(['heavy']);
+    expect(last.body.data[0].designated_version.version).to.equal(3);
   });
 
   it(`a workspace holds at most ${MAX_PRESETS} presets: a new slug past that is a 400; versions of those it has are still added`, async () => {

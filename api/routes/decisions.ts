@@ -13,7 +13,7 @@ import { defineRoute, type AnyRoute } from '../route';
 import { DecisionsResponse, decisionsRequestSchema } from '../../domain/decisions/schema';
 import type { AppDeps } from '../deps';
 
-export function decisionRoutes({ config, store, decisions, upstreams, workspaces, metrics }: AppDeps): AnyRoute[] {
+export function decisionRoutes({ config, store, decisions, upstreams, workspaces, metrics, presetVersions }: AppDeps): AnyRoute[] {
   const limits = config.decisions;
   return [
     defineRoute({
@@ -28,7 +28,7 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
       handler: async (ctx, { body: given }) => {
         const meta = requestMeta(ctx, given);
         const { workspaceId, keyId } = authOf(ctx);
-        const request = (await withPreset(given, 'decision', presetLookup(store, workspaceId))) as DecisionsRequest;
+        const request = (await withPreset(given, 'decision', presetLookup(store, workspaceId, presetVersions))) as DecisionsRequest;
         const { estimate } = admitDecision(upstreams.catalog, request, {
           requestBytes: ctx.request.length,
           maxStateBytes: limits.maxStateBytes,

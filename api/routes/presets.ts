@@ -22,7 +22,7 @@ import type { AppDeps } from '../deps';
 
 const Created = Type.Object({ data: PresetWithVersion });
 
-export function presetRoutes({ store }: AppDeps): AnyRoute[] {
+export function presetRoutes({ store, presetVersions: versions }: AppDeps): AnyRoute[] {
   const order = new PresetOrder();
   const create = (format: PresetFormat, path: string, body: TSchema, what: string) =>
     defineRoute({
@@ -70,7 +70,7 @@ export function presetRoutes({ store }: AppDeps): AnyRoute[] {
         },
       },
       handler: async (ctx, { query }) => {
-        ctx.body = await listPresets(store, authOf(ctx).workspaceId, query.offset, query.limit, order);
+        ctx.body = await listPresets(store, authOf(ctx).workspaceId, query.offset, query.limit, { order, versions });
       },
     }),
     defineRoute({
@@ -82,7 +82,7 @@ export function presetRoutes({ store }: AppDeps): AnyRoute[] {
       summary: 'One preset with its designated version',
       responses: { 200: { description: 'The preset', schema: Created } },
       handler: async (ctx, { params }) => {
-        ctx.body = { data: await getPreset(store, authOf(ctx).workspaceId, params.slug) };
+        ctx.body = { data: await getPreset(store, authOf(ctx).workspaceId, params.slug, versions) };
       },
     }),
     defineRoute({
@@ -97,7 +97,7 @@ export function presetRoutes({ store }: AppDeps): AnyRoute[] {
         200: { description: 'A page of versions', schema: Type.Object({ data: Type.Array(PresetVersion), total_count: Type.Integer() }) },
       },
       handler: async (ctx, { params, query }) => {
-        ctx.body = await listVersions(store, authOf(ctx).workspaceId, params.slug, query.offset, query.limit);
+        ctx.body = await listVersions(store, authOf(ctx).workspaceId, params.slug, query.offset, query.limit, versions);
       },
     }),
     defineRoute({
@@ -109,7 +109,7 @@ export function presetRoutes({ store }: AppDeps): AnyRoute[] {
       summary: 'One version of a preset',
       responses: { 200: { description: 'The version', schema: Type.Object({ data: PresetVersion }) } },
       handler: async (ctx, { params }) => {
-        ctx.body = { data: await getVersion(store, authOf(ctx).workspaceId, params.slug, params.version) };
+        ctx.body = { data: await getVersion(store, authOf(ctx).workspaceId, params.slug, params.version, versions) };
       },
     }),
   ];

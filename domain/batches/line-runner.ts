@@ -2,6 +2,7 @@
 // retry policy. Routing already falls back across endpoints within one attempt; this layer only
 // decides whether a whole failed attempt is worth repeating (and waits out a provider that is
 // down), and never throws for an upstream failure: a failed line is a result, not a failed chunk.
+import type { KeptVersions } from '../presets/kept-versions';
 import { errorTypeOf, GatewayError, PaymentRequiredError, RateLimitedError } from '../../infrastructure/errors';
 import type { Hold, SpendAdmission } from '../accounts/spend-admission';
 import { estimateCompletionCost } from '../completions/estimate';
@@ -37,6 +38,8 @@ export interface LineRunnerOptions {
   signal: AbortSignal;
   /** Where each line's generation is sent as a span (trace broadcast). */
   broadcast?: Pick<Broadcaster, 'generation'>;
+  /** Preset versions this process has read. */
+  presetVersions?: KeptVersions;
 }
 
 /** A line's result; `stored` is to be called once its usage record is in the ledger (billed lines only). */
@@ -54,7 +57,7 @@ export class LineRunner {
   constructor(private readonly o: LineRunnerOptions) {
     this.operation = OPERATION_OF[o.batch.endpoint];
     this.target = o.upstreams.catalog.resolve(o.batch.model);
-    const read = presetLookup(o.store, o.batch.workspace_id);
+    const read = presetLookup(o.store, o.batch.workspace_id, o.presetVersions);
     const seen = new Map<string, ReturnType<PresetLookup>>();
     this.preset = (slug) => {
       if (!seen.has(slug)) {

@@ -5,6 +5,7 @@
 // (activities/batches.ts) wrap these steps: they pass the heartbeat and the cancellation signal in
 // and translate ChunkCancelled for Temporal. A chunk's parts: the LineRunner takes one line to a
 // result, the ChunkWriter stores results, runLines drives them.
+import type { KeptVersions } from '../presets/kept-versions';
 import { setMaxListeners } from 'node:events';
 import type { Config } from '../../infrastructure/config';
 import type { Store } from '../../infrastructure/store';
@@ -59,6 +60,8 @@ export interface BatchDeps {
   webhooks?: { sender: WebhookSender; timeoutMs: number };
   /** Sends each line's generation to the trace destinations. */
   broadcast?: Broadcaster;
+  /** Preset versions this process has read. */
+  presetVersions?: KeptVersions;
 }
 
 /** A chunk stopped because it was cancelled (what it finished is kept). */
@@ -130,7 +133,7 @@ async function runLines(
   return { completed: writer.tally.completed, failed: writer.tally.failed };
 }
 
-export function batchService({ store, upstreams, batchSettings, usage, credits, metrics, webhooks, broadcast }: BatchDeps) {
+export function batchService({ store, upstreams, batchSettings, usage, credits, metrics, webhooks, broadcast, presetVersions }: BatchDeps) {
   async function load(batchId: string): Promise<BatchDoc> {
     const b = await readBatch(store, batchId);
     if (!b) throw new Error(`batch ${batchId} not found`);
@@ -170,6 +173,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       outageMs: batchSettings.outageMs,
       signal: abort.signal,
       broadcast,
+      presetVersions,
     });
     const before = { ...writer.tally };
     const counts = await runLines(

@@ -3,6 +3,7 @@
 // (models, routing, the body the provider gets), spend admitted before the call, and the usage
 // recorded, durably, before the client is told the call is done (a stream's closing events wait
 // for it). The HTTP layer parses and renders; a stream is written to whatever sink it passes.
+import type { KeptVersions } from '../presets/kept-versions';
 import type { Endpoint } from '../catalog';
 import { costOf } from '../catalog/usd';
 import { GatewayError, UpstreamError } from '../../infrastructure/errors';
@@ -71,9 +72,11 @@ export interface CompletionDeps {
   usage: UsageLedger;
   /** Where each call's generation is sent as a span (trace broadcast). */
   broadcast?: Pick<Broadcaster, 'generation'>;
+  /** Preset versions this process has read. */
+  presetVersions?: KeptVersions;
 }
 
-export function completionService({ store, upstreams, workspaces, usage, broadcast }: CompletionDeps) {
+export function completionService({ store, upstreams, workspaces, usage, broadcast, presetVersions }: CompletionDeps) {
   /** The call's generation, for the trace destinations. */
   const broadcastCall = (
     call: Call,
@@ -121,7 +124,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     );
 
   async function prepare(req: CompletionRequest): Promise<Call> {
-    const body = await withPreset(req.body, req.operation, presetLookup(store, req.workspaceId));
+    const body = await withPreset(req.body, req.operation, presetLookup(store, req.workspaceId, presetVersions));
     const plan = planInference(upstreams.catalog, body, req.operation);
     const settings = await workspaces.settings(req.workspaceId);
     return {

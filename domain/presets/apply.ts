@@ -2,6 +2,7 @@
 // `"preset": "<slug>"` applies the preset's designated version. Request fields win over preset
 // fields (a shallow merge), the preset's system prompt is prepended as the system message, and
 // tools merge by identity: preset tools first, a request tool replacing the preset tool it names.
+import type { KeptVersions } from './kept-versions';
 import { BadRequestError } from '../../infrastructure/errors';
 import type { Store } from '../../infrastructure/store';
 import { getPreset, type VersionView } from './store';
@@ -42,9 +43,9 @@ const CAP_NAMES: Partial<Record<ApplyFormat, string>> = { chat: 'max_tokens', me
 export type PresetLookup = (slug: string) => Promise<VersionView>;
 
 export const presetLookup =
-  (store: Store, workspaceId: string): PresetLookup =>
+  (store: Store, workspaceId: string, kept?: KeptVersions): PresetLookup =>
   async (slug) =>
-    (await getPreset(store, workspaceId, slug)).designated_version;
+    (await getPreset(store, workspaceId, slug, kept)).designated_version;
 
 /** The body with the preset it names applied, or the body itself if it names none: how every capability uses presets. */
 export async function withPreset(body: Body, format: ApplyFormat, lookup: PresetLookup): Promise<Body> {

@@ -9,9 +9,9 @@
 // workspace's presets are listed under it (`workspace_presets`), written before the preset.
 import { fromJsonText, toJsonText } from '../../infrastructure/store/json-text';
 import { markPresetsChanged, type ListedPreset, type PresetOrder } from './list-order';
+import { versionChars, type KeptVersions } from './kept-versions';
 import { createHash } from 'node:crypto';
 import { BadRequestError, ConflictError, NotFoundError } from '../../infrastructure/errors';
-import type { Document } from 'mongodb';
 import {
   bulkWriteInParts,
   isDuplicateKey,
@@ -107,36 +107,54 @@ const PROBE = 16;
 const versionIds = (presetId: string, from: number, count: number) =>
   Array.from({ length: count }, (_, i) => versionIdOf(presetId, from + i));
 
-/** The newest version, probing forward from `hint` (a version known to exist, or 0). */
-async function latestVersion(store: Store, presetId: string, hint = 0): Promise<PresetVersionDoc | null> {
-  return (await newestOfMany(store, [{ id: presetId, hint }])).get(presetId) ?? null;
-}
-
 /**
- * The newest version of each preset (fields of `projection` only, if given), in one query per round:
- * first each one's hinted version and the next (the hint is rarely behind), then PROBE more for
- * those whose next exists. Versions are numbered without gaps.
+ * The newest version number of each preset. Its `latest` hint is raised only once a version is
+ * written, so that version exists; only the ids above it are asked for, and FerretDB reads nothing
+ * for an id it does not find, where reading the hinted version (even with a projection, which it
+ * applies after reading the document) cost it the whole config: ~0.2 s for one of 9.5 MB.
  */
-async function newestOfMany(
-  store: Store,
-  presets: { id: string; hint: number }[],
-  projection?: Document,
-): Promise<Map<string, PresetVersionDoc>> {
-  const fields = projection && { ...projection, preset_id: 1, version: 1 };
-  const newest = new Map<string, PresetVersionDoc>();
-  let probing = presets.map((p) => ({ id: p.id, from: Math.max(p.hint, 1), width: 2 }));
+async function newestNumbers(store: Store, presets: { id: string; hint: number }[]): Promise<Map<string, number>> {
+  const newest = new Map(presets.filter((p) => p.hint > 0).map((p) => [p.id, p.hint]));
+  let probing = presets.map((p) => ({ id: p.id, from: p.hint + 1, width: 2 }));
   while (probing.length) {
     const ids = probing.flatMap((p) => versionIds(p.id, p.from, p.width));
-    const found = await store.presetVersions.find({ _id: { $in: ids } }, fields && { projection: fields }).toArray();
+    const found = await store.presetVersions.find({ _id: { $in: ids } }, { projection: { preset_id: 1, version: 1 } }).toArray();
     const counts = new Map<string, number>();
     for (const v of found) {
       counts.set(v.preset_id, (counts.get(v.preset_id) ?? 0) + 1);
-      const known = newest.get(v.preset_id);
-      if (!known || v.version > known.version) newest.set(v.preset_id, v);
+      newest.set(v.preset_id, Math.max(newest.get(v.preset_id) ?? 0, v.version));
     }
     probing = probing.filter((p) => counts.get(p.id) === p.width).map((p) => ({ id: p.id, from: p.from + p.width, width: PROBE }));
   }
   return newest;
+}
+
+/**
+ * Characters of configs and system prompts a page of versions or presets holds: past them the page
+ * ends (always with at least one). A page of 100 versions of 9.5 MB was 950 MB: it took 27 s and a
+ * 500 (a string longer than V8 allows), with the process at 1.9 GB.
+ */
+const PAGE_CHARS = 16 * 1024 * 1024;
+
+/**
+ * Whole versions by id, in the order asked, from `kept` or read, until what is
+ * returned holds `budget` characters (at least one is returned). Ids not found are left out.
+ */
+async function versionsById(store: Store, ids: string[], kept?: KeptVersions, budget = Infinity): Promise<PresetVersionDoc[]> {
+  const out: PresetVersionDoc[] = [];
+  let chars = 0;
+  // One at a time: a version's size is known only once it is read (FerretDB reads a whole document
+  // even for a projection), and eight of 9.5 MB read in one go to keep one cost it 1.8 s. A listing
+  // after the first finds them kept.
+  for (const id of ids) {
+    if (chars >= budget && out.length) break;
+    const v = kept?.get(id) ?? (await store.presetVersions.findOne({ _id: id }));
+    if (!v) continue;
+    kept?.add(v);
+    out.push(v);
+    chars += versionChars(v);
+  }
+  return out;
 }
 
 /** Creates the preset if the slug is new in the workspace, then adds the next version. */
@@ -176,7 +194,7 @@ export async function addPresetVersion(
       preset = await store.presets.findOne({ _id: presetId }); // created a moment ago by another writer
     }
   }
-  const next = ((await latestVersion(store, presetId, preset?.latest))?.version ?? 0) + 1;
+  const next = ((await newestNumbers(store, [{ id: presetId, hint: preset?.latest ?? 0 }])).get(presetId) ?? 0) + 1;
   const version: PresetVersionDoc = {
     _id: versionIdOf(presetId, next),
     preset_id: presetId,
@@ -213,10 +231,12 @@ export async function getPreset(
   store: Store,
   workspaceId: string,
   slug: string,
+  kept?: KeptVersions,
 ): Promise<PresetView & { designated_version: VersionView }> {
   const presetId = presetIdOf(workspaceId, slug);
   const preset = await store.presets.findOne({ _id: presetId });
-  const latest = preset && (await latestVersion(store, presetId, preset.latest));
+  const newest = preset && (await newestNumbers(store, [{ id: presetId, hint: preset.latest ?? 0 }])).get(presetId);
+  const [latest] = newest ? await versionsById(store, [versionIdOf(presetId, newest)], kept) : [];
   if (!preset || !latest) throw new NotFoundError(`Preset "${slug}" not found`);
   return presetView(preset, latest);
 }
@@ -239,20 +259,32 @@ interface PresetListDoc extends WorkspaceListDoc {
  * 20,000 presets (MAX_PRESETS bounds them now); reading every newest version took 2.4 s for 200
  * presets of 1 MB.
  */
-export async function listPresets(store: Store, workspaceId: string, offset: number, limit: number, order?: PresetOrder) {
+export async function listPresets(
+  store: Store,
+  workspaceId: string,
+  offset: number,
+  limit: number,
+  kept: { order?: PresetOrder; versions?: KeptVersions } = {},
+) {
+  const { order, versions } = kept;
   const entries = order ? await order.of(store, workspaceId, () => readOrder(store, workspaceId)) : await readOrder(store, workspaceId);
   const ids = entries.slice(offset, offset + limit).map((e) => e.id);
   const presets = ids.length ? await store.presets.find({ _id: { $in: ids }, workspace_id: workspaceId }).toArray() : [];
-  const newest = await newestOfMany(
-    store,
-    presets.map((p) => ({ id: p._id, hint: p.latest ?? 0 })),
-  );
   const byId = new Map(presets.map((p) => [p._id, p]));
-  const data = ids.flatMap((id) => {
-    const p = byId.get(id);
-    const v = newest.get(id);
-    return p && v ? [presetView(p, v)] : [];
-  });
+  const listed = ids.flatMap((id) => byId.get(id) ?? []);
+  const numbers = await newestNumbers(
+    store,
+    listed.map((p) => ({ id: p._id, hint: p.latest ?? 0 })),
+  );
+  const versioned = listed.filter((p) => numbers.has(p._id)); // a preset whose first version is not written yet is left out
+  const designated = await versionsById(
+    store,
+    versioned.map((p) => versionIdOf(p._id, numbers.get(p._id)!)),
+    versions,
+    PAGE_CHARS,
+  );
+  // A page PAGE_CHARS cut short ends where its versions do.
+  const data = designated.map((v, i) => presetView(versioned[i], v));
   return { data, total_count: entries.length };
 }
 
@@ -272,10 +304,16 @@ async function readOrder(store: Store, workspaceId: string): Promise<ListedPrese
     // A preset stored before `updated_at` was kept (or whose first version has not raised `latest`
     // yet) is placed by its newest version's time, read without its config (which may be megabytes).
     const undated = presets.filter((p) => !(p.latest && p.updated_at));
-    const newestOfUndated = await newestOfMany(
+    const undatedNumbers = await newestNumbers(
       store,
       undated.map((p) => ({ id: p._id, hint: p.latest ?? 0 })),
-      { created_at: 1 },
+    );
+    const undatedIds = [...undatedNumbers].map(([id, n]) => versionIdOf(id, n));
+    const newestOfUndated = new Map(
+      (undatedIds.length
+        ? await store.presetVersions.find({ _id: { $in: undatedIds } }, { projection: { preset_id: 1, created_at: 1 } }).toArray()
+        : []
+      ).map((v) => [v.preset_id, v]),
     );
     const found = presets.flatMap((p) => {
       const at = p.latest && p.updated_at ? p.updated_at : newestOfUndated.get(p._id)?.created_at;
@@ -297,19 +335,25 @@ async function readOrder(store: Store, workspaceId: string): Promise<ListedPrese
   return entries.sort((a, b) => b.at.getTime() - a.at.getTime() || a.slug.localeCompare(b.slug));
 }
 
-export async function listVersions(store: Store, workspaceId: string, slug: string, offset: number, limit: number) {
+export async function listVersions(store: Store, workspaceId: string, slug: string, offset: number, limit: number, kept?: KeptVersions) {
   const presetId = presetIdOf(workspaceId, slug);
   const preset = await store.presets.findOne({ _id: presetId });
-  const total = preset && (await latestVersion(store, presetId, preset.latest))?.version;
+  const total = preset && (await newestNumbers(store, [{ id: presetId, hint: preset.latest ?? 0 }])).get(presetId);
   if (!total) throw new NotFoundError(`Preset "${slug}" not found`);
   const count = Math.max(0, Math.min(limit, total - offset));
-  const page = count ? await store.presetVersions.find({ _id: { $in: versionIds(presetId, offset + 1, count) } }).toArray() : [];
-  return { data: page.sort((a, b) => a.version - b.version).map(versionView), total_count: total };
+  const page = await versionsById(store, versionIds(presetId, offset + 1, count), kept, PAGE_CHARS);
+  return { data: page.map(versionView), total_count: total };
 }
 
-export async function getVersion(store: Store, workspaceId: string, slug: string, version: number): Promise<VersionView> {
+export async function getVersion(
+  store: Store,
+  workspaceId: string,
+  slug: string,
+  version: number,
+  kept?: KeptVersions,
+): Promise<VersionView> {
   const presetId = presetIdOf(workspaceId, slug);
-  const v = await store.presetVersions.findOne({ _id: versionIdOf(presetId, version) });
+  const [v] = await versionsById(store, [versionIdOf(presetId, version)], kept);
   if (!v || v.workspace_id !== workspaceId) throw new NotFoundError(`Version ${version} of preset "${slug}" not found`);
   return versionView(v);
 }

@@ -7,8 +7,11 @@ export class SizedLru<V> {
   private readonly items = new Map<string, { value: V; size: number }>();
   private size = 0;
 
-  /** A value of more than `budget / 8` is not kept: it would push out many others. */
-  constructor(readonly budget: number) {}
+  /** A value of more than `maxItem` (an eighth of the budget unless told) is not kept: it would push out many others. */
+  constructor(
+    readonly budget: number,
+    private readonly maxItem = budget / 8,
+  ) {}
 
   /** A kept value, now the most recently read. */
   get(key: string): V | undefined {
@@ -22,7 +25,7 @@ export class SizedLru<V> {
   /** Keeps (or replaces) a value, dropping the least recently read past the budget. */
   set(key: string, value: V, size: number): void {
     this.delete(key);
-    if (size > this.budget / 8) return;
+    if (size > this.maxItem) return;
     this.items.set(key, { value, size });
     this.size += size;
     for (const [k, e] of this.items) {
