@@ -36,11 +36,11 @@ export function rateLimit(deps: AppDeps): Koa.Middleware {
         deps.rateLimiter,
       );
     }
-    if (!workspace!.allowed) {
+    if (workspace && !workspace.allowed) {
       deps.metrics.rateLimited.inc({ scope: 'workspace' });
       throw refusal(
-        `Rate limit exceeded: ${workspace!.limit} requests per ${deps.workspaceRequests.windowSeconds}s for this workspace, over all its keys`,
-        workspace!,
+        `Rate limit exceeded: ${workspace.limit} requests per ${deps.workspaceRequests.windowSeconds}s for this workspace, over all its keys`,
+        workspace,
         deps.workspaceRequests,
       );
     }

@@ -544,10 +544,13 @@ describe('rate limits per workspace', () => {
       r.headers.get('x-ratelimit-limit'),
       r.headers.get('x-ratelimit-remaining'),
     ];
+    const burst = async (key: string, n: number) => {
+      const out = [];
+      for (let i = 0; i < n; i++) out.push(seen(await credits(key)));
+      return out;
+    };
     // The first key's own limit binds first: 5 of the workspace's 8.
-    const first = [];
-    for (let i = 0; i < 5; i++) first.push(seen(await credits(a.inferenceKey)));
-    expect(first).to.deep.equal([
+    expect(await burst(a.inferenceKey, 5)).to.deep.equal([
       [200, '5', '4'],
       [200, '5', '3'],
       [200, '5', '2'],
@@ -558,9 +561,7 @@ describe('rate limits per workspace', () => {
     expect(keyRefused.status).to.equal(429);
     expect(keyRefused.body.error.message).to.equal('Rate limit exceeded: 5 requests per 3600s for this key');
     // A request its key refused took nothing of the workspace's: the second key has 3 left, not 2.
-    const second = [];
-    for (let i = 0; i < 3; i++) second.push(seen(await credits(a.managementKey)));
-    expect(second).to.deep.equal([
+    expect(await burst(a.managementKey, 3)).to.deep.equal([
       [200, '8', '2'],
       [200, '8', '1'],
       [200, '8', '0'],
@@ -570,7 +571,7 @@ describe('rate limits per workspace', () => {
     expect(refused.body.error.message).to.equal('Rate limit exceeded: 8 requests per 3600s for this workspace, over all its keys');
     expect(refused.body.error.metadata).to.include({ limit: 8, window_seconds: 3600 });
     expect(Number(refused.headers.get('retry-after'))).to.be.within(1, 3600);
-    // A key made now has its own budget, but not more of its workspace's.
+    // Making another key is refused too: the workspace's limit covers every request of its keys.
     const made = await call(`${gw.url}/api/v1/keys`, { key: a.managementKey, body: { kind: 'inference' } });
     expect(made.status).to.equal(429);
     // Another workspace's requests are its own.

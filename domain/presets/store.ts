@@ -255,9 +255,9 @@ interface PresetListDoc extends WorkspaceListDoc {
 /**
  * A page of the workspace's presets, most recently updated first: the workspace's list is read in
  * one `_id` range (or its order kept by `order`, see list-order.ts), and only the page's presets and
- * their newest versions (which hold the configs, up to BODY_LIMIT each) are read. Reading every preset to order them took FerretDB 8 s a page at
- * 20,000 presets (MAX_PRESETS bounds them now); reading every newest version took 2.4 s for 200
- * presets of 1 MB.
+ * their newest versions (which hold the configs, up to BODY_LIMIT each) are read, up to PAGE_CHARS.
+ * Reading every preset to order them took FerretDB 8 s a page at 20,000 presets (MAX_PRESETS bounds
+ * them now); reading every newest version took 2.4 s for 200 presets of 1 MB.
  */
 export async function listPresets(
   store: Store,
