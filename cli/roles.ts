@@ -10,7 +10,7 @@ import { createWebhookWorker, createWorker } from '../worker';
 import { startApiServer } from '../api/server';
 import type { AppDeps } from '../api/deps';
 import { RateLimiter } from '../domain/accounts/rate-limit';
-import { KeptVersions } from '../domain/presets/kept-versions';
+import { KeptVersions, WORKER_KEPT_CHARS } from '../domain/presets/kept-versions';
 import { SpendAdmission } from '../domain/accounts/spend-admission';
 import { KeyCache } from '../domain/accounts/key-cache';
 import { createUpstreams } from '../domain/routing/upstreams';
@@ -81,8 +81,9 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     count: (destination, outcome, n) => metrics.traceSpans.inc({ destination, outcome }, n),
   });
   const sender = createWebhookSender(config.webhooks.allowPrivateUrls);
-  // Read by calls, batch lines and the presets API alike: a version never changes once written.
-  const presetVersions = new KeptVersions();
+  // Read by calls, batch lines and the presets API alike: a version never changes once written. A
+  // worker alone (no journal: it serves no API) keeps less.
+  const presetVersions = new KeptVersions(journal ? undefined : WORKER_KEPT_CHARS);
   const activities = createActivities({
     store,
     upstreams,

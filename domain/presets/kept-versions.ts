@@ -1,11 +1,13 @@
 // Preset versions kept by a process. A version never changes once written, and every call that names
 // a preset reads its designated version, whose config and system prompt may be up to BODY_LIMIT:
-// a call naming a preset of 9.5 MB cost FerretDB ~0.4 s of CPU to read it, each time.
+// a call naming a preset of 9.5 MB cost FerretDB ~0.24 s of CPU to read it, each time.
 import { SizedLru } from '../../infrastructure/concurrency/sized-lru';
 import type { PresetVersionDoc } from '../../infrastructure/store';
 
-/** Characters kept per process. */
+/** Characters kept by an API process. */
 const KEPT_CHARS = 64 * 1024 * 1024;
+/** By a worker alone, which runs in a heap of 256 MB (docker-compose.yml); its lines read a preset once a chunk anyway. */
+export const WORKER_KEPT_CHARS = 16 * 1024 * 1024;
 /** The largest version kept: one of BODY_LIMIT's default (10 MB) is, since one read of it costs most. */
 const KEPT_MAX_CHARS = 16 * 1024 * 1024;
 
