@@ -2,7 +2,7 @@
 // and never changed (a batch's deletion removes its document first, so its pages are no longer
 // asked for), so a kept page is always right. A client that polls a finished batch reads all of its
 // results each time (the interface puts them in the batch object): a 50,000-line batch cost FerretDB
-// 3 s of CPU a read, 100 ns a byte, whatever the pages' layout.
+// 3 s of CPU a read as it was stored then, 0.3–0.4 s deflated (page-form.ts), and none from here.
 import { SizedLru } from '../../infrastructure/concurrency/sized-lru';
 import type { ResultPage } from './page-form';
 

@@ -580,7 +580,7 @@ const READ_AHEAD_PAGES = 8;
 /** A page larger than this is not stored: its lines are read one by one. */
 const MAX_PAGE_BYTES = 8 * 1024 * 1024;
 
-/** A page of a finished chunk's results: each line's result object as JSON text, from line `first` on. */
+/** Pages of finished chunks' results, 100 lines each (how a page is stored: page-form.ts). */
 export function pages(store: Store): Collection<PageDoc> {
   return store.db.collection<PageDoc>('batch_pages');
 }
@@ -679,7 +679,9 @@ export async function* resultTexts(
       // ~0.5 ms beside what it returns, and a page it does not find (an unfinished chunk's) nothing.
       order ??= pageIds(b);
       const from = order.indexOf(id);
-      const want = order.slice(from, from + Math.min(READ_AHEAD_PAGES, Math.ceil(left / RESULTS_PAGE_LINES) + 1));
+      const want = order
+        .slice(from, from + Math.min(READ_AHEAD_PAGES, Math.ceil(left / RESULTS_PAGE_LINES) + 1))
+        .filter((p) => p === id || !cache?.get(p)); // kept pages are not read again
       for (const stored of await pages(store)
         .find({ _id: { $in: want } })
         .toArray()) {
