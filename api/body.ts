@@ -9,6 +9,7 @@ import { promisify } from 'node:util';
 import type Koa from 'koa';
 import bourne from '@hapi/bourne';
 import type { BodyMemory } from './body-memory';
+import { lingerAfterAnswer } from './lingering-close';
 import { BadRequestError, PayloadTooLargeError, RequestTimeoutError, type GatewayError } from '../infrastructure/errors';
 
 export interface BodyLimits {
@@ -298,9 +299,14 @@ export function jsonBody(limits: BodyLimits, { read = true, memory }: { read?: b
   };
 }
 
-/** After a refusal: the unread rest of the body would otherwise sit on a kept-alive socket. */
+/**
+ * After a refusal: the unread rest of the body would otherwise sit on a kept-alive socket, so the
+ * connection ends, once the client has had the time to read the answer (api/lingering-close).
+ */
 export function closeUnread(ctx: Koa.Context): void {
-  if (!ctx.req.readableEnded) ctx.set('Connection', 'close');
+  if (ctx.req.readableEnded) return;
+  ctx.set('Connection', 'close');
+  lingerAfterAnswer(ctx.req);
 }
 
 declare module 'koa' {

@@ -375,6 +375,111 @@ describe('hostile input', () => {
     expect(body.error.code).to.equal(431);
   });
 
+  /**
+   * Sends a request's head, then `feed(socket)` until the gateway closes the socket; resolves with
+   * what came back, how much was sent, when our side first saw the gateway's end, and any error.
+   */
+  const refusedWhileSending = (head: string, feed: (socket: net.Socket) => void, waitMs = 15_000) =>
+    new Promise<{ answer: string; sent: number; endedAfterMs: number | null; closedAfterMs: number; error: string | null }>((resolve) => {
+      // Half-open allowed: the gateway's end of its side does not end ours (it would, by default).
+      const socket = net.connect({ port, host: '127.0.0.1', allowHalfOpen: true });
+      const chunks: Buffer[] = [];
+      const started = Date.now();
+      let endedAfterMs: number | null = null;
+      let error: string | null = null;
+      const write = socket.write.bind(socket);
+      let sent = 0;
+      socket.write = ((data: Buffer | string, ...rest: never[]) => {
+        sent += Buffer.byteLength(data);
+        return write(data, ...rest);
+      }) as typeof socket.write;
+      const timer = setTimeout(() => socket.destroy(new Error('still open')), waitMs);
+      socket.on('data', (b) => chunks.push(b));
+      socket.on('end', () => (endedAfterMs ??= Date.now() - started));
+      socket.on('error', (err: NodeJS.ErrnoException) => (error ??= err.code ?? err.message));
+      socket.on('close', () => {
+        clearTimeout(timer);
+        resolve({ answer: Buffer.concat(chunks).toString(), sent, endedAfterMs, closedAfterMs: Date.now() - started, error });
+      });
+      socket.write(head);
+      feed(socket);
+    });
+
+  it('a client that sends all of an oversized body before it reads gets the 413, not a reset: the rest is read and dropped', async () => {
+    // As Python's urllib does. Closed at once, the socket's unread bytes made the kernel reset the
+    // connection, and the client's write failed (EPIPE) instead.
+    const body = Buffer.alloc(5_000_000, 0x20);
+    const r = await refusedWhileSending(
+      `POST ${presetPath('oversized')} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${t.managementKey}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`,
+      (socket) => socket.end(body),
+    );
+    expect(r.error).to.equal(null);
+    expect(r.answer).to.match(/^HTTP\/1\.1 413 /);
+    expect(r.answer).to.match(/Connection: close/i);
+    expect(r.answer).to.match(/Request body is larger than the configured limit/);
+  });
+
+  it('a refused client that keeps sending is closed after 64 MB dropped, or 5 s after a refusal mid-body', async function () {
+    this.timeout(30_000);
+    // Refused before its body is read (not JSON), sent in chunks without end.
+    const head = `POST ${presetPath('endless')} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${t.managementKey}\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n`;
+    const mb = Buffer.concat([Buffer.from('100000\r\n'), Buffer.alloc(0x100000, 0x61), Buffer.from('\r\n')]);
+    const flood = await refusedWhileSending(head, (socket) => {
+      const more = () => {
+        while (!socket.destroyed && socket.write(mb));
+      };
+      socket.on('drain', more);
+      more();
+    });
+    expect(flood.answer).to.match(/^HTTP\/1\.1 400 /);
+    expect(flood.endedAfterMs, 'the answer is followed by the end of its side').to.be.a('number');
+    expect(flood.sent / 2 ** 20).to.be.within(64, 64 + 40); // 64 MB dropped, plus what the sockets' buffers hold
+    expect(flood.closedAfterMs).to.be.below(5_000);
+
+    const trickle = await refusedWhileSending(head, (socket) => {
+      const drip = setInterval(() => (socket.destroyed ? clearInterval(drip) : socket.write('1\r\na\r\n')), 100);
+    });
+    expect(trickle.answer).to.match(/^HTTP\/1\.1 400 /);
+    expect(trickle.endedAfterMs).to.be.below(2_000);
+    expect(trickle.closedAfterMs).to.be.within(4_900, 8_000);
+
+    // Answered before its body is read, without ending the connection (no key): Node alone read such
+    // a body for as long as it came, at a core's worth of CPU.
+    const unauthenticated = await refusedWhileSending(head.replace(/Authorization: [^\r]*\r\n/, ''), (socket) => {
+      const more = () => {
+        while (!socket.destroyed && socket.write(mb));
+      };
+      socket.on('drain', more);
+      more();
+    });
+    expect(unauthenticated.answer).to.match(/^HTTP\/1\.1 401 /);
+    expect(unauthenticated.sent / 2 ** 20).to.be.within(64, 64 + 40);
+    expect(unauthenticated.closedAfterMs).to.be.below(5_000);
+  });
+
+  it('a body that arrives after its answer is dropped, and the connection carries the next request', async () => {
+    const socket = net.connect(port, '127.0.0.1');
+    const chunks: Buffer[] = [];
+    socket.on('data', (b) => chunks.push(b));
+    const answers = async (n: number) => {
+      for (let i = 0; i < 100 && Buffer.concat(chunks).toString().split('HTTP/1.1 ').length - 1 < n; i++)
+        await new Promise((r) => setTimeout(r, 20));
+      return Buffer.concat(chunks).toString();
+    };
+    const body = JSON.stringify({ model: 'sandbox/chat-1' });
+    // No key: the 401 is sent before the body comes.
+    socket.write(
+      `POST ${presetPath('late')} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`,
+    );
+    expect(await answers(1)).to.match(/^HTTP\/1\.1 401 [^]*Connection: keep-alive/);
+    socket.write(body);
+    socket.write(
+      `POST ${presetPath('late')} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${t.managementKey}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+    );
+    expect(await answers(2)).to.match(/HTTP\/1\.1 20[01] /);
+    socket.destroy();
+  });
+
   it('408, not a hang or a 500, for a body shorter than its Content-Length', async () => {
     const answer = await rawExchange(
       port,
