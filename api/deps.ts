@@ -14,6 +14,7 @@ import type { Broadcaster } from '../domain/traces/broadcast';
 import type { BatchBodyReader } from './batch-body';
 import type { BodyMemory } from './body-memory';
 import type { KeptVersions } from '../domain/presets/kept-versions';
+import type { StorageQuota } from '../domain/accounts/storage-quota';
 
 export interface AppDeps {
   config: Config;
@@ -43,6 +44,8 @@ export interface AppDeps {
   batchBodies: BatchBodyReader;
   /** Counts the request bodies held in memory while they arrive (one workspace's at most its share). */
   bodyMemory: BodyMemory;
+  /** What each workspace stores of batch inputs and preset versions, and its quota (WORKSPACE_STORAGE_BYTES). */
+  storage: StorageQuota;
   /** Preset versions this process has read (shared with its batch worker, if any). */
   presetVersions: KeptVersions;
   /** Under `gateway start`: the state of each embedded process it supervises (for /readyz). */

@@ -27,6 +27,7 @@ import { createWebhookSender } from '../domain/webhooks/deliver';
 import { purgeDeleted } from '../domain/batches/store';
 import { BatchBodyReader } from '../api/batch-body';
 import { BodyMemory } from '../api/body-memory';
+import { StorageQuota } from '../domain/accounts/storage-quota';
 import { startupStep } from './startup-step';
 
 /** How often a process looks for batch deletions left unfinished. */
@@ -177,6 +178,9 @@ export async function runApiRole(
   });
   batchBodies.warm();
   const bodyMemory = new BodyMemory(config.http.bodyLimitBytes);
+  const storage = new StorageQuota(store, config.batches.workspaceStorageBytes, (err, detail) =>
+    logger.warn({ err, ...detail }, 'stored bytes not counted'),
+  );
   metrics.watchBodies({ memory: () => bodyMemory.heldBytes, disk: () => batchBodies.spooledBytes });
   const api = await startupStep(
     logger,
@@ -200,6 +204,7 @@ export async function runApiRole(
         keys: new KeyCache(store, config.auth.keyCacheMs),
         batchBodies,
         bodyMemory,
+        storage,
         presetVersions,
         embedded: opts.embedded,
       },
@@ -220,6 +225,7 @@ export async function runApiRole(
     stop: async () => {
       await api.close();
       await batchBodies.close();
+      await storage.close().catch((err) => logger.warn({ err }, 'storage quota writer not put back in the pool'));
       await stop();
     },
   };

@@ -343,6 +343,7 @@ describe('402, 500 and the billable guard', () => {
       rateLimiter: new RateLimiter(gw.store, 1000, 60),
       workspaceRequests: new RateLimiter(gw.store, 10_000, 60),
       batchCreates: null as never,
+      storage: null as never,
       presetVersions: new KeptVersions(),
       upstreams: null as never,
       usage: null as never,

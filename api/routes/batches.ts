@@ -33,6 +33,8 @@ import {
 } from '../../domain/batches/schema';
 import type { AppDeps } from '../deps';
 import { admitBatchCreate } from '../rate-limit';
+import { closeUnread } from '../body';
+import { storedSize } from '../../domain/batches/packed-lines';
 import { inPieces } from '../pieces';
 
 const MAX_DATE_MS = 8.64e15;
@@ -61,7 +63,17 @@ function timeBound(name: 'created_after' | 'created_before', raw: string | undef
  */
 const MAX_RESULT_READS = 4;
 
-export function batchRoutes({ config, store, temporal, upstreams, metrics, batchBodies, bodyMemory, batchCreates }: AppDeps): AnyRoute[] {
+export function batchRoutes({
+  config,
+  store,
+  temporal,
+  upstreams,
+  metrics,
+  batchBodies,
+  bodyMemory,
+  batchCreates,
+  storage,
+}: AppDeps): AnyRoute[] {
   const settings = config.batches;
   const resultReads = new Map<string, number>();
   const live = new LiveCounts(store);
@@ -139,6 +151,11 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics, batch
       handler: async (ctx) => {
         const auth = authOf(ctx);
         await admitBatchCreate(batchCreates, ctx, auth.workspaceId);
+        // A workspace at its storage quota is refused before its body is read; else once its size is known.
+        await storage.admit(auth.workspaceId, 1).catch((err) => {
+          closeUnread(ctx);
+          throw err;
+        });
         // The lines are stored before the memory they take is given back.
         const { doc, stored, modelId } = await batchBodies.receive(ctx, auth.workspaceId, bodyMemory, async (read) => {
           const { doc, lines, modelId } = await planNewBatch(
@@ -146,7 +163,10 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics, batch
             { workspaceId: auth.workspaceId, keyId: auth.keyId, meta: requestMeta(ctx) },
             read,
           );
+          doc.stored_bytes = storedSize(lines);
+          await storage.admit(auth.workspaceId, doc.stored_bytes);
           const stored = await createBatch(store, doc, lines, settings.chunkSize);
+          await storage.add(auth.workspaceId, doc.stored_bytes);
           return { doc, stored, modelId };
         });
         const start = batchWorkflowStart(stored, modelId, {
@@ -275,7 +295,7 @@ export function batchRoutes({ config, store, temporal, upstreams, metrics, batch
         const b = await owned(params.id, authOf(ctx).workspaceId);
         if (!isTerminal(b.status))
           throw new ConflictError(`Batch ${b._id} is ${b.status}; only completed, failed, expired or cancelled batches can be deleted`);
-        await deleteBatch(store, b);
+        if (await deleteBatch(store, b)) await storage.add(b.workspace_id, -(b.stored_bytes ?? 0));
         // Its lines go in the background; a deletion this process does not finish, another does (cli/roles).
         void purgeDeleted(store).catch((err) => ctx.state.log.warn({ err, batch_id: b._id }, 'batch lines not deleted yet'));
         ctx.body = { id: b._id, object: 'batch.deleted', deleted: true };

@@ -1,5 +1,6 @@
 // Presets: created (or versioned) from a messages, chat or responses body by management keys;
 // read by any key of the workspace.
+import { ErrorEnvelope } from '../../infrastructure/validation/types';
 import { Type, type TSchema } from '@sinclair/typebox';
 import { addPresetVersion, getPreset, getVersion, listPresets, listVersions } from '../../domain/presets/store';
 import { PresetOrder } from '../../domain/presets/list-order';
@@ -22,7 +23,7 @@ import type { AppDeps } from '../deps';
 
 const Created = Type.Object({ data: PresetWithVersion });
 
-export function presetRoutes({ store, presetVersions: versions }: AppDeps): AnyRoute[] {
+export function presetRoutes({ store, presetVersions: versions, storage }: AppDeps): AnyRoute[] {
   const order = new PresetOrder();
   const create = (format: PresetFormat, path: string, body: TSchema, what: string) =>
     defineRoute({
@@ -33,7 +34,10 @@ export function presetRoutes({ store, presetVersions: versions }: AppDeps): AnyR
       params: SlugParams,
       body,
       summary: `Create a preset, or a new version of it, from a ${what} body (only configuration fields are stored)`,
-      responses: { 200: { description: 'The preset with its new designated version', schema: Created } },
+      responses: {
+        200: { description: 'The preset with its new designated version', schema: Created },
+        402: { description: 'The workspace stores its quota of batch inputs and preset versions', schema: ErrorEnvelope },
+      },
       handler: async (ctx, { params, body: raw }) => {
         const b = raw as Record<string, unknown>;
         if (format === 'messages' && b.fallbacks != null && b.models !== undefined) {
@@ -42,13 +46,17 @@ export function presetRoutes({ store, presetVersions: versions }: AppDeps): AnyR
         modelNamesOf(b); // a preset no call could use is refused now (400), not on every call
         const auth = authOf(ctx);
         ctx.body = {
-          data: await addPresetVersion(store, {
-            workspaceId: auth.workspaceId,
-            slug: params.slug,
-            creator: auth.keyId,
-            config: configOf(format, b),
-            systemPrompt: systemPromptOf(format, b),
-          }),
+          data: await addPresetVersion(
+            store,
+            {
+              workspaceId: auth.workspaceId,
+              slug: params.slug,
+              creator: auth.keyId,
+              config: configOf(format, b),
+              systemPrompt: systemPromptOf(format, b),
+            },
+            storage,
+          ),
         };
       },
     });

@@ -21,6 +21,7 @@ import { bulkWriteInParts, workspaceRange, type Store, type UsageDoc } from '../
 import { fromJsonText, toJsonText } from '../../infrastructure/store/json-text';
 import { fromStoredUsage } from '../../infrastructure/store/usage-form';
 import { RecentlyUsed } from '../../infrastructure/concurrency/recently-used';
+import { takePooledWriter } from './writer-pool';
 
 export interface UsageTotalDoc extends Document {
   _id: string; // <workspace id>:<writer id>
@@ -53,9 +54,6 @@ export interface RetiredWriterDoc extends Document {
 export function retiredWriters(store: Store) {
   return store.db.collection<RetiredWriterDoc>('usage_writers');
 }
-
-/** How many pooled writers a starting ledger tries to take before making a new one. */
-const TAKE_TRIES = 8;
 
 /** The workspace's spending over the whole ledger: its writers' totals and their pending records. */
 export async function totalUsage(store: Store, workspaceId: string): Promise<number> {
@@ -119,23 +117,12 @@ export class TotalsWriter {
     this.started = this.take();
   }
 
-  /**
-   * Takes a retired writer from the pool. Deleting its pool document is the claim: of concurrent
-   * deletes of one document exactly one deletes it (on FerretDB as on MongoDB), so no two ledgers
-   * ever share a writer. Without a database, or with an empty pool, this writer stays new.
-   */
+  /** Takes a retired writer from the pool (writer-pool.ts); else this writer stays new. */
   private async take(): Promise<void> {
-    try {
-      const pool = await retiredWriters(this.store).find({}).limit(TAKE_TRIES).toArray();
-      for (const w of pool) {
-        if ((await retiredWriters(this.store).deleteOne({ _id: w._id })).deletedCount !== 1) continue;
-        this.id = w._id;
-        this.groups = w.groups;
-        return;
-      }
-    } catch {
-      // a new writer: correct, only one more document for each workspace it bills
-    }
+    const w = await takePooledWriter(retiredWriters(this.store));
+    if (!w) return;
+    this.id = w._id;
+    this.groups = w.groups;
   }
 
   /**

@@ -34,6 +34,9 @@ const startOf = (p: PackedLines, i: number): number => (i === 0 ? 0 : p.ends[i -
 /** The size in bytes of the bodies of lines `from` to `to` (excluded). */
 export const bodyBytes = (p: PackedLines, from: number, to = from + 1): number => startOf(p, to) - startOf(p, from);
 
+/** What storing the lines takes: their bodies and custom ids, as counted against a workspace's storage quota. */
+export const storedSize = (p: PackedLines): number => p.bodies.byteLength + p.customIds.reduce((n, id) => n + Buffer.byteLength(id), 0);
+
 /** Lines `from` to `to` (excluded), their bodies as text. */
 export function unpackLines(p: PackedLines, from: number, to: number): InputLine[] {
   const bytes = Buffer.from(p.bodies.buffer, p.bodies.byteOffset, p.bodies.byteLength);

@@ -55,6 +55,8 @@ export interface BatchDoc extends Document {
   webhook?: { status: 'delivered' | 'failed'; attempts: number; last_status: number | null; last_error: string | null } | null;
   /** Every line checked against the endpoint's shape at creation; batches stored before this have none, and are checked from their chunks. */
   validation?: LineCheck;
+  /** What its lines take against the workspace's storage quota (`storedSize`); none for batches stored before it was counted. */
+  stored_bytes?: number;
   /** Session and attribution of the creating request, copied onto each line's usage record. */
   meta: { session_id: string | null; user: string | null; app: { referer: string | null; title: string | null; categories: string[] } };
 }
@@ -729,7 +731,8 @@ function deletions(store: Store): Collection<DeletionDoc> {
  * Deletes a batch: a durable marker first, then its document (from then on it is not found), then
  * its lines in the background (`purgeDeleted`), which any process finishes if this one stops.
  */
-export async function deleteBatch(store: Store, b: BatchDoc): Promise<void> {
+/** Deletes a batch (its lines go in the background, `purgeDeleted`); true for the call that deleted it. */
+export async function deleteBatch(store: Store, b: BatchDoc): Promise<boolean> {
   const batch = {
     _id: b._id,
     chunks: b.chunks,
@@ -742,7 +745,7 @@ export async function deleteBatch(store: Store, b: BatchDoc): Promise<void> {
     .catch((err) => {
       if ((err as { code?: number }).code !== 11000) throw err; // already being deleted
     });
-  await batches(store).deleteOne({ _id: b._id });
+  return (await batches(store).deleteOne({ _id: b._id })).deletedCount === 1;
 }
 
 /**

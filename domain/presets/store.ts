@@ -12,6 +12,7 @@ import { markPresetsChanged, type ListedPreset, type PresetOrder } from './list-
 import { versionChars, type KeptVersions } from './kept-versions';
 import { createHash } from 'node:crypto';
 import { BadRequestError, ConflictError, NotFoundError } from '../../infrastructure/errors';
+import type { StorageQuota } from '../accounts/storage-quota';
 import {
   bulkWriteInParts,
   isDuplicateKey,
@@ -161,9 +162,14 @@ async function versionsById(store: Store, ids: string[], kept?: KeptVersions, bu
 export async function addPresetVersion(
   store: Store,
   input: { workspaceId: string; slug: string; creator: string; config: Record<string, unknown>; systemPrompt: string | null },
+  /** Where the version's size is admitted and counted (the API's); none for callers that store for no client. */
+  storage?: StorageQuota,
 ): Promise<PresetView & { designated_version: VersionView }> {
   const now = new Date();
   const presetId = presetIdOf(input.workspaceId, input.slug);
+  const config = toJsonText(input.config);
+  const size = Buffer.byteLength(config) + Buffer.byteLength(input.systemPrompt ?? '');
+  await storage?.admit(input.workspaceId, size);
   let preset = await store.presets.findOne({ _id: presetId });
   if (!preset) {
     const held = await workspaceList(store, 'workspace_presets').countDocuments({ _id: workspaceRange(input.workspaceId) });
@@ -200,7 +206,7 @@ export async function addPresetVersion(
     preset_id: presetId,
     workspace_id: input.workspaceId,
     version: next,
-    config: toJsonText(input.config),
+    config,
     system_prompt: input.systemPrompt,
     creator_id: input.creator,
     created_at: now,
@@ -216,6 +222,7 @@ export async function addPresetVersion(
     }
     throw err;
   }
+  await storage?.add(input.workspaceId, size);
   await Promise.all([
     store.presets.updateOne({ _id: presetId }, { $max: { latest: next, updated_at: now } }),
     workspaceList(store, 'workspace_presets').updateOne(

@@ -229,6 +229,12 @@ export function loadConfig(env: Env = process.env) {
        */
       createsPerMinute: positiveInt(env, 'BATCH_CREATES_PER_MINUTE', 60),
       /**
+       * Bytes of batch inputs and preset versions one workspace may keep stored (domain/accounts/
+       * storage-quota.ts): 50 batches of the largest size. Within its rate limits a workspace could
+       * otherwise store 12 GB a minute, on the disk every workspace shares.
+       */
+      workspaceStorageBytes: bytes(env, 'WORKSPACE_STORAGE_BYTES', 10 * 1024 ** 3),
+      /**
        * Lines per stored chunk and per chunk activity. Between two chunks a window slot runs no line
        * (the chunk's last writes, Temporal's turn, the next chunk's reads): 500 rather than 250 lines
        * took 50,000 lines at 0 ms from ~2,700 to ~3,300 lines/s (docs/performance.md).

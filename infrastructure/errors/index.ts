@@ -107,7 +107,7 @@ export function errorFromStatus(status: number, message: string, metadata: Error
 const NAMES: Record<number, { summary: string; type: string }> = {
   400: { summary: 'Invalid request', type: 'invalid_request' },
   401: { summary: 'Missing or invalid API key', type: 'invalid_request' },
-  402: { summary: 'Insufficient credits', type: 'insufficient_credits' },
+  402: { summary: 'Insufficient credits or storage quota', type: 'insufficient_credits' },
   403: { summary: 'Not permitted for this key', type: 'invalid_request' },
   404: { summary: 'Not found', type: 'not_found' },
   409: { summary: 'Conflict', type: 'invalid_request' },

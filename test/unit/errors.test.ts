@@ -23,6 +23,6 @@ describe('error names', () => {
     // Each its own words: a status missing from the table would read as its class's fallback, a duplicate.
     const statuses = [400, 401, 402, 403, 404, 409, 413, 422, 429, 500, 502, 503, 524, 529];
     expect(new Set(statuses.map(statusSummary)).size).to.equal(statuses.length);
-    expect(statusSummary(402)).to.equal('Insufficient credits');
+    expect(statusSummary(402)).to.equal('Insufficient credits or storage quota');
   });
 });

@@ -1,0 +1,128 @@
+// What a workspace keeps stored of what its clients send, and its quota (WORKSPACE_STORAGE_BYTES):
+// batch inputs (kept until the batch is deleted) and preset versions (kept for good). Within its
+// rate limits one workspace could store 200 MB a batch, 60 batches a minute: the database's disk,
+// which every workspace shares, full within the hour.
+//
+// Counted like the usage totals: each process (a writer, taken from a pool at start and put back at
+// close, writer-pool.ts) keeps one document per workspace it stored or deleted for, `_id` =
+// `<workspace>:<writer>`, holding what it added less what it removed; only it writes that document,
+// one write at a time. A workspace's stored bytes are the sum of its writers' documents, one `_id`
+// range read. Counted after the data is stored, and taken off once it is deleted: a process that
+// dies in between leaves the count one batch short or long (the quota is a guard against filling
+// the disk, not a bill).
+import { randomBytes } from 'node:crypto';
+import type { Document } from 'mongodb';
+import { workspaceRange, type Store } from '../../infrastructure/store';
+import { PaymentRequiredError } from '../../infrastructure/errors';
+import { RecentlyUsed } from '../../infrastructure/concurrency/recently-used';
+import { takePooledWriter } from './writer-pool';
+
+export interface StoredBytesDoc extends Document {
+  _id: string; // <workspace id>:<writer id>
+  workspace_id: string;
+  writer: string;
+  /** What this writer stored for the workspace, less what it deleted (may be negative). */
+  bytes: number;
+  updated_at: Date;
+}
+
+interface PooledWriterDoc extends Document {
+  _id: string;
+  retired_at: Date;
+}
+
+const storedBytes = (store: Store) => store.db.collection<StoredBytesDoc>('stored_bytes');
+const pool = (store: Store) => store.db.collection<PooledWriterDoc>('stored_bytes_writers');
+
+/** Whole gigabytes or megabytes, for messages. */
+function size(bytes: number): string {
+  return bytes >= 1024 ** 3 ? `${(bytes / 1024 ** 3).toFixed(1)} GB` : `${(bytes / 1024 ** 2).toFixed(1)} MB`;
+}
+
+export class StorageQuota {
+  private id = `s${Date.now().toString(36)}${randomBytes(6).toString('hex')}`;
+  private readonly started: Promise<void>;
+  /** This writer's documents' values, for the workspaces written lately (else read by `_id` first). */
+  private readonly mine: RecentlyUsed<number>;
+  /** The last write queued per workspace: a writer's document takes one write at a time. */
+  private readonly writing = new Map<string, Promise<void>>();
+  private closed = false;
+
+  constructor(
+    private readonly store: Store,
+    /** What one workspace may store. */
+    readonly quotaBytes: number,
+    /** Told of a count that could not be written (the data is stored, or deleted, all the same). */
+    private readonly onTrouble: (err: unknown, detail: { workspace_id: string; bytes: number }) => void = () => undefined,
+  ) {
+    this.mine = new RecentlyUsed<number>({ canDrop: (_, ws) => !this.writing.has(ws) });
+    this.started = takePooledWriter(pool(store)).then((w) => {
+      if (w) this.id = w._id;
+    });
+  }
+
+  /** What the workspace stores now, over every writer. */
+  async stored(workspaceId: string): Promise<number> {
+    const docs = await storedBytes(this.store)
+      .find({ _id: workspaceRange(workspaceId) })
+      .toArray();
+    return docs.reduce((sum, d) => sum + d.bytes, 0);
+  }
+
+  /** Refuses (402) storing `adding` bytes more for the workspace when that would pass its quota. */
+  async admit(workspaceId: string, adding: number): Promise<void> {
+    const held = await this.stored(workspaceId);
+    if (held + adding <= this.quotaBytes) return;
+    throw new PaymentRequiredError(
+      `This workspace stores ${size(held)} of batch inputs and preset versions, of the ${size(this.quotaBytes)} it may store, and this needs ${size(adding)} more: delete batches it no longer needs`,
+      { stored_bytes: held, adding_bytes: adding, quota_bytes: this.quotaBytes },
+    );
+  }
+
+  /**
+   * Counts `bytes` stored for the workspace (negative: deleted), once they are. Resolves once
+   * written; a count that cannot be written is told to `onTrouble` and leaves the total short or
+   * long by it.
+   */
+  add(workspaceId: string, bytes: number): Promise<void> {
+    if (!bytes) return Promise.resolve();
+    const trouble = (err: unknown) => this.onTrouble(err, { workspace_id: workspaceId, bytes });
+    if (this.closed) {
+      trouble(new Error('storage quota writer closed'));
+      return Promise.resolve();
+    }
+    const written = (this.writing.get(workspaceId) ?? this.started).then(() => this.write(workspaceId, bytes)).catch(trouble);
+    this.writing.set(workspaceId, written);
+    void written.then(() => {
+      if (this.writing.get(workspaceId) === written) this.writing.delete(workspaceId);
+    });
+    return written;
+  }
+
+  /** Once the writes queued are done, puts the writer in the pool for the next process to take. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.started;
+    await Promise.all(this.writing.values());
+    await pool(this.store).insertOne({ _id: this.id, retired_at: new Date() });
+  }
+
+  private async write(workspaceId: string, bytes: number): Promise<void> {
+    const _id = `${workspaceId}:${this.id}`;
+    let current = this.mine.get(workspaceId);
+    current ??= (await storedBytes(this.store).findOne({ _id }))?.bytes ?? 0;
+    const value = current + bytes;
+    try {
+      await storedBytes(this.store).replaceOne(
+        { _id },
+        { workspace_id: workspaceId, writer: this.id, bytes: value, updated_at: new Date() },
+        { upsert: true },
+      );
+    } catch (err) {
+      this.mine.delete(workspaceId); // written or not: read again before the next write
+      throw err;
+    }
+    this.mine.set(workspaceId, value);
+  }
+}

@@ -1,0 +1,110 @@
+// A workspace's storage quota (WORKSPACE_STORAGE_BYTES): batch inputs and preset versions are
+// counted once stored and taken off once deleted, per writer, summed over writers.
+import { expect } from 'chai';
+import { call, createTenant, startTestGateway, waitForStatus, type Tenant, type TestGateway } from './helpers';
+import { StorageQuota } from '../domain/accounts/storage-quota';
+import { storedSize, packLines } from '../domain/batches/packed-lines';
+
+describe('storage quota', () => {
+  let gw: TestGateway;
+  let t: Tenant;
+  const QUOTA = 40_000;
+  const requests = (n: number, pad: number) =>
+    Array.from({ length: n }, (_, i) => ({
+      custom_id: `r-${i}`,
+      body: { messages: [{ role: 'user', content: `${i} ${'x'.repeat(pad)}` }] },
+    }));
+  /** What the lines of `reqs` take once stored, as the gateway counts them. */
+  const sizeOf = (reqs: ReturnType<typeof requests>) =>
+    storedSize(packLines(reqs.map((r) => ({ custom_id: r.custom_id, body: JSON.stringify(r.body) }))));
+  const createBatch = (key: string, reqs: ReturnType<typeof requests>) =>
+    call(`${gw.url}/api/v1/batches`, { key, body: { endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests: reqs } });
+  const stored = (workspaceId: string) => new StorageQuota(gw.store, QUOTA).stored(workspaceId);
+
+  before(async () => {
+    gw = await startTestGateway({ env: { WORKSPACE_STORAGE_BYTES: String(QUOTA) } });
+    t = await createTenant(gw.store, 5);
+  });
+  after(async () => gw.stop());
+
+  it("counts a batch's lines and a preset version's config; past the quota a 402 stores nothing; a deleted batch makes room; other workspaces are not touched", async function () {
+    this.timeout(120_000);
+    const first = requests(20, 1_000);
+    const created = await createBatch(t.managementKey, first);
+    expect(created.status, JSON.stringify(created.body)).to.equal(202);
+    expect(await stored(t.workspaceId)).to.equal(sizeOf(first));
+
+    const preset = await call(`${gw.url}/api/v1/presets/p/chat/completions`, {
+      key: t.managementKey,
+      body: { model: 'sandbox/chat-1', temperature: 0.5 },
+    });
+    expect(preset.status).to.equal(200);
+    const withPreset = await stored(t.workspaceId);
+    expect(withPreset - sizeOf(first)).to.equal(JSON.stringify({ model: 'sandbox/chat-1', temperature: 0.5 }).length);
+
+    // 20 KB more lines than fit.
+    const second = requests(20, 1_000);
+    const refused = await createBatch(t.managementKey, second);
+    expect(refused.status).to.equal(402);
+    expect(refused.body.error.message).to.match(
+      /^This workspace stores 0\.0 MB of batch inputs and preset versions, of the 0\.0 MB it may store, and this needs 0\.0 MB more: delete batches it no longer needs$/,
+    );
+    expect(refused.body.error.metadata).to.deep.equal({ stored_bytes: withPreset, adding_bytes: sizeOf(second), quota_bytes: QUOTA });
+    const listed = await call(`${gw.url}/api/v1/batches`, { key: t.managementKey });
+    expect(listed.body.data.map((b: { id: string }) => b.id)).to.deep.equal([created.body.id]);
+    expect(await stored(t.workspaceId)).to.equal(withPreset);
+
+    // The system prompt is stored, as the version's `system_prompt`.
+    const bigPreset = await call(`${gw.url}/api/v1/presets/p/messages`, {
+      key: t.managementKey,
+      body: { model: 'sandbox/chat-1', max_tokens: 10, system: 'y'.repeat(QUOTA), messages: [] },
+    });
+    expect(bigPreset.status).to.equal(402);
+    expect(bigPreset.body.error.metadata.quota_bytes).to.equal(QUOTA);
+    const versions = await call(`${gw.url}/api/v1/presets/p/versions`, { key: t.managementKey });
+    expect(versions.body.data).to.have.length(1);
+
+    // Another workspace stores its own.
+    const other = await createTenant(gw.store, 5);
+    expect((await createBatch(other.managementKey, second)).status).to.equal(202);
+    expect(await stored(other.workspaceId)).to.equal(sizeOf(second));
+
+    await waitForStatus(gw.url, t.managementKey, created.body.id, ['completed']);
+    const deleted = await call(`${gw.url}/api/v1/batches/${created.body.id}`, { method: 'DELETE', key: t.managementKey });
+    expect(deleted.status).to.equal(200);
+    expect(await stored(t.workspaceId)).to.equal(withPreset - sizeOf(first));
+    // Deleted twice: taken off once.
+    expect((await call(`${gw.url}/api/v1/batches/${created.body.id}`, { method: 'DELETE', key: t.managementKey })).status).to.equal(404);
+    expect(await stored(t.workspaceId)).to.equal(withPreset - sizeOf(first));
+    expect((await createBatch(t.managementKey, second)).status).to.equal(202);
+  });
+
+  it('a workspace at its quota is refused before its body is read', async () => {
+    const full = await createTenant(gw.store, 5);
+    const q = new StorageQuota(gw.store, QUOTA);
+    await q.add(full.workspaceId, QUOTA);
+    const refused = await createBatch(full.managementKey, requests(1, 10));
+    expect(refused.status).to.equal(402);
+    expect(refused.headers.get('connection')).to.equal('close');
+    await q.close();
+  });
+
+  it('sums what each writer counted; one writer counts concurrent adds once each, and is taken over after it closes', async () => {
+    const ws = `ws_quota_${Date.now()}`;
+    const a = new StorageQuota(gw.store, QUOTA);
+    const b = new StorageQuota(gw.store, QUOTA);
+    await Promise.all([...Array.from({ length: 200 }, () => a.add(ws, 3)), b.add(ws, 1_000), b.add(ws, -400)]);
+    expect(await a.stored(ws)).to.equal(600 + 600);
+    const docs = async () => gw.store.db.collection('stored_bytes').countDocuments({ workspace_id: ws });
+    expect(await docs()).to.equal(2);
+    await a.close();
+    await b.close();
+    // The next writers go on with the pooled ones' documents: no document more.
+    const c = new StorageQuota(gw.store, QUOTA);
+    const d = new StorageQuota(gw.store, QUOTA);
+    await Promise.all([c.add(ws, 7), d.add(ws, 11)]);
+    expect(await c.stored(ws)).to.equal(1_200 + 18);
+    expect(await docs()).to.equal(2);
+    await Promise.all([c.close(), d.close()]);
+  });
+});
