@@ -79,13 +79,17 @@ describe('storage quota', () => {
     expect((await createBatch(t.managementKey, second)).status).to.equal(202);
   });
 
-  it('a workspace at its quota is refused before its body is read', async () => {
+  it('a workspace at its quota is refused: before a body over 1 MB is read, after a small one is', async () => {
     const full = await createTenant(gw.store, 5);
     const q = new StorageQuota(gw.store, QUOTA);
     await q.add(full.workspaceId, QUOTA);
-    const refused = await createBatch(full.managementKey, requests(1, 10));
-    expect(refused.status).to.equal(402);
-    expect(refused.headers.get('connection')).to.equal('close');
+    const small = await createBatch(full.managementKey, requests(1, 10));
+    expect(small.status).to.equal(402);
+    expect(small.headers.get('connection')).to.equal('keep-alive');
+    const large = await createBatch(full.managementKey, requests(1, 1_100_000));
+    expect(large.status).to.equal(402);
+    expect(large.body.error.metadata).to.deep.equal({ stored_bytes: QUOTA, adding_bytes: 1, quota_bytes: QUOTA });
+    expect(large.headers.get('connection')).to.equal('close');
     await q.close();
   });
 

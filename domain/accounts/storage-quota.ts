@@ -17,7 +17,7 @@ import { PaymentRequiredError } from '../../infrastructure/errors';
 import { RecentlyUsed } from '../../infrastructure/concurrency/recently-used';
 import { takePooledWriter } from './writer-pool';
 
-export interface StoredBytesDoc extends Document {
+interface StoredBytesDoc extends Document {
   _id: string; // <workspace id>:<writer id>
   workspace_id: string;
   writer: string;
@@ -71,7 +71,11 @@ export class StorageQuota {
 
   /** Refuses (402) storing `adding` bytes more for the workspace when that would pass its quota. */
   async admit(workspaceId: string, adding: number): Promise<void> {
-    const held = await this.stored(workspaceId);
+    this.check(await this.stored(workspaceId), adding);
+  }
+
+  /** Refuses (402) storing `adding` bytes more for a workspace that stores `held` when that would pass the quota. */
+  check(held: number, adding: number): void {
     if (held + adding <= this.quotaBytes) return;
     throw new PaymentRequiredError(
       `This workspace stores ${size(held)} of batch inputs and preset versions, of the ${size(this.quotaBytes)} it may store, and this needs ${size(adding)} more: delete batches it no longer needs`,
