@@ -9,7 +9,7 @@ import { promisify } from 'node:util';
 import type Koa from 'koa';
 import bourne from '@hapi/bourne';
 import type { BodyMemory } from './body-memory';
-import { lingerAfterAnswer } from './lingering-close';
+import { dropUnread } from './lingering-close';
 import { BadRequestError, PayloadTooLargeError, RequestTimeoutError, type GatewayError } from '../infrastructure/errors';
 
 export interface BodyLimits {
@@ -306,7 +306,7 @@ export function jsonBody(limits: BodyLimits, { read = true, memory }: { read?: b
 export function closeUnread(ctx: Koa.Context): void {
   if (ctx.req.readableEnded) return;
   ctx.set('Connection', 'close');
-  lingerAfterAnswer(ctx.req);
+  dropUnread(ctx.req);
 }
 
 declare module 'koa' {

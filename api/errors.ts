@@ -4,7 +4,7 @@ import { GatewayError, InternalError, RateLimitedError, ServiceUnavailableError,
 import { isDatabaseUnavailable } from '../infrastructure/store';
 import type { Logger } from '../infrastructure/log';
 import { clientClosed } from './request-signal';
-import { dropRest } from './lingering-close';
+import { dropUnread } from './lingering-close';
 
 /** Not an HTTP status a client sees: what the metrics and the log count a request whose client left as. */
 export const CLIENT_CLOSED = 499;
@@ -62,6 +62,6 @@ export function errorMiddleware(): Koa.Middleware {
       ctx.body = envelope(err, ctx.state.userId ?? null);
     }
     // Answered before its body was read (refused, or a route that reads none): dropped with a bound.
-    if (!ctx.req.complete) dropRest(ctx.req);
+    if (!ctx.req.complete) dropUnread(ctx.req);
   };
 }

@@ -20,8 +20,12 @@ const LINGER_BYTES = 64 * 1024 ** 2;
 
 const dropping = new WeakSet<http.IncomingMessage>();
 
-/** Drops what arrives of `req`'s body from now on: past LINGER_BYTES, the connection is closed. */
-export function dropRest(req: http.IncomingMessage): void {
+/**
+ * Drops what arrives of `req`'s body from now on: past LINGER_BYTES, the connection is closed. If
+ * its answer is the connection's last (`Connection: close`, ours or the client's), the socket is
+ * closed once the body ends, the client closes, or LINGER_MS pass, whichever is first.
+ */
+export function dropUnread(req: http.IncomingMessage): void {
   if (req.complete || dropping.has(req)) return; // what is left has arrived: Node drops it
   dropping.add(req);
   let dropped = 0;
@@ -30,12 +34,7 @@ export function dropRest(req: http.IncomingMessage): void {
     if (dropped > LINGER_BYTES) req.socket.destroy();
   });
   req.resume();
-}
-
-/** For an answer sent with `Connection: close`: drops the rest of `req`'s body, and closes the socket as said above. */
-export function lingerAfterAnswer(req: http.IncomingMessage): void {
-  dropRest(req);
-  // Node ends such an answer with this (http's resOnFinish): the end of our side, then the close.
+  // Node ends a connection's last answer with this (http's resOnFinish): the end of our side, then the close.
   const socket = req.socket as http.IncomingMessage['socket'] & { destroySoon(): void };
   const closeSoon = socket.destroySoon.bind(socket);
   socket.destroySoon = () => {

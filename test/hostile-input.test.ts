@@ -405,7 +405,7 @@ describe('hostile input', () => {
       feed(socket);
     });
 
-  it('a client that sends all of an oversized body before it reads gets the 413, not a reset: the rest is read and dropped', async () => {
+  it('a client that sends all of an oversized body before it reads gets the 413 (or 401), not a reset: the rest is read and dropped', async () => {
     // As Python's urllib does. Closed at once, the socket's unread bytes made the kernel reset the
     // connection, and the client's write failed (EPIPE) instead.
     const body = Buffer.alloc(5_000_000, 0x20);
@@ -417,6 +417,14 @@ describe('hostile input', () => {
     expect(r.answer).to.match(/^HTTP\/1\.1 413 /);
     expect(r.answer).to.match(/Connection: close/i);
     expect(r.answer).to.match(/Request body is larger than the configured limit/);
+
+    // Refused before its body is read, on a connection its client ends (as urllib's does): the same.
+    const unauthenticated = await refusedWhileSending(
+      `POST ${presetPath('oversized')} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`,
+      (socket) => socket.end(body),
+    );
+    expect(unauthenticated.error).to.equal(null);
+    expect(unauthenticated.answer).to.match(/^HTTP\/1\.1 401 /);
   });
 
   it('a refused client that keeps sending is closed after 64 MB dropped, or 5 s after a refusal mid-body', async function () {

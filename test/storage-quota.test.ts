@@ -1,8 +1,18 @@
 // A workspace's storage quota (WORKSPACE_STORAGE_BYTES): batch inputs and preset versions are
 // counted once stored and taken off once deleted, per writer, summed over writers.
 import { expect } from 'chai';
-import { call, createTenant, startTestGateway, waitForStatus, type Tenant, type TestGateway } from './helpers';
+import {
+  batchesWithoutDocument,
+  call,
+  createTenant,
+  testBatchDoc,
+  startTestGateway,
+  waitForStatus,
+  type Tenant,
+  type TestGateway,
+} from './helpers';
 import { StorageQuota } from '../domain/accounts/storage-quota';
+import { createBatch as storeBatch } from '../domain/batches/store';
 import { storedSize, packLines } from '../domain/batches/packed-lines';
 
 describe('storage quota', () => {
@@ -53,6 +63,8 @@ describe('storage quota', () => {
     const listed = await call(`${gw.url}/api/v1/batches`, { key: t.managementKey });
     expect(listed.body.data.map((b: { id: string }) => b.id)).to.deep.equal([created.body.id]);
     expect(await stored(t.workspaceId)).to.equal(withPreset);
+    // Its lines were stored while the quota was read, and removed with the refusal.
+    expect(await batchesWithoutDocument(gw.store)).to.deep.equal([]);
 
     // The system prompt is stored, as the version's `system_prompt`.
     const bigPreset = await call(`${gw.url}/api/v1/presets/p/messages`, {
@@ -91,6 +103,22 @@ describe('storage quota', () => {
     expect(large.body.error.metadata).to.deep.equal({ stored_bytes: QUOTA, adding_bytes: 1, quota_bytes: QUOTA });
     expect(large.headers.get('connection')).to.equal('close');
     await q.close();
+  });
+
+  it('a batch refused while its lines are being stored is undone once they are: no line is left behind', async () => {
+    const doc = testBatchDoc(t, { model: 'sandbox/chat-1', total: 3_000 });
+    const lines = Array.from({ length: 3_000 }, (_, i) => ({
+      custom_id: `c${i}`,
+      body: JSON.stringify({ messages: [{ role: 'user', content: `${i}` }] }),
+    }));
+    const refusal = new Error('over the quota');
+    let caught: unknown = null;
+    await storeBatch(gw.store, doc, packLines(lines), 100, Promise.reject(refusal)).catch((err) => (caught = err));
+    expect(caught).to.equal(refusal);
+    expect(
+      await gw.store.db.collection('batch_inputs').countDocuments({ _id: { $gte: `${doc._id}:`, $lt: `${doc._id}:~` } } as never),
+    ).to.equal(0);
+    expect(await batchesWithoutDocument(gw.store)).to.deep.equal([]);
   });
 
   it('sums what each writer counted; one writer counts concurrent adds once each, and is taken over after it closes', async () => {

@@ -154,8 +154,9 @@ export function batchRoutes({
       handler: async (ctx) => {
         const auth = authOf(ctx);
         await admitBatchCreate(batchCreates, ctx, auth.workspaceId);
-        // What the workspace stores, read while a small body is (~1 ms of a create's ~20): checked once
-        // the lines' size is known. A workspace at its quota is refused before a large body is read.
+        // What the workspace stores, read while the body is and its lines are stored (~1 ms of a
+        // create's ~20), and checked before the batch is made visible. A workspace at its quota is
+        // refused before a large body is read.
         const held = storage.stored(auth.workspaceId);
         held.catch(() => undefined); // awaited below, unless the create fails first
         if (mostBodyBytes(ctx.req, settings.maxBytes) > READ_FIRST_BYTES) {
@@ -174,10 +175,10 @@ export function batchRoutes({
             { workspaceId: auth.workspaceId, keyId: auth.keyId, meta: requestMeta(ctx) },
             read,
           );
-          doc.stored_bytes = storedSize(lines);
-          storage.check(await held, doc.stored_bytes);
-          const stored = await createBatch(store, doc, lines, settings.chunkSize);
-          counted = storage.add(auth.workspaceId, doc.stored_bytes); // written while the workflow starts
+          const size = (doc.stored_bytes = storedSize(lines));
+          const admitted = held.then((h) => storage.check(h, size));
+          const stored = await createBatch(store, doc, lines, settings.chunkSize, admitted);
+          counted = storage.add(auth.workspaceId, size); // written while the workflow starts
           return { doc, stored, modelId };
         });
         const start = batchWorkflowStart(stored, modelId, {

@@ -537,11 +537,27 @@ export async function findBatch(store: Store, workspaceId: string, id: string): 
 }
 
 /** Stores a new batch: its input chunks, then its document. A batch that cannot be stored leaves nothing behind. */
-export async function createBatch(store: Store, doc: BatchDoc, lines: PackedLines, chunkSize: number): Promise<BatchDoc> {
+/**
+ * Stores a new batch. `admitted` (the caller's check, run meanwhile) refusing undoes what was
+ * written; the batch is then never visible.
+ */
+export async function createBatch(
+  store: Store,
+  doc: BatchDoc,
+  lines: PackedLines,
+  chunkSize: number,
+  admitted: Promise<void> = Promise.resolve(),
+): Promise<BatchDoc> {
   const b = doc;
   try {
     // Inputs and list entries are independent; the batch document, which makes it visible, comes last.
-    const [starts] = await Promise.all([storeInputs(store, b, lines, chunkSize), addNewBatch(store, b, b.status)]);
+    const writes = Promise.all([storeInputs(store, b, lines, chunkSize), addNewBatch(store, b, b.status)]);
+    const refused = (err: unknown) =>
+      writes.then(
+        () => Promise.reject(err),
+        () => Promise.reject(err),
+      ); // once the writes are done, so that all of them are undone
+    const [[starts]] = await Promise.all([writes, admitted.catch(refused)]);
     const stored = { ...b, chunks: starts.length, chunk_starts: starts };
     await batches(store).insertOne(packed(stored));
     return stored;
