@@ -63,6 +63,8 @@ describe('storage quota', () => {
     const listed = await call(`${gw.url}/api/v1/batches`, { key: t.managementKey });
     expect(listed.body.data.map((b: { id: string }) => b.id)).to.deep.equal([created.body.id]);
     expect(await stored(t.workspaceId)).to.equal(withPreset);
+    const shown = await call(`${gw.url}/api/v1/storage`, { key: t.inferenceKey });
+    expect(shown.body).to.deep.equal({ data: { stored_bytes: withPreset, quota_bytes: QUOTA } });
     // Its lines were stored while the quota was read, and removed with the refusal.
     expect(await batchesWithoutDocument(gw.store)).to.deep.equal([]);
 

@@ -1,4 +1,4 @@
-// The caller's own key, its workspace's keys and credits, and generation lookups. Every query is
+// The caller's own key, its workspace's keys, credits and storage, and generation lookups. Every query is
 // scoped to the authenticated workspace: another workspace's objects are simply not found.
 import { Type } from '@sinclair/typebox';
 import { createKey, keyOfWorkspace, keysPage, publicKey, revokeKey } from '../../domain/accounts/keys';
@@ -15,10 +15,11 @@ import {
   KeyIdParams,
   ListKeysQuery,
   PublicKey,
+  Storage,
 } from '../../domain/accounts/schema';
 import type { AppDeps } from '../deps';
 
-export function accountRoutes({ store, rateLimiter, workspaceRequests, keys, workspaces, usage }: AppDeps): AnyRoute[] {
+export function accountRoutes({ store, rateLimiter, workspaceRequests, keys, workspaces, usage, storage }: AppDeps): AnyRoute[] {
   return [
     defineRoute({
       method: 'get',
@@ -56,6 +57,17 @@ export function accountRoutes({ store, rateLimiter, workspaceRequests, keys, wor
       responses: { 200: { description: 'Credits', schema: Credits } },
       handler: async (ctx) => {
         ctx.body = { data: await workspaces.balance(authOf(ctx).workspaceId) };
+      },
+    }),
+    defineRoute({
+      method: 'get',
+      path: '/storage',
+      tag: 'Credits',
+      auth: 'any',
+      summary: 'What the workspace stores of batch inputs and preset versions, and its quota (bytes)',
+      responses: { 200: { description: 'Storage', schema: Storage } },
+      handler: async (ctx) => {
+        ctx.body = { data: { stored_bytes: await storage.stored(authOf(ctx).workspaceId), quota_bytes: storage.quotaBytes } };
       },
     }),
     defineRoute({

@@ -55,6 +55,13 @@ export const Credits = Type.Object({
   data: Type.Object({ total_credits: Type.Number(), total_usage: Type.Number(), balance: Type.Number() }),
 });
 
+export const Storage = Type.Object({
+  data: Type.Object({
+    stored_bytes: Type.Integer({ description: 'Batch inputs and preset versions the workspace keeps, as stored' }),
+    quota_bytes: Type.Integer({ description: 'What it may keep (WORKSPACE_STORAGE_BYTES); past it, creates are 402s' }),
+  }),
+});
+
 export const GenerationQuery = Type.Object({ id: Type.String({ minLength: 1, maxLength: 200 }) }, { additionalProperties: false });
 
 export const Generation = Type.Object({
