@@ -210,13 +210,21 @@ describe('gateway CLI', () => {
         expect(said.join('\n')).to.include('2 API processes sharing the port (API_PROCESSES)');
         // /readyz is answered by whichever process is up first: the burst waits for both.
         await allApiProcessesUp(`http://127.0.0.1:${env.PORT}`, 2);
-        await Promise.all(
-          Array.from({ length: 20 }, () =>
-            fetch(`http://127.0.0.1:${env.PORT}/api/v1/credits`, { headers: { authorization: `Bearer ${firstKey}` } }),
-          ),
-        );
-        const scrape = await (await fetch(`http://127.0.0.1:${env.PORT}/metrics`)).text();
-        const served = [0, 1].map((i) => Number(scrape.match(new RegExp(`gateway_api_process_requests\\{process="${i}"\\} (\\d+)`))?.[1]));
+        // Which process accepts a new connection is the kernel's race: one full run saw a burst of 20
+        // all taken by one process. Bursts (each on new connections) until both served, at most 10.
+        let scrape = '';
+        let served = [0, 0];
+        for (let burst = 0; burst < 10 && !(served[0] > 0 && served[1] > 0); burst++) {
+          await Promise.all(
+            Array.from({ length: 20 }, () =>
+              fetch(`http://127.0.0.1:${env.PORT}/api/v1/credits`, {
+                headers: { authorization: `Bearer ${firstKey}`, connection: 'close' },
+              }),
+            ),
+          );
+          scrape = await (await fetch(`http://127.0.0.1:${env.PORT}/metrics`)).text();
+          served = [0, 1].map((i) => Number(scrape.match(new RegExp(`gateway_api_process_requests\\{process="${i}"\\} (\\d+)`))?.[1]));
+        }
         expect(served[0], scrape.slice(0, 2000)).to.be.above(0);
         expect(served[1]).to.be.above(0);
         expect(served[0] + served[1]).to.be.at.least(21);

@@ -13,6 +13,8 @@ import {
 } from './helpers';
 import { StorageQuota } from '../domain/accounts/storage-quota';
 import { createBatch as storeBatch } from '../domain/batches/store';
+import { Store } from '../infrastructure/store';
+import { stack } from './fixture';
 import { storedSize, packLines } from '../domain/batches/packed-lines';
 
 describe('storage quota', () => {
@@ -123,16 +125,39 @@ describe('storage quota', () => {
     expect(await batchesWithoutDocument(gw.store)).to.deep.equal([]);
   });
 
+  it("reads a workspace's total at most once a second, with this process's own counts added meanwhile", async () => {
+    const ws = `ws_fresh_${Date.now()}`;
+    let now = 1_000_000;
+    const mine = new StorageQuota(gw.store, QUOTA, undefined, () => now);
+    const other = new StorageQuota(gw.store, QUOTA);
+    expect(await mine.stored(ws)).to.equal(0);
+    await other.add(ws, 500); // another process
+    await mine.add(ws, 20);
+    now += 999;
+    expect(await mine.stored(ws)).to.equal(20);
+    now += 1;
+    expect(await mine.stored(ws)).to.equal(520);
+    await Promise.all([mine.close(), other.close()]);
+  });
+
   it('sums what each writer counted; one writer counts concurrent adds once each, and is taken over after it closes', async () => {
     const ws = `ws_quota_${Date.now()}`;
-    const a = new StorageQuota(gw.store, QUOTA);
+    const watched = await Store.connect(stack.mongoUri, gw.store.db.databaseName, { monitorCommands: true });
+    const writes: string[] = [];
+    watched.client.on('commandStarted', (e) => {
+      if (e.commandName === 'update' && e.command.update === 'stored_bytes') writes.push(e.commandName);
+    });
+    const a = new StorageQuota(watched, QUOTA);
     const b = new StorageQuota(gw.store, QUOTA);
     await Promise.all([...Array.from({ length: 200 }, () => a.add(ws, 3)), b.add(ws, 1_000), b.add(ws, -400)]);
     expect(await a.stored(ws)).to.equal(600 + 600);
+    // All 200 came before the first write began: one write, not 200.
+    expect(writes).to.have.length(1);
     const docs = async () => gw.store.db.collection('stored_bytes').countDocuments({ workspace_id: ws });
     expect(await docs()).to.equal(2);
     await a.close();
     await b.close();
+    await watched.close();
     // The next writers go on with the pooled ones' documents: no document more.
     const c = new StorageQuota(gw.store, QUOTA);
     const d = new StorageQuota(gw.store, QUOTA);

@@ -1,7 +1,7 @@
 // Presets: created (or versioned) from a messages, chat or responses body by management keys;
 // read by any key of the workspace.
-import { ErrorEnvelope } from '../../infrastructure/validation/types';
 import { Type, type TSchema } from '@sinclair/typebox';
+import { ErrorEnvelope } from '../../infrastructure/validation/types';
 import { addPresetVersion, getPreset, getVersion, listPresets, listVersions } from '../../domain/presets/store';
 import { PresetOrder } from '../../domain/presets/list-order';
 import { configOf, systemPromptOf, type PresetFormat } from '../../domain/presets/overlap';

@@ -34,18 +34,29 @@ interface PooledWriterDoc extends Document {
 const storedBytes = (store: Store) => store.db.collection<StoredBytesDoc>('stored_bytes');
 const pool = (store: Store) => store.db.collection<PooledWriterDoc>('stored_bytes_writers');
 
-/** Whole gigabytes or megabytes, for messages. */
+/** Gigabytes or megabytes to one decimal, for messages. */
 function size(bytes: number): string {
   return bytes >= 1024 ** 3 ? `${(bytes / 1024 ** 3).toFixed(1)} GB` : `${(bytes / 1024 ** 2).toFixed(1)} MB`;
 }
+
+/**
+ * How long a workspace's total, as read, answers for it (with this process's own counts added): a
+ * burst of creates from one workspace reads it once. Another process's stores within that time are
+ * unseen, which bounds by how much several processes together may pass the quota.
+ */
+const FRESH_MS = 1_000;
 
 export class StorageQuota {
   private id = `s${Date.now().toString(36)}${randomBytes(6).toString('hex')}`;
   private readonly started: Promise<void>;
   /** This writer's documents' values, for the workspaces written lately (else read by `_id` first). */
   private readonly mine: RecentlyUsed<number>;
-  /** The last write queued per workspace: a writer's document takes one write at a time. */
+  /** Workspaces' totals as last read, plus this process's counts since. */
+  private readonly seen: RecentlyUsed<{ bytes: number; at: number }>;
+  /** The last write per workspace: a writer's document takes one write at a time. */
   private readonly writing = new Map<string, Promise<void>>();
+  /** Counts waiting for the write in progress: the next write takes them all (one write per turn). */
+  private readonly queued = new Map<string, { bytes: number; written: Promise<void> }>();
   private closed = false;
 
   constructor(
@@ -54,19 +65,26 @@ export class StorageQuota {
     readonly quotaBytes: number,
     /** Told of a count that could not be written (the data is stored, or deleted, all the same). */
     private readonly onTrouble: (err: unknown, detail: { workspace_id: string; bytes: number }) => void = () => undefined,
+    private readonly now: () => number = Date.now,
   ) {
     this.mine = new RecentlyUsed<number>({ canDrop: (_, ws) => !this.writing.has(ws) });
+    this.seen = new RecentlyUsed({ idleMs: 10 * FRESH_MS, now });
     this.started = takePooledWriter(pool(store)).then((w) => {
       if (w) this.id = w._id;
     });
   }
 
-  /** What the workspace stores now, over every writer. */
+  /** What the workspace stores now, over every writer (as read within FRESH_MS, with this process's counts since). */
   async stored(workspaceId: string): Promise<number> {
+    const seen = this.seen.get(workspaceId);
+    if (seen && this.now() - seen.at < FRESH_MS) return seen.bytes;
+    const at = this.now();
     const docs = await storedBytes(this.store)
       .find({ _id: workspaceRange(workspaceId) })
       .toArray();
-    return docs.reduce((sum, d) => sum + d.bytes, 0);
+    const bytes = docs.reduce((sum, d) => sum + d.bytes, 0);
+    this.seen.set(workspaceId, { bytes, at });
+    return bytes;
   }
 
   /** Refuses (402) storing `adding` bytes more for the workspace when that would pass its quota. */
@@ -90,17 +108,30 @@ export class StorageQuota {
    */
   add(workspaceId: string, bytes: number): Promise<void> {
     if (!bytes) return Promise.resolve();
-    const trouble = (err: unknown) => this.onTrouble(err, { workspace_id: workspaceId, bytes });
+    const seen = this.seen.peek(workspaceId);
+    if (seen) seen.bytes += bytes;
     if (this.closed) {
-      trouble(new Error('storage quota writer closed'));
+      this.onTrouble(new Error('storage quota writer closed'), { workspace_id: workspaceId, bytes });
       return Promise.resolve();
     }
-    const written = (this.writing.get(workspaceId) ?? this.started).then(() => this.write(workspaceId, bytes)).catch(trouble);
-    this.writing.set(workspaceId, written);
-    void written.then(() => {
-      if (this.writing.get(workspaceId) === written) this.writing.delete(workspaceId);
+    const waiting = this.queued.get(workspaceId);
+    if (waiting) {
+      waiting.bytes += bytes;
+      return waiting.written;
+    }
+    const entry = { bytes, written: Promise.resolve() };
+    entry.written = (this.writing.get(workspaceId) ?? this.started)
+      .then(() => {
+        this.queued.delete(workspaceId); // counts from now on wait for the next write
+        return this.write(workspaceId, entry.bytes);
+      })
+      .catch((err: unknown) => this.onTrouble(err, { workspace_id: workspaceId, bytes: entry.bytes }));
+    this.queued.set(workspaceId, entry);
+    this.writing.set(workspaceId, entry.written);
+    void entry.written.then(() => {
+      if (this.writing.get(workspaceId) === entry.written) this.writing.delete(workspaceId);
     });
-    return written;
+    return entry.written;
   }
 
   /** Once the writes queued are done, puts the writer in the pool for the next process to take. */
