@@ -405,6 +405,15 @@ describe('hostile input', () => {
       feed(socket);
     });
 
+  /** Writes `piece` again and again, as fast as the socket takes it, until it is closed. */
+  const floodWith = (piece: Buffer) => (socket: net.Socket) => {
+    const more = () => {
+      while (!socket.destroyed && socket.write(piece));
+    };
+    socket.on('drain', more);
+    more();
+  };
+
   it('a client that sends all of an oversized body before it reads gets the 413 (or 401), not a reset: the rest is read and dropped', async () => {
     // As Python's urllib does. Closed at once, the socket's unread bytes made the kernel reset the
     // connection, and the client's write failed (EPIPE) instead.
@@ -432,13 +441,7 @@ describe('hostile input', () => {
     // Refused before its body is read (not JSON), sent in chunks without end.
     const head = `POST ${presetPath('endless')} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${t.managementKey}\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n`;
     const mb = Buffer.concat([Buffer.from('100000\r\n'), Buffer.alloc(0x100000, 0x61), Buffer.from('\r\n')]);
-    const flood = await refusedWhileSending(head, (socket) => {
-      const more = () => {
-        while (!socket.destroyed && socket.write(mb));
-      };
-      socket.on('drain', more);
-      more();
-    });
+    const flood = await refusedWhileSending(head, floodWith(mb));
     expect(flood.answer).to.match(/^HTTP\/1\.1 400 /);
     expect(flood.endedAfterMs, 'the answer is followed by the end of its side').to.be.a('number');
     expect(flood.sent / 2 ** 20).to.be.within(64, 64 + 40); // 64 MB dropped, plus what the sockets' buffers hold
@@ -453,13 +456,7 @@ describe('hostile input', () => {
 
     // Answered before its body is read, without ending the connection (no key): Node alone read such
     // a body for as long as it came, at a core's worth of CPU.
-    const unauthenticated = await refusedWhileSending(head.replace(/Authorization: [^\r]*\r\n/, ''), (socket) => {
-      const more = () => {
-        while (!socket.destroyed && socket.write(mb));
-      };
-      socket.on('drain', more);
-      more();
-    });
+    const unauthenticated = await refusedWhileSending(head.replace(/Authorization: [^\r]*\r\n/, ''), floodWith(mb));
     expect(unauthenticated.answer).to.match(/^HTTP\/1\.1 401 /);
     expect(unauthenticated.sent / 2 ** 20).to.be.within(64, 64 + 40);
     expect(unauthenticated.closedAfterMs).to.be.below(5_000);
