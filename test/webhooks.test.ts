@@ -258,9 +258,12 @@ describe('batch completion webhooks', function () {
       expect(closed, 'no delivery gave up meanwhile: every slot they take stayed taken').to.equal(0);
       expect(open.size).to.be.at.least(100);
     } finally {
+      // The receiver stops listening first: a delivery retried meanwhile would otherwise reach it and
+      // wait out its 60 s timeout, holding the worker's stop (seen under load: the test timed out).
+      const holeClosed = new Promise((r) => hole.close(r));
       for (const s of open) s.destroy(); // the deliveries fail at once, and the worker can stop
       await slow.stop();
-      await new Promise((r) => hole.close(r));
+      await holeClosed;
     }
   });
 });
