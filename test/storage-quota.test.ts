@@ -12,7 +12,7 @@ import {
   type TestGateway,
 } from './helpers';
 import { StorageQuota } from '../domain/accounts/storage-quota';
-import { createBatch as storeBatch } from '../domain/batches/store';
+import { createBatch as storeBatch, deleteBatch } from '../domain/batches/store';
 import { Store } from '../infrastructure/store';
 import { stack } from './fixture';
 import { storedSize, packLines } from '../domain/batches/packed-lines';
@@ -89,7 +89,7 @@ describe('storage quota', () => {
     const deleted = await call(`${gw.url}/api/v1/batches/${created.body.id}`, { method: 'DELETE', key: t.managementKey });
     expect(deleted.status).to.equal(200);
     expect(await stored(t.workspaceId)).to.equal(withPreset - sizeOf(first));
-    // Deleted twice: taken off once.
+    // Deleted twice: taken off once (the second finds no batch).
     expect((await call(`${gw.url}/api/v1/batches/${created.body.id}`, { method: 'DELETE', key: t.managementKey })).status).to.equal(404);
     expect(await stored(t.workspaceId)).to.equal(withPreset - sizeOf(first));
     expect((await createBatch(t.managementKey, second)).status).to.equal(202);
@@ -138,6 +138,12 @@ describe('storage quota', () => {
     now += 1;
     expect(await mine.stored(ws)).to.equal(520);
     await Promise.all([mine.close(), other.close()]);
+  });
+
+  it('of two deletions of one batch at once, one deletes it (and so takes its size off)', async () => {
+    const doc = testBatchDoc(t, { model: 'sandbox/chat-1', total: 1 });
+    const b = await storeBatch(gw.store, doc, packLines([{ custom_id: 'a', body: '{}' }]), 100);
+    expect(await Promise.all([deleteBatch(gw.store, b), deleteBatch(gw.store, b)])).to.have.members([true, false]);
   });
 
   it('sums what each writer counted; one writer counts concurrent adds once each, and is taken over after it closes', async () => {

@@ -1,5 +1,6 @@
 // What a workspace keeps stored of what its clients send, and its quota (WORKSPACE_STORAGE_BYTES):
-// batch inputs (kept until the batch is deleted) and preset versions (kept for good). Within its
+// batch inputs (kept until the batch is deleted; their bodies' and custom ids' bytes) and preset
+// versions (kept for good; their config's and system prompt's characters). Within its
 // rate limits one workspace could store 200 MB a batch, 60 batches a minute: the database's disk,
 // which every workspace shares, full within the hour.
 //

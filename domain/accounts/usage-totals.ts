@@ -12,7 +12,7 @@
 // stamp, so it is counted once, by that writer.
 //
 // Writers outlive their processes: a ledger closed with everything stored and settled puts its
-// writer id in a pool (`usage_writers`), and the next ledger to start takes one from there and
+// writer id in a pool (`usage_writers`, writer-pool.ts), and the next ledger to start takes one from there and
 // goes on writing its documents. Else each process start added a document to every workspace it
 // billed, and a balance read grew with restarts (55 µs of FerretDB a document: 57 ms at 1,000).
 import { randomBytes } from 'node:crypto';

@@ -11,8 +11,8 @@ export const WORKER_KEPT_CHARS = 16 * 1024 * 1024;
 /** The largest version kept: one of BODY_LIMIT's default (10 MB) is, since one read of it costs most. */
 const KEPT_MAX_CHARS = 16 * 1024 * 1024;
 
-/** What a version weighs: its config's and system prompt's characters. */
-export function versionChars(v: PresetVersionDoc): number {
+/** What a version weighs (kept here, and against its workspace's storage quota): its config's and system prompt's characters. */
+export function versionChars(v: Pick<PresetVersionDoc, 'config' | 'system_prompt'>): number {
   const config = typeof v.config === 'string' ? v.config.length : JSON.stringify(v.config ?? null).length;
   return config + (v.system_prompt?.length ?? 0);
 }

@@ -130,6 +130,10 @@ async function newestNumbers(store: Store, presets: { id: string; hint: number }
   return newest;
 }
 
+/** The newest version number of one preset (undefined before its first), from its `latest` hint. */
+const newestNumber = async (store: Store, presetId: string, preset: PresetDoc | null): Promise<number | undefined> =>
+  (await newestNumbers(store, [{ id: presetId, hint: preset?.latest ?? 0 }])).get(presetId);
+
 /**
  * Characters of configs and system prompts a page of versions or presets holds: past them the page
  * ends (always with at least one). A page of 100 versions of 9.5 MB was 950 MB: it took 27 s and a
@@ -168,7 +172,7 @@ export async function addPresetVersion(
   const now = new Date();
   const presetId = presetIdOf(input.workspaceId, input.slug);
   const config = toJsonText(input.config);
-  const size = Buffer.byteLength(config) + Buffer.byteLength(input.systemPrompt ?? '');
+  const size = versionChars({ config, system_prompt: input.systemPrompt });
   await storage?.admit(input.workspaceId, size);
   let preset = await store.presets.findOne({ _id: presetId });
   if (!preset) {
@@ -200,7 +204,7 @@ export async function addPresetVersion(
       preset = await store.presets.findOne({ _id: presetId }); // created a moment ago by another writer
     }
   }
-  const next = ((await newestNumbers(store, [{ id: presetId, hint: preset?.latest ?? 0 }])).get(presetId) ?? 0) + 1;
+  const next = ((await newestNumber(store, presetId, preset)) ?? 0) + 1;
   const version: PresetVersionDoc = {
     _id: versionIdOf(presetId, next),
     preset_id: presetId,
@@ -242,7 +246,7 @@ export async function getPreset(
 ): Promise<PresetView & { designated_version: VersionView }> {
   const presetId = presetIdOf(workspaceId, slug);
   const preset = await store.presets.findOne({ _id: presetId });
-  const newest = preset && (await newestNumbers(store, [{ id: presetId, hint: preset.latest ?? 0 }])).get(presetId);
+  const newest = preset && (await newestNumber(store, presetId, preset));
   const [latest] = newest ? await versionsById(store, [versionIdOf(presetId, newest)], kept) : [];
   if (!preset || !latest) throw new NotFoundError(`Preset "${slug}" not found`);
   return presetView(preset, latest);
@@ -345,7 +349,7 @@ async function readOrder(store: Store, workspaceId: string): Promise<ListedPrese
 export async function listVersions(store: Store, workspaceId: string, slug: string, offset: number, limit: number, kept?: KeptVersions) {
   const presetId = presetIdOf(workspaceId, slug);
   const preset = await store.presets.findOne({ _id: presetId });
-  const total = preset && (await newestNumbers(store, [{ id: presetId, hint: preset.latest ?? 0 }])).get(presetId);
+  const total = preset && (await newestNumber(store, presetId, preset));
   if (!total) throw new NotFoundError(`Preset "${slug}" not found`);
   const count = Math.max(0, Math.min(limit, total - offset));
   const page = await versionsById(store, versionIds(presetId, offset + 1, count), kept, PAGE_CHARS);
