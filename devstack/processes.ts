@@ -150,9 +150,20 @@ export async function freePort(host = '127.0.0.1'): Promise<number> {
   const low = ephemeralLow();
   for (let attempt = 0; low !== null && attempt < 50; attempt++) {
     const port = FIRST_PORT + Math.floor(Math.random() * (low - FIRST_PORT));
-    if ((await bindable(port, host)) !== null) return port;
+    if (!handedOut.has(port) && (await bindable(port, host)) !== null) return handOut(port);
   }
-  return (await bindable(0, host))!;
+  return handOut((await bindable(0, host))!);
+}
+
+/**
+ * Ports already answered: a port is free until its server binds it, so two calls a moment apart
+ * (a gateway's PORT and SANDBOX_PORT) could otherwise both get it, and one server fail to bind.
+ */
+const handedOut = new Set<number>();
+
+function handOut(port: number): number {
+  handedOut.add(port);
+  return port;
 }
 
 /** Ports handed out from here up to the ephemeral range. */
