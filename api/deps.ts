@@ -31,6 +31,8 @@ export interface AppDeps {
   workspaceRequests: RateLimiter;
   /** Batch creations per workspace (BATCH_CREATES_PER_MINUTE), keyed `batches:<workspace id>`. */
   batchCreates: RateLimiter;
+  /** Pages of batches or keys listed per workspace (LIST_PAGES_PER_MINUTE), keyed `lists:<workspace id>`. */
+  listPages: RateLimiter;
   keys: KeyCache;
   workspaces: SpendAdmission;
   upstreams: Upstreams;

@@ -59,3 +59,17 @@ export async function admitBatchCreate(limiter: RateLimiter, ctx: Koa.Context, w
   closeUnread(ctx);
   throw refusal(`Batch creation rate limit exceeded: ${d.limit} batches per ${limiter.windowSeconds}s for this workspace`, d, limiter);
 }
+
+/**
+ * A workspace's pages of batches or keys, over all its keys: a page of 100 costs the stack 20–40
+ * chat calls' CPU. Refused before anything is read.
+ */
+export async function admitListPage(limiter: RateLimiter, workspaceId: string): Promise<void> {
+  const d = await limiter.take(`lists:${workspaceId}`);
+  if (d.allowed) return;
+  throw refusal(
+    `List rate limit exceeded: ${d.limit} pages of batches or keys per ${limiter.windowSeconds}s for this workspace, over all its keys`,
+    d,
+    limiter,
+  );
+}

@@ -196,6 +196,7 @@ export async function runApiRole(
         rateLimiter: new RateLimiter(store, config.rateLimit.requests, config.rateLimit.windowSeconds),
         workspaceRequests: new RateLimiter(store, config.rateLimit.workspaceRequests, config.rateLimit.windowSeconds),
         batchCreates: new RateLimiter(store, config.batches.createsPerMinute, 60),
+        listPages: new RateLimiter(store, config.rateLimit.listPagesPerMinute, 60),
         upstreams,
         usage,
         metrics,

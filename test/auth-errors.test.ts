@@ -343,6 +343,7 @@ describe('402, 500 and the billable guard', () => {
       rateLimiter: new RateLimiter(gw.store, 1000, 60),
       workspaceRequests: new RateLimiter(gw.store, 10_000, 60),
       batchCreates: null as never,
+      listPages: null as never,
       storage: null as never,
       presetVersions: new KeptVersions(),
       upstreams: null as never,
@@ -617,6 +618,47 @@ describe('batch creations per workspace', () => {
     // Another workspace's limit is its own; other requests of the first go on.
     expect((await call(`${gw.url}/api/v1/batches`, { key: b.inferenceKey, body })).status).to.equal(202);
     expect((await call(`${gw.url}/api/v1/credits`, { key: a.inferenceKey })).status).to.equal(200);
+  });
+});
+
+describe('list pages per workspace', () => {
+  let gw: TestGateway;
+  before(async () => {
+    gw = await startTestGateway({ withWorker: false, env: { LIST_PAGES_PER_MINUTE: '3' } });
+  });
+  after(async () => {
+    await gw.stop();
+  });
+
+  it("counts a workspace's pages of batches and keys over all its keys: past the limit a 429, and another workspace lists meanwhile", async () => {
+    await clearOfWindowEdge(60, 15_000);
+    const [a, b] = [await createTenant(gw.store), await createTenant(gw.store)];
+    // Three pages through two keys and both lists: the workspace's limit, not each key's or list's.
+    for (const [key, path] of [
+      [a.inferenceKey, '/batches?limit=100'],
+      [a.managementKey, '/keys?limit=100'],
+      [a.managementKey, '/batches'],
+    ]) {
+      const listed = await call(`${gw.url}/api/v1${path}`, { key });
+      expect(listed.status, JSON.stringify(listed.body)).to.equal(200);
+    }
+    for (const [key, path] of [
+      [a.inferenceKey, '/batches?limit=1'],
+      [a.managementKey, '/keys'],
+    ]) {
+      const refused = await call(`${gw.url}/api/v1${path}`, { key });
+      expect(refused.status).to.equal(429);
+      expect(refused.body.error.message).to.equal(
+        'List rate limit exceeded: 3 pages of batches or keys per 60s for this workspace, over all its keys',
+      );
+      expect(refused.body.error.metadata).to.include({ limit: 3, window_seconds: 60 });
+      expect(Number(refused.headers.get('retry-after'))).to.be.within(1, 60);
+    }
+    // Another workspace's limit is its own; the first's other requests go on.
+    expect((await call(`${gw.url}/api/v1/batches`, { key: b.inferenceKey })).status).to.equal(200);
+    expect((await call(`${gw.url}/api/v1/keys`, { key: b.managementKey })).status).to.equal(200);
+    expect((await call(`${gw.url}/api/v1/key`, { key: a.inferenceKey })).status).to.equal(200);
+    expect((await call(`${gw.url}/api/v1/presets`, { key: a.inferenceKey })).status).to.equal(200);
   });
 });
 

@@ -3,6 +3,7 @@
 import { expect } from 'chai';
 import { createBatch, deleteBatch, listBatches, purgeDeleted, writeStatus, type BatchDoc, type BatchStatus } from '../domain/batches/store';
 import { packLines } from '../domain/batches/packed-lines';
+import { SettledBatches } from '../domain/batches/settled-batches';
 import { Store } from '../infrastructure/store';
 import { stack } from './fixture';
 import { createTenant, testBatchDoc, uniqueName, type Tenant } from './helpers';
@@ -99,6 +100,47 @@ describe('batch list index', () => {
       expect(returned.batches).to.be.at.most(11);
     } finally {
       await watched.close();
+    }
+  });
+
+  it("a page's settled batches are read from the process the next time, the others from the store", async () => {
+    const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
+    try {
+      let read = 0;
+      watched.client.on('commandSucceeded', (e) => {
+        const batch = (e.reply as { cursor?: { firstBatch?: unknown[]; ns?: string } }).cursor;
+        if (batch?.ns?.endsWith('.batches')) read += batch.firstBatch?.length ?? 0;
+      });
+      const settled = new SettledBatches();
+      const q = { after: all[20]._id, limit: 20 };
+      const first = await listBatches(watched, t.workspaceId, q, settled);
+      expect(read).to.equal(21);
+      read = 0;
+      const again = await listBatches(watched, t.workspaceId, q, settled);
+      expect(again).to.deep.equal(first);
+      // Every fourth is in_progress: it can still change, so it is read each time.
+      const running = first.filter((b) => b.status === 'in_progress').length;
+      expect(running).to.be.within(4, 7);
+      expect(read).to.equal(running);
+      expect(settled.held).to.equal(21 - running);
+    } finally {
+      await watched.close();
+    }
+  });
+
+  it('a deleted batch is not listed by a process that keeps its document', async () => {
+    const settled = new SettledBatches();
+    const doc = testBatchDoc(t, { model: 'm', total: 1, status: 'validating', created_at: new Date(start + 500_000) });
+    const b = await createBatch(store, doc, packLines([{ custom_id: 'a', body: '{}' }]), 100);
+    await writeStatus(store, b, { status: 'completed' });
+    b.status = 'completed';
+    expect(ids(await listBatches(store, t.workspaceId, { limit: 1 }, settled))[0]).to.equal(b._id);
+    expect(settled.get(b._id)).to.not.equal(undefined);
+    // Deleted, and its lines not purged yet (the entries went with the document, not with the lines).
+    expect(await deleteBatch(store, b)).to.equal(true);
+    expect(ids(await listBatches(store, t.workspaceId, { limit: 1 }, settled))[0]).to.equal(all[0]._id);
+    while (await purgeDeleted(store)) {
+      /* leave the workspace as the other tests expect it */
     }
   });
 

@@ -716,9 +716,13 @@ describe('batches', () => {
         return { inputs: counts[0], results: counts[1], progress: counts[2], pages: counts[3], marker: counts[4], own: own.length };
       };
       expect(await left()).to.deep.equal({ inputs: 1, results: 1, progress: 1, pages: 1, marker: 0, own: 0 });
+      // Listed first, so the process keeps its settled document; once deleted it is not listed.
+      const listed = async () => (await get('/batches?limit=100', tenant.inferenceKey)).body.data.map((b: any) => b.id);
+      expect(await listed()).to.include(finished);
       const del = await call(`${gw.url}/api/v1/batches/${finished}`, { method: 'DELETE', key: tenant.inferenceKey });
       expect(del.body).to.deep.equal({ id: finished, object: 'batch.deleted', deleted: true });
       expect((await get(`/batches/${finished}`, tenant.inferenceKey)).status).to.equal(404);
+      expect(await listed()).to.not.include(finished);
       expect(await gw.store.usage.countDocuments({ batch_id: finished })).to.equal(usageBefore);
       // Its lines go in the background, behind a marker that goes last.
       let remaining = await left();

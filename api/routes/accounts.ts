@@ -4,6 +4,7 @@ import { Type } from '@sinclair/typebox';
 import { createKey, keyOfWorkspace, keysPage, publicKey, revokeKey } from '../../domain/accounts/keys';
 import { NotFoundError } from '../../infrastructure/errors';
 import { authOf } from '../auth';
+import { admitListPage } from '../rate-limit';
 import { defineRoute, type AnyRoute } from '../route';
 import { CursorPage, cursorPage } from '../../infrastructure/validation/types';
 import {
@@ -19,7 +20,7 @@ import {
 } from '../../domain/accounts/schema';
 import type { AppDeps } from '../deps';
 
-export function accountRoutes({ store, rateLimiter, workspaceRequests, keys, workspaces, usage, storage }: AppDeps): AnyRoute[] {
+export function accountRoutes({ store, rateLimiter, workspaceRequests, listPages, keys, workspaces, usage, storage }: AppDeps): AnyRoute[] {
   return [
     defineRoute({
       method: 'get',
@@ -84,6 +85,7 @@ export function accountRoutes({ store, rateLimiter, workspaceRequests, keys, wor
         },
       },
       handler: async (ctx, { query }) => {
+        await admitListPage(listPages, authOf(ctx).workspaceId);
         const page = await keysPage(store, authOf(ctx).workspaceId, { after: query.after, limit: query.limit });
         ctx.body = cursorPage(page.keys, page.hasMore, page.last);
       },

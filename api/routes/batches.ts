@@ -18,6 +18,7 @@ import {
 } from '../../domain/batches/store';
 import { LiveCounts } from '../../domain/batches/live-counts';
 import { PageCache } from '../../domain/batches/page-cache';
+import { SettledBatches } from '../../domain/batches/settled-batches';
 import { authOf } from '../auth';
 import { requestMeta } from '../request-meta';
 import { defineRoute, type AnyRoute } from '../route';
@@ -32,7 +33,7 @@ import {
   TERMINAL_STATUSES,
 } from '../../domain/batches/schema';
 import type { AppDeps } from '../deps';
-import { admitBatchCreate } from '../rate-limit';
+import { admitBatchCreate, admitListPage } from '../rate-limit';
 import { closeUnread, mostBodyBytes } from '../body';
 import { storedSize } from '../../domain/batches/packed-lines';
 import { inPieces } from '../pieces';
@@ -75,12 +76,14 @@ export function batchRoutes({
   batchBodies,
   bodyMemory,
   batchCreates,
+  listPages,
   storage,
 }: AppDeps): AnyRoute[] {
   const settings = config.batches;
   const resultReads = new Map<string, number>();
   const live = new LiveCounts(store);
   const pageCache = new PageCache();
+  const settled = new SettledBatches();
 
   /** Counts a result stream of the workspace as open (429 past MAX_RESULT_READS); the function returned ends it. */
   function claimResultRead(workspaceId: string): () => void {
@@ -216,17 +219,23 @@ export function batchRoutes({
         },
       },
       handler: async (ctx, { query }) => {
+        await admitListPage(listPages, authOf(ctx).workspaceId);
         const created = { ...timeBound('created_after', query.created_after), ...timeBound('created_before', query.created_before) };
         // A cursor must be a batch of this workspace (one read by _id): an unknown one would restart the list.
         if (query.after && !(await findBatch(store, authOf(ctx).workspaceId, query.after))) {
           throw new BadRequestError(`after: ${query.after} is not a batch of this workspace (use the last_id of a previous page)`);
         }
-        const page = await listBatches(store, authOf(ctx).workspaceId, {
-          after: query.after,
-          statuses: query.status,
-          created,
-          limit: query.limit,
-        });
+        const page = await listBatches(
+          store,
+          authOf(ctx).workspaceId,
+          {
+            after: query.after,
+            statuses: query.status,
+            created,
+            limit: query.limit,
+          },
+          settled,
+        );
         const items = page.slice(0, query.limit);
         // Every running item's counts in one read, not a few reads each.
         const counts = await live.ofEach(items);

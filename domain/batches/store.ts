@@ -19,6 +19,7 @@ import type { BATCH_ENDPOINTS, BATCH_STATUSES } from './schema';
 import type { LineCheck } from './lines';
 import { bodyBytes, lineCount, unpackLines, type PackedLines } from './packed-lines';
 import type { PageCache } from './page-cache';
+import type { SettledBatches } from './settled-batches';
 import { packPage, unpackPage, type PageDoc, type ResultPage } from './page-form';
 
 export type BatchStatus = (typeof BATCH_STATUSES)[number];
@@ -393,13 +394,23 @@ export async function readBatch(store: Store, id: string): Promise<BatchDoc | nu
   return b && unpacked(b);
 }
 
-/** The batch documents among `ids` (one read of the set). */
-async function readBatches(store: Store, ids: string[]): Promise<BatchDoc[]> {
-  return (
+/** The batch documents among `ids`: those `settled` keeps, and one read of the rest. */
+async function readBatches(store: Store, ids: string[], settled?: SettledBatches): Promise<BatchDoc[]> {
+  const kept: BatchDoc[] = [];
+  const unread: string[] = [];
+  for (const id of ids) {
+    const b = settled?.get(id);
+    if (b) kept.push(b);
+    else unread.push(id);
+  }
+  if (!unread.length) return kept;
+  const read = (
     await batches(store)
-      .find({ _id: { $in: ids } })
+      .find({ _id: { $in: unread } })
       .toArray()
   ).map(unpacked);
+  if (settled) for (const b of read) settled.keep(b);
+  return kept.concat(read);
 }
 
 /** Where each chunk of the lines starts: at most `chunkSize` lines and MAX_CHUNK_BYTES of bodies each. */
@@ -585,9 +596,10 @@ export async function listBatches(
   store: Store,
   workspaceId: string,
   q: { after?: string; statuses?: BatchStatus[]; created?: Record<string, Date>; limit: number },
+  settled?: SettledBatches,
 ): Promise<BatchDoc[]> {
   return listPage(store, workspaceId, { after: q.after, statuses: q.statuses, created: q.created, count: q.limit + 1 }, (ids) =>
-    readBatches(store, ids),
+    readBatches(store, ids, settled),
   );
 }
 
@@ -761,6 +773,8 @@ export async function deleteBatch(store: Store, b: BatchDoc): Promise<boolean> {
     .catch((err) => {
       if ((err as { code?: number }).code !== 11000) throw err; // already being deleted
     });
+  // Lists stop finding it before its document goes: a process may keep the document (settled-batches.ts).
+  await removeEntries(store, b);
   return (await batches(store).deleteOne({ _id: b._id })).deletedCount === 1;
 }
 

@@ -171,6 +171,12 @@ export function loadConfig(env: Env = process.env) {
        * chat calls from 2,963 to 542 req/s (docs/performance.md).
        */
       workspaceRequests: positiveInt(env, 'RATE_LIMIT_WORKSPACE_REQUESTS', 10 * perKey),
+      /**
+       * Pages of batches or keys one workspace may list per minute, over all its keys and processes.
+       * A page of 100 batches costs the stack ~12 ms of CPU, of keys ~24 ms, a chat call ~0.6:
+       * counted as requests, one workspace listing within its limits could take a core and a half.
+       */
+      listPagesPerMinute: positiveInt(env, 'LIST_PAGES_PER_MINUTE', 600),
       windowSeconds: positiveInt(env, 'RATE_LIMIT_WINDOW_SECONDS', 60),
     },
     credits: {
