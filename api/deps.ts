@@ -46,7 +46,7 @@ export interface AppDeps {
   batchBodies: BatchBodyReader;
   /** Counts the request bodies held in memory while they arrive (one workspace's at most its share). */
   bodyMemory: BodyMemory;
-  /** What each workspace stores of batch inputs and preset versions, and its quota (WORKSPACE_STORAGE_BYTES). */
+  /** What each workspace stores of batch inputs, preset versions and keys, and its quota (WORKSPACE_STORAGE_BYTES). */
   storage: StorageQuota;
   /** Preset versions this process has read (shared with its batch worker, if any). */
   presetVersions: KeptVersions;

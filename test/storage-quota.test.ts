@@ -1,5 +1,5 @@
-// A workspace's storage quota (WORKSPACE_STORAGE_BYTES): batch inputs and preset versions are
-// counted once stored and taken off once deleted, per writer, summed over writers.
+// A workspace's storage quota (WORKSPACE_STORAGE_BYTES): batch inputs, preset versions and keys are
+// counted once stored (batches taken off once deleted), per writer, summed over writers.
 import { expect } from 'chai';
 import {
   batchesWithoutDocument,
@@ -11,7 +11,9 @@ import {
   type Tenant,
   type TestGateway,
 } from './helpers';
+import { BSON } from 'mongodb';
 import { StorageQuota } from '../domain/accounts/storage-quota';
+import { KEY_STORED_BYTES } from '../domain/accounts/keys';
 import { createBatch as storeBatch, deleteBatch } from '../domain/batches/store';
 import { Store } from '../infrastructure/store';
 import { stack } from './fixture';
@@ -59,7 +61,7 @@ describe('storage quota', () => {
     const refused = await createBatch(t.managementKey, second);
     expect(refused.status).to.equal(402);
     expect(refused.body.error.message).to.match(
-      /^This workspace stores 0\.0 MB of batch inputs and preset versions, of the 0\.0 MB it may store, and this needs 0\.0 MB more: delete batches it no longer needs$/,
+      /^This workspace stores 0\.0 MB of batch inputs, preset versions and keys, of the 0\.0 MB it may store, and this needs 0\.0 MB more: delete batches it no longer needs$/,
     );
     expect(refused.body.error.metadata).to.deep.equal({ stored_bytes: withPreset, adding_bytes: sizeOf(second), quota_bytes: QUOTA });
     const listed = await call(`${gw.url}/api/v1/batches`, { key: t.managementKey });
@@ -107,6 +109,28 @@ describe('storage quota', () => {
     expect(large.body.error.metadata).to.deep.equal({ stored_bytes: QUOTA, adding_bytes: 1, quota_bytes: QUOTA });
     expect(large.headers.get('connection')).to.equal('close');
     await q.close();
+  });
+
+  it('a key made counts what a key takes stored; at the quota a key create is a 402 and makes no key', async () => {
+    const ws = await createTenant(gw.store, 5);
+    const keys = async () => (await call(`${gw.url}/api/v1/keys`, { key: ws.managementKey })).body.data.length;
+    const before = await keys();
+    const made = await call(`${gw.url}/api/v1/keys`, { key: ws.managementKey, body: { name: 'n'.repeat(100) } });
+    expect(made.status).to.equal(201);
+    expect(await stored(ws.workspaceId)).to.equal(KEY_STORED_BYTES);
+    // The largest key as stored (a 100-character name) within what is counted for it.
+    const doc = await gw.store.apiKeys.findOne({ id: made.body.data.id });
+    const entry = await gw.store.db.collection('workspace_keys').findOne({ _id: `${ws.workspaceId}:${made.body.data.id}` as never });
+    expect(BSON.calculateObjectSize(doc!) + BSON.calculateObjectSize(entry!)).to.be.within(400, KEY_STORED_BYTES);
+
+    const q = new StorageQuota(gw.store, QUOTA);
+    await q.add(ws.workspaceId, QUOTA - KEY_STORED_BYTES);
+    await q.close();
+    await new Promise((r) => setTimeout(r, 1_100)); // the gateway's total, read at the first create, answers for a second
+    const refused = await call(`${gw.url}/api/v1/keys`, { key: ws.managementKey, body: { name: 'one too many' } });
+    expect(refused.status).to.equal(402);
+    expect(refused.body.error.metadata).to.deep.equal({ stored_bytes: QUOTA, adding_bytes: KEY_STORED_BYTES, quota_bytes: QUOTA });
+    expect(await keys()).to.equal(before + 1);
   });
 
   it('a batch refused while its lines are being stored is undone once they are: no line is left behind', async () => {

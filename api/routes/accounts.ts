@@ -1,12 +1,12 @@
 // The caller's own key, its workspace's keys, credits and storage, and generation lookups. Every query is
 // scoped to the authenticated workspace: another workspace's objects are simply not found.
 import { Type } from '@sinclair/typebox';
-import { createKey, keyOfWorkspace, keysPage, publicKey, revokeKey } from '../../domain/accounts/keys';
+import { createKey, KEY_STORED_BYTES, keyOfWorkspace, keysPage, publicKey, revokeKey } from '../../domain/accounts/keys';
 import { NotFoundError } from '../../infrastructure/errors';
 import { authOf } from '../auth';
 import { admitListPage } from '../rate-limit';
 import { defineRoute, type AnyRoute } from '../route';
-import { CursorPage, cursorPage } from '../../infrastructure/validation/types';
+import { CursorPage, cursorPage, ErrorEnvelope } from '../../infrastructure/validation/types';
 import {
   CreateKeyBody,
   Credits,
@@ -65,7 +65,7 @@ export function accountRoutes({ store, rateLimiter, workspaceRequests, listPages
       path: '/storage',
       tag: 'Credits',
       auth: 'any',
-      summary: 'What the workspace stores of batch inputs and preset versions, and its quota (bytes)',
+      summary: 'What the workspace stores of batch inputs, preset versions and keys, and its quota (bytes)',
       responses: { 200: { description: 'Storage', schema: Storage } },
       handler: async (ctx) => {
         ctx.body = { data: { stored_bytes: await storage.stored(authOf(ctx).workspaceId), quota_bytes: storage.quotaBytes } };
@@ -97,9 +97,15 @@ export function accountRoutes({ store, rateLimiter, workspaceRequests, listPages
       auth: 'management',
       body: CreateKeyBody,
       summary: 'Create an API key in this workspace; the key itself is shown only in this response',
-      responses: { 201: { description: 'Created', schema: Type.Object({ data: PublicKey, key: Type.String() }) } },
+      responses: {
+        201: { description: 'Created', schema: Type.Object({ data: PublicKey, key: Type.String() }) },
+        402: { description: 'The workspace stores its quota of batch inputs, preset versions and keys', schema: ErrorEnvelope },
+      },
       handler: async (ctx, { body }) => {
-        const { key, ...data } = await createKey(store, authOf(ctx).workspaceId, { kind: body.kind ?? 'inference', name: body.name });
+        const { workspaceId } = authOf(ctx);
+        await storage.admit(workspaceId, KEY_STORED_BYTES);
+        const { key, ...data } = await createKey(store, workspaceId, { kind: body.kind ?? 'inference', name: body.name });
+        await storage.add(workspaceId, KEY_STORED_BYTES);
         ctx.status = 201;
         ctx.body = { data, key };
       },

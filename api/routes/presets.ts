@@ -36,7 +36,7 @@ export function presetRoutes({ store, presetVersions: versions, storage }: AppDe
       summary: `Create a preset, or a new version of it, from a ${what} body (only configuration fields are stored)`,
       responses: {
         200: { description: 'The preset with its new designated version', schema: Created },
-        402: { description: 'The workspace stores its quota of batch inputs and preset versions', schema: ErrorEnvelope },
+        402: { description: 'The workspace stores its quota of batch inputs, preset versions and keys', schema: ErrorEnvelope },
       },
       handler: async (ctx, { params, body: raw }) => {
         const b = raw as Record<string, unknown>;

@@ -46,6 +46,13 @@ function newKeyId(): string {
 }
 let lastKeyMs = 0;
 
+/**
+ * What a key takes stored, counted in its workspace's storage quota: its document and its list
+ * entry (up to 522 bytes, with a name of 100 characters). Keys are kept for good, revoked ones
+ * too, and a workspace within its request limits could otherwise make 8 million a day.
+ */
+export const KEY_STORED_BYTES = 600;
+
 /** Creates a key; the returned `key` is the only time the secret exists outside the caller. */
 export async function createKey(
   store: Store,

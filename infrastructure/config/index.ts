@@ -235,7 +235,7 @@ export function loadConfig(env: Env = process.env) {
        */
       createsPerMinute: positiveInt(env, 'BATCH_CREATES_PER_MINUTE', 60),
       /**
-       * Bytes of batch inputs and preset versions one workspace may keep stored (domain/accounts/
+       * Bytes of batch inputs, preset versions and keys one workspace may keep stored (domain/accounts/
        * storage-quota.ts): 50 batches of the largest size. Within its rate limits a workspace could
        * otherwise store 12 GB a minute, on the disk every workspace shares.
        */
