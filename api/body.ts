@@ -275,11 +275,21 @@ export function parseJsonBytes(raw: Uint8Array, maxDepth: number): unknown {
   return parseJsonBody(text, maxDepth);
 }
 
+/** Counts a workspace's large bodies before they are parsed (api/rate-limit admitBodyBytes). */
+export interface BodyBytesAdmission {
+  /** Smaller bodies are not counted. */
+  minBytes: number;
+  admit(workspaceId: string, bytes: number): Promise<void>;
+}
+
 /**
  * Reads a JSON body into `ctx.request.body`; with `read: false`, only checks its headers, for a
  * route that reads the body itself (a batch, which may be large: api/batch-body).
  */
-export function jsonBody(limits: BodyLimits, { read = true, memory }: { read?: boolean; memory?: BodyMemory } = {}): Koa.Middleware {
+export function jsonBody(
+  limits: BodyLimits,
+  { read = true, memory, bodyBytes }: { read?: boolean; memory?: BodyMemory; bodyBytes?: BodyBytesAdmission } = {},
+): Koa.Middleware {
   return async (ctx, next) => {
     const hasBody = Number(ctx.get('content-length') || 0) > 0 || ctx.get('transfer-encoding') !== '';
     try {
@@ -299,10 +309,9 @@ export function jsonBody(limits: BodyLimits, { read = true, memory }: { read?: b
         const encoding = await readBody(ctx.req, limits, sink, memory ? { memory, workspaceId } : undefined);
         const raw = sink.chunks.length === 1 ? sink.chunks[0] : Buffer.concat(sink.chunks);
         // Sent as is (nearly every call): no await, which would cost the hot path a turn.
-        ctx.request.body = parseJsonBytes(
-          encoding === 'identity' ? raw : await inflated(raw, encoding, limits.limitBytes),
-          limits.maxDepth,
-        );
+        const decoded = encoding === 'identity' ? raw : await inflated(raw, encoding, limits.limitBytes);
+        if (bodyBytes && workspaceId && decoded.length >= bodyBytes.minBytes) await bodyBytes.admit(workspaceId, decoded.length);
+        ctx.request.body = parseJsonBytes(decoded, limits.maxDepth);
       }
     } catch (err) {
       closeUnread(ctx);

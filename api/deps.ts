@@ -33,6 +33,8 @@ export interface AppDeps {
   batchCreates: RateLimiter;
   /** Pages of batches or keys listed per workspace (LIST_PAGES_PER_MINUTE), keyed `lists:<workspace id>`. */
   listPages: RateLimiter;
+  /** Bytes of request bodies parsed here per workspace (BODY_BYTES_PER_MINUTE), in 64 KB units, keyed `bodies:<workspace id>`. */
+  bodyBytes: RateLimiter;
   keys: KeyCache;
   workspaces: SpendAdmission;
   upstreams: Upstreams;

@@ -2,10 +2,11 @@
 // authenticated response; and the per-workspace limit on batch creations.
 import type Koa from 'koa';
 import { RateLimitedError } from '../infrastructure/errors';
-import type { RateDecision, RateLimiter } from '../domain/accounts/rate-limit';
+import { RateLimiter, type RateDecision } from '../domain/accounts/rate-limit';
 import { closeUnread } from './body';
 import type { AppDeps } from './deps';
 import type { AuthContext } from './auth';
+import type { Store } from '../infrastructure/store';
 
 /** The 429 for a refused decision of `limiter`. */
 function refusal(message: string, d: RateDecision, limiter: RateLimiter): RateLimitedError {
@@ -58,6 +59,30 @@ export async function admitBatchCreate(limiter: RateLimiter, ctx: Koa.Context, w
   if (d.allowed) return;
   closeUnread(ctx);
   throw refusal(`Batch creation rate limit exceeded: ${d.limit} batches per ${limiter.windowSeconds}s for this workspace`, d, limiter);
+}
+
+/** What BODY_BYTES_PER_MINUTE counts in: a body smaller than this (nearly every call's) is not counted. */
+export const BODY_UNIT_BYTES = 64 * 1024;
+
+/** The limiter of a workspace's body bytes per minute, in BODY_UNIT_BYTES units. */
+export function bodyBytesLimiter(store: Store, bytesPerMinute: number): RateLimiter {
+  return new RateLimiter(store, Math.max(1, Math.floor(bytesPerMinute / BODY_UNIT_BYTES)), 60);
+}
+
+/**
+ * A workspace's bytes of bodies parsed in the API process, over all its keys: parsing holds the
+ * event loop 5–13 ns a byte, so a workspace sending large bodies at its request rate held the loop
+ * every other workspace shares. Checked once the body is read, before it is parsed.
+ */
+export async function admitBodyBytes(limiter: RateLimiter, workspaceId: string, bytes: number): Promise<void> {
+  const d = await limiter.take(`bodies:${workspaceId}`, Math.floor(bytes / BODY_UNIT_BYTES));
+  if (d.allowed) return;
+  const limitBytes = d.limit * BODY_UNIT_BYTES;
+  throw new RateLimitedError(
+    `Request body rate limit exceeded: ${Math.round(limitBytes / 1024 ** 2)} MB of request bodies per ${limiter.windowSeconds}s for this workspace, over all its keys`,
+    d.retryAfterSeconds,
+    { limit_bytes: limitBytes, window_seconds: limiter.windowSeconds, reset_at: d.resetAt },
+  );
 }
 
 /**

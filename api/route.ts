@@ -8,7 +8,7 @@ import { compileBody, compileParams, compileQuery } from '../infrastructure/vali
 import { jsonBody } from './body';
 import { sendJson } from './send-json';
 import { authenticate, type AuthContext, type AuthLevel } from './auth';
-import { rateLimit } from './rate-limit';
+import { admitBodyBytes, BODY_UNIT_BYTES, rateLimit } from './rate-limit';
 import type { AppDeps } from './deps';
 
 type Maybe<S> = S extends TSchema ? Static<S> : undefined;
@@ -61,7 +61,11 @@ export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): 
       chain.push(
         jsonBody(
           { limitBytes: bodyLimitBytes, maxDepth: bodyMaxDepth, idleMs: bodyIdleMs },
-          { read: !spec.readsOwnBody, memory: deps.bodyMemory },
+          {
+            read: !spec.readsOwnBody,
+            memory: deps.bodyMemory,
+            bodyBytes: { minBytes: BODY_UNIT_BYTES, admit: (workspaceId, bytes) => admitBodyBytes(deps.bodyBytes, workspaceId, bytes) },
+          },
         ),
       );
     }

@@ -344,6 +344,7 @@ describe('402, 500 and the billable guard', () => {
       workspaceRequests: new RateLimiter(gw.store, 10_000, 60),
       batchCreates: null as never,
       listPages: null as never,
+      bodyBytes: null as never,
       storage: null as never,
       presetVersions: new KeptVersions(),
       upstreams: null as never,
@@ -659,6 +660,39 @@ describe('list pages per workspace', () => {
     expect((await call(`${gw.url}/api/v1/keys`, { key: b.managementKey })).status).to.equal(200);
     expect((await call(`${gw.url}/api/v1/key`, { key: a.inferenceKey })).status).to.equal(200);
     expect((await call(`${gw.url}/api/v1/presets`, { key: a.inferenceKey })).status).to.equal(200);
+  });
+});
+
+describe('request body bytes per workspace', () => {
+  let gw: TestGateway;
+  before(async () => {
+    gw = await startTestGateway({ withWorker: false, env: { BODY_BYTES_PER_MINUTE: '1mb' } });
+  });
+  after(async () => {
+    await gw.stop();
+  });
+
+  it("counts a workspace's large bodies over all its keys before they are parsed: past the limit a 429, small bodies and other workspaces go on", async () => {
+    await clearOfWindowEdge(60, 15_000);
+    const [a, b] = [await createTenant(gw.store), await createTenant(gw.store)];
+    const chat = (key: string, contentBytes: number) =>
+      call(`${gw.url}/api/v1/chat/completions`, {
+        key,
+        body: { model: 'sandbox/chat-1', max_tokens: 1, messages: [{ role: 'user', content: 'x'.repeat(contentBytes) }] },
+      });
+    // 1 MB is 16 units of 64 KB; a 400 KB body is 6: two fit, through two keys, and the third does not.
+    for (const key of [a.inferenceKey, a.managementKey]) expect((await chat(key, 400 * 1024)).status).to.equal(200);
+    // Refused before it is parsed: not JSON at all, it gets the 429, not a 400.
+    const refused = await call(`${gw.url}/api/v1/chat/completions`, { key: a.inferenceKey, body: `{"model": ${'x'.repeat(400 * 1024)}` });
+    expect(refused.status).to.equal(429);
+    expect(refused.body.error.message).to.equal(
+      'Request body rate limit exceeded: 1 MB of request bodies per 60s for this workspace, over all its keys',
+    );
+    expect(refused.body.error.metadata).to.include({ limit_bytes: 1024 ** 2, window_seconds: 60 });
+    expect(Number(refused.headers.get('retry-after'))).to.be.within(1, 60);
+    // Bodies under 64 KB are not counted; another workspace's bytes are its own.
+    expect((await chat(a.inferenceKey, 60 * 1024)).status).to.equal(200);
+    expect((await chat(b.inferenceKey, 400 * 1024)).status).to.equal(200);
   });
 });
 

@@ -101,6 +101,34 @@ describe('rate limiter without contention', () => {
     // Before blocks, every one of the 50 inserted the same ticket: 49 duplicate-key errors and a scan.
     expect(a.inserts() - before).to.equal(3);
   });
+  it('takes weighted requests: tickets across blocks and claims, none twice, refused once fewer are left than asked', async () => {
+    await clearOfWindowEdge();
+    const limit = 9_600; // blocks of 64, claimed up to 2 at a time
+    const key = `key_weighted_${Date.now()}`;
+    const p1 = new RateLimiter(a.store, limit, 3600);
+    const p2 = new RateLimiter(b.store, limit, 3600);
+    // Two processes take 150 tickets at a time, five callers each, until refused.
+    const taken = { p1: 0, p2: 0 };
+    const lastTickets: number[] = [];
+    const caller = async (limiter: RateLimiter, name: 'p1' | 'p2') => {
+      for (;;) {
+        const d = await limiter.take(key, 150);
+        if (!d.allowed) return;
+        expect(d.unchecked, 'the database answered').to.equal(undefined);
+        expect(d.remaining).to.be.within(0, limit - 150);
+        lastTickets.push(limit - d.remaining);
+        taken[name] += 150;
+      }
+    };
+    await Promise.all([...Array.from({ length: 5 }, () => caller(p1, 'p1')), ...Array.from({ length: 5 }, () => caller(p2, 'p2'))]);
+    // Never more than the limit; what is left unadmitted is less than a weight per caller that ran dry.
+    expect(taken.p1 + taken.p2).to.be.at.most(limit);
+    expect(taken.p1 + taken.p2).to.be.above(limit - 10 * 150);
+    // Each take ended on a ticket of its own.
+    expect(new Set(lastTickets).size).to.equal(lastTickets.length);
+    expect((await p1.take(key, limit)).allowed).to.equal(false);
+  });
+
   it('two processes at c=50 each admit exactly the limit, at no more than two inserts per block of tickets', async () => {
     // Each process alone wants more than the limit, so neither can be left holding unused tickets.
     const limit = 3_200;

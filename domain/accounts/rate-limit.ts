@@ -83,22 +83,33 @@ export class RateLimiter {
     this.maxPerClaim = Math.max(1, Math.min(8, Math.floor(limit / (64 * this.blockSize))));
   }
 
-  async take(keyId: string): Promise<RateDecision> {
+  /**
+   * Takes `weight` tickets of the key's window (a request: one). Refused once the window has fewer
+   * left; the tickets taken by then stay spent.
+   */
+  async take(keyId: string, weight = 1): Promise<RateDecision> {
     const nowMs = this.now();
     const window = Math.floor(nowMs / (this.windowSeconds * 1000));
     const resetAt = (window + 1) * this.windowSeconds;
     const s = this.current(keyId, window);
     let waited = false;
+    let needed = weight;
     for (;;) {
-      const range = s.ranges[0];
-      if (range) {
-        const n = range[0]++;
+      let last = 0;
+      while (needed > 0 && s.ranges.length) {
+        const range = s.ranges[0];
+        const n = Math.min(needed, range[1] - range[0]);
+        range[0] += n;
+        last = range[0] - 1;
         if (range[0] === range[1]) s.ranges.shift();
-        s.held--;
+        s.held -= n;
+        needed -= n;
+      }
+      if (needed <= 0) {
         // Claim ahead while half a claim's worth is left, so requests rarely wait on the database.
         // Not with single-ticket blocks (limits under 128): there every ticket held is one in use.
         if (this.blockSize > 1 && s.held < (s.perClaim * this.blockSize) / 2) void this.claimSoon(keyId, s);
-        return { allowed: true, limit: this.limit, remaining: this.limit - n, resetAt, retryAfterSeconds: 0 };
+        return { allowed: true, limit: this.limit, remaining: this.limit - last, resetAt, retryAfterSeconds: 0 };
       }
       if (s.exhausted) {
         return {
