@@ -1,5 +1,6 @@
 // Applies the per-key and per-workspace request limits and reports the binding one on every
-// authenticated response; and the per-workspace limit on batch creations.
+// authenticated response; and the per-workspace limits on what costs far more than a request counts
+// for: batch creations, pages of batches or keys, and bytes of bodies parsed here.
 import type Koa from 'koa';
 import { RateLimitedError } from '../infrastructure/errors';
 import { RateLimiter, type RateDecision } from '../domain/accounts/rate-limit';
