@@ -585,10 +585,14 @@ describe('rate limits per workspace', () => {
   });
 });
 
-describe('batch creations per workspace', () => {
+// What costs far more than the one request it counts as is limited per workspace on its own.
+describe('per-workspace limits on batch creations, list pages and body bytes', () => {
   let gw: TestGateway;
   before(async () => {
-    gw = await startTestGateway({ withWorker: false, env: { BATCH_CREATES_PER_MINUTE: '3' } });
+    gw = await startTestGateway({
+      withWorker: false,
+      env: { BATCH_CREATES_PER_MINUTE: '3', LIST_PAGES_PER_MINUTE: '3', BODY_BYTES_PER_MINUTE: '1mb' },
+    });
   });
   after(async () => {
     await gw.stop();
@@ -620,16 +624,6 @@ describe('batch creations per workspace', () => {
     expect((await call(`${gw.url}/api/v1/batches`, { key: b.inferenceKey, body })).status).to.equal(202);
     expect((await call(`${gw.url}/api/v1/credits`, { key: a.inferenceKey })).status).to.equal(200);
   });
-});
-
-describe('list pages per workspace', () => {
-  let gw: TestGateway;
-  before(async () => {
-    gw = await startTestGateway({ withWorker: false, env: { LIST_PAGES_PER_MINUTE: '3' } });
-  });
-  after(async () => {
-    await gw.stop();
-  });
 
   it("counts a workspace's pages of batches and keys over all its keys: past the limit a 429, and another workspace lists meanwhile", async () => {
     await clearOfWindowEdge(60, 15_000);
@@ -660,16 +654,6 @@ describe('list pages per workspace', () => {
     expect((await call(`${gw.url}/api/v1/keys`, { key: b.managementKey })).status).to.equal(200);
     expect((await call(`${gw.url}/api/v1/key`, { key: a.inferenceKey })).status).to.equal(200);
     expect((await call(`${gw.url}/api/v1/presets`, { key: a.inferenceKey })).status).to.equal(200);
-  });
-});
-
-describe('request body bytes per workspace', () => {
-  let gw: TestGateway;
-  before(async () => {
-    gw = await startTestGateway({ withWorker: false, env: { BODY_BYTES_PER_MINUTE: '1mb' } });
-  });
-  after(async () => {
-    await gw.stop();
   });
 
   it("counts a workspace's large bodies over all its keys before they are parsed: past the limit a 429, small bodies and other workspaces go on", async () => {
