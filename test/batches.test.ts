@@ -4,7 +4,16 @@ import { expect } from 'chai';
 import http from 'node:http';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
-import { batches, createBatch, emptyTally, newBatchId, saveProgress, storeInputs } from '../domain/batches/store';
+import {
+  batches,
+  createBatch,
+  emptyTally,
+  newBatchId,
+  saveProgress,
+  storeInputs,
+  writeStatus,
+  type BatchDoc,
+} from '../domain/batches/store';
 import { Collection } from 'mongodb';
 import { packLines } from '../domain/batches/packed-lines';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
@@ -500,6 +509,30 @@ describe('batches', () => {
       );
       const again = await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
       expect(again.status).to.equal(409);
+    });
+
+    it('cancelling a batch stored as cancelling sends its workflow no signal more', async () => {
+      // 200 lines of 250 ms, 4 at a time: running for ~12 s.
+      const r = await create({
+        endpoint: '/v1/chat/completions',
+        model: 'test/batch-slow',
+        requests: Array.from({ length: 200 }, (_, i) => chatLine(i)),
+      });
+      const signals = () =>
+        withTemporal(async (client) => {
+          const history = await client.workflow.getHandle(r.body.id).fetchHistory();
+          return (history.events ?? []).filter((e) => e.workflowExecutionSignaledEventAttributes).length;
+        });
+      const cancel = () => call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
+      const stored = (await gw.store.db.collection<BatchDoc>('batches').findOne({ _id: r.body.id }))!;
+      // As the workflow stores it once it has had a cancel.
+      await writeStatus(gw.store, stored, { status: 'cancelling' });
+      for (let i = 0; i < 5; i++) expect((await cancel()).body.status).to.equal('cancelling');
+      await writeStatus(gw.store, stored, { status: 'in_progress' });
+      expect((await cancel()).body.status).to.equal('cancelling');
+      await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['cancelled'], 30_000);
+      // Counted once the run is over: signals that arrive during a workflow task join its history after it.
+      expect(await signals()).to.equal(1);
     });
 
     it('a cancelled batch closes only once its chunks have stopped: no provider call and no result after it is cancelled', async () => {
