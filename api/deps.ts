@@ -35,6 +35,8 @@ export interface AppDeps {
   listPages: RateLimiter;
   /** Bytes of request bodies parsed here per workspace (BODY_BYTES_PER_MINUTE), in 64 KB units, keyed `bodies:<workspace id>`. */
   bodyBytes: RateLimiter;
+  /** Bytes of batch results downloaded per workspace (RESULT_BYTES_PER_MINUTE), in 64 KB units, keyed `results:<workspace id>`. */
+  resultBytes: RateLimiter;
   keys: KeyCache;
   workspaces: SpendAdmission;
   upstreams: Upstreams;

@@ -62,12 +62,53 @@ export async function admitBatchCreate(limiter: RateLimiter, ctx: Koa.Context, w
   throw refusal(`Batch creation rate limit exceeded: ${d.limit} batches per ${limiter.windowSeconds}s for this workspace`, d, limiter);
 }
 
-/** What BODY_BYTES_PER_MINUTE counts in: a body smaller than this (nearly every call's) is not counted. */
+/** What BODY_BYTES_PER_MINUTE and RESULT_BYTES_PER_MINUTE count in: a body smaller than this (nearly every call's) is not counted. */
 export const BODY_UNIT_BYTES = 64 * 1024;
 
-/** The limiter of a workspace's body bytes per minute, in BODY_UNIT_BYTES units. */
-export function bodyBytesLimiter(store: Store, bytesPerMinute: number): RateLimiter {
+/** A byte limit for a message: whole GB, MB or KB. */
+function sizeText(bytes: number): string {
+  for (const [unit, size] of [
+    ['GB', 1024 ** 3],
+    ['MB', 1024 ** 2],
+  ] as const)
+    if (bytes >= size) return `${Math.round(bytes / size)} ${unit}`;
+  return `${Math.round(bytes / 1024)} KB`;
+}
+
+/** A limiter of a workspace's bytes per minute, in BODY_UNIT_BYTES units. */
+export function bytesLimiter(store: Store, bytesPerMinute: number): RateLimiter {
   return new RateLimiter(store, Math.max(1, Math.floor(bytesPerMinute / BODY_UNIT_BYTES)), 60);
+}
+
+/**
+ * A workspace's downloads of batch results, over all its keys: refused (before anything is read)
+ * once the workspace has downloaded its RESULT_BYTES_PER_MINUTE; a download admitted runs to its
+ * end, each piece counted as it is sent (`countResultBytes`), so the window's last download may
+ * pass the limit by its own size, and the next is refused.
+ */
+export async function admitResultDownload(limiter: RateLimiter, workspaceId: string): Promise<void> {
+  const d = await limiter.take(`results:${workspaceId}`);
+  if (d.allowed) return;
+  const limitBytes = d.limit * BODY_UNIT_BYTES;
+  throw new RateLimitedError(
+    `Result download limit exceeded: ${sizeText(limitBytes)} of batch results per ${limiter.windowSeconds}s for this workspace, over all its keys (include_results=false reads a batch without them)`,
+    d.retryAfterSeconds,
+    { limit_bytes: limitBytes, window_seconds: limiter.windowSeconds, reset_at: d.resetAt },
+  );
+}
+
+/** Counts the pieces of an admitted download as they are sent (never refuses: the download runs to its end). */
+export async function* countResultBytes(limiter: RateLimiter, workspaceId: string, pieces: AsyncIterable<string>): AsyncGenerator<string> {
+  let uncounted = 0;
+  for await (const piece of pieces) {
+    uncounted += piece.length;
+    if (uncounted >= BODY_UNIT_BYTES) {
+      const units = Math.floor(uncounted / BODY_UNIT_BYTES);
+      uncounted -= units * BODY_UNIT_BYTES;
+      void limiter.take(`results:${workspaceId}`, units).catch(() => undefined);
+    }
+    yield piece;
+  }
 }
 
 /**
@@ -80,7 +121,7 @@ export async function admitBodyBytes(limiter: RateLimiter, workspaceId: string, 
   if (d.allowed) return;
   const limitBytes = d.limit * BODY_UNIT_BYTES;
   throw new RateLimitedError(
-    `Request body rate limit exceeded: ${Math.round(limitBytes / 1024 ** 2)} MB of request bodies per ${limiter.windowSeconds}s for this workspace, over all its keys`,
+    `Request body rate limit exceeded: ${sizeText(limitBytes)} of request bodies per ${limiter.windowSeconds}s for this workspace, over all its keys`,
     d.retryAfterSeconds,
     { limit_bytes: limitBytes, window_seconds: limiter.windowSeconds, reset_at: d.resetAt },
   );

@@ -91,6 +91,7 @@ export async function startStack(
       // The benches create thousands of batches of one workspace (growth: 10,000).
       BATCH_CREATES_PER_MINUTE: '100000000',
       LIST_PAGES_PER_MINUTE: '100000000',
+      RESULT_BYTES_PER_MINUTE: '1000gb',
       TEMPORAL_TASK_QUEUE: `bench-${name}`,
       // One API process unless a run asks for more (API_PROCESSES defaults to one per core).
       API_PROCESSES: '1',

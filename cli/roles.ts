@@ -10,7 +10,7 @@ import { createWebhookWorker, createWorker } from '../worker';
 import { startApiServer } from '../api/server';
 import type { AppDeps } from '../api/deps';
 import { RateLimiter } from '../domain/accounts/rate-limit';
-import { bodyBytesLimiter } from '../api/rate-limit';
+import { bytesLimiter } from '../api/rate-limit';
 import { KeptVersions, WORKER_KEPT_CHARS } from '../domain/presets/kept-versions';
 import { SpendAdmission } from '../domain/accounts/spend-admission';
 import { KeyCache } from '../domain/accounts/key-cache';
@@ -198,7 +198,8 @@ export async function runApiRole(
         workspaceRequests: new RateLimiter(store, config.rateLimit.workspaceRequests, config.rateLimit.windowSeconds),
         batchCreates: new RateLimiter(store, config.batches.createsPerMinute, 60),
         listPages: new RateLimiter(store, config.rateLimit.listPagesPerMinute, 60),
-        bodyBytes: bodyBytesLimiter(store, config.rateLimit.bodyBytesPerMinute),
+        bodyBytes: bytesLimiter(store, config.rateLimit.bodyBytesPerMinute),
+        resultBytes: bytesLimiter(store, config.rateLimit.resultBytesPerMinute),
         upstreams,
         usage,
         metrics,

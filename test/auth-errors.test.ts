@@ -345,6 +345,7 @@ describe('402, 500 and the billable guard', () => {
       batchCreates: null as never,
       listPages: null as never,
       bodyBytes: null as never,
+      resultBytes: null as never,
       storage: null as never,
       presetVersions: new KeptVersions(),
       upstreams: null as never,

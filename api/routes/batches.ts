@@ -33,7 +33,7 @@ import {
   TERMINAL_STATUSES,
 } from '../../domain/batches/schema';
 import type { AppDeps } from '../deps';
-import { admitBatchCreate, admitListPage } from '../rate-limit';
+import { admitBatchCreate, admitListPage, admitResultDownload, countResultBytes } from '../rate-limit';
 import { closeUnread, mostBodyBytes } from '../body';
 import { storedSize } from '../../domain/batches/packed-lines';
 import { inPieces } from '../pieces';
@@ -77,6 +77,7 @@ export function batchRoutes({
   bodyMemory,
   batchCreates,
   listPages,
+  resultBytes,
   storage,
 }: AppDeps): AnyRoute[] {
   const settings = config.batches;
@@ -105,10 +106,26 @@ export function batchRoutes({
     };
   }
 
-  /** A result stream, counted until it closes: read to the end, failed, or the client went away. */
-  function resultStream(release: () => void, body: AsyncIterable<string>): Readable {
+  /**
+   * Starts a result download of the workspace: counted as open until it closes (read to the end,
+   * failed, or the client went away; 429 past MAX_RESULT_READS), and refused once the workspace has
+   * downloaded its RESULT_BYTES_PER_MINUTE. Before anything is read.
+   */
+  async function startResultRead(workspaceId: string): Promise<() => void> {
+    const release = claimResultRead(workspaceId);
+    try {
+      await admitResultDownload(resultBytes, workspaceId);
+    } catch (err) {
+      release();
+      throw err;
+    }
+    return release;
+  }
+
+  /** A result stream: its pieces counted as they are sent, its read released when it closes. */
+  function resultStream(release: () => void, workspaceId: string, body: AsyncIterable<string>): Readable {
     // One piece ahead of the socket (Readable.from's default is 16, a megabyte of pieces a stream).
-    const stream = Readable.from(inPieces(body), { highWaterMark: 1 });
+    const stream = Readable.from(countResultBytes(resultBytes, workspaceId, inPieces(body)), { highWaterMark: 1 });
     stream.once('close', release);
     return stream;
   }
@@ -129,7 +146,8 @@ export function batchRoutes({
     const marker = `results-of-${b._id}`;
     const [head, tail] = JSON.stringify({ ...view, results: marker }).split(`"${marker}"`);
     ctx.body = resultStream(
-      claimResultRead(b.workspace_id),
+      await startResultRead(b.workspace_id),
+      b.workspace_id,
       (async function* () {
         yield `${head}[`;
         let first = true;
@@ -266,7 +284,7 @@ export function batchRoutes({
       responses: { 200: { description: 'One result per line', contentType: 'application/jsonl' } },
       handler: async (ctx, { params, query }) => {
         // Claimed before the batch is read: a refused reader costs the database nothing.
-        const release = claimResultRead(authOf(ctx).workspaceId);
+        const release = await startResultRead(authOf(ctx).workspaceId);
         let b: BatchDoc;
         try {
           b = await owned(params.id, authOf(ctx).workspaceId);
@@ -276,6 +294,7 @@ export function batchRoutes({
         }
         ctx.body = resultStream(
           release,
+          b.workspace_id,
           (async function* () {
             // Each text is a result object's JSON: the line number goes first, as `{"line":N,…}`.
             for await (const r of resultTexts(store, b, { after: query.after, limit: query.limit }, pageCache))

@@ -184,6 +184,14 @@ export function loadConfig(env: Env = process.env) {
        * limits one key sending 9.5 MB bodies held it 50–130 ms each, 600 times a minute.
        */
       bodyBytesPerMinute: bytes(env, 'BODY_BYTES_PER_MINUTE', 600 * 1024 ** 2),
+      /**
+       * Bytes of batch results one workspace may download per minute (`GET /batches/{id}` with its
+       * results inline, `/results`), over all its keys and processes; a download that starts within
+       * it runs to its end. The interface puts a finished batch's results in the batch object, so a
+       * client polling a finished 50,000-line batch downloaded 28 MB a poll: four such loops took
+       * another workspace's chat calls from 1,480 to 651 req/s.
+       */
+      resultBytesPerMinute: bytes(env, 'RESULT_BYTES_PER_MINUTE', 1024 ** 3),
       windowSeconds: positiveInt(env, 'RATE_LIMIT_WINDOW_SECONDS', 60),
     },
     credits: {
