@@ -63,7 +63,7 @@ export async function admitBatchCreate(limiter: RateLimiter, ctx: Koa.Context, w
 }
 
 /** What BODY_BYTES_PER_MINUTE and RESULT_BYTES_PER_MINUTE count in: a body smaller than this (nearly every call's) is not counted. */
-export const BODY_UNIT_BYTES = 64 * 1024;
+export const LIMIT_UNIT_BYTES = 64 * 1024;
 
 /** A byte limit for a message: whole GB, MB or KB. */
 function sizeText(bytes: number): string {
@@ -75,9 +75,9 @@ function sizeText(bytes: number): string {
   return `${Math.round(bytes / 1024)} KB`;
 }
 
-/** A limiter of a workspace's bytes per minute, in BODY_UNIT_BYTES units. */
+/** A limiter of a workspace's bytes per minute, in LIMIT_UNIT_BYTES units. */
 export function bytesLimiter(store: Store, bytesPerMinute: number): RateLimiter {
-  return new RateLimiter(store, Math.max(1, Math.floor(bytesPerMinute / BODY_UNIT_BYTES)), 60);
+  return new RateLimiter(store, Math.max(1, Math.floor(bytesPerMinute / LIMIT_UNIT_BYTES)), 60);
 }
 
 /**
@@ -89,7 +89,7 @@ export function bytesLimiter(store: Store, bytesPerMinute: number): RateLimiter 
 export async function admitResultDownload(limiter: RateLimiter, workspaceId: string): Promise<void> {
   const d = await limiter.take(`results:${workspaceId}`);
   if (d.allowed) return;
-  const limitBytes = d.limit * BODY_UNIT_BYTES;
+  const limitBytes = d.limit * LIMIT_UNIT_BYTES;
   throw new RateLimitedError(
     `Result download limit exceeded: ${sizeText(limitBytes)} of batch results per ${limiter.windowSeconds}s for this workspace, over all its keys (include_results=false reads a batch without them)`,
     d.retryAfterSeconds,
@@ -102,9 +102,9 @@ export async function* countResultBytes(limiter: RateLimiter, workspaceId: strin
   let uncounted = 0;
   for await (const piece of pieces) {
     uncounted += piece.length;
-    if (uncounted >= BODY_UNIT_BYTES) {
-      const units = Math.floor(uncounted / BODY_UNIT_BYTES);
-      uncounted -= units * BODY_UNIT_BYTES;
+    if (uncounted >= LIMIT_UNIT_BYTES) {
+      const units = Math.floor(uncounted / LIMIT_UNIT_BYTES);
+      uncounted -= units * LIMIT_UNIT_BYTES;
       void limiter.take(`results:${workspaceId}`, units).catch(() => undefined);
     }
     yield piece;
@@ -117,9 +117,9 @@ export async function* countResultBytes(limiter: RateLimiter, workspaceId: strin
  * every other workspace shares. Checked once the body is read, before it is parsed.
  */
 export async function admitBodyBytes(limiter: RateLimiter, workspaceId: string, bytes: number): Promise<void> {
-  const d = await limiter.take(`bodies:${workspaceId}`, Math.floor(bytes / BODY_UNIT_BYTES));
+  const d = await limiter.take(`bodies:${workspaceId}`, Math.floor(bytes / LIMIT_UNIT_BYTES));
   if (d.allowed) return;
-  const limitBytes = d.limit * BODY_UNIT_BYTES;
+  const limitBytes = d.limit * LIMIT_UNIT_BYTES;
   throw new RateLimitedError(
     `Request body rate limit exceeded: ${sizeText(limitBytes)} of request bodies per ${limiter.windowSeconds}s for this workspace, over all its keys`,
     d.retryAfterSeconds,

@@ -8,7 +8,7 @@ import { compileBody, compileParams, compileQuery } from '../infrastructure/vali
 import { jsonBody } from './body';
 import { sendJson } from './send-json';
 import { authenticate, type AuthContext, type AuthLevel } from './auth';
-import { admitBodyBytes, BODY_UNIT_BYTES, rateLimit } from './rate-limit';
+import { admitBodyBytes, LIMIT_UNIT_BYTES, rateLimit } from './rate-limit';
 import type { AppDeps } from './deps';
 
 type Maybe<S> = S extends TSchema ? Static<S> : undefined;
@@ -64,7 +64,7 @@ export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): 
           {
             read: !spec.readsOwnBody,
             memory: deps.bodyMemory,
-            bodyBytes: { minBytes: BODY_UNIT_BYTES, admit: (workspaceId, bytes) => admitBodyBytes(deps.bodyBytes, workspaceId, bytes) },
+            bodyBytes: { minBytes: LIMIT_UNIT_BYTES, admit: (workspaceId, bytes) => admitBodyBytes(deps.bodyBytes, workspaceId, bytes) },
           },
         ),
       );
