@@ -1,6 +1,6 @@
 // Applies the per-key and per-workspace request limits and reports the binding one on every
 // authenticated response; and the per-workspace limits on what costs far more than a request counts
-// for: batch creations, pages of batches or keys, and bytes of bodies parsed here.
+// for: batch creations, pages of batches or keys, bytes of bodies parsed here and of results sent.
 import type Koa from 'koa';
 import { RateLimitedError } from '../infrastructure/errors';
 import { RateLimiter, type RateDecision } from '../domain/accounts/rate-limit';
@@ -75,6 +75,18 @@ function sizeText(bytes: number): string {
   return `${Math.round(bytes / 1024)} KB`;
 }
 
+/** The 429 for a refused decision of a bytes limiter: its limit in bytes, in the message and metadata. */
+function bytesRefusal(limit: string, of: string, d: RateDecision, limiter: RateLimiter, hint = ''): RateLimitedError {
+  const limitBytes = d.limit * LIMIT_UNIT_BYTES;
+  return new RateLimitedError(
+    `${limit} exceeded: ${sizeText(limitBytes)} of ${of} per ${limiter.windowSeconds}s for this workspace, over all its keys${hint}`,
+    d.retryAfterSeconds,
+    { limit_bytes: limitBytes, window_seconds: limiter.windowSeconds, reset_at: d.resetAt },
+  );
+}
+
+const resultsKey = (workspaceId: string) => `results:${workspaceId}`;
+
 /** A limiter of a workspace's bytes per minute, in LIMIT_UNIT_BYTES units. */
 export function bytesLimiter(store: Store, bytesPerMinute: number): RateLimiter {
   return new RateLimiter(store, Math.max(1, Math.floor(bytesPerMinute / LIMIT_UNIT_BYTES)), 60);
@@ -87,14 +99,9 @@ export function bytesLimiter(store: Store, bytesPerMinute: number): RateLimiter 
  * pass the limit by its own size, and the next is refused.
  */
 export async function admitResultDownload(limiter: RateLimiter, workspaceId: string): Promise<void> {
-  const d = await limiter.take(`results:${workspaceId}`);
+  const d = await limiter.take(resultsKey(workspaceId));
   if (d.allowed) return;
-  const limitBytes = d.limit * LIMIT_UNIT_BYTES;
-  throw new RateLimitedError(
-    `Result download limit exceeded: ${sizeText(limitBytes)} of batch results per ${limiter.windowSeconds}s for this workspace, over all its keys (include_results=false reads a batch without them)`,
-    d.retryAfterSeconds,
-    { limit_bytes: limitBytes, window_seconds: limiter.windowSeconds, reset_at: d.resetAt },
-  );
+  throw bytesRefusal('Result download limit', 'batch results', d, limiter, ' (include_results=false reads a batch without them)');
 }
 
 /** Counts the pieces of an admitted download as they are sent (never refuses: the download runs to its end). */
@@ -105,7 +112,7 @@ export async function* countResultBytes(limiter: RateLimiter, workspaceId: strin
     if (uncounted >= LIMIT_UNIT_BYTES) {
       const units = Math.floor(uncounted / LIMIT_UNIT_BYTES);
       uncounted -= units * LIMIT_UNIT_BYTES;
-      void limiter.take(`results:${workspaceId}`, units).catch(() => undefined);
+      void limiter.take(resultsKey(workspaceId), units).catch(() => undefined);
     }
     yield piece;
   }
@@ -119,12 +126,7 @@ export async function* countResultBytes(limiter: RateLimiter, workspaceId: strin
 export async function admitBodyBytes(limiter: RateLimiter, workspaceId: string, bytes: number): Promise<void> {
   const d = await limiter.take(`bodies:${workspaceId}`, Math.floor(bytes / LIMIT_UNIT_BYTES));
   if (d.allowed) return;
-  const limitBytes = d.limit * LIMIT_UNIT_BYTES;
-  throw new RateLimitedError(
-    `Request body rate limit exceeded: ${sizeText(limitBytes)} of request bodies per ${limiter.windowSeconds}s for this workspace, over all its keys`,
-    d.retryAfterSeconds,
-    { limit_bytes: limitBytes, window_seconds: limiter.windowSeconds, reset_at: d.resetAt },
-  );
+  throw bytesRefusal('Request body rate limit', 'request bodies', d, limiter);
 }
 
 /**

@@ -57,7 +57,7 @@ export const Credits = Type.Object({
 
 export const Storage = Type.Object({
   data: Type.Object({
-    stored_bytes: Type.Integer({ description: 'Batch inputs and preset versions the workspace keeps, as stored' }),
+    stored_bytes: Type.Integer({ description: 'Batch inputs, preset versions and keys the workspace keeps, as stored' }),
     quota_bytes: Type.Integer({ description: 'What it may keep (WORKSPACE_STORAGE_BYTES); past it, creates are 402s' }),
   }),
 });
