@@ -171,11 +171,15 @@ export class Acceptors {
 function copiesOf(handle: unknown, n: number, execPath: string): Promise<RawHandle[]> {
   const copies: RawHandle[] = [];
   return new Promise<RawHandle[]>((resolve, reject) => {
-    // Not fork(): the gateway's own flags (a --cpu-prof, say) are not the helper's.
+    // Not fork(): the gateway's own flags (a --cpu-prof, say) are not the helper's. Its stderr is
+    // not inherited: a child made blocking the standard descriptors it inherits, and stdout shares
+    // them when both go to one pipe, which a log reader that stops would then freeze (log/stdout.ts).
     const helper = spawn(execPath, ['-e', ECHO], {
-      stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
+      stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
       env: { ...process.env, NODE_OPTIONS: '' },
     });
+    let said = '';
+    helper.stderr!.setEncoding('utf8').on('data', (text: string) => (said = (said + text).slice(-1_000)));
     let settled = false;
     const fail = (err: Error) => {
       if (settled) return; // the helper leaving after 'done'
@@ -189,7 +193,7 @@ function copiesOf(handle: unknown, n: number, execPath: string): Promise<RawHand
       fail(new Error(`no answer within ${HELPER_TIMEOUT_MS} ms`));
     }, HELPER_TIMEOUT_MS);
     helper.once('error', fail);
-    helper.once('exit', (code) => fail(new Error(`helper exited (code ${code}) before sending the handles`)));
+    helper.once('close', (code) => fail(new Error(`helper exited (code ${code}) before sending the handles${said && `: ${said.trim()}`}`)));
     helper.on('message', (message, copy) => {
       if (message !== 'done') {
         copies.push(copy as unknown as RawHandle);

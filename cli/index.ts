@@ -26,7 +26,7 @@ function configOrExit(): Config {
 
 /** The process's logger, at the configured level and format. */
 function loggerFor(config: Config, name = 'gateway') {
-  return createLogger(config.logLevel, name, { format: config.logFormat });
+  return createLogger(config.logLevel, name, { format: config.logFormat, bufferBytes: config.logBufferBytes });
 }
 
 function fail(err: unknown): never {

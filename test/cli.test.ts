@@ -465,6 +465,76 @@ describe('gateway CLI', () => {
     }
   });
 
+  it('a log reader that stops reading holds neither requests nor the exit; the lines dropped are counted once it reads again', async function () {
+    this.timeout(120_000);
+    const port = await freePort();
+    const env: NodeJS.ProcessEnv = {
+      ...process.env,
+      PORT: String(port),
+      SANDBOX_PORT: String(await freePort()),
+      LOG_LEVEL: 'info',
+      LOG_FORMAT: 'json',
+      LOG_BUFFER_BYTES: '64kb',
+      MONGODB_URI: stack.mongoUri,
+      MONGODB_DATABASE: `stalled_log_${Date.now()}`,
+      TEMPORAL_ADDRESS: stack.temporalAddress,
+      TEMPORAL_TASK_QUEUE: `stalled-log-${Date.now()}`,
+      TOOLS_DIR: '/nonexistent-tools',
+      DATA_DIR: path.join(stack.tmpDir, `stalled-log-${Date.now()}`),
+      // The cluster, whose processes (and their acceptor helpers) share the descriptor.
+      API_PROCESSES: '2',
+    };
+    // stdout and stderr one pipe, as under `> log 2>&1` or systemd: a child inheriting stderr once
+    // made that shared descriptor blocking, so a full pipe then held every write to stdout.
+    const child = spawn('/bin/sh', ['-c', `exec "${process.execPath}" "${bin}" start 2>&1`], { env, stdio: ['ignore', 'pipe', 'ignore'] });
+    const lines: string[] = [];
+    readline.createInterface({ input: child.stdout! }).on('line', (l) => lines.push(l));
+    const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
+    const until = async (what: string, test: () => boolean, ms: number) => {
+      for (const deadline = Date.now() + ms; !test(); await new Promise((r) => setTimeout(r, 50)))
+        if (Date.now() > deadline) throw new Error(`no ${what} within ${ms} ms; saw:\n${lines.slice(-20).join('\n')}`);
+    };
+    /** `n` requests at c=16, each logged; how many were answered within 10 s each. */
+    const requests = async (n: number) => {
+      let left = n;
+      let answered = 0;
+      const loop = async () => {
+        while (left-- > 0) {
+          const res = await fetch(`http://127.0.0.1:${port}/healthz`, { signal: AbortSignal.timeout(10_000) });
+          await res.arrayBuffer();
+          if (res.ok) answered++;
+        }
+      };
+      await Promise.all(Array.from({ length: 16 }, loop));
+      return answered;
+    };
+    const dropNotes = () =>
+      lines.flatMap((l) => {
+        const line = JSON.parse(l) as { msg?: string; dropped_lines?: number };
+        return line.msg === 'log lines dropped: stdout was not read' ? [line.dropped_lines!] : [];
+      });
+    try {
+      await until('ready line', () => lines.some((l) => l.includes('ready')), 60_000);
+      child.stdout!.pause(); // the pipe fills: 64 KB, then each process's 64 KB
+      expect(await requests(4000)).to.equal(4000);
+      expect(dropNotes()).to.deep.equal([]);
+      child.stdout!.resume();
+      await until('note of the lines dropped', () => dropNotes().length > 0, 20_000);
+      expect(dropNotes().every((n) => n > 0)).to.equal(true);
+      // Every line read is whole JSON (a line is written whole or dropped whole).
+      for (const l of lines) expect(() => JSON.parse(l), l).to.not.throw();
+      child.stdout!.pause();
+      expect(await requests(4000)).to.equal(4000);
+      child.kill('SIGTERM');
+      const code = await Promise.race([exited, new Promise((r) => setTimeout(() => r('still running after 30 s'), 30_000))]);
+      expect(code).to.equal(0);
+    } finally {
+      child.stdout!.resume();
+      child.kill('SIGKILL');
+      killEverythingOf(env.DATA_DIR!);
+    }
+  });
+
   it('a managed process dies with its owner, whether the owner exits or is killed', async () => {
     const processes = path.join(root, 'dist', 'devstack', 'processes.js');
     for (const [how, seconds] of [

@@ -3,6 +3,7 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { DEFAULT_LOG_BUFFER_BYTES } from '../log';
 
 /** The catalog that ships with the gateway (the JSON file stays in the source tree). */
 export const DEFAULT_CATALOG_PATH = path.resolve(__dirname, '..', '..', '..', 'domain', 'catalog', 'default.json');
@@ -105,6 +106,12 @@ function bytes(env: Env, name: string, fallback: number): number {
   return Number(m[1]) * unit;
 }
 
+function positiveBytes(env: Env, name: string, fallback: number): number {
+  const value = bytes(env, name, fallback);
+  if (value <= 0) throw new ConfigError(name, String(read(env, name)), 'a size above zero');
+  return value;
+}
+
 /** Hides a password in a connection string before it reaches a message or a log. */
 function redactUrl(raw: string): string {
   return raw.replace(/\/\/([^:/@]+):([^@]*)@/, '//$1:***@');
@@ -131,6 +138,8 @@ export function loadConfig(env: Env = process.env) {
     logLevel: oneOf(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
     /** `auto`: readable lines on a terminal, JSON lines otherwise. */
     logFormat: oneOf(env, 'LOG_FORMAT', ['auto', 'json', 'pretty'] as const, 'auto'),
+    /** JSON lines waiting for stdout past this are dropped, so a reader that stops cannot take the process's memory. */
+    logBufferBytes: positiveBytes(env, 'LOG_BUFFER_BYTES', DEFAULT_LOG_BUFFER_BYTES),
     dataDir,
     toolsDir: path.resolve(read(env, 'TOOLS_DIR') ?? defaultToolsDir(env)),
     mongo: {

@@ -2,19 +2,36 @@
 // (or whenever LOG_FORMAT=json). Secrets never reach a log line: auth headers and key material are redacted.
 import pino from 'pino';
 import pretty from 'pino-pretty';
+import { stdoutLines } from './stdout';
 
 export type Logger = pino.Logger;
 
 /** `auto`: readable on a terminal, JSON when stdout is a file or a pipe. */
 export type LogFormat = 'auto' | 'json' | 'pretty';
 
-/** `destination`: where JSON lines go instead of stdout (tests capture them); `format` applies to stdout only. */
+/** What JSON lines may wait for stdout in memory before they are dropped (LOG_BUFFER_BYTES). */
+export const DEFAULT_LOG_BUFFER_BYTES = 16 * 1024 ** 2;
+
+/**
+ * `destination`: where JSON lines go instead of stdout (tests capture them); `format` applies to
+ * stdout only; `bufferBytes` bounds the JSON lines waiting for stdout (stdout.ts).
+ */
 export function createLogger(
   level: string,
   name = 'gateway',
-  { destination, format = 'auto' }: { destination?: pino.DestinationStream; format?: LogFormat } = {},
+  {
+    destination,
+    format = 'auto',
+    bufferBytes = DEFAULT_LOG_BUFFER_BYTES,
+  }: { destination?: pino.DestinationStream; format?: LogFormat; bufferBytes?: number } = {},
 ): Logger {
   const readable = !destination && (format === 'pretty' || (format === 'auto' && process.stdout.isTTY === true));
+  if (!readable && !destination) {
+    const stdout = stdoutLines(bufferBytes);
+    const logger = createLogger(level, name, { destination: stdout });
+    stdout.onResumed((lines) => logger.warn({ dropped_lines: lines }, 'log lines dropped: stdout was not read'));
+    return logger;
+  }
   return pino(
     {
       name,
