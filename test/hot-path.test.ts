@@ -680,6 +680,35 @@ describe('usage ledger with a journal', () => {
     expect(fs.readdirSync(dir)).to.deep.equal([]);
   });
 
+  it('a journal that cannot be written (a full disk): each record is in the database before its answer, and journaled again once it can be', async () => {
+    const { store: slow, open } = gatedStore(store);
+    const journal = new UsageJournal(dir, database);
+    const trouble: string[] = [];
+    const ledger = new UsageLedger(slow, { journal, onTrouble: (m) => trouble.push(m) });
+    // The next segments are /dev/full: every write to them fails with ENOSPC.
+    const segments = [0, 1, 2, 3].map((n) => path.join(dir, `${journal.instance}.${n}.ndjson`));
+    for (const file of segments) fs.symlinkSync('/dev/full', file);
+    open();
+    const ids = [1, 2].map((i) => `gen-full-${Date.now()}-${i}`);
+    for (const id of ids) {
+      expect(await ledger.record(usage(id))).to.equal(true);
+      expect(await store.usage.countDocuments({ _id: id })).to.equal(1); // stored when it answered
+    }
+    expect(trouble).to.deep.equal(['usage journal cannot be written: each usage record goes to the database before its answer']);
+    // Each failed segment was given up: a line after a cut one would be lost with it.
+    expect(segments.map((f) => fs.existsSync(f))).to.deep.equal([false, false, true, true]);
+    for (const file of segments) fs.rmSync(file, { force: true });
+
+    // Writable again: journaled, and said so once.
+    const after = `gen-full-after-${Date.now()}`;
+    expect(await ledger.record(usage(after))).to.equal(true);
+    expect(journaled()).to.deep.equal([after]);
+    expect(trouble.at(-1)).to.equal('usage journal written again');
+    await ledger.flushed();
+    expect(await store.usage.countDocuments({ _id: { $in: [...ids, after] } })).to.equal(3);
+    await ledger.close(1_000);
+  });
+
   it('keeps journaled records through a database outage and stores them when it is back', async () => {
     const broken = await Store.connect(stack.mongoUri, database);
     await broken.close(); // every write fails at once, as with the database down

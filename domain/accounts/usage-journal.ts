@@ -149,7 +149,13 @@ export class UsageJournal {
     const segment = this.current;
     const bytes = Buffer.from(text);
     // A regular file takes a whole write unless it fails (a full disk): then the next call throws.
-    for (let at = 0; at < bytes.length;) at += fs.writeSync(segment.fd!, bytes, at);
+    try {
+      for (let at = 0; at < bytes.length;) at += fs.writeSync(segment.fd!, bytes, at);
+    } catch (err) {
+      // Part of the text may be in the file: later lines go to a new segment, not after a cut line.
+      this.closeSegment(segment);
+      throw err;
+    }
     this.writes++;
     segment.records += records;
     segment.unconfirmed += records;

@@ -90,6 +90,8 @@ export class UsageLedger {
   private adopter: NodeJS.Timeout | null = null;
   private idle: (() => void)[] = [];
   private closed = false;
+  /** The journal refused the last record it was given (recorded in the database instead). */
+  private journalFailing = false;
   /** This ledger's running totals per workspace (what makes a balance a few reads). */
   private readonly totals: TotalsWriter;
 
@@ -120,14 +122,34 @@ export class UsageLedger {
     if (this.unstoredBytes + bytes > (this.opts.maxBacklogBytes ?? MAX_BACKLOG_BYTES)) {
       return Promise.reject(new ServiceUnavailableError('Usage records cannot be stored right now; try again shortly'));
     }
-    return journal.appendSoon(line).then((segment) => {
-      if (this.closed) return true; // journaled as the ledger closed: the next start stores it
-      this.enqueue({ doc, segment });
-      this.unstored.set(doc._id, { doc, bytes });
-      this.unstoredBytes += bytes;
-      this.unstoredByWorkspace.set(doc.workspace_id, (this.unstoredByWorkspace.get(doc.workspace_id) ?? 0) + doc.cost);
-      return true;
-    });
+    return journal.appendSoon(line).then(
+      (segment) => {
+        if (this.journalFailing) this.journalTrouble(null);
+        if (this.closed) return true; // journaled as the ledger closed: the next start stores it
+        this.enqueue({ doc, segment });
+        this.unstored.set(doc._id, { doc, bytes });
+        this.unstoredBytes += bytes;
+        this.unstoredByWorkspace.set(doc.workspace_id, (this.unstoredByWorkspace.get(doc.workspace_id) ?? 0) + doc.cost);
+        return true;
+      },
+      // The journal cannot take it (a full disk, a read-only volume): the provider has answered, so
+      // the record goes to the database instead, before the answer, as it does without a journal.
+      (err: unknown) => {
+        this.journalTrouble(err);
+        return this.recordStored(usage);
+      },
+    );
+  }
+
+  /** Says once when the journal stops taking records, and once when it takes them again. */
+  private journalTrouble(err: unknown): void {
+    if (err === null) {
+      this.journalFailing = false;
+      this.opts.onTrouble?.('usage journal written again', {});
+    } else if (!this.journalFailing) {
+      this.journalFailing = true;
+      this.opts.onTrouble?.('usage journal cannot be written: each usage record goes to the database before its answer', { err });
+    }
   }
 
   /** One generation's usage record, if it belongs to the workspace (stored or still on its way). */
@@ -196,10 +218,12 @@ export class UsageLedger {
       save: (usage) => {
         try {
           const next = journal.append(toDoc(usage), true);
+          if (this.journalFailing) this.journalTrouble(null);
           release();
           last = next;
         } catch (err) {
-          this.opts.onTrouble?.('stream checkpoint could not be journaled', { err, generation_id: usage._id });
+          // The stream goes on; its record is stored when it ends. Said once, not per checkpoint.
+          this.journalTrouble(err);
         }
       },
       end: release,
