@@ -15,7 +15,8 @@ import type Koa from 'koa';
 import { CreateBatchBody } from '../domain/batches/schema';
 import { readBatchLines, type ReadBatch } from '../domain/batches/create';
 import { errorFromStatus, RateLimitedError, ServiceUnavailableError, type ErrorMetadata } from '../infrastructure/errors';
-import { inMB, SharedBytes } from '../infrastructure/concurrency/shared-bytes';
+import { SharedBytes } from '../infrastructure/concurrency/shared-bytes';
+import { sizeText } from '../infrastructure/errors/sizes';
 import { compileBody } from '../infrastructure/validation/index';
 import { bodyEncoding, closeUnread, mostBodyBytes, parseJsonBytes, readBody } from './body';
 import { SpooledBody, spoolDirectory } from './body-spool';
@@ -128,7 +129,7 @@ export class BatchBodyReader {
     this.spooled = new SharedBytes(SPOOLED_BODIES * settings.maxBytes, {
       owner: (held, share) =>
         new RateLimitedError(
-          `This workspace is sending other large batches to this process (${inMB(held)} of the ${inMB(share)} one workspace may send at once); retry once they are read`,
+          `This workspace is sending other large batches to this process (${sizeText(held)} of the ${sizeText(share)} one workspace may send at once); retry once they are read`,
           5,
         ),
       all: () => new RateLimitedError('This process is receiving other large batches right now; retry in a few seconds', 5),

@@ -5,7 +5,8 @@
 // BODIES × BODY_LIMIT at once (640 MB by default), one workspace's at most three quarters of that
 // (`ownerShare`, as for provider slots and batch bodies on disk).
 import { RateLimitedError } from '../infrastructure/errors';
-import { inMB, SharedBytes } from '../infrastructure/concurrency/shared-bytes';
+import { SharedBytes } from '../infrastructure/concurrency/shared-bytes';
+import { sizeText } from '../infrastructure/errors/sizes';
 
 /** Bodies of the largest size the process may hold in memory at once. */
 const BODIES = 64;
@@ -15,7 +16,7 @@ export class BodyMemory extends SharedBytes {
     super(BODIES * bodyLimitBytes, {
       owner: (_, share) =>
         new RateLimitedError(
-          `This workspace is sending more request bodies to this process at once than it may hold (${inMB(share)}); retry once they are read`,
+          `This workspace is sending more request bodies to this process at once than it may hold (${sizeText(share)}); retry once they are read`,
           1,
         ),
       all: () => new RateLimitedError('This process is receiving too many request bodies at once; retry shortly', 1),

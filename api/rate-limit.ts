@@ -3,6 +3,7 @@
 // for: batch creations, pages of batches or keys, bytes of bodies parsed here and of results sent.
 import type Koa from 'koa';
 import { RateLimitedError } from '../infrastructure/errors';
+import { sizeText } from '../infrastructure/errors/sizes';
 import { RateLimiter, type RateDecision } from '../domain/accounts/rate-limit';
 import { closeUnread } from './body';
 import type { AppDeps } from './deps';
@@ -64,16 +65,6 @@ export async function admitBatchCreate(limiter: RateLimiter, ctx: Koa.Context, w
 
 /** What BODY_BYTES_PER_MINUTE and RESULT_BYTES_PER_MINUTE count in: a body smaller than this (nearly every call's) is not counted. */
 export const LIMIT_UNIT_BYTES = 64 * 1024;
-
-/** A byte limit for a message: whole GB, MB or KB. */
-function sizeText(bytes: number): string {
-  for (const [unit, size] of [
-    ['GB', 1024 ** 3],
-    ['MB', 1024 ** 2],
-  ] as const)
-    if (bytes >= size) return `${Math.round(bytes / size)} ${unit}`;
-  return `${Math.round(bytes / 1024)} KB`;
-}
 
 /** The 429 for a refused decision of a bytes limiter: its limit in bytes, in the message and metadata. */
 function bytesRefusal(limit: string, of: string, d: RateDecision, limiter: RateLimiter, hint = ''): RateLimitedError {

@@ -18,6 +18,7 @@ import { createBatch as storeBatch, deleteBatch } from '../domain/batches/store'
 import { Store } from '../infrastructure/store';
 import { stack } from './fixture';
 import { storedSize, packLines } from '../domain/batches/packed-lines';
+import { sizeText } from '../infrastructure/errors/sizes';
 
 describe('storage quota', () => {
   let gw: TestGateway;
@@ -60,9 +61,11 @@ describe('storage quota', () => {
     const second = requests(20, 1_000);
     const refused = await createBatch(t.managementKey, second);
     expect(refused.status).to.equal(402);
-    expect(refused.body.error.message).to.match(
-      /^This workspace stores 0\.0 MB of batch inputs, preset versions and keys, of the 0\.0 MB it may store, and this needs 0\.0 MB more: delete batches it no longer needs$/,
+    // Sizes as they are: a quota of 40,000 bytes read "0.0 MB" before.
+    expect(refused.body.error.message).to.equal(
+      `This workspace stores ${sizeText(withPreset)} of batch inputs, preset versions and keys, of the 39.1 KB it may store, and this needs ${sizeText(sizeOf(second))} more: delete batches it no longer needs`,
     );
+    expect(refused.body.error.message).to.match(/stores \d+(\.\d+)? KB .* needs \d+(\.\d+)? KB more/);
     expect(refused.body.error.metadata).to.deep.equal({ stored_bytes: withPreset, adding_bytes: sizeOf(second), quota_bytes: QUOTA });
     const listed = await call(`${gw.url}/api/v1/batches`, { key: t.managementKey });
     expect(listed.body.data.map((b: { id: string }) => b.id)).to.deep.equal([created.body.id]);

@@ -16,6 +16,7 @@ import { randomBytes } from 'node:crypto';
 import type { Document } from 'mongodb';
 import { workspaceRange, type Store } from '../../infrastructure/store';
 import { PaymentRequiredError } from '../../infrastructure/errors';
+import { sizeText } from '../../infrastructure/errors/sizes';
 import { RecentlyUsed } from '../../infrastructure/concurrency/recently-used';
 import { takePooledWriter } from './writer-pool';
 
@@ -35,11 +36,6 @@ interface PooledWriterDoc extends Document {
 
 const storedBytes = (store: Store) => store.db.collection<StoredBytesDoc>('stored_bytes');
 const pool = (store: Store) => store.db.collection<PooledWriterDoc>('stored_bytes_writers');
-
-/** Gigabytes or megabytes to one decimal, for messages. */
-function size(bytes: number): string {
-  return bytes >= 1024 ** 3 ? `${(bytes / 1024 ** 3).toFixed(1)} GB` : `${(bytes / 1024 ** 2).toFixed(1)} MB`;
-}
 
 /**
  * How long a workspace's total, as read, answers for it (with this process's own counts added): a
@@ -98,7 +94,7 @@ export class StorageQuota {
   check(held: number, adding: number): void {
     if (held + adding <= this.quotaBytes) return;
     throw new PaymentRequiredError(
-      `This workspace stores ${size(held)} of batch inputs, preset versions and keys, of the ${size(this.quotaBytes)} it may store, and this needs ${size(adding)} more: delete batches it no longer needs`,
+      `This workspace stores ${sizeText(held)} of batch inputs, preset versions and keys, of the ${sizeText(this.quotaBytes)} it may store, and this needs ${sizeText(adding)} more: delete batches it no longer needs`,
       { stored_bytes: held, adding_bytes: adding, quota_bytes: this.quotaBytes },
     );
   }

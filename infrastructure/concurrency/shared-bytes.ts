@@ -4,9 +4,6 @@
 // since what waits here is a client's upload.
 import { ownerShare } from './semaphore';
 
-/** Whole megabytes, for refusals that name a share. */
-export const inMB = (bytes: number): string => `${Math.round(bytes / 1024 ** 2)} MB`;
-
 export class SharedBytes {
   readonly share: number;
   private held = 0;

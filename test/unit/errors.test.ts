@@ -1,6 +1,7 @@
 // One table names each error status for the API documentation and for batch line results.
 import { expect } from 'chai';
 import { errorFromStatus, errorTypeOf, statusSummary } from '../../infrastructure/errors';
+import { sizeText } from '../../infrastructure/errors/sizes';
 
 describe('error names', () => {
   it('gives batch line errors the types their statuses mean, and falls back by class', () => {
@@ -24,5 +25,20 @@ describe('error names', () => {
     const statuses = [400, 401, 402, 403, 404, 409, 413, 422, 429, 500, 502, 503, 524, 529];
     expect(new Set(statuses.map(statusSummary)).size).to.equal(statuses.length);
     expect(statusSummary(402)).to.equal('Insufficient credits or storage quota');
+  });
+});
+
+describe('sizes in messages', () => {
+  it('name bytes in the largest unit they fill, to three significant digits', () => {
+    const MB = 1024 ** 2;
+    expect([512, 64 * 1024, 1.5 * MB, 33.33 * MB, 600 * MB, 9.95 * 1024 * MB, 10 * 1024 * MB].map(sizeText)).to.deep.equal([
+      '512 bytes',
+      '64 KB',
+      '1.5 MB',
+      '33.3 MB',
+      '600 MB',
+      '9.95 GB',
+      '10 GB',
+    ]);
   });
 });
