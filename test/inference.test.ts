@@ -73,6 +73,9 @@ describe('inference routes', function () {
         provider('silent', 'latency=500'),
         provider('good2', ''),
         provider('big', 'max_words=150000'),
+        // Over and under UPSTREAM_MAX_ANSWER_BYTES (2 MB here): a padding field, or a comment before a stream's first event.
+        provider('bloated', 'pad=3000000'),
+        provider('padded', 'pad=500000'),
       );
       c.models.push(
         model('test/fallback', [endpoint('broken', 0.1), endpoint('good', 1)]),
@@ -84,9 +87,13 @@ describe('inference routes', function () {
         model('test/good', [endpoint('good'), endpoint('good-claude')]),
         model('test/pair', [endpoint('good', 1), endpoint('good2', 2)]),
         model('test/big', [{ ...endpoint('big'), pricing: { prompt: 0.01, completion: 0.01 } }]),
+        model('test/bloated', [endpoint('bloated', 0.1), endpoint('padded', 1)]),
       );
     });
-    gw = await startTestGateway({ env: { CATALOG_PATH: catalog }, tune: (c) => (c.inference.keepAliveMs = 100) });
+    gw = await startTestGateway({
+      env: { CATALOG_PATH: catalog, UPSTREAM_MAX_ANSWER_BYTES: '2mb' },
+      tune: (c) => (c.inference.keepAliveMs = 100),
+    });
     t = await createTenant(gw.store, 50);
   });
   after(async () => {
@@ -258,6 +265,30 @@ describe('inference routes', function () {
       });
       expect(m.events[0].json.message.provider).to.equal('good-claude');
       expect(await sandboxCount('_calls', `run=${run},status=500`, CHAT)).to.equal(before + 2);
+    });
+
+    it('an answer (or an event of a stream) over UPSTREAM_MAX_ANSWER_BYTES is a failure of its provider: the next one answers, or a 502 says why', async () => {
+      const ask = { model: 'test/bloated', messages: [{ role: 'user', content: 'hi' }], max_tokens: 5 };
+      const only = { provider: { only: ['bloated'] } };
+      const refused = await post('/chat/completions', { ...ask, ...only });
+      expect(refused.status, JSON.stringify(refused.body)).to.equal(502);
+      expect(refused.body.error.message).to.include('Provider sent an answer over 2 MB');
+      expect(refused.body.error.metadata.provider_name).to.equal('bloated');
+      const refusedStream = await streamCall(url('/chat/completions'), t.inferenceKey, { ...ask, ...only, stream: true });
+      expect(refusedStream.status).to.equal(502);
+      expect(refusedStream.text).to.include('Provider sent an answer over 2 MB');
+      // Past the broken provider, the one under the bound answers.
+      const inOrder = { ...ask, provider: { order: ['bloated', 'padded'] } };
+      const before = await sandboxCount('_calls', `pad=3000000,run=${run}`, CHAT);
+      for (const stream of [false, true]) {
+        const r = stream
+          ? await streamCall(url('/chat/completions'), t.inferenceKey, { ...inOrder, stream })
+          : await post('/chat/completions', inOrder);
+        expect(r.status).to.equal(200);
+        const served = stream ? (r as Awaited<ReturnType<typeof streamCall>>).events[0].json.provider : (r as { body: any }).body.provider;
+        expect(served).to.equal('padded');
+      }
+      expect(await sandboxCount('_calls', `pad=3000000,run=${run}`, CHAT)).to.equal(before + 2);
     });
 
     it('without allow_fallbacks, the failure is the answer, in the error envelope', async () => {

@@ -42,6 +42,8 @@ interface Faults {
   maxWords: number;
   chunkDelayMs: number;
   failAfter: number | null;
+  /** Bytes of padding: a field of the answer, or a comment line before a stream's first event (a broken provider's answer). */
+  pad: number;
   spec: string;
 }
 
@@ -65,6 +67,7 @@ function parseFaults(segment: string, headers: http.IncomingHttpHeaders): Faults
     maxWords: num('max_words') ?? 12,
     chunkDelayMs: num('chunk_delay') ?? 0,
     failAfter: num('fail_after'),
+    pad: num('pad') ?? 0,
     spec: [...kv.entries()]
       .map(([k, v]) => `${k}=${v}`)
       .sort()
@@ -304,6 +307,7 @@ async function stream(
   progress: (written: number) => void,
 ): Promise<void> {
   res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+  if (faults.pad > 0 && !res.write(`:${'x'.repeat(faults.pad)}\n`)) await new Promise((r) => res.once('drain', r).once('close', r));
   let content = 0;
   let i = -1;
   for (const e of events) {
@@ -384,7 +388,9 @@ function createSandboxServer(): http.Server {
       const full = route.handle(question, faults.maxWords);
       const streamer = STREAMERS[m[2]];
       if (wantsStream === true && streamer) return await stream(res, streamer(full, body), faults, (n) => streamed.set(callKey, n));
-      send(res, 200, full, { 'x-sandbox-request-id': hashOf(body).slice(0, 16) });
+      send(res, 200, faults.pad > 0 ? { ...full, sandbox_padding: 'x'.repeat(faults.pad) } : full, {
+        'x-sandbox-request-id': hashOf(body).slice(0, 16),
+      });
     } catch (err) {
       const f = err instanceof HttpFailure ? err : new HttpFailure(500, 'sandbox: internal error', 'api_error');
       send(res, f.status, errorBody(route.flavor, f.status, f.type, f.message));

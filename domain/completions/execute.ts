@@ -83,7 +83,7 @@ export async function openStream(
         translate,
         dropped,
       } = await openEndpointStream(up.http, e, operation, body, { signal, env: up.env, requireParameters });
-      const raw = sseEvents(res.body);
+      const raw = sseEvents(res.body, up.http.maxAnswerBytes, () => up.http.answerTooLarge(e.provider.slug));
       try {
         const first = await raw.next();
         if (first.done) throw new UpstreamFailure('invalid_response', e.provider.slug, 'Provider ended the stream before sending anything');

@@ -32,7 +32,7 @@ export function createUpstreams(
   observer: UpstreamObserver = unobserved,
 ): Upstreams & { close(): Promise<void> } {
   const stats = new LiveStats(store);
-  const http = new ProviderHttp();
+  const http = new ProviderHttp(config.inference.maxAnswerBytes);
   return {
     catalog,
     http,

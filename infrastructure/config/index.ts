@@ -243,6 +243,12 @@ export function loadConfig(env: Env = process.env) {
       temporalPort: optionalPort(env, 'TEMPORAL_METRICS_PORT'),
     },
     inference: {
+      /**
+       * The most a provider's answer (or one event of its stream) may hold: past it the call fails
+       * (502) rather than the process holding whatever a broken provider sends. The largest answers
+       * the interface allows (2,048 embeddings of 3,072 floats as JSON) take ~130 MB.
+       */
+      maxAnswerBytes: positiveBytes(env, 'UPSTREAM_MAX_ANSWER_BYTES', 256 * 1024 ** 2),
       /** A stream whose provider has been silent this long gets an SSE comment, so proxies keep it open. */
       keepAliveMs: 10_000,
       /** A client that reads nothing of its stream this long is cut off (its provider slot freed, the output so far billed). */

@@ -1,5 +1,6 @@
 // Keep-alive HTTP to providers over undici, with per-call timeouts and cancellation.
 import { Agent, request, errors as undiciErrors, util as undiciUtil, type Dispatcher } from 'undici';
+import { sizeText } from '../errors/sizes';
 import { parseRetryAfter, UpstreamFailure } from './failure';
 
 export interface JsonResponse {
@@ -32,6 +33,7 @@ class WholeAnswer implements Dispatcher.DispatchHandler {
   status = 0;
   rawHeaders: Buffer[] = [];
   private readonly chunks: Buffer[] = [];
+  private bytes = 0;
   private abort: ((err: Error) => void) | null = null;
   private aborted: Error | null = null;
   private readonly onAbort = () => {
@@ -42,6 +44,9 @@ class WholeAnswer implements Dispatcher.DispatchHandler {
   constructor(
     private readonly done: (err: Error | null, text?: string) => void,
     private readonly signal: AbortSignal | undefined,
+    /** Past this many bytes the answer is given up (`tooLarge`). */
+    private readonly maxBytes: number,
+    private readonly tooLarge: () => UpstreamFailure,
   ) {
     signal?.addEventListener('abort', this.onAbort, { once: true });
   }
@@ -59,6 +64,11 @@ class WholeAnswer implements Dispatcher.DispatchHandler {
   }
 
   onData(chunk: Buffer): boolean {
+    this.bytes += chunk.length;
+    if (this.bytes > this.maxBytes) {
+      this.abort?.(this.tooLarge()); // undici then calls onError with it
+      return false;
+    }
     this.chunks.push(chunk);
     return true;
   }
@@ -100,7 +110,20 @@ function failureOf(status: number, text: string, headers: Dispatcher.ResponseDat
   return opts.failureOf(status, parsed, opts.provider, parseRetryAfter(headers['retry-after']));
 }
 
+/** How much of an error answer is read for its message; the rest is dropped. */
+const ERROR_TEXT_BYTES = 64 * 1024;
+
 export class ProviderHttp {
+  constructor(
+    /** The most an answer, or one event of a stream, may hold (UPSTREAM_MAX_ANSWER_BYTES). */
+    readonly maxAnswerBytes = 256 * 1024 ** 2,
+  ) {}
+
+  /** The failure of an answer (or a stream's event) past `maxAnswerBytes`: a broken provider, not a big one. */
+  answerTooLarge(provider: string): UpstreamFailure {
+    return new UpstreamFailure('invalid_response', provider, `Provider sent an answer over ${sizeText(this.maxAnswerBytes)}`);
+  }
+
   private readonly agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 600_000, connections: 512 });
   /** Each endpoint URL parsed once (the catalog's URLs: a bounded set). */
   private readonly places = new Map<string, { origin: string; path: string }>();
@@ -124,12 +147,20 @@ export class ProviderHttp {
     }
   }
 
-  private async textOf(res: Dispatcher.ResponseData, opts: CallOptions): Promise<string> {
+  /** An error answer's first ERROR_TEXT_BYTES, for its message. */
+  private async errorTextOf(res: Dispatcher.ResponseData, opts: CallOptions): Promise<string> {
+    const chunks: Buffer[] = [];
+    let bytes = 0;
     try {
-      return await res.body.text();
+      for await (const chunk of res.body as AsyncIterable<Buffer>) {
+        chunks.push(chunk);
+        bytes += chunk.length;
+        if (bytes >= ERROR_TEXT_BYTES) break; // leaving the loop destroys the body
+      }
     } catch (err) {
       throw this.classify(err, opts.provider, opts.timeoutMs);
     }
+    return Buffer.concat(chunks).subarray(0, ERROR_TEXT_BYTES).toString('utf8');
   }
 
   /** One JSON answer. */
@@ -141,6 +172,8 @@ export class ProviderHttp {
       answer = new WholeAnswer(
         (err, text) => (err ? reject(this.classify(err, opts.provider, opts.timeoutMs)) : resolve(text!)),
         opts.signal,
+        this.maxAnswerBytes,
+        () => this.answerTooLarge(opts.provider),
       );
       try {
         this.agent.dispatch({ ...postOptions(body, 'application/json', opts), origin, path }, answer);
@@ -165,7 +198,7 @@ export class ProviderHttp {
   async postStream(url: string, body: unknown, opts: CallOptions): Promise<StreamResponse> {
     const res = await this.post(url, body, 'text/event-stream', opts);
     if (res.statusCode >= 200 && res.statusCode < 300) return { status: res.statusCode, body: res.body };
-    throw failureOf(res.statusCode, await this.textOf(res, opts), res.headers, opts);
+    throw failureOf(res.statusCode, await this.errorTextOf(res, opts), res.headers, opts);
   }
 
   classify(err: unknown, provider: string, timeoutMs: number): UpstreamFailure {
