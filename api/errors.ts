@@ -1,7 +1,7 @@
 // The one place where a thrown value becomes an HTTP status and the interface's error envelope.
 import type Koa from 'koa';
 import { GatewayError, InternalError, RateLimitedError, ServiceUnavailableError, errorFromStatus } from '../infrastructure/errors';
-import { isDatabaseUnavailable } from '../infrastructure/store';
+import { isDatabaseFull, isDatabaseUnavailable } from '../infrastructure/store';
 import type { Logger } from '../infrastructure/log';
 import { clientClosed } from './request-signal';
 import { dropUnread } from './lingering-close';
@@ -16,11 +16,14 @@ export interface ErrorEnvelope {
 
 /**
  * Errors Koa and the router throw carry an HTTP status: a client error keeps it. A database that
- * cannot be reached is a 503 (try again shortly); anything else is a 500.
+ * cannot be reached, or whose disk is full, is a 503 (try again); anything else
+ * is a 500.
  */
 function normalize(err: unknown): GatewayError {
   if (err instanceof GatewayError) return err;
   if (isDatabaseUnavailable(err)) return new ServiceUnavailableError('The database is unavailable right now; try again shortly');
+  if (isDatabaseFull(err))
+    return new ServiceUnavailableError('The database cannot store anything more right now (its disk is full); try again later');
   const e = err as { status?: number; expose?: boolean; message?: string };
   if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && e.expose)
     return errorFromStatus(e.status, short(e.message ?? 'Bad request'));
@@ -51,6 +54,8 @@ export function errorMiddleware(): Koa.Middleware {
       const err = normalize(raw);
       if (isDatabaseUnavailable(raw)) {
         log.warn({ reason: (raw as Error).message.slice(0, 300) }, 'database unavailable');
+      } else if (isDatabaseFull(raw)) {
+        log.error({ reason: (raw as Error).message.slice(0, 300) }, 'database disk full');
       } else if (err.status >= 500 && !(raw instanceof GatewayError)) {
         // Details stay in the log; the client gets the generic message.
         log.error({ err: raw }, 'unhandled error');

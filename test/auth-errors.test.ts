@@ -1,6 +1,7 @@
 // The common API contract: authentication matrix and the error envelope for every status this
 // layer owns (400, 401, 402, 403, 404, 413, 429, 500).
 import { expect } from 'chai';
+import { MongoBulkWriteError } from 'mongodb';
 import http from 'node:http';
 import { randomBytes } from 'node:crypto';
 import net, { type AddressInfo } from 'node:net';
@@ -731,6 +732,36 @@ describe('inline decisions: errors as thrown, not through Temporal', () => {
     });
     expect(r.status, JSON.stringify(r.body)).to.equal(503);
     expect(r.body.error.message).to.equal('The database is unavailable right now; try again shortly');
+  });
+});
+
+describe('a database whose disk is full', () => {
+  it('is a 503 saying so, not a 500, and logged as such', async () => {
+    const { logger, lines } = capturingLogger('info');
+    const app = new Koa();
+    app.silent = true;
+    app.use(requestContext(logger));
+    app.use(errorMiddleware());
+    const router = new Router();
+    // As the embedded FerretDB refused a batch's insert with its disk full (probed).
+    const sqlite = '[msg_insert.go:168 handler.(*Handler).MsgInsert] [db.go:167 fsql.(*DB).InTransaction] database or disk is full (13)';
+    router.post('/store', () => {
+      throw new MongoBulkWriteError(
+        { message: sqlite, code: 1, writeErrors: [{ index: 0, code: 1, errmsg: sqlite }] } as never,
+        {
+          insertedCount: 0,
+        } as never,
+      );
+    });
+    const { server, url } = await serve(app, router);
+    try {
+      const r = await call(`${url}/store`, { body: {} });
+      expect(r.status).to.equal(503);
+      expect(r.body.error.message).to.equal('The database cannot store anything more right now (its disk is full); try again later');
+      expect(lines.some((l) => l.msg === 'database disk full' && String(l.reason).includes('disk is full'))).to.equal(true);
+    } finally {
+      server.close();
+    }
   });
 });
 

@@ -234,7 +234,7 @@ export async function allApiProcessesUp(url: string, count: number, timeoutMs = 
  * `store` with some methods of one collection replaced (a database that is slow or stopped for one
  * kind of call); everything else is the real collection.
  */
-export function storeWith<C extends 'usage' | 'apiKeys'>(
+export function storeWith<C extends 'usage' | 'apiKeys' | 'rateTickets'>(
   store: Store,
   collection: C,
   replaced: (real: Store[C]) => Record<string, (...args: any[]) => unknown>,

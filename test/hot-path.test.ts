@@ -2,6 +2,7 @@
 // duplicate-key storms, exact admission across processes, and usage records group-committed yet
 // durable before the client is answered.
 import { expect } from 'chai';
+import { MongoServerError } from 'mongodb';
 import fs from 'node:fs';
 import path from 'node:path';
 import { RateLimiter, blockSizeFor } from '../domain/accounts/rate-limit';
@@ -101,6 +102,36 @@ describe('rate limiter without contention', () => {
     // Before blocks, every one of the 50 inserted the same ticket: 49 duplicate-key errors and a scan.
     expect(a.inserts() - before).to.equal(3);
   });
+  it("fails open while the database's disk is full: admitted unchecked with one failed claim a second, exact again once claims go through", async () => {
+    await clearOfWindowEdge();
+    let full = true;
+    let claims = 0;
+    // As the embedded FerretDB refuses an insert with its disk full (probed).
+    const store = storeWith(a.store, 'rateTickets', (real) => ({
+      insertMany: async (...args: Parameters<typeof real.insertMany>) => {
+        claims++;
+        if (full) throw new MongoServerError({ message: '[msg_insert.go:168] [db.go:167] database or disk is full (13)', code: 1 });
+        return real.insertMany(...args);
+      },
+    }));
+    let now = Date.now();
+    const limiter = new RateLimiter(store, 2, 3600, () => now);
+    const key = `key_full_${Date.now()}`;
+    const during = await Promise.all(Array.from({ length: 5 }, () => limiter.take(key)));
+    expect(during.every((d) => d.allowed && d.unchecked)).to.equal(true);
+    expect(claims).to.equal(1); // the five waited on one claim
+    expect(await limiter.take(key)).to.include({ allowed: true, unchecked: true });
+    expect(claims).to.equal(1); // within the second, no claim is tried
+    now += 1_001;
+    full = false;
+    const after = [await limiter.take(key), await limiter.take(key), await limiter.take(key)];
+    expect(after.map((d) => [d.allowed, d.unchecked ?? false])).to.deep.equal([
+      [true, false],
+      [true, false],
+      [false, false],
+    ]);
+  });
+
   it('takes weighted requests: tickets across blocks and claims, none twice, refused once fewer are left than asked', async () => {
     await clearOfWindowEdge();
     const limit = 9_600; // blocks of 64, claimed up to 2 at a time

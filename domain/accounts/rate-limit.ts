@@ -11,7 +11,7 @@
 // Through a database outage the limiter fails open: a request that would wait for a claim the
 // database cannot answer (an unreachable-database error, or no answer within CLAIM_PATIENCE_MS) is
 // admitted, and so are the next ones for a moment, without waiting; limits apply again once claims
-// go through. A limit protects capacity; refusing every request while the database is away would
+// go through. A database whose disk is full answers, but takes no claim: the same. A limit protects capacity; refusing every request while the database is away would
 // take the gateway down with it.
 //
 // The price of blocks: a process that stops receiving requests for a key may leave the tickets it
@@ -19,7 +19,7 @@
 // and none for limits under 128 (single-ticket blocks, never claimed ahead). Under load on every process (the case a limit is for) every ticket is used and
 // admission is exact.
 import type { AnyBulkWriteOperation } from 'mongodb';
-import { insertManyEach, type RateTicketDoc, type Store } from '../../infrastructure/store';
+import { insertManyEach, isDatabaseFull, type RateTicketDoc, type Store } from '../../infrastructure/store';
 
 /** How long a request waits for a claim before the database counts as away and the request is admitted. */
 const CLAIM_PATIENCE_MS = 1_000;
@@ -71,6 +71,8 @@ export class RateLimiter {
   claimWrites = 0;
   /** The map's size at which keys of past windows are next dropped. */
   private dropAt = MIN_DROP_AT;
+  /** Until then requests that need a claim are admitted without one: the database's disk was full. */
+  private fullUntil = 0;
 
   constructor(
     private readonly store: Store,
@@ -122,10 +124,21 @@ export class RateLimiter {
       }
       if (s.claiming && !waited && s.claimed.length) s.perClaim = Math.min(this.maxPerClaim, s.perClaim * 2);
       waited = true;
-      if (this.store.away || !(await this.store.patiently(this.claimSoon(keyId, s), CLAIM_PATIENCE_MS))) {
-        void this.claimSoon(keyId, s);
+      if (this.store.away || nowMs < this.fullUntil || !(await this.claimPatiently(keyId, s))) {
+        if (nowMs >= this.fullUntil) void this.claimSoon(keyId, s);
         return { allowed: true, limit: this.limit, remaining: 0, resetAt, retryAfterSeconds: 0, unchecked: true };
       }
+    }
+  }
+
+  /** Whether a claim went through in time; false when the database is away or its disk is full (then for a moment). */
+  private async claimPatiently(keyId: string, s: KeyWindow): Promise<boolean> {
+    try {
+      return (await this.store.patiently(this.claimSoon(keyId, s), CLAIM_PATIENCE_MS)) !== null;
+    } catch (err) {
+      if (!isDatabaseFull(err)) throw err;
+      this.fullUntil = this.now() + CLAIM_PATIENCE_MS;
+      return false;
     }
   }
 

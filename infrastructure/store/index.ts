@@ -317,7 +317,6 @@ export async function bulkWriteInParts<T extends Document>(
   for (let i = 0; i < ops.length; i += part) await coll.bulkWrite(ops.slice(i, i + part), { ordered: false });
 }
 
-/** True for a unique-index violation (E11000), which FerretDB also reports on insert. */
 /** Errors that say the database cannot be reached right now (down, frozen, restarting), not that a request was wrong. */
 const UNAVAILABLE = new Set([
   'MongoServerSelectionError',
@@ -338,6 +337,29 @@ export function isDatabaseUnavailable(err: unknown, depth = 0): boolean {
   return isDatabaseUnavailable(e.cause, depth + 1) || isDatabaseUnavailable(e.errorResponse, depth + 1);
 }
 
+/** MongoDB's OutOfDiskSpace. */
+const OUT_OF_DISK_SPACE = 14031;
+/** FerretDB's SQLite (SQLITE_FULL) and PostgreSQL, and MongoDB's storage engine, in their own words. */
+const DISK_FULL = /database or disk is full|no space left on device|disk_full/i;
+
+/** Errors that say the database's disk is full: it answers, but stores nothing more until room is made. */
+export function isDatabaseFull(err: unknown, depth = 0): boolean {
+  if (!err || typeof err !== 'object' || depth > 3) return false;
+  const e = err as {
+    code?: unknown;
+    message?: unknown;
+    errmsg?: unknown;
+    cause?: unknown;
+    errorResponse?: unknown;
+    writeErrors?: unknown[];
+  };
+  if (e.code === OUT_OF_DISK_SPACE) return true;
+  if (typeof e.message === 'string' && DISK_FULL.test(e.message)) return true;
+  if (typeof e.errmsg === 'string' && DISK_FULL.test(e.errmsg)) return true;
+  return [e.cause, e.errorResponse, ...(e.writeErrors ?? []).slice(0, 1)].some((inner) => isDatabaseFull(inner, depth + 1));
+}
+
+/** True for a unique-index violation (E11000), which FerretDB also reports on insert. */
 export function isDuplicateKey(err: unknown): boolean {
   return (err as { code?: number })?.code === 11000;
 }
