@@ -172,8 +172,9 @@ function copiesOf(handle: unknown, n: number, execPath: string): Promise<RawHand
   const copies: RawHandle[] = [];
   return new Promise<RawHandle[]>((resolve, reject) => {
     // Not fork(): the gateway's own flags (a --cpu-prof, say) are not the helper's. Its stderr is
-    // not inherited: a child made blocking the standard descriptors it inherits, and stdout shares
-    // them when both go to one pipe, which a log reader that stops would then freeze (log/stdout.ts).
+    // not inherited: libuv makes a child's inherited standard descriptors blocking, for every
+    // process sharing them, and under `2>&1` stdout is that same pipe: a log reader that stopped
+    // would then freeze this process's writes to it (infrastructure/log/stdout.ts).
     const helper = spawn(execPath, ['-e', ECHO], {
       stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
       env: { ...process.env, NODE_OPTIONS: '' },

@@ -16,8 +16,7 @@ export interface ErrorEnvelope {
 
 /**
  * Errors Koa and the router throw carry an HTTP status: a client error keeps it. A database that
- * cannot be reached, or whose disk is full, is a 503 (try again); anything else
- * is a 500.
+ * cannot be reached, or whose disk is full, is a 503 (try again); anything else is a 500.
  */
 function normalize(err: unknown): GatewayError {
   if (err instanceof GatewayError) return err;

@@ -11,8 +11,9 @@
 // Through a database outage the limiter fails open: a request that would wait for a claim the
 // database cannot answer (an unreachable-database error, or no answer within CLAIM_PATIENCE_MS) is
 // admitted, and so are the next ones for a moment, without waiting; limits apply again once claims
-// go through. A database whose disk is full answers, but takes no claim: the same. A limit protects capacity; refusing every request while the database is away would
-// take the gateway down with it.
+// go through. A database whose disk is full answers, but takes no claim: the same, trying a claim
+// once per CLAIM_PATIENCE_MS. A limit protects capacity; refusing every request while the database
+// is away (or full) would take the gateway down with it.
 //
 // The price of blocks: a process that stops receiving requests for a key may leave the tickets it
 // still holds unused until the window ends: at most a claim and a half, about 1/40 of the limit,
