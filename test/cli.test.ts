@@ -521,6 +521,11 @@ describe('gateway CLI', () => {
       child.stdout!.resume();
       await until('note of the lines dropped', () => dropNotes().length > 0, 20_000);
       expect(dropNotes().every((n) => n > 0)).to.equal(true);
+      // And counted where an operator alerts on it, whose log may be what nobody reads.
+      const scrape = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+      // (at least what the notes read so far say: another process's note may still be on its way)
+      const counted = Number(/^gateway_log_lines_dropped_total (\d+)/m.exec(scrape)?.[1]);
+      expect(counted).to.be.at.least(dropNotes().reduce((a, b) => a + b, 0));
       // Every line read is whole JSON (a line is written whole or dropped whole).
       for (const l of lines) expect(() => JSON.parse(l), l).to.not.throw();
       child.stdout!.pause();

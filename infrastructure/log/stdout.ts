@@ -16,6 +16,10 @@ export interface StdoutLines extends pino.DestinationStream {
 }
 
 let shared: StdoutLines | undefined;
+let droppedTotal = 0;
+
+/** Lines this process has dropped since it started, for `gateway_log_lines_dropped_total`. */
+export const logLinesDropped = (): number => droppedTotal;
 
 /** The process's one stdout destination: the first caller's bound applies to every logger after. */
 export function stdoutLines(bufferBytes: number): StdoutLines {
@@ -57,6 +61,7 @@ export function boundedLines(out: NodeJS.WritableStream & { writableLength: numb
       if (gone) return;
       if (batch.length + line.length + out.writableLength > bufferBytes) {
         dropped++;
+        droppedTotal++;
         return;
       }
       batch += line;

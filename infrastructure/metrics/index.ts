@@ -3,6 +3,7 @@
 // anything else a caller writes.
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { joinClusterMetrics } from './cluster';
+import { logLinesDropped } from '../log/stdout';
 
 /** What the routing layer reports about each provider call; `Metrics` is one, a test may be another. */
 export interface UpstreamObserver {
@@ -100,6 +101,17 @@ export class Metrics implements UpstreamObserver {
     help: 'Batches closed by this process, by terminal status',
     labelNames: ['status'] as const,
     registers: [this.registry],
+  });
+
+  /** Read at each scrape: the log itself may be what nobody reads. */
+  readonly logLinesDropped = new Counter({
+    name: 'gateway_log_lines_dropped_total',
+    help: 'JSON log lines dropped because stdout did not take them (LOG_BUFFER_BYTES of lines were already waiting)',
+    registers: [this.registry],
+    collect() {
+      this.reset();
+      this.inc(logLinesDropped());
+    },
   });
 
   readonly connectionsShed = new Counter({
