@@ -2,6 +2,7 @@
 // The `gateway` command: one entry point for every role and admin task.
 // The roles, the embedded stack and Temporal are loaded only by the commands that run them, so a
 // client command (`gateway batches watch`) starts in a fraction of the time.
+import fs from 'node:fs';
 import { Command } from 'commander';
 import type { Client } from '@temporalio/client';
 import { ConfigError, configuredAddresses, loadConfig, type Config } from '../infrastructure/config';
@@ -21,6 +22,23 @@ function configOrExit(): Config {
       process.exit(2);
     }
     throw err;
+  }
+}
+
+/**
+ * DATA_DIR, made if missing, or the process exits saying it cannot write there: the usage journal
+ * and the embedded services' data live there (a read-only volume failed later, as a bare ENOENT).
+ */
+function writableDataDir(config: Config): void {
+  try {
+    fs.mkdirSync(config.dataDir, { recursive: true });
+    fs.accessSync(config.dataDir, fs.constants.W_OK);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code ?? String(err);
+    process.stderr.write(
+      `gateway: DATA_DIR (${config.dataDir}) is not a directory this process can write (${code}): the usage journal and the embedded services' data are kept there\n`,
+    );
+    process.exit(2);
   }
 }
 
@@ -44,6 +62,7 @@ export function buildProgram(): Command {
     )
     .action(async () => {
       const config = configOrExit();
+      writableDataDir(config);
       const { startAll } = await import('./start');
       await startAll(config, loggerFor(config)).catch(fail);
     });
@@ -54,6 +73,7 @@ export function buildProgram(): Command {
     .option('--with-worker', 'run a worker in the same process', false)
     .action(async (opts: { withWorker: boolean }) => {
       const config = configOrExit();
+      writableDataDir(config);
       const logger = loggerFor(config, 'gateway-api');
       const { apiProcessMember, startApiProcesses } = await import('./api-processes');
       const member = apiProcessMember();
@@ -88,6 +108,7 @@ export function buildProgram(): Command {
     .description('run a Temporal worker only')
     .action(async () => {
       const config = configOrExit();
+      writableDataDir(config);
       const logger = loggerFor(config, 'gateway-worker');
       const { runWorkerRole } = await import('./roles');
       const { apiProcessMember } = await import('./api-processes');

@@ -138,6 +138,24 @@ describe('gateway CLI', () => {
     expect(out.stderr).to.include('PORT');
   });
 
+  it('refuses a DATA_DIR it cannot write, naming it, before starting anything', () => {
+    const file = path.join(os.tmpdir(), `not-a-dir-${process.pid}`);
+    fs.writeFileSync(file, '');
+    try {
+      for (const cmd of ['start', 'api', 'worker']) {
+        const out = spawnSync(process.execPath, [bin, cmd], {
+          encoding: 'utf8',
+          env: { ...process.env, DATA_DIR: path.join(file, 'data') },
+          timeout: 20_000,
+        });
+        expect(out.status, cmd).to.equal(2);
+        expect(out.stderr, cmd).to.include(`DATA_DIR (${path.join(file, 'data')}) is not a directory this process can write (ENOTDIR)`);
+      }
+    } finally {
+      fs.rmSync(file);
+    }
+  });
+
   it('logs JSON lines when not on a terminal and readable lines with LOG_FORMAT=pretty', async () => {
     const firstLine = async (extra: NodeJS.ProcessEnv) => {
       const child = spawn(process.execPath, [bin, 'sandbox'], {
