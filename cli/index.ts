@@ -26,8 +26,9 @@ function configOrExit(): Config {
 }
 
 /**
- * DATA_DIR, made if missing, or the process exits saying it cannot write there: the usage journal
- * and the embedded services' data live there (a read-only volume failed later, as a bare ENOENT).
+ * DATA_DIR, made if missing, or the process exits saying it cannot write there: the API's usage
+ * journal and the embedded services' data live there (a read-only volume failed later, as a bare
+ * ENOENT).
  */
 function writableDataDir(config: Config): void {
   try {
@@ -107,8 +108,8 @@ export function buildProgram(): Command {
     .command('worker')
     .description('run a Temporal worker only')
     .action(async () => {
+      // No DATA_DIR check: a worker alone keeps nothing there (no journal; batch bodies are the API's).
       const config = configOrExit();
-      writableDataDir(config);
       const logger = loggerFor(config, 'gateway-worker');
       const { runWorkerRole } = await import('./roles');
       const { apiProcessMember } = await import('./api-processes');

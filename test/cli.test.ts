@@ -142,7 +142,7 @@ describe('gateway CLI', () => {
     const file = path.join(os.tmpdir(), `not-a-dir-${process.pid}`);
     fs.writeFileSync(file, '');
     try {
-      for (const cmd of ['start', 'api', 'worker']) {
+      for (const cmd of ['start', 'api']) {
         const out = spawnSync(process.execPath, [bin, cmd], {
           encoding: 'utf8',
           env: { ...process.env, DATA_DIR: path.join(file, 'data') },
