@@ -71,6 +71,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     journal: journal ? new UsageJournal(path.join(config.dataDir, 'usage-journal'), config.mongo.database) : undefined,
     onTrouble: (message, details) => logger.warn(details, message),
   });
+  metrics.watchUsage(usage);
   const credits = new SpendAdmission(store, config.credits.balanceCacheMs, Date.now, (id) => usage.unstoredCost(id));
   // The OTLP exporter library would add the operator's OTEL_EXPORTER_OTLP_* headers to every
   // destination, a workspace's too: the config module has read them, so they leave the environment.

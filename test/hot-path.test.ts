@@ -653,9 +653,11 @@ describe('usage ledger with a journal', () => {
     expect((refused as ServiceUnavailableError).status).to.equal(503);
     expect(taken.length).to.be.within(3, 7);
     expect(journaled().sort()).to.deep.equal([...taken].sort()); // nothing refused was journaled
+    expect(ledger.backlogBytes).to.be.within(1, 8 * 1024);
     // Once the database has them, their memory is free again.
     open();
     await ledger.flushed();
+    expect(ledger.backlogBytes).to.equal(0);
     expect(await ledger.record(usage(`gen-bound-after-${Date.now()}`))).to.equal(true);
     await ledger.flushed();
     await ledger.close(1_000);
@@ -726,6 +728,7 @@ describe('usage ledger with a journal', () => {
       expect(await store.usage.countDocuments({ _id: id })).to.equal(1); // stored when it answered
     }
     expect(trouble).to.deep.equal(['usage journal cannot be written: each usage record goes to the database before its answer']);
+    expect(ledger.journalFailing).to.equal(true);
     // Each failed segment was given up: a line after a cut one would be lost with it.
     expect(segments.map((f) => fs.existsSync(f))).to.deep.equal([false, false, true, true]);
     for (const file of segments) fs.rmSync(file, { force: true });
@@ -735,6 +738,7 @@ describe('usage ledger with a journal', () => {
     expect(await ledger.record(usage(after))).to.equal(true);
     expect(journaled()).to.deep.equal([after]);
     expect(trouble.at(-1)).to.equal('usage journal written again');
+    expect(ledger.journalFailing).to.equal(false);
     await ledger.flushed();
     expect(await store.usage.countDocuments({ _id: { $in: [...ids, after] } })).to.equal(3);
     await ledger.close(1_000);

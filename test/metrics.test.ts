@@ -164,6 +164,15 @@ describe('metrics', function () {
     expect(valueOf(text, 'gateway_fallbacks_total', { model: 'test/metered-20260301' })).to.equal(1);
   });
 
+  it("reads the usage ledger's backlog, the journal's state and the log lines dropped at each scrape", () => {
+    // One series each (a missing one would read as 0), journal and stdout at rest.
+    for (const name of ['gateway_usage_unstored_bytes', 'gateway_usage_journal_failing', 'gateway_log_lines_dropped_total'])
+      expect(samples(text, name), name).to.have.length(1);
+    expect(valueOf(text, 'gateway_usage_unstored_bytes')).to.be.at.least(0);
+    expect(valueOf(text, 'gateway_usage_journal_failing')).to.equal(0);
+    expect(valueOf(text, 'gateway_log_lines_dropped_total')).to.equal(0);
+  });
+
   it('counts 402s, rate-limit rejections and decisions by mode', () => {
     expect(valueOf(text, 'gateway_payment_required_total')).to.be.at.least(1);
     expect(valueOf(text, 'gateway_rate_limit_rejections_total', { scope: 'key' })).to.equal(2);

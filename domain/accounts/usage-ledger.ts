@@ -91,7 +91,7 @@ export class UsageLedger {
   private idle: (() => void)[] = [];
   private closed = false;
   /** The journal refused the last record it was given (recorded in the database instead). */
-  private journalFailing = false;
+  private failing = false;
   /** This ledger's running totals per workspace (what makes a balance a few reads). */
   private readonly totals: TotalsWriter;
 
@@ -124,7 +124,7 @@ export class UsageLedger {
     }
     return journal.appendSoon(line).then(
       (segment) => {
-        if (this.journalFailing) this.journalTrouble(null);
+        if (this.failing) this.journalTrouble(null);
         if (this.closed) return true; // journaled as the ledger closed: the next start stores it
         this.enqueue({ doc, segment });
         this.unstored.set(doc._id, { doc, bytes });
@@ -144,12 +144,22 @@ export class UsageLedger {
   /** Says once when the journal stops taking records, and once when it takes them again. */
   private journalTrouble(err: unknown): void {
     if (err === null) {
-      this.journalFailing = false;
+      this.failing = false;
       this.opts.onTrouble?.('usage journal written again', {});
-    } else if (!this.journalFailing) {
-      this.journalFailing = true;
+    } else if (!this.failing) {
+      this.failing = true;
       this.opts.onTrouble?.('usage journal cannot be written: each usage record goes to the database before its answer', { err });
     }
+  }
+
+  /** Whether the journal refused the last record it was given (`gateway_usage_journal_failing`). */
+  get journalFailing(): boolean {
+    return this.failing;
+  }
+
+  /** Journaled records waiting for the database, counted as the backlog bound counts them (`gateway_usage_unstored_bytes`). */
+  get backlogBytes(): number {
+    return this.unstoredBytes;
   }
 
   /** One generation's usage record, if it belongs to the workspace (stored or still on its way). */
@@ -218,7 +228,7 @@ export class UsageLedger {
       save: (usage) => {
         try {
           const next = journal.append(toDoc(usage), true);
-          if (this.journalFailing) this.journalTrouble(null);
+          if (this.failing) this.journalTrouble(null);
           release();
           last = next;
         } catch (err) {

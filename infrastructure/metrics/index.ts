@@ -151,6 +151,30 @@ export class Metrics implements UpstreamObserver {
     });
   }
 
+  /**
+   * The usage ledger, read at each scrape: records journaled and waiting for the database (at the
+   * ledger's bound, calls are refused with 503), and whether the journal refuses records (a full
+   * disk: each record then goes to the database before its answer).
+   */
+  watchUsage(usage: { backlogBytes: number; journalFailing: boolean }): void {
+    new Gauge({
+      name: 'gateway_usage_unstored_bytes',
+      help: 'Usage records this process has journaled that the database has not taken yet (rising: the database is down, slow or full)',
+      registers: [this.registry],
+      collect() {
+        this.set(usage.backlogBytes);
+      },
+    });
+    new Gauge({
+      name: 'gateway_usage_journal_failing',
+      help: '1 for each process whose usage journal refuses records (its disk is full or read-only): each record then goes to the database before its answer',
+      registers: [this.registry],
+      collect() {
+        this.set(usage.journalFailing ? 1 : 0);
+      },
+    });
+  }
+
   constructor() {
     collectDefaultMetrics({ register: this.registry, prefix: 'gateway_' });
   }
