@@ -116,7 +116,12 @@ describe('docker-compose.yml', () => {
   it('draws the dashboard only from metrics the gateway exports', async () => {
     const dashboard = JSON.parse(fs.readFileSync(path.join(root, 'deploy', 'grafana', 'dashboards', 'gateway.json'), 'utf8'));
     const exported = new Set<string>();
-    for (const m of await new Metrics().registry.getMetricsAsJSON()) {
+    const metrics = new Metrics();
+    // The series a process adds once it has what they read.
+    metrics.watchUsage({ backlogBytes: 0, journalFailing: false });
+    metrics.watchConnections(() => 0);
+    metrics.watchBodies({ memory: () => 0, disk: () => 0 });
+    for (const m of await metrics.registry.getMetricsAsJSON()) {
       exported.add(m.name);
       if (m.type === ('histogram' as never)) for (const suffix of ['_bucket', '_sum', '_count']) exported.add(`${m.name}${suffix}`);
     }
