@@ -8,6 +8,7 @@ import { parse } from 'yaml';
 import { loadConfig, metricsExposure } from '../../infrastructure/config';
 import { Metrics } from '../../infrastructure/metrics';
 import { TEMPORAL_DYNAMIC_CONFIG } from '../../devstack/services';
+import { shutdownDeadlineMs } from '../../cli/signals';
 
 const root = path.resolve(__dirname, '..', '..', '..');
 const compose = parse(fs.readFileSync(path.join(root, 'docker-compose.yml'), 'utf8'), { merge: true });
@@ -29,6 +30,18 @@ describe('docker-compose.yml', () => {
     for (const format of ['duration', 'expose', 'ports', 'subnet_ip_address']) ajv.addFormat(format, true);
     const validate = ajv.compile(schema);
     expect(validate(compose), ajv.errorsText(validate.errors)).to.equal(true);
+  });
+
+  it('gives the API and the worker the time of their own shutdown before Docker kills them (its default is 10 s)', () => {
+    const seconds = (d: string) => {
+      const m = /^(\d+)(s|m)$/.exec(d)!;
+      return Number(m[1]) * (m[2] === 'm' ? 60 : 1);
+    };
+    for (const name of ['api', 'worker']) {
+      const service = services[name];
+      const deadline = shutdownDeadlineMs(loadConfig(service.environment).http.shutdownGraceMs) / 1000;
+      expect(seconds(service.stop_grace_period), name).to.be.at.least(deadline);
+    }
   });
 
   it('has the production topology: Temporal on PostgreSQL, its UI, MongoDB replica set, API and worker from one image', () => {
