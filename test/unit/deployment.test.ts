@@ -32,6 +32,12 @@ describe('docker-compose.yml', () => {
     expect(validate(compose), ajv.errorsText(validate.errors)).to.equal(true);
   });
 
+  it("checks the API's readiness on the port it listens on", () => {
+    const check = (services.api.healthcheck.test as string[]).join(' ');
+    expect(check).to.include(`http://127.0.0.1:${services.api.environment.PORT}/readyz`);
+    expect(check).to.include('process.exit(r.ok ? 0 : 1)');
+  });
+
   it('gives the API and the worker the time of their own shutdown before Docker kills them (its default is 10 s)', () => {
     const seconds = (d: string) => {
       const m = /^(\d+)(s|m)$/.exec(d)!;
