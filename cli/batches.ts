@@ -14,10 +14,15 @@ class CliError extends Error {
   constructor(
     message: string,
     readonly exitCode = 1,
+    /** Worth waiting out (a gateway restarting, unreachable or busy, a rate limit), and for how long at least. */
+    readonly transient: { retryAfterMs: number } | null = null,
   ) {
     super(message);
   }
 }
+
+/** Answers a client waits out: a rate limit, and a gateway (or what is in front of it) busy or restarting. */
+const TRANSIENT_STATUSES = new Set([429, 502, 503, 504]);
 
 interface Api {
   base: string;
@@ -47,11 +52,16 @@ async function send(api: Api, method: 'GET' | 'POST', path: string, body?: Reada
     body,
   }).catch((err: Error) => {
     if (err instanceof CliError) throw err; // from reading the file being sent
-    throw new CliError(`cannot reach the gateway at ${api.base}: ${err.message}`);
+    throw new CliError(`cannot reach the gateway at ${api.base}: ${err.message}`, 1, { retryAfterMs: 0 });
   });
   if (res.statusCode >= 400) {
     const text = await res.body.text();
-    throw new CliError(`${res.statusCode}: ${parseJson(text)?.error?.message ?? text.slice(0, 300)}`);
+    const retryAfter = Number(res.headers['retry-after']);
+    throw new CliError(
+      `${res.statusCode}: ${parseJson(text)?.error?.message ?? text.slice(0, 300)}`,
+      1,
+      TRANSIENT_STATUSES.has(res.statusCode) ? { retryAfterMs: Number.isFinite(retryAfter) ? retryAfter * 1000 : 0 } : null,
+    );
   }
   return res.body;
 }
@@ -96,6 +106,8 @@ interface BatchView {
 }
 
 const TERMINAL = new Set<string>(TERMINAL_STATUSES);
+/** How long a watch waits out failed polls in a row by default: a restart, a deploy. */
+const WATCH_PATIENCE_S = 300;
 
 function duration(seconds: number): string {
   if (!Number.isFinite(seconds)) return '?';
@@ -138,12 +150,31 @@ function progressLine(b: BatchView, ratePerSecond: number | null, bar: boolean, 
     .join(' ');
 }
 
-async function watch(api: Api, id: string, intervalMs: number): Promise<number> {
+/**
+ * Polls the batch until it finishes. A batch may run for hours: a poll that fails for a reason worth
+ * waiting out (the gateway restarting or unreachable, a 502/503/504, a 429) is said on stderr and
+ * tried again (after Retry-After, if longer than the interval), for up to `patienceMs` of failures
+ * in a row.
+ */
+async function watch(api: Api, id: string, intervalMs: number, patienceMs: number): Promise<number> {
   const tty = process.stdout.isTTY === true;
   let last: { at: number; done: number } | null = null;
   let rate: number | null = null;
+  let failingSince: number | null = null;
   for (;;) {
-    const b = (await call(api, 'GET', `/batches/${encodeURIComponent(id)}?include_results=false`)) as BatchView;
+    let b: BatchView;
+    try {
+      b = (await call(api, 'GET', `/batches/${encodeURIComponent(id)}?include_results=false`)) as BatchView;
+      failingSince = null;
+    } catch (err) {
+      if (!(err instanceof CliError) || !err.transient) throw err;
+      failingSince ??= Date.now();
+      if (Date.now() - failingSince >= patienceMs) throw err;
+      const waitMs = Math.max(intervalMs, err.transient.retryAfterMs);
+      process.stderr.write(`${tty ? '\n' : ''}gateway: ${err.message}; trying again in ${duration(waitMs / 1000)}\n`);
+      await new Promise((r) => setTimeout(r, waitMs));
+      continue;
+    }
     const now = Date.now();
     const done = b.request_counts.completed + b.request_counts.failed;
     if (last && now > last.at) {
@@ -215,7 +246,7 @@ export function addBatchCommands(program: Command): void {
             return 0;
           }
           process.stderr.write(`created ${b.id}\n`);
-          return watch(api, b.id, 1000);
+          return watch(api, b.id, 1000, WATCH_PATIENCE_S * 1000);
         },
       ),
     );
@@ -224,7 +255,16 @@ export function addBatchCommands(program: Command): void {
     .command('watch <id>')
     .description('show progress until the batch finishes: exits 0 when it completed, 1 otherwise')
     .option('--interval <ms>', 'how often to look', '1000')
-    .action(run(async (id: string, opts: { interval: string }) => watch(apiFromEnv(), id, Math.max(100, Number(opts.interval) || 1000))));
+    .option(
+      '--patience <seconds>',
+      'how long failed looks in a row (the gateway restarting or busy) are waited out',
+      String(WATCH_PATIENCE_S),
+    )
+    .action(
+      run(async (id: string, opts: { interval: string; patience: string }) =>
+        watch(apiFromEnv(), id, Math.max(100, Number(opts.interval) || 1000), Math.max(0, Number(opts.patience) || 0) * 1000),
+      ),
+    );
 
   batches
     .command('results <id>')

@@ -1,6 +1,8 @@
 // `gateway batches …` against a running gateway, through a pipe and through a real terminal
 // (`script` allocates a pty): create from a file, watch to the end, results, exit codes, memory.
 import { spawn, spawnSync } from 'node:child_process';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -153,6 +155,51 @@ describe('gateway batches (CLI)', function () {
       env,
     );
     expect(nothing.code).to.equal(2);
+  });
+
+  it('watch rides out a gateway that answers 503 or drops connections for a while, and gives up after --patience', async () => {
+    const file = linesFile(dir, 'outage.jsonl', 5);
+    const created = await runCli(['batches', 'create', '--file', file, '--endpoint', '/v1/embeddings', '--model', 'test/cli-slow'], env);
+    expect(created.code, created.stderr).to.equal(0);
+    const id = created.stdout.trim();
+    // In front of the gateway: forwards, except while `mode` says to answer 503 or drop the connection.
+    let mode: 'forward' | '503' | 'drop' = 'forward';
+    let failed = 0;
+    const front = http.createServer((req, res) => {
+      if (mode !== 'forward') {
+        failed++;
+        if (mode === 'drop') return req.socket.destroy();
+        res.writeHead(503, { 'content-type': 'application/json', 'retry-after': '1' });
+        return res.end(JSON.stringify({ error: { code: 503, message: 'The database is unavailable right now; try again shortly' } }));
+      }
+      const up = http.request(`${gw.url}${req.url}`, { method: req.method, headers: req.headers }, (answer) => {
+        res.writeHead(answer.statusCode!, answer.headers);
+        answer.pipe(res);
+      });
+      req.pipe(up);
+    });
+    await new Promise<void>((r) => front.listen(0, '127.0.0.1', r));
+    const frontUrl = `http://127.0.0.1:${(front.address() as AddressInfo).port}`;
+    try {
+      mode = '503';
+      setTimeout(() => (mode = 'drop'), 1_200);
+      setTimeout(() => (mode = 'forward'), 2_000);
+      const watched = await runCli(['batches', 'watch', id, '--interval', '100'], { ...env, GATEWAY_URL: frontUrl });
+      expect(watched.code, watched.stderr).to.equal(0);
+      expect(watched.stdout.trim().split('\n').at(-1)).to.include('completed').and.include('5/5');
+      expect(failed).to.be.at.least(3);
+      expect(watched.stderr).to.include('503: The database is unavailable right now; try again shortly; trying again in 1s');
+      expect(watched.stderr).to.include('cannot reach the gateway');
+
+      mode = '503';
+      const started = Date.now();
+      const gaveUp = await runCli(['batches', 'watch', id, '--interval', '100', '--patience', '2'], { ...env, GATEWAY_URL: frontUrl });
+      expect(gaveUp.code).to.equal(1);
+      expect(Date.now() - started).to.be.within(2_000, 15_000);
+      expect(gaveUp.stderr.trim().split('\n').at(-1)).to.equal('gateway: 503: The database is unavailable right now; try again shortly');
+    } finally {
+      front.close();
+    }
   });
 
   it('create --file streams a 50,000-line file: it runs in a heap too small to hold the file', async () => {
