@@ -21,6 +21,9 @@ class CliError extends Error {
   }
 }
 
+/** What writing the output file can fail with: not the gateway's doing, so not tried again. */
+const LOCAL_FAILURES = new Set(['ENOSPC', 'EDQUOT', 'EACCES', 'EPERM', 'EROFS', 'ENOENT', 'ENOTDIR', 'EISDIR', 'EMFILE', 'EIO']);
+
 /** Answers a client waits out: a rate limit, and a gateway (or what is in front of it) busy or restarting. */
 const TRANSIENT_STATUSES = new Set([429, 502, 503, 504]);
 
@@ -151,30 +154,35 @@ function progressLine(b: BatchView, ratePerSecond: number | null, bar: boolean, 
 }
 
 /**
- * Polls the batch until it finishes. A batch may run for hours: a poll that fails for a reason worth
- * waiting out (the gateway restarting or unreachable, a 502/503/504, a 429) is said on stderr and
- * tried again (after Retry-After, if longer than the interval), for up to `patienceMs` of failures
- * in a row.
+ * `attempt`, tried again while it fails for a reason worth waiting out (the gateway restarting or
+ * unreachable, a 502/503/504, a 429: see `send`) for up to `patienceMs` of failures in a row, each
+ * said on stderr; the next try after `waitMs`, or Retry-After when longer.
  */
+async function patiently<T>(attempt: () => Promise<T>, waitMs: number, patienceMs: number): Promise<T> {
+  const failingSince = Date.now();
+  for (;;) {
+    try {
+      return await attempt();
+    } catch (err) {
+      if (!(err instanceof CliError) || !err.transient || Date.now() - failingSince >= patienceMs) throw err;
+      const wait = Math.max(waitMs, err.transient.retryAfterMs);
+      process.stderr.write(`${process.stdout.isTTY ? '\n' : ''}gateway: ${err.message}; trying again in ${duration(wait / 1000)}\n`);
+      await new Promise((r) => setTimeout(r, wait));
+    }
+  }
+}
+
+/** Polls the batch until it finishes: a batch may run for hours, through a restart of the gateway. */
 async function watch(api: Api, id: string, intervalMs: number, patienceMs: number): Promise<number> {
   const tty = process.stdout.isTTY === true;
   let last: { at: number; done: number } | null = null;
   let rate: number | null = null;
-  let failingSince: number | null = null;
   for (;;) {
-    let b: BatchView;
-    try {
-      b = (await call(api, 'GET', `/batches/${encodeURIComponent(id)}?include_results=false`)) as BatchView;
-      failingSince = null;
-    } catch (err) {
-      if (!(err instanceof CliError) || !err.transient) throw err;
-      failingSince ??= Date.now();
-      if (Date.now() - failingSince >= patienceMs) throw err;
-      const waitMs = Math.max(intervalMs, err.transient.retryAfterMs);
-      process.stderr.write(`${tty ? '\n' : ''}gateway: ${err.message}; trying again in ${duration(waitMs / 1000)}\n`);
-      await new Promise((r) => setTimeout(r, waitMs));
-      continue;
-    }
+    const b = await patiently(
+      async () => (await call(api, 'GET', `/batches/${encodeURIComponent(id)}?include_results=false`)) as BatchView,
+      intervalMs,
+      patienceMs,
+    );
     const now = Date.now();
     const done = b.request_counts.completed + b.request_counts.failed;
     if (last && now > last.at) {
@@ -190,6 +198,34 @@ async function watch(api: Api, id: string, intervalMs: number, patienceMs: numbe
     }
     await new Promise((r) => setTimeout(r, intervalMs));
   }
+}
+
+/**
+ * Writes a batch's results to `out`: a file appears only once it is whole (written as
+ * `<out>.partial`, then renamed), and a download cut off by the gateway is made again from the start
+ * (results never change once the batch is finished). To stdout, only what fails before the first
+ * byte is tried again.
+ */
+async function download(api: Api, id: string, out: string, patienceMs: number): Promise<void> {
+  const path = `/batches/${encodeURIComponent(id)}/results`;
+  if (out === '-') return pipeline(await patiently(() => send(api, 'GET', path), 1_000, patienceMs), process.stdout);
+  const partial = `${out}.partial`;
+  await patiently(
+    async () => {
+      const results = await send(api, 'GET', path);
+      try {
+        await pipeline(results, fs.createWriteStream(partial));
+      } catch (err) {
+        fs.rmSync(partial, { force: true });
+        // The gateway's side broke off (a restart, a reset): worth another try. The file's (a full disk) is not.
+        if (LOCAL_FAILURES.has((err as NodeJS.ErrnoException).code ?? '')) throw err;
+        throw new CliError(`the download was cut off: ${(err as Error).message}`, 1, { retryAfterMs: 0 });
+      }
+    },
+    1_000,
+    patienceMs,
+  );
+  fs.renameSync(partial, out);
 }
 
 function run(action: (...args: any[]) => Promise<number | void>) {
@@ -270,12 +306,15 @@ export function addBatchCommands(program: Command): void {
     .command('results <id>')
     .description('write the results as JSON Lines, streamed')
     .requiredOption('--out <path>', 'the file to write (- for stdout)')
+    .option(
+      '--patience <seconds>',
+      'how long failed downloads in a row (the gateway restarting or busy) are waited out',
+      String(WATCH_PATIENCE_S),
+    )
     .action(
-      run(async (id: string, opts: { out: string }) => {
-        const api = apiFromEnv();
-        const results = await send(api, 'GET', `/batches/${encodeURIComponent(id)}/results`);
-        await pipeline(results, opts.out === '-' ? process.stdout : fs.createWriteStream(opts.out));
-      }),
+      run(async (id: string, opts: { out: string; patience: string }) =>
+        download(apiFromEnv(), id, opts.out, Math.max(0, Number(opts.patience) || 0) * 1000),
+      ),
     );
 
   batches

@@ -202,6 +202,62 @@ describe('gateway batches (CLI)', function () {
     }
   });
 
+  it('results: a download cut off, or refused with a 503, is made again; the file appears only whole; one that keeps failing leaves none', async () => {
+    const file = linesFile(dir, 'cut.jsonl', 200);
+    const created = await runCli(
+      ['batches', 'create', '--file', file, '--endpoint', '/v1/embeddings', '--model', 'sandbox/embed-1', '--watch'],
+      env,
+    );
+    expect(created.code, created.stderr).to.equal(0);
+    const id = /created (batch_\w+)/.exec(created.stderr)![1];
+    const whole = await (
+      await fetch(`${gw.url}/api/v1/batches/${id}/results`, { headers: { authorization: `Bearer ${t.inferenceKey}` } })
+    ).text();
+    expect(whole.length).to.be.above(10_000);
+    // In front of the gateway: the first answers are cut off half way or refused, as `plan` says.
+    let plan: ('cut' | '503' | 'whole')[] = [];
+    const front = http.createServer((req, res) => {
+      const step = plan.shift() ?? 'whole';
+      if (step === '503') {
+        res.writeHead(503, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ error: { code: 503, message: 'restarting' } }));
+      }
+      res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+      if (step === 'whole') return res.end(whole);
+      res.write(whole.slice(0, whole.length / 2), () => res.destroy());
+    });
+    await new Promise<void>((r) => front.listen(0, '127.0.0.1', r));
+    const frontEnv = { ...env, GATEWAY_URL: `http://127.0.0.1:${(front.address() as AddressInfo).port}` };
+    const out = path.join(dir, 'cut-results.jsonl');
+    try {
+      plan = ['cut', '503', 'whole'];
+      const got = await runCli(['batches', 'results', id, '--out', out], frontEnv);
+      expect(got.code, got.stderr).to.equal(0);
+      expect(fs.readFileSync(out, 'utf8')).to.equal(whole);
+      expect(got.stderr).to.include('the download was cut off').and.include('503: restarting; trying again');
+      expect(fs.existsSync(`${out}.partial`)).to.equal(false);
+
+      fs.rmSync(out);
+      plan = Array.from({ length: 100 }, () => 'cut' as const);
+      const failed = await runCli(['batches', 'results', id, '--out', out, '--patience', '1'], frontEnv);
+      expect(failed.code).to.equal(1);
+      expect(fs.existsSync(out)).to.equal(false); // never half a file where the whole is expected
+      expect(fs.existsSync(`${out}.partial`)).to.equal(false);
+
+      // A file that cannot be written is not the gateway's doing: not tried again.
+      const blocked = path.join(dir, 'blocked');
+      fs.mkdirSync(`${blocked}.partial`);
+      plan = [];
+      const started = Date.now();
+      const local = await runCli(['batches', 'results', id, '--out', blocked], frontEnv);
+      expect(local.code).to.equal(1);
+      expect(local.stderr).to.include('EISDIR').and.not.include('trying again');
+      expect(Date.now() - started).to.be.below(10_000);
+    } finally {
+      front.close();
+    }
+  });
+
   it('create --file streams a 50,000-line file: it runs in a heap too small to hold the file', async () => {
     const big = linesFile(dir, 'fifty-thousand.jsonl', 50_000, 1_000);
     expect(fs.statSync(big).size).to.be.greaterThan(50 * 1024 ** 2);
