@@ -109,7 +109,7 @@ interface BatchView {
 }
 
 const TERMINAL = new Set<string>(TERMINAL_STATUSES);
-/** How long a watch waits out failed polls in a row by default: a restart, a deploy. */
+/** How long `watch` and `results` wait out failures in a row by default: a restart, a deploy. */
 const WATCH_PATIENCE_S = 300;
 
 function duration(seconds: number): string {
