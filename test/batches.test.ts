@@ -783,6 +783,9 @@ describe('batches', () => {
       const details = async () => (await handle.query(workflowMetadataQuery)).currentDetails;
       expect(await details()).to.match(/^\*\*in_progress\*\* · \d+ of 24 lines done \(\d+ completed, 0 failed\) · \d of 4 chunks$/);
       await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed'], 30_000);
+      // The batch reads completed once the close activity stored it; the workflow's details follow
+      // in its next task (a query between the two read "finalizing"): read them once it has ended.
+      await handle.result();
       expect(await details()).to.equal('**completed** · 24 of 24 lines done (24 completed, 0 failed) · 4 of 4 chunks');
       const d = await handle.describe();
       expect(await d.staticSummary()).to.equal(
