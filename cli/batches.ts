@@ -110,7 +110,13 @@ interface BatchView {
 
 const TERMINAL = new Set<string>(TERMINAL_STATUSES);
 /** How long `watch` and `results` wait out failures in a row by default: a restart, a deploy. */
-const WATCH_PATIENCE_S = 300;
+const PATIENCE_S = 300;
+const PATIENCE_OPTION = [
+  '--patience <seconds>',
+  'how long failures in a row (the gateway restarting or busy) are waited out',
+  String(PATIENCE_S),
+] as const;
+const patienceOf = (opts: { patience: string }) => Math.max(0, Number(opts.patience) || 0) * 1000;
 
 function duration(seconds: number): string {
   if (!Number.isFinite(seconds)) return '?';
@@ -282,7 +288,7 @@ export function addBatchCommands(program: Command): void {
             return 0;
           }
           process.stderr.write(`created ${b.id}\n`);
-          return watch(api, b.id, 1000, WATCH_PATIENCE_S * 1000);
+          return watch(api, b.id, 1000, PATIENCE_S * 1000);
         },
       ),
     );
@@ -291,14 +297,10 @@ export function addBatchCommands(program: Command): void {
     .command('watch <id>')
     .description('show progress until the batch finishes: exits 0 when it completed, 1 otherwise')
     .option('--interval <ms>', 'how often to look', '1000')
-    .option(
-      '--patience <seconds>',
-      'how long failed looks in a row (the gateway restarting or busy) are waited out',
-      String(WATCH_PATIENCE_S),
-    )
+    .option(...PATIENCE_OPTION)
     .action(
       run(async (id: string, opts: { interval: string; patience: string }) =>
-        watch(apiFromEnv(), id, Math.max(100, Number(opts.interval) || 1000), Math.max(0, Number(opts.patience) || 0) * 1000),
+        watch(apiFromEnv(), id, Math.max(100, Number(opts.interval) || 1000), patienceOf(opts)),
       ),
     );
 
@@ -306,16 +308,8 @@ export function addBatchCommands(program: Command): void {
     .command('results <id>')
     .description('write the results as JSON Lines, streamed')
     .requiredOption('--out <path>', 'the file to write (- for stdout)')
-    .option(
-      '--patience <seconds>',
-      'how long failed downloads in a row (the gateway restarting or busy) are waited out',
-      String(WATCH_PATIENCE_S),
-    )
-    .action(
-      run(async (id: string, opts: { out: string; patience: string }) =>
-        download(apiFromEnv(), id, opts.out, Math.max(0, Number(opts.patience) || 0) * 1000),
-      ),
-    );
+    .option(...PATIENCE_OPTION)
+    .action(run(async (id: string, opts: { out: string; patience: string }) => download(apiFromEnv(), id, opts.out, patienceOf(opts))));
 
   batches
     .command('list')

@@ -39,6 +39,24 @@ async function embeddedStackEnv(dataDir: string): Promise<NodeJS.ProcessEnv> {
   };
 }
 
+/** Environment for a `gateway start` on the fixture's database and Temporal (`name` keeps its data apart): only the sandbox is started. */
+async function externalServicesEnv(name: string): Promise<NodeJS.ProcessEnv> {
+  const at = Date.now();
+  return {
+    ...process.env,
+    PORT: String(await freePort()),
+    SANDBOX_PORT: String(await freePort()),
+    LOG_LEVEL: 'info',
+    MONGODB_URI: stack.mongoUri,
+    MONGODB_DATABASE: `${name.replace(/-/g, '_')}_${at}`,
+    TEMPORAL_ADDRESS: stack.temporalAddress,
+    TEMPORAL_TASK_QUEUE: `${name}-${at}`,
+    TOOLS_DIR: '/nonexistent-tools',
+    DATA_DIR: path.join(stack.tmpDir, `${name}-${at}`),
+    API_PROCESSES: '1',
+  };
+}
+
 /** Every process below `pid`, with its command line (read from /proc). */
 function descendants(pid: number): { pid: number; cmd: string }[] {
   const all = fs
@@ -451,19 +469,7 @@ describe('gateway CLI', () => {
 
   it('`gateway start` uses the services named by MONGODB_URI and TEMPORAL_ADDRESS instead of starting its own', async function () {
     this.timeout(60_000);
-    const env: NodeJS.ProcessEnv = {
-      ...process.env,
-      PORT: String(await freePort()),
-      SANDBOX_PORT: String(await freePort()),
-      LOG_LEVEL: 'info',
-      MONGODB_URI: stack.mongoUri,
-      MONGODB_DATABASE: `start_external_${Date.now()}`,
-      TEMPORAL_ADDRESS: stack.temporalAddress,
-      TEMPORAL_TASK_QUEUE: `start-external-${Date.now()}`,
-      TOOLS_DIR: '/nonexistent-tools',
-      DATA_DIR: path.join(stack.tmpDir, `external-${Date.now()}`),
-      API_PROCESSES: '1',
-    };
+    const env = await externalServicesEnv('start-external');
     const { child, said } = await startUntilReady(env, 45_000);
     try {
       expect(said.join('\n')).to.not.include('FerretDB').and.not.include('Temporal dev server');
@@ -485,23 +491,14 @@ describe('gateway CLI', () => {
 
   it('a log reader that stops reading holds neither requests nor the exit; the lines dropped are counted once it reads again', async function () {
     this.timeout(120_000);
-    const port = await freePort();
     const env: NodeJS.ProcessEnv = {
-      ...process.env,
-      PORT: String(port),
-      SANDBOX_PORT: String(await freePort()),
-      LOG_LEVEL: 'info',
+      ...(await externalServicesEnv('stalled-log')),
       LOG_FORMAT: 'json',
       LOG_BUFFER_BYTES: '64kb',
-      MONGODB_URI: stack.mongoUri,
-      MONGODB_DATABASE: `stalled_log_${Date.now()}`,
-      TEMPORAL_ADDRESS: stack.temporalAddress,
-      TEMPORAL_TASK_QUEUE: `stalled-log-${Date.now()}`,
-      TOOLS_DIR: '/nonexistent-tools',
-      DATA_DIR: path.join(stack.tmpDir, `stalled-log-${Date.now()}`),
       // The cluster, whose processes (and their acceptor helpers) share the descriptor.
       API_PROCESSES: '2',
     };
+    const port = Number(env.PORT);
     // stdout and stderr one pipe, as under `> log 2>&1` or systemd: a child inheriting stderr once
     // made that shared descriptor blocking, so a full pipe then held every write to stdout.
     const child = spawn('/bin/sh', ['-c', `exec "${process.execPath}" "${bin}" start 2>&1`], { env, stdio: ['ignore', 'pipe', 'ignore'] });

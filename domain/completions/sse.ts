@@ -10,8 +10,8 @@ import { createParser, type EventSourceMessage } from 'eventsource-parser';
  */
 export async function* sseEvents(
   body: AsyncIterable<Uint8Array>,
-  maxEventBytes = Infinity,
-  tooLarge: () => Error = () => new Error(`an event over ${maxEventBytes} bytes`),
+  maxEventBytes: number,
+  tooLarge: () => Error,
 ): AsyncGenerator<EventSourceMessage> {
   const ready: EventSourceMessage[] = [];
   const parser = createParser({ onEvent: (e) => ready.push(e) });

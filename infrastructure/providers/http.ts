@@ -116,7 +116,7 @@ const ERROR_TEXT_BYTES = 64 * 1024;
 export class ProviderHttp {
   constructor(
     /** The most an answer, or one event of a stream, may hold (UPSTREAM_MAX_ANSWER_BYTES). */
-    readonly maxAnswerBytes = 256 * 1024 ** 2,
+    readonly maxAnswerBytes: number,
   ) {}
 
   /** The failure of an answer (or a stream's event) past `maxAnswerBytes`: a broken provider, not a big one. */
