@@ -219,9 +219,12 @@ async function download(api: Api, id: string, out: string, patienceMs: number): 
   await patiently(
     async () => {
       const results = await send(api, 'GET', path);
+      const file = fs.createWriteStream(partial);
       try {
-        await pipeline(results, fs.createWriteStream(partial));
+        await pipeline(results, file);
       } catch (err) {
+        // A file still opening when the answer broke off is created after the failure: removed once closed.
+        if (!file.closed) await new Promise<void>((r) => file.once('close', () => r()));
         fs.rmSync(partial, { force: true });
         // The gateway's side broke off (a restart, a reset): worth another try. The file's (a full disk) is not.
         if (LOCAL_FAILURES.has((err as NodeJS.ErrnoException).code ?? '')) throw err;
