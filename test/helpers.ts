@@ -8,7 +8,7 @@ import { createLogger, type Logger } from '../infrastructure/log';
 import { runApiRole } from '../cli/roles';
 import { freePort, startProcess, type ManagedProcess } from '../devstack/processes';
 import { stack } from './fixture';
-import type { Filter } from 'mongodb';
+import type { Collection, Filter } from 'mongodb';
 import { Store, type UsageDoc } from '../infrastructure/store';
 import { fromStoredUsage, type StoredUsageDoc } from '../infrastructure/store/usage-form';
 import { createWorkspace } from '../domain/accounts/workspaces';
@@ -237,19 +237,27 @@ export async function allApiProcessesUp(url: string, count: number, timeoutMs = 
 export function storeWith<C extends 'usage' | 'apiKeys' | 'rateTickets'>(
   store: Store,
   collection: C,
-  replaced: (real: Store[C]) => Record<string, (...args: any[]) => unknown>,
+  replaced: (real: Collection<any>) => Record<string, (...args: any[]) => unknown>,
 ): Store {
-  const real = store[collection];
-  const methods = replaced(real);
-  const proxy = new Proxy(real, {
-    get(coll, prop) {
-      if (typeof prop === 'string' && prop in methods) return methods[prop];
-      const v = Reflect.get(coll, prop);
-      return typeof v === 'function' ? v.bind(coll) : v;
-    },
-  });
+  const wrap = (real: Collection<any>) => {
+    const methods = replaced(real);
+    return new Proxy(real, {
+      get(coll, prop) {
+        if (typeof prop === 'string' && prop in methods) return methods[prop];
+        const v = Reflect.get(coll, prop);
+        return typeof v === 'function' ? v.bind(coll) : v;
+      },
+    });
+  };
   const s = Object.create(store) as Store;
-  Object.defineProperty(s, collection, { get: () => proxy });
+  const member = store[collection];
+  if (typeof member === 'function') {
+    // A collection per argument (rate-limit blocks per period): each one wrapped.
+    Object.defineProperty(s, collection, { value: (...args: unknown[]) => wrap((member as (...a: unknown[]) => Collection<any>).apply(store, args)) });
+  } else {
+    const proxy = wrap(member);
+    Object.defineProperty(s, collection, { get: () => proxy });
+  }
   return s;
 }
 

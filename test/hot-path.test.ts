@@ -37,7 +37,7 @@ async function countingStore(database: string, collection: string): Promise<{ st
   const store = await Store.connect(stack.mongoUri, database, { monitorCommands: true });
   let n = 0;
   store.client.on('commandStarted', (e) => {
-    if (e.commandName === 'insert' && e.command.insert === collection) n++;
+    if (e.commandName === 'insert' && String(e.command.insert).startsWith(collection)) n++;
   });
   return { store, inserts: () => n };
 }
@@ -226,7 +226,8 @@ describe('rate limiter without contention', () => {
       expect(Number(r.headers.get('x-ratelimit-reset'))).to.be.greaterThan(Date.now() / 1000);
       // Blocks of 3 for a limit of 200: 67 block documents for the key, not one per request (its
       // workspace's limit, ten times the key's, keeps its own blocks).
-      expect(await first.store.rateTickets.countDocuments({ key_id: { $regex: '^key_' } })).to.equal(Math.ceil(200 / blockSizeFor(200)));
+      const blocks = new RateLimiter(first.store, 200, 3600).blocksOf(Math.floor(Date.now() / 3_600_000));
+      expect(await blocks.countDocuments({ key_id: { $regex: '^key_' } })).to.equal(Math.ceil(200 / blockSizeFor(200)));
     } finally {
       await second.stop();
       await first.stop();
@@ -302,7 +303,7 @@ describe('rate limiter without contention', () => {
       await take(slow, slowKey);
       now += 1_001;
     }
-    const blocks = await a.store.rateTickets.countDocuments({ key_id: slowKey });
+    const blocks = await slow.blocksOf(Math.floor(now / 3_600_000)).countDocuments({ key_id: slowKey });
     expect(blocks).to.equal(slow.claimWrites); // one block per write
     expect(blocks).to.equal(4); // 200 tickets in blocks of 64, the fourth claimed ahead at the 160th
   });
@@ -311,14 +312,50 @@ describe('rate limiter without contention', () => {
     let now = 1_000_000_000_000;
     const limiter = new RateLimiter(a.store, 128, 60, () => now);
     const key = `key_retire_${Date.now()}`;
+    const window = Math.floor(now / 60_000);
+    const blocks = limiter.blocksOf(window);
     for (let i = 0; i < 5; i++) await limiter.take(key);
     // Blocks of 2, and one more claimed ahead of need.
-    expect(await a.store.rateTickets.countDocuments({ key_id: key })).to.be.within(3, 4);
+    expect(await blocks.countDocuments({ key_id: key, window })).to.be.within(3, 4);
     now += 60_000;
     expect(await limiter.take(key)).to.include({ allowed: true, remaining: 127 });
-    for (let i = 0; i < 50 && (await a.store.rateTickets.countDocuments({ key_id: key })) !== 1; i++)
-      await new Promise((r) => setTimeout(r, 20));
-    expect(await a.store.rateTickets.countDocuments({ key_id: key })).to.equal(1);
+    for (let i = 0; i < 50 && (await blocks.countDocuments({ key_id: key, window })) !== 0; i++) await new Promise((r) => setTimeout(r, 20));
+    expect(await blocks.countDocuments({ key_id: key, window })).to.equal(0);
+    // The new window's block, in the same day's collection.
+    expect(limiter.blocksOf(window + 1).collectionName).to.equal(blocks.collectionName);
+    expect(await blocks.countDocuments({ key_id: key })).to.equal(1);
+  });
+
+  it("drops the blocks nobody will delete (a stopped process's) with their day's collection, two days on, without reading them", async () => {
+    const day = 86_400_000;
+    const collections = async () => (await a.store.db.listCollections({}, { nameOnly: true }).toArray()).map((c) => c.name).filter((n) => n.startsWith('rate_tickets'));
+    let now = 1_100_000_000_000;
+    // A process that stops holding blocks of day 0; its key is never seen again.
+    const stopped = new RateLimiter(a.store, 600, 60, () => now);
+    await stopped.take('key_gone');
+    const dayZero = stopped.blocksOf(Math.floor(now / 60_000)).collectionName;
+    // As earlier versions kept every window's blocks.
+    await a.store.db.collection('rate_tickets').insertOne({ _id: 'key_old:1:b0', key_id: 'key_old', window: 1 } as never);
+    await stopped.oldPeriodsDropped;
+    // A day on, a new process: day 0 may still hold windows in use (a clock behind), so it stays.
+    now += day;
+    const next = new RateLimiter(a.store, 600, 60, () => now);
+    await next.take('key_live');
+    await next.oldPeriodsDropped;
+    const dayOne = next.blocksOf(Math.floor(now / 60_000)).collectionName;
+    expect(await collections()).to.include.members([dayZero, dayOne]).and.not.include('rate_tickets');
+    // Two days on, day 0 goes; a limit of another window length keeps its own collections.
+    const hourly = new RateLimiter(a.store, 600, 3600, () => now);
+    await hourly.take('key_hourly');
+    now += day;
+    const third = new RateLimiter(a.store, 600, 60, () => now);
+    await third.take('key_live');
+    await third.oldPeriodsDropped;
+    const names = await collections();
+    expect(names).to.include(dayOne).and.include(hourly.blocksOf(Math.floor((now - day) / 3_600_000)).collectionName);
+    expect(names).to.not.include(dayZero);
+    // Limits still count in the new day: no block of the old days is in the way.
+    expect(await third.take('key_live')).to.include({ allowed: true, remaining: 598 });
   });
 });
 

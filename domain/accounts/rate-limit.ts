@@ -15,11 +15,16 @@
 // once per CLAIM_PATIENCE_MS. A limit protects capacity; refusing every request while the database
 // is away (or full) would take the gateway down with it.
 //
+// Blocks live in a collection per day (per period of a window's length, for windows over a day).
+// A process deletes its blocks by `_id` once their window is over; the first window of each new
+// period a process sees drops the collections of the periods before the last, so the blocks of a
+// process that stopped (or of a key it stopped seeing) are gone within two days, with no scan.
+//
 // The price of blocks: a process that stops receiving requests for a key may leave the tickets it
 // still holds unused until the window ends: at most a claim and a half, about 1/40 of the limit,
 // and none for limits under 128 (single-ticket blocks, never claimed ahead). Under load on every process (the case a limit is for) every ticket is used and
 // admission is exact.
-import type { AnyBulkWriteOperation } from 'mongodb';
+import type { AnyBulkWriteOperation, Collection } from 'mongodb';
 import { insertManyEach, isDatabaseFull, type RateTicketDoc, type Store } from '../../infrastructure/store';
 
 /** How long a request waits for a claim before the database counts as away and the request is admitted. */
@@ -28,6 +33,7 @@ const CLAIM_PATIENCE_MS = 1_000;
 const QUICK_CLAIM_MS = 1_000;
 /** Keys held before those of past windows are first dropped. */
 const MIN_DROP_AT = 10_000;
+const DAY_SECONDS = 86_400;
 
 export interface RateDecision {
   allowed: boolean;
@@ -74,6 +80,13 @@ export class RateLimiter {
   private dropAt = MIN_DROP_AT;
   /** Until then requests that need a claim are admitted without one: the database's disk was full. */
   private fullUntil = 0;
+  /** Seconds per collection of blocks: a day, or whole days covering a window. */
+  private readonly periodSeconds: number;
+  /** The latest period a window was seen in, and its collection. */
+  private period = -1;
+  private tickets: Collection<RateTicketDoc> | null = null;
+  /** The drop of older periods' collections that the latest period began (tests await it). */
+  oldPeriodsDropped: Promise<unknown> = Promise.resolve();
 
   constructor(
     private readonly store: Store,
@@ -84,6 +97,20 @@ export class RateLimiter {
     this.blockSize = blockSizeFor(limit);
     this.blocks = Math.ceil(limit / this.blockSize);
     this.maxPerClaim = Math.max(1, Math.min(8, Math.floor(limit / (64 * this.blockSize))));
+    this.periodSeconds = DAY_SECONDS * Math.ceil(windowSeconds / DAY_SECONDS);
+  }
+
+  /** The collection holding a window's blocks. */
+  blocksOf(window: number): Collection<RateTicketDoc> {
+    const period = Math.floor((window * this.windowSeconds) / this.periodSeconds);
+    if (period === this.period && this.tickets) return this.tickets;
+    if (period < this.period) return this.store.rateTickets(this.windowSeconds, period);
+    // A new period: older collections than the last one hold only windows that are over. A
+    // failed drop is tried again by the next period, or another process.
+    this.period = period;
+    this.tickets = this.store.rateTickets(this.windowSeconds, period);
+    this.oldPeriodsDropped = this.store.dropRateTicketsBefore(this.windowSeconds, period - 1).catch(() => undefined);
+    return this.tickets;
   }
 
   /**
@@ -200,7 +227,7 @@ export class RateLimiter {
       this.claimWrites++;
       let outcomes;
       try {
-        outcomes = await insertManyEach(this.store.rateTickets, docs);
+        outcomes = await insertManyEach(this.blocksOf(s.window), docs);
       } catch (err) {
         s.block = first; // nothing known to be taken: try these again next time
         throw err;
@@ -240,9 +267,14 @@ export class RateLimiter {
 
   /** Deletes finished windows' blocks by `_id` (no scan), in the background: they only take space. */
   private retire(windows: KeyWindow[]): void {
-    const ops: AnyBulkWriteOperation<RateTicketDoc>[] = windows.flatMap((w) =>
-      w.claimed.map((_id) => ({ deleteOne: { filter: { _id } } })),
-    );
-    if (ops.length) this.store.rateTickets.bulkWrite(ops, { ordered: false }).catch(() => undefined);
+    const byCollection = new Map<string, { coll: Collection<RateTicketDoc>; ops: AnyBulkWriteOperation<RateTicketDoc>[] }>();
+    for (const w of windows) {
+      if (!w.claimed.length) continue;
+      const coll = this.blocksOf(w.window);
+      const entry = byCollection.get(coll.collectionName) ?? { coll, ops: [] };
+      for (const _id of w.claimed) entry.ops.push({ deleteOne: { filter: { _id } } });
+      byCollection.set(coll.collectionName, entry);
+    }
+    for (const { coll, ops } of byCollection.values()) coll.bulkWrite(ops, { ordered: false }).catch(() => undefined);
   }
 }

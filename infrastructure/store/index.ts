@@ -120,6 +120,10 @@ export interface RateTicketDoc extends Document {
   window: number;
 }
 
+const RATE_TICKETS = 'rate_tickets_';
+/** Where earlier versions kept every window's rate-limit blocks. */
+const LEGACY_RATE_TICKETS = 'rate_tickets';
+
 /** An index on usage records that earlier versions made and nothing reads. */
 const LEGACY_USAGE_INDEX = 'workspace_id_1_created_at_-1';
 
@@ -218,8 +222,27 @@ export class Store {
     return this.db.collection<StoredUsageDoc>('usage');
   }
 
-  get rateTickets(): Collection<RateTicketDoc> {
-    return this.db.collection<RateTicketDoc>('rate_tickets');
+  /**
+   * Rate-limit blocks of windows `windowSeconds` long that start in `period` (a day, or as many
+   * days as a window lasts): a collection per period, so blocks nobody will delete (a stopped
+   * process's) go with their collection, as FerretDB has no TTL index.
+   */
+  rateTickets(windowSeconds: number, period: number): Collection<RateTicketDoc> {
+    return this.db.collection<RateTicketDoc>(`${RATE_TICKETS}${windowSeconds}s_${period}`);
+  }
+
+  /**
+   * Drops the rate-limit collections of windows `windowSeconds` long from periods before `period`,
+   * and the one collection of earlier versions. Reads the catalog, not the blocks. Returns the names.
+   */
+  async dropRateTicketsBefore(windowSeconds: number, period: number): Promise<string[]> {
+    const prefix = `${RATE_TICKETS}${windowSeconds}s_`;
+    const names = (await this.db.listCollections({}, { nameOnly: true }).toArray())
+      .map((c) => c.name)
+      .filter((n) => n === LEGACY_RATE_TICKETS || (n.startsWith(prefix) && Number(n.slice(prefix.length)) < period));
+    // Another process may drop the same collection first: already gone is done.
+    await Promise.all(names.map((n) => this.db.dropCollection(n).catch((err) => (isNamespaceMissing(err) ? true : Promise.reject(err)))));
+    return names;
   }
 
   get presets(): Collection<PresetDoc> {
@@ -362,6 +385,11 @@ export function isDatabaseFull(err: unknown, depth = 0): boolean {
 /** True for a unique-index violation (E11000), which FerretDB also reports on insert. */
 export function isDuplicateKey(err: unknown): boolean {
   return (err as { code?: number })?.code === 11000;
+}
+
+/** True for "ns not found" (code 26): a collection dropped that was not there. */
+function isNamespaceMissing(err: unknown): boolean {
+  return (err as { code?: number })?.code === 26;
 }
 
 /**
