@@ -253,7 +253,9 @@ export function storeWith<C extends 'usage' | 'apiKeys' | 'rateTickets'>(
   const member = store[collection];
   if (typeof member === 'function') {
     // A collection per argument (rate-limit blocks per period): each one wrapped.
-    Object.defineProperty(s, collection, { value: (...args: unknown[]) => wrap((member as (...a: unknown[]) => Collection<any>).apply(store, args)) });
+    Object.defineProperty(s, collection, {
+      value: (...args: unknown[]) => wrap((member as (...a: unknown[]) => Collection<any>).apply(store, args)),
+    });
   } else {
     const proxy = wrap(member);
     Object.defineProperty(s, collection, { get: () => proxy });

@@ -319,7 +319,8 @@ describe('rate limiter without contention', () => {
     expect(await blocks.countDocuments({ key_id: key, window })).to.be.within(3, 4);
     now += 60_000;
     expect(await limiter.take(key)).to.include({ allowed: true, remaining: 127 });
-    for (let i = 0; i < 50 && (await blocks.countDocuments({ key_id: key, window })) !== 0; i++) await new Promise((r) => setTimeout(r, 20));
+    for (let i = 0; i < 50 && (await blocks.countDocuments({ key_id: key, window })) !== 0; i++)
+      await new Promise((r) => setTimeout(r, 20));
     expect(await blocks.countDocuments({ key_id: key, window })).to.equal(0);
     // The new window's block, in the same day's collection.
     expect(limiter.blocksOf(window + 1).collectionName).to.equal(blocks.collectionName);
@@ -328,7 +329,8 @@ describe('rate limiter without contention', () => {
 
   it("drops the blocks nobody will delete (a stopped process's) with their day's collection, two days on, without reading them", async () => {
     const day = 86_400_000;
-    const collections = async () => (await a.store.db.listCollections({}, { nameOnly: true }).toArray()).map((c) => c.name).filter((n) => n.startsWith('rate_tickets'));
+    const collections = async () =>
+      (await a.store.db.listCollections({}, { nameOnly: true }).toArray()).map((c) => c.name).filter((n) => n.startsWith('rate_tickets'));
     let now = 1_100_000_000_000;
     // A process that stops holding blocks of day 0; its key is never seen again.
     const stopped = new RateLimiter(a.store, 600, 60, () => now);
@@ -343,7 +345,9 @@ describe('rate limiter without contention', () => {
     await next.take('key_live');
     await next.oldPeriodsDropped;
     const dayOne = next.blocksOf(Math.floor(now / 60_000)).collectionName;
-    expect(await collections()).to.include.members([dayZero, dayOne]).and.not.include('rate_tickets');
+    expect(await collections())
+      .to.include.members([dayZero, dayOne])
+      .and.not.include('rate_tickets');
     // Two days on, day 0 goes; a limit of another window length keeps its own collections.
     const hourly = new RateLimiter(a.store, 600, 3600, () => now);
     await hourly.take('key_hourly');
@@ -352,7 +356,9 @@ describe('rate limiter without contention', () => {
     await third.take('key_live');
     await third.oldPeriodsDropped;
     const names = await collections();
-    expect(names).to.include(dayOne).and.include(hourly.blocksOf(Math.floor((now - day) / 3_600_000)).collectionName);
+    expect(names)
+      .to.include(dayOne)
+      .and.include(hourly.blocksOf(Math.floor((now - day) / 3_600_000)).collectionName);
     expect(names).to.not.include(dayZero);
     // Limits still count in the new day: no block of the old days is in the way.
     expect(await third.take('key_live')).to.include({ allowed: true, remaining: 598 });
