@@ -2,8 +2,9 @@
 // Each passes in the activity's heartbeat and cancellation, and reports a cancelled chunk as
 // Temporal's CancelledFailure; the steps themselves are idempotent (see the service).
 import { Context } from '@temporalio/activity';
-import { CancelledFailure } from '@temporalio/common';
-import { batchService, ChunkCancelled, type BatchDeps, type StepControl } from '../domain/batches/service';
+import { ApplicationFailure, CancelledFailure } from '@temporalio/common';
+import { batchService, BatchNotCreated, ChunkCancelled, type BatchDeps, type Creation, type StepControl } from '../domain/batches/service';
+import { BATCH_NOT_CREATED } from '../workflows/shared';
 import type { BatchDoc, BatchStatus } from '../domain/batches/store';
 import type { DeliveryOutcome } from '../domain/webhooks/deliver';
 
@@ -19,12 +20,17 @@ function heartbeat(): (details?: unknown) => void {
 
 export function createBatchActivities(deps: BatchDeps) {
   const service = batchService(deps);
-  /** Runs chunk work with the activity's heartbeat and cancellation; a stopped chunk is Temporal's CancelledFailure. */
+  /**
+   * Runs a step with the activity's heartbeat and cancellation: a stopped chunk is Temporal's
+   * CancelledFailure, a batch never created a failure that is not retried (the workflow ends).
+   */
   const chunkWork = async <T>(work: (control: StepControl) => Promise<T>): Promise<T> => {
     try {
       return await work({ heartbeat: heartbeat(), signal: Context.current().cancellationSignal });
     } catch (err) {
-      throw err instanceof ChunkCancelled ? new CancelledFailure(err.message) : err;
+      if (err instanceof ChunkCancelled) throw new CancelledFailure(err.message);
+      if (err instanceof BatchNotCreated) throw ApplicationFailure.nonRetryable(err.message, BATCH_NOT_CREATED);
+      throw err;
     }
   };
   return {
@@ -50,18 +56,24 @@ export function createBatchActivities(deps: BatchDeps) {
     },
 
     /** Runs one chunk's lines; returns the chunk's counts. */
-    processBatchChunk(batchId: string, chunkIndex: number): Promise<{ completed: number; failed: number }> {
-      return chunkWork((control) => service.runChunk(batchId, chunkIndex, control));
+    processBatchChunk(batchId: string, chunkIndex: number, creation?: Creation): Promise<{ completed: number; failed: number }> {
+      return chunkWork((control) => service.runChunk(batchId, chunkIndex, control, creation));
     },
 
     /** Runs the lines of a batch that is one chunk, then closes it completed; returns the counts. */
-    processOnlyChunk(batchId: string): Promise<{ completed: number; failed: number }> {
-      return chunkWork((control) => service.runOnlyChunk(batchId, control));
+    processOnlyChunk(batchId: string, creation?: Creation): Promise<{ completed: number; failed: number }> {
+      return chunkWork((control) => service.runOnlyChunk(batchId, control, creation));
     },
 
     /** Closes a batch with its terminal status (finalizing first, for a completed batch). */
-    closeBatch(batchId: string, status: Closing, errorMessage: string | null = null, finalizing = false): Promise<void> {
-      return service.closeBatch(batchId, status, errorMessage, finalizing, heartbeat());
+    closeBatch(
+      batchId: string,
+      status: Closing,
+      errorMessage: string | null = null,
+      finalizing = false,
+      creation?: Creation,
+    ): Promise<void> {
+      return chunkWork((control) => service.closeBatch(batchId, status, errorMessage, finalizing, control, creation));
     },
   };
 }

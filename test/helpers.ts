@@ -292,7 +292,9 @@ export async function batchesWithoutDocument(store: Store): Promise<string[]> {
     .find({}, { projection: { _id: 1 } })
     .toArray();
   const owners = [...new Set(chunks.map((d) => String(d._id).split(':')[0]))];
-  const stored = await Promise.all(owners.map((id) => store.db.collection('batches').countDocuments({ _id: id as never })));
+  const stored = await Promise.all(
+    owners.map((id) => store.db.collection('batches').countDocuments({ _id: id, abandoned: { $ne: true } } as never)),
+  );
   return owners.filter((_, i) => stored[i] === 0);
 }
 

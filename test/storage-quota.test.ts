@@ -136,22 +136,6 @@ describe('storage quota', () => {
     expect(await keys()).to.equal(before + 1);
   });
 
-  it('a batch refused while its lines are being stored is undone once they are: no line is left behind', async () => {
-    const doc = testBatchDoc(t, { model: 'sandbox/chat-1', total: 3_000 });
-    const lines = Array.from({ length: 3_000 }, (_, i) => ({
-      custom_id: `c${i}`,
-      body: JSON.stringify({ messages: [{ role: 'user', content: `${i}` }] }),
-    }));
-    const refusal = new Error('over the quota');
-    let caught: unknown = null;
-    await storeBatch(gw.store, doc, packLines(lines), 100, Promise.reject(refusal)).catch((err) => (caught = err));
-    expect(caught).to.equal(refusal);
-    expect(
-      await gw.store.db.collection('batch_inputs').countDocuments({ _id: { $gte: `${doc._id}:`, $lt: `${doc._id}:~` } } as never),
-    ).to.equal(0);
-    expect(await batchesWithoutDocument(gw.store)).to.deep.equal([]);
-  });
-
   it("reads a workspace's total at most once a second, with this process's own counts added meanwhile", async () => {
     const ws = `ws_fresh_${Date.now()}`;
     let now = 1_000_000;

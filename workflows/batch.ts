@@ -1,5 +1,7 @@
 import {
+  ActivityFailure,
   ActivityCancellationType,
+  ApplicationFailure,
   allHandlersFinished,
   CancellationScope,
   condition,
@@ -18,8 +20,9 @@ import {
 import { WorkflowIdReusePolicy } from '@temporalio/common';
 import type { Activities } from '../activities';
 import type { BatchDoc } from '../domain/batches/store';
+import type { Creation } from '../domain/batches/service';
 import type { DeliveryOutcome } from '../domain/webhooks/deliver';
-import { searchAttributes, webhookTaskQueue } from './shared';
+import { BATCH_NOT_CREATED, searchAttributes, webhookTaskQueue } from './shared';
 
 export interface BatchWorkflowInput {
   batchId: string;
@@ -39,6 +42,11 @@ export interface BatchWorkflowInput {
   heartbeatTimeoutMs: number;
   /** Present when the batch has a callback URL: how long to keep trying, and the first wait between attempts. */
   webhook?: { windowMs: number; firstRetryMs: number };
+  /**
+   * Runs started since the API starts the workflow before it stores the batch: the first activities
+   * wait for the batch's document, and give the batch up if it does not come within `withinMs`.
+   */
+  creation?: Creation;
   /**
    * What checking the lines at creation found. A batch started with it runs no validation activity:
    * all valid, it is stored in_progress by the API; any invalid, the workflow fails it. Runs started
@@ -64,7 +72,13 @@ export function batchWorkflowStart(
     '_id' | 'workspace_id' | 'key_id' | 'endpoint' | 'canonical_model' | 'total' | 'chunks' | 'expires_at' | 'status' | 'validation'
   >,
   modelId: string,
-  opts: { taskQueue: string; window: number; heartbeatTimeoutMs: number; webhook: BatchWorkflowInput['webhook'] | null },
+  opts: {
+    taskQueue: string;
+    window: number;
+    heartbeatTimeoutMs: number;
+    createdWithinMs: number;
+    webhook: BatchWorkflowInput['webhook'] | null;
+  },
 ) {
   const input: BatchWorkflowInput = {
     batchId: b._id,
@@ -76,6 +90,7 @@ export function batchWorkflowStart(
     nextChunk: 0,
     cancelRequested: false,
     lines: b.total,
+    creation: { workspaceId: b.workspace_id, chunks: b.chunks, withinMs: opts.createdWithinMs },
     ...(opts.webhook && { webhook: opts.webhook }),
     ...(b.validation && { validation: b.validation }),
   };
@@ -150,9 +165,22 @@ const bookkeeping = proxyActivities<Activities>({
  * One batch (workflow id = batch id): its lines checked (at creation) ▶ in_progress ▶ a sliding
  * window of chunk activities, raced against a cancel signal and the completion-window timer ▶
  * finalizing ▶ a terminal status. Continues as new every CHUNKS_PER_RUN chunks. A batch of one
- * chunk is run and closed by a single activity.
+ * chunk is run and closed by a single activity. Started before the API stores the batch: a batch
+ * that is never stored (its first activity says so) ends the workflow with nothing run.
  */
 export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> {
+  try {
+    return await runBatch(input);
+  } catch (err) {
+    if (err instanceof ActivityFailure && err.cause instanceof ApplicationFailure && err.cause.type === BATCH_NOT_CREATED) {
+      await condition(allHandlersFinished);
+      return 'not_created';
+    }
+    throw err;
+  }
+}
+
+async function runBatch(input: BatchWorkflowInput): Promise<string> {
   let cancelRequested = input.cancelRequested;
   let status = input.phase === 'validate' ? 'validating' : 'in_progress';
   let chunksDone = input.nextChunk;
@@ -180,8 +208,8 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
   };
   type Terminal = 'completed' | 'failed' | 'expired' | 'cancelled';
   const close = async (s: Terminal, message: string | null = null, finalizing = false) => {
-    // Replay compares activity types and order, not inputs: older runs take the extra argument too.
-    await bookkeeping.closeBatch(input.batchId, s, message, finalizing);
+    // Replay compares activity types and order, not inputs: older runs take the extra arguments too.
+    await bookkeeping.closeBatch(input.batchId, s, message, finalizing, input.creation);
     return closed(s);
   };
   /** The batch is closed in the database: show it, tell its callback URL, and end. */
@@ -243,7 +271,10 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
   const onlyChunk = async () => {
     const scope = new CancellationScope();
     const work = scope.run(() =>
-      chunks.processOnlyChunk.executeWithOptions({ summary: 'chunk 1 of 1', heartbeatTimeout: input.heartbeatTimeoutMs }, [input.batchId]),
+      chunks.processOnlyChunk.executeWithOptions({ summary: 'chunk 1 of 1', heartbeatTimeout: input.heartbeatTimeoutMs }, [
+        input.batchId,
+        input.creation,
+      ]),
     );
     const outcome = await firstOf(work);
     if (outcome !== 'done') scope.cancel();
@@ -286,7 +317,7 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
             summary: `chunk ${next + 1} of ${input.chunks}`,
             heartbeatTimeout: input.heartbeatTimeoutMs,
           },
-          [input.batchId, next],
+          [input.batchId, next, input.creation],
         )
         .then(counted)
         .finally(() => inFlight.delete(p));
@@ -313,7 +344,8 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
   }
   if (next < input.chunks) {
     await condition(allHandlersFinished);
-    return continueAsNew<typeof batchWorkflow>({ ...input, phase: 'process', nextChunk: next, cancelRequested, done });
+    // Its chunks have read the batch: the next run has no need to wait for it.
+    return continueAsNew<typeof batchWorkflow>({ ...input, phase: 'process', nextChunk: next, cancelRequested, done, creation: undefined });
   }
   if (patched(STATUS_IN_NEIGHBOURS)) {
     show('finalizing');

@@ -5,6 +5,9 @@ import { defineQuery } from '@temporalio/workflow';
 /** The ApplicationFailure type of a gateway error: never retried, turned back into its HTTP status by the API. */
 export const GATEWAY_ERROR_TYPE = 'GatewayError';
 
+/** The ApplicationFailure type of a batch that was never created (its document never stored): its workflow ends. */
+export const BATCH_NOT_CREATED = 'BatchNotCreated';
+
 /**
  * The task queue of webhook deliveries, beside the workers' own. An attempt can wait its whole
  * timeout on a receiver that never answers, and on the workers' queue it held an activity slot

@@ -6,16 +6,21 @@ import { BadRequestError, ConflictError, NotFoundError, RateLimitedError, Servic
 import { batchWorkflow, batchWorkflowStart, cancelBatchSignal } from '../../workflows/batch';
 import { planNewBatch } from '../../domain/batches/create';
 import {
+  abandonBatch,
+  BatchAbandonedError,
+  batchChunks,
   batchView,
-  createBatch,
   deleteBatch,
+  dropUnpublished,
   purgeDeleted,
   findBatch,
   listBatches,
-  markNotStarted,
+  publishBatch,
   resultTexts,
+  storeBatchLines,
   type BatchDoc,
 } from '../../domain/batches/store';
+import type { PackedLines } from '../../domain/batches/packed-lines';
 import { LiveCounts } from '../../domain/batches/live-counts';
 import { PageCache } from '../../domain/batches/page-cache';
 import { SettledBatches } from '../../domain/batches/settled-batches';
@@ -161,6 +166,58 @@ export function batchRoutes({
     ctx.type = 'application/json';
   }
 
+  /**
+   * Starts a new batch's workflow. When the start fails the batch is given up: a start that reached
+   * Temporal all the same (its answer lost) then runs nothing.
+   */
+  async function startWorkflow(ctx: Parameters<AnyRoute['handler']>[0], doc: BatchDoc, modelId: string): Promise<void> {
+    const start = batchWorkflowStart(doc, modelId, {
+      taskQueue: config.temporal.taskQueue,
+      window: settings.window,
+      heartbeatTimeoutMs: settings.heartbeatTimeoutMs,
+      createdWithinMs: settings.createdWithinMs,
+      webhook: doc.callback_url ? { windowMs: config.webhooks.retryWindowMs, firstRetryMs: config.webhooks.firstRetryMs } : null,
+    });
+    try {
+      await temporal.workflow.start(batchWorkflow, start);
+    } catch (err) {
+      ctx.state.log.error({ err, batch_id: doc._id }, 'could not start batch workflow');
+      // Unwritten, the workflow (if any) gives the batch up itself once it has waited for it.
+      await abandonBatch(store, doc._id).catch(() => undefined);
+      throw new ServiceUnavailableError('The batch could not be started, and nothing of it was kept; try again');
+    }
+  }
+
+  /** Stores a started batch's lines, then its document; given up (and its lines dropped) when that fails. */
+  async function storeAndPublish(ctx: Parameters<AnyRoute['handler']>[0], doc: BatchDoc, lines: PackedLines): Promise<BatchDoc> {
+    let stored = doc;
+    try {
+      stored = await storeBatchLines(store, doc, lines, settings.chunkSize);
+      await publishBatch(store, stored);
+      return stored;
+    } catch (err) {
+      let published: BatchDoc | null = null;
+      let known = err instanceof BatchAbandonedError;
+      if (!known) {
+        try {
+          // The document may have been stored all the same (an answer lost): then it stands.
+          published = await abandonBatch(store, doc._id);
+          known = true;
+        } catch {
+          // Not known: the workflow decides, by the same insert, once it has waited.
+        }
+      }
+      if (published) return stored;
+      ctx.state.log.error({ err, batch_id: doc._id }, 'could not store a started batch');
+      await dropUnpublished(store, doc).catch(() => undefined);
+      if (known) throw new ServiceUnavailableError('The batch could not be stored, and will not run; try again');
+      throw new ServiceUnavailableError(
+        `The batch could not be stored; it may still have been: if GET /api/v1/batches/${doc._id} finds it, it was created and will run`,
+        { batch_id: doc._id },
+      );
+    }
+  }
+
   return [
     defineRoute({
       method: 'post',
@@ -175,9 +232,9 @@ export function batchRoutes({
       handler: async (ctx) => {
         const auth = authOf(ctx);
         await admitBatchCreate(batchCreates, ctx, auth.workspaceId);
-        // What the workspace stores, read while the body is and its lines are stored (~1 ms of a
-        // create's ~20), and checked before the batch is made visible. A workspace at its quota is
-        // refused before a large body is read.
+        // What the workspace stores, read while the body is (~1 ms of a create's ~20), and checked
+        // before anything is started or stored. A workspace at its quota is refused before a large
+        // body is read.
         const held = storage.stored(auth.workspaceId);
         held.catch(() => undefined); // awaited below, unless the create fails first
         if (mostBodyBytes(ctx.req, settings.maxBytes) > READ_FIRST_BYTES) {
@@ -188,39 +245,29 @@ export function batchRoutes({
             throw err;
           }
         }
-        let counted: Promise<void> = Promise.resolve();
+        // The workflow is started first, then the lines are stored, and the document that makes
+        // the batch visible comes last, so a visible batch always has a workflow to run it. The
+        // workflow waits for the document; a batch that is given up instead (here, or by the
+        // workflow when the document never comes) runs nothing and is never visible.
         // The lines are stored before the memory they take is given back.
-        const { doc, stored, modelId } = await batchBodies.receive(ctx, auth.workspaceId, bodyMemory, async (read) => {
+        const { stored } = await batchBodies.receive(ctx, auth.workspaceId, bodyMemory, async (read) => {
           const { doc, lines, modelId } = await planNewBatch(
             { catalog: upstreams.catalog, allowPrivateCallbacks: config.webhooks.allowPrivateUrls },
             { workspaceId: auth.workspaceId, keyId: auth.keyId, meta: requestMeta(ctx) },
             read,
           );
-          const size = (doc.stored_bytes = storedSize(lines));
-          const admitted = held.then((h) => storage.check(h, size));
-          const stored = await createBatch(store, doc, lines, settings.chunkSize, admitted);
-          counted = storage.add(auth.workspaceId, size); // written while the workflow starts
-          return { doc, stored, modelId };
+          storage.check(await held, (doc.stored_bytes = storedSize(lines)));
+          doc.chunks = batchChunks(lines, settings.chunkSize);
+          await startWorkflow(ctx, doc, modelId);
+          return { stored: await storeAndPublish(ctx, doc, lines) };
         });
-        const start = batchWorkflowStart(stored, modelId, {
-          taskQueue: config.temporal.taskQueue,
-          window: settings.window,
-          heartbeatTimeoutMs: settings.heartbeatTimeoutMs,
-          webhook: doc.callback_url ? { windowMs: config.webhooks.retryWindowMs, firstRetryMs: config.webhooks.firstRetryMs } : null,
-        });
-        try {
-          await temporal.workflow.start(batchWorkflow, start);
-        } catch (err) {
-          ctx.state.log.error({ err, batch_id: doc._id }, 'could not start batch workflow');
-          await markNotStarted(store, doc);
-          throw new ServiceUnavailableError('The batch could not be started; try again', { batch_id: doc._id });
-        }
+        const counted = storage.add(auth.workspaceId, stored.stored_bytes ?? 0);
         await counted;
         metrics.batchesCreated.inc();
         ctx.status = 202;
         // The batch as accepted, which the interface answers as `validating`; its lines were checked
         // above, so the stored batch is in_progress already (or fails at once).
-        ctx.body = batchView({ ...doc, status: 'validating', in_progress_at: null }, { completed: 0, failed: 0 });
+        ctx.body = batchView({ ...stored, status: 'validating', in_progress_at: null }, { completed: 0, failed: 0 });
       },
     }),
     defineRoute({

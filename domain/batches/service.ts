@@ -18,8 +18,11 @@ import type { UsageLedger } from '../accounts/usage-ledger';
 import type { SpendAdmission } from '../accounts/spend-admission';
 import { roundUsd } from '../catalog/usd';
 import {
+  abandonBatch,
   addToTally,
   batches,
+  dropUnpublished,
+  readNewBatch,
   packed,
   readBatch,
   writeStatus,
@@ -70,6 +73,24 @@ export class ChunkCancelled extends Error {
     super('batch chunk cancelled');
     this.name = 'ChunkCancelled';
   }
+}
+
+/**
+ * The batch was never created: the API gave it up, or its document did not come within the time
+ * allowed (then it is given up here). Its workflow ends without running anything.
+ */
+export class BatchNotCreated extends Error {
+  constructor(id: string) {
+    super(`batch ${id} was never created: given up before its document was stored`);
+    this.name = 'BatchNotCreated';
+  }
+}
+
+/** What a new batch's first activities need to wait for its document (workflows/batch.ts). */
+export interface Creation {
+  workspaceId: string;
+  chunks: number;
+  withinMs: number;
 }
 
 /** A chunk's lines, by how they ended. */
@@ -140,17 +161,47 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
     return b;
   }
 
+  /**
+   * A new batch's document, which the API stores after starting the workflow: read again (5 ms
+   * later, then twice as long each time, up to a second) until it comes. Not there within
+   * `withinMs`, the batch is given up, by the same insert of its `_id` the API's store of it makes,
+   * so exactly one of the two happens; then its lines are dropped. A batch given up (here or by the
+   * API) is BatchNotCreated. Without `creation` (a batch stored before its workflow started, or a
+   * later step), a plain read.
+   */
+  async function created(batchId: string, creation: Creation | undefined, control: StepControl): Promise<BatchDoc> {
+    if (!creation) return load(batchId);
+    const giveUpAt = Date.now() + creation.withinMs;
+    for (let wait = 5; ; wait = Math.min(2 * wait, 1_000)) {
+      const b = await readNewBatch(store, batchId);
+      if (b === 'abandoned') throw new BatchNotCreated(batchId);
+      if (b) return b;
+      if (Date.now() >= giveUpAt) break;
+      control.heartbeat();
+      await sleep(Math.min(wait, giveUpAt - Date.now()), control.signal);
+      if (control.signal.aborted) throw new ChunkCancelled();
+    }
+    const published = await abandonBatch(store, batchId);
+    if (published) return published;
+    await dropUnpublished(store, { _id: batchId, workspace_id: creation.workspaceId, chunks: creation.chunks });
+    throw new BatchNotCreated(batchId);
+  }
+
   /** Runs one chunk's lines with bounded concurrency; its counts, and the batch document it read. Throws ChunkCancelled when stopped. */
-  async function runChunkOf(batchId: string, chunkIndex: number, control: StepControl): Promise<{ b: BatchDoc; counts: Counts }> {
+  async function runChunkOf(
+    batchId: string,
+    chunkIndex: number,
+    control: StepControl,
+    creation?: Creation,
+  ): Promise<{ b: BatchDoc; counts: Counts }> {
     // The reads a chunk starts with go together: until they are back its lines are not running,
     // and a batch's chunks start one after another all through it.
     // Resume from this chunk's progress document: written after every stored group of results,
     // it is never behind the last heartbeat Temporal kept (older after a server restart).
-    const [b, chunk, saved] = await Promise.all([
-      load(batchId),
-      readChunk(store, { _id: batchId }, chunkIndex),
-      readProgress(store, { _id: batchId }, chunkIndex),
-    ]);
+    const reads = () => Promise.all([readChunk(store, { _id: batchId }, chunkIndex), readProgress(store, { _id: batchId }, chunkIndex)]);
+    const [b, first] = await Promise.all([created(batchId, creation, control), reads()]);
+    // A new batch's lines are stored before its document: read when it was not there yet, read again.
+    const [chunk, saved] = first[0] ? first : await reads();
     if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
     const [ws] = await Promise.all([
       store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } }),
@@ -282,8 +333,8 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
     },
 
     /** Runs one chunk's lines; returns the chunk's counts. Throws ChunkCancelled when stopped. */
-    async runChunk(batchId: string, chunkIndex: number, control: StepControl): Promise<Counts> {
-      return (await runChunkOf(batchId, chunkIndex, control)).counts;
+    async runChunk(batchId: string, chunkIndex: number, control: StepControl, creation?: Creation): Promise<Counts> {
+      return (await runChunkOf(batchId, chunkIndex, control, creation)).counts;
     },
 
     /**
@@ -292,8 +343,8 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
      * complete. It goes from in_progress to completed in one write: a finalizing status no reader
      * could see would cost a write and a list-index move.
      */
-    async runOnlyChunk(batchId: string, control: StepControl): Promise<Counts> {
-      const { b, counts } = await runChunkOf(batchId, 0, control);
+    async runOnlyChunk(batchId: string, control: StepControl, creation?: Creation): Promise<Counts> {
+      const { b, counts } = await runChunkOf(batchId, 0, control, creation);
       await close(b, 'completed', null, false, control.heartbeat);
       return counts;
     },
@@ -304,9 +355,10 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       status: Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>,
       errorMessage: string | null,
       finalizing: boolean,
-      heartbeat: StepControl['heartbeat'],
+      control: StepControl,
+      creation?: Creation,
     ): Promise<void> {
-      await close(await load(batchId), status, errorMessage, finalizing, heartbeat);
+      await close(await created(batchId, creation, control), status, errorMessage, finalizing, control.heartbeat);
     },
 
     /**

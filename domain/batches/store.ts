@@ -12,7 +12,7 @@
 // in the background behind a durable marker (`batch_deletions`), so nothing is left behind.
 import { randomBytes } from 'node:crypto';
 import type { Collection, Document, Filter } from 'mongodb';
-import { insertManyNew, type Store } from '../../infrastructure/store';
+import { insertManyNew, isDuplicateKey, type Store } from '../../infrastructure/store';
 import { addNewBatch, listPage, moveBatch, removeEntries, type Listed } from './list';
 import { fromJsonText, toJsonText } from '../../infrastructure/store/json-text';
 import type { BATCH_ENDPOINTS, BATCH_STATUSES } from './schema';
@@ -391,8 +391,18 @@ function unpacked(stored: BatchDoc): BatchDoc {
 /** A batch document by id, whatever its workspace. */
 export async function readBatch(store: Store, id: string): Promise<BatchDoc | null> {
   const b = await batches(store).findOne({ _id: id });
-  return b && unpacked(b);
+  return b && !isAbandoned(b) ? unpacked(b) : null;
 }
+
+/** A new batch's document as its workflow waits for it: not there yet (null), stored, or given up. */
+export async function readNewBatch(store: Store, id: string): Promise<BatchDoc | 'abandoned' | null> {
+  const b = await batches(store).findOne({ _id: id });
+  if (!b) return null;
+  return isAbandoned(b) ? 'abandoned' : unpacked(b);
+}
+
+/** A batch given up before it was stored (`abandonBatch`) is not a batch. */
+const isAbandoned = (b: BatchDoc) => (b as Partial<AbandonedDoc>).abandoned === true;
 
 /** The batch documents among `ids`: those `settled` keeps, and one read of the rest. */
 async function readBatches(store: Store, ids: string[], settled?: SettledBatches): Promise<BatchDoc[]> {
@@ -408,7 +418,9 @@ async function readBatches(store: Store, ids: string[], settled?: SettledBatches
     await batches(store)
       .find({ _id: { $in: unread } })
       .toArray()
-  ).map(unpacked);
+  )
+    .filter((b) => !isAbandoned(b))
+    .map(unpacked);
   if (settled) for (const b of read) settled.keep(b);
   return kept.concat(read);
 }
@@ -547,43 +559,87 @@ export async function findBatch(store: Store, workspaceId: string, id: string): 
   return b && b.workspace_id === workspaceId ? b : null;
 }
 
-/** Stores a new batch: its input chunks, then its document. A batch that cannot be stored leaves nothing behind. */
 /**
- * Stores a new batch. `admitted` (the caller's check, run meanwhile) refusing undoes what was
- * written; the batch is then never visible.
+ * Stores a new batch's lines and list entries, not yet its document: until `publishBatch` the batch
+ * is not visible. Returns the document to publish. A batch that cannot be stored leaves nothing behind.
  */
-export async function createBatch(
-  store: Store,
-  doc: BatchDoc,
-  lines: PackedLines,
-  chunkSize: number,
-  admitted: Promise<void> = Promise.resolve(),
-): Promise<BatchDoc> {
-  const b = doc;
+export async function storeBatchLines(store: Store, doc: BatchDoc, lines: PackedLines, chunkSize: number): Promise<BatchDoc> {
+  const writes = Promise.all([storeInputs(store, doc, lines, chunkSize), addNewBatch(store, doc, doc.status)]);
   try {
-    // Inputs and list entries are independent; the batch document, which makes it visible, comes last.
-    const writes = Promise.all([storeInputs(store, b, lines, chunkSize), addNewBatch(store, b, b.status)]);
-    const refused = (err: unknown) =>
-      writes.then(
-        () => Promise.reject(err),
-        () => Promise.reject(err),
-      ); // once the writes are done, so that all of them are undone
-    const [[starts]] = await Promise.all([writes, admitted.catch(refused)]);
-    const stored = { ...b, chunks: starts.length, chunk_starts: starts };
-    await batches(store).insertOne(packed(stored));
-    return stored;
+    const [starts] = await writes;
+    return { ...doc, chunks: starts.length, chunk_starts: starts };
   } catch (err) {
-    await dropBatchData(store, { ...b, chunks: chunkStarts(lines, chunkSize).length, total: 0 }).catch(() => undefined);
+    // Once every write is done, so that all of them are undone.
+    await writes.catch(() => undefined);
+    await dropBatchData(store, { ...doc, chunks: batchChunks(lines, chunkSize), total: 0 }).catch(() => undefined);
     throw err;
   }
 }
 
-export async function markNotStarted(store: Store, b: Listed): Promise<void> {
-  await writeStatus(store, b, {
-    status: 'failed',
-    finalized_at: new Date(),
-    error: { message: 'The batch could not be started; nothing was sent upstream' },
-  });
+/** How many chunks `storeBatchLines` stores the lines in. */
+export function batchChunks(lines: PackedLines, chunkSize: number): number {
+  return chunkStarts(lines, chunkSize).length;
+}
+
+/** The batch was given up before its document was stored (`abandonBatch`): it was never created. */
+export class BatchAbandonedError extends Error {
+  constructor(id: string) {
+    super(`batch ${id} was given up before it was stored`);
+  }
+}
+
+/**
+ * Makes a stored batch visible: inserts its document. Refused (BatchAbandonedError) when the batch
+ * was given up first, by its workflow or by the API: one insert of the `_id` decides, atomic on
+ * FerretDB too. Its own earlier insert (a retried write) counts as done.
+ */
+export async function publishBatch(store: Store, stored: BatchDoc): Promise<void> {
+  try {
+    await batches(store).insertOne(packed(stored));
+  } catch (err) {
+    if (!isDuplicateKey(err)) throw err;
+    const there = await batches(store).findOne({ _id: stored._id }, { projection: { abandoned: 1 } });
+    if (!there || (there as Partial<AbandonedDoc>).abandoned) throw new BatchAbandonedError(stored._id);
+  }
+}
+
+/** What stands for a batch that was given up before it was stored: never visible, never run. */
+interface AbandonedDoc {
+  _id: string;
+  abandoned: true;
+  abandoned_at: Date;
+}
+
+/**
+ * Gives up a batch whose document is not stored: its workflow could not be started, or it started
+ * and the document never came (the API failed or died in between). Inserts the `_id` as abandoned,
+ * so a late `publishBatch` is refused and the workflow, if there is one, runs nothing. Returns the
+ * batch document instead if it was published first.
+ */
+export async function abandonBatch(store: Store, id: string): Promise<BatchDoc | null> {
+  const doc: AbandonedDoc = { _id: id, abandoned: true, abandoned_at: new Date() };
+  try {
+    await batches(store).insertOne(doc as unknown as BatchDoc);
+    return null;
+  } catch (err) {
+    if (!isDuplicateKey(err)) throw err;
+    return readBatch(store, id); // null: abandoned already
+  }
+}
+
+/** Removes what a batch that was never published may have stored: its lines and list entries. */
+export async function dropUnpublished(store: Store, b: BatchRef & Pick<BatchDoc, 'chunks' | 'workspace_id'>): Promise<void> {
+  await dropBatchData(store, { ...b, total: 0, chunk_starts: [] });
+}
+
+/**
+ * Stores a new batch and makes it visible at once (tests, and batches made without a workflow);
+ * the API starts the workflow between the two steps.
+ */
+export async function createBatch(store: Store, doc: BatchDoc, lines: PackedLines, chunkSize: number): Promise<BatchDoc> {
+  const stored = await storeBatchLines(store, doc, lines, chunkSize);
+  await publishBatch(store, stored);
+  return stored;
 }
 
 /** Writes a batch's status (and `set`'s other fields), keeping the list index in step. */

@@ -289,6 +289,12 @@ export function loadConfig(env: Env = process.env) {
       outageMs: positiveInt(env, 'BATCH_OUTAGE_MS', 5 * 60_000),
       /** A chunk silent this long (its worker died) is given to another worker; chunks heartbeat every second. */
       heartbeatTimeoutMs: positiveInt(env, 'BATCH_HEARTBEAT_TIMEOUT_MS', 10_000, 2_000),
+      /**
+       * How long a new batch's workflow waits for the API to store the batch (it is started first)
+       * before giving it up: the API failed or died in between. Far longer than storing the largest
+       * batch takes.
+       */
+      createdWithinMs: 10 * 60_000,
     },
     http: {
       bodyLimitBytes: bytes(env, 'BODY_LIMIT', 10 * 1024 ** 2),

@@ -1,0 +1,180 @@
+// A batch's workflow is started before the batch is stored, and the batch is visible only once its
+// document is stored after that: a visible batch always has a workflow, and a workflow whose batch
+// is never stored (the API failed or died in between, or the start's answer was lost) runs nothing.
+import { expect } from 'chai';
+import { Client, Connection } from '@temporalio/client';
+import {
+  abandonBatch,
+  BatchAbandonedError,
+  batchChunks,
+  publishBatch,
+  readBatch,
+  storeBatchLines,
+  type BatchDoc,
+} from '../domain/batches/store';
+import { packLines } from '../domain/batches/packed-lines';
+import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
+import { batchWorkflow, batchWorkflowStart } from '../workflows/batch';
+import { stack } from './fixture';
+import {
+  call,
+  createTenant,
+  startTestGateway,
+  storedUsage,
+  testBatchDoc,
+  writeTestCatalog,
+  type Tenant,
+  type TestGateway,
+} from './helpers';
+
+const MODEL = 'test/creation-counted';
+const line = (i: number) => ({
+  custom_id: `req-${i}`,
+  body: JSON.stringify({ messages: [{ role: 'user', content: `q${i}` }], max_tokens: 5 }),
+});
+
+/** Calls the sandbox has had for this file's model. */
+const providerCalls = async () =>
+  Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
+    .filter(([k]) => k.includes('creationtest=1'))
+    .reduce((a, [, n]) => a + n, 0);
+
+describe('batch creation: the workflow first, the batch visible last', function () {
+  this.timeout(60_000);
+  let gw: TestGateway;
+  let t: Tenant;
+  let connection: Connection;
+  let client: Client;
+
+  before(async () => {
+    const catalog = writeTestCatalog('batch-creation', (c) => {
+      c.providers.push(providerEntry('creation-counted', `\${SANDBOX_URL}/~creationtest=1,counted=1/openai/v1`));
+      c.models.push(
+        modelEntry(MODEL, [endpointEntry('creation-counted', 1, { upstream_model: 'sandbox-chat' })], { context_length: 1000 }),
+      );
+    });
+    // A batch whose document does not come is given up after 1.5 s here (10 minutes in production).
+    gw = await startTestGateway({ env: { CATALOG_PATH: catalog }, tune: (c) => (c.batches.createdWithinMs = 1_500) });
+    t = await createTenant(gw.store, 5);
+    connection = await Connection.connect({ address: stack.temporalAddress });
+    client = new Client({ connection });
+  });
+  after(async () => {
+    await connection.close();
+    await gw.stop();
+  });
+
+  /** A new batch of `n` lines in chunks of `chunkSize`: its document, unstored, and its lines. */
+  const newBatch = (n: number, chunkSize: number) => {
+    const lines = packLines(Array.from({ length: n }, (_, i) => line(i)));
+    const doc: BatchDoc = testBatchDoc(t, {
+      model: MODEL,
+      canonical_model: MODEL,
+      total: n,
+      chunks: batchChunks(lines, chunkSize),
+      validation: { invalid: 0, examples: [] },
+    });
+    return { doc, lines };
+  };
+  /** Starts the batch's workflow as the API does. */
+  const start = (doc: BatchDoc) =>
+    client.workflow.start(
+      batchWorkflow,
+      batchWorkflowStart(doc, MODEL, {
+        taskQueue: gw.config.temporal.taskQueue,
+        window: 2,
+        heartbeatTimeoutMs: gw.config.batches.heartbeatTimeoutMs,
+        createdWithinMs: gw.config.batches.createdWithinMs,
+        webhook: null,
+      }),
+    );
+  const inputsOf = (id: string) =>
+    gw.store.db.collection('batch_inputs').countDocuments({ _id: { $gte: `${id}:`, $lt: `${id}:~` } } as never);
+  const listed = async () => (await call(`${gw.url}/api/v1/batches?limit=100`, { key: t.inferenceKey })).body.data.map((b: any) => b.id);
+
+  it('runs a batch whose lines and document are stored a moment after its workflow started (chunks that looked before read again)', async () => {
+    const { doc, lines } = newBatch(9, 3);
+    const before = await providerCalls();
+    const handle = await start(doc);
+    await new Promise((r) => setTimeout(r, 300));
+    const stored = await storeBatchLines(gw.store, doc, lines, 3);
+    await publishBatch(gw.store, stored);
+    expect(await handle.result()).to.equal('completed');
+    const b = await readBatch(gw.store, doc._id);
+    expect(b?.status).to.equal('completed');
+    expect(b?.final_counts).to.deep.equal({ completed: 9, failed: 0 });
+    expect(await providerCalls()).to.equal(before + 9);
+    expect(await storedUsage(gw.store, { batch_id: doc._id })).to.have.length(9);
+  });
+
+  for (const [size, chunkSize] of [
+    [1, 3],
+    [9, 3],
+  ]) {
+    it(`gives up a batch whose document never comes: its lines are dropped, nothing runs, and a late store is refused (${size} line(s) in chunks of ${chunkSize})`, async () => {
+      const { doc, lines } = newBatch(size, chunkSize);
+      const before = await providerCalls();
+      // As an API process that died between storing the lines and the document.
+      const stored = await storeBatchLines(gw.store, doc, lines, chunkSize);
+      expect(await inputsOf(doc._id)).to.be.above(0);
+      const handle = await start(doc);
+      expect(await handle.result()).to.equal('not_created');
+      expect(await inputsOf(doc._id)).to.equal(0);
+      expect(await listed()).to.not.include(doc._id);
+      let refused: unknown = null;
+      await publishBatch(gw.store, stored).catch((err) => (refused = err));
+      expect(refused).to.be.instanceOf(BatchAbandonedError);
+      expect(await readBatch(gw.store, doc._id)).to.equal(null);
+      expect((await call(`${gw.url}/api/v1/batches/${doc._id}`, { key: t.inferenceKey })).status).to.equal(404);
+      expect(await providerCalls()).to.equal(before);
+      expect(await storedUsage(gw.store, { batch_id: doc._id })).to.have.length(0);
+    });
+  }
+
+  it('a workflow whose batch the API gave up (its start seemed to fail) ends at once and runs nothing', async () => {
+    const { doc } = newBatch(3, 3);
+    const before = await providerCalls();
+    expect(await abandonBatch(gw.store, doc._id)).to.equal(null);
+    const began = Date.now();
+    expect(await (await start(doc)).result()).to.equal('not_created');
+    expect(Date.now() - began).to.be.below(1_500); // it did not wait for the document
+    expect(await providerCalls()).to.equal(before);
+    expect(await listed()).to.not.include(doc._id);
+  });
+
+  it('giving up a batch that was stored meanwhile keeps it: it runs', async () => {
+    const { doc, lines } = newBatch(2, 3);
+    const stored = await storeBatchLines(gw.store, doc, lines, 3);
+    await publishBatch(gw.store, stored);
+    expect((await abandonBatch(gw.store, doc._id))?._id).to.equal(doc._id);
+    expect(await (await start(doc)).result()).to.equal('completed');
+  });
+
+  it('a create whose workflow cannot be started is a 503 that leaves nothing: no batch listed, no line stored, its id given up', async () => {
+    const cut = new Date();
+    // A namespace the server does not have: every start fails.
+    const broken = await startTestGateway({
+      withWorker: false,
+      env: { CATALOG_PATH: gw.config.catalogPath, MONGODB_DATABASE: gw.config.mongo.database, TEMPORAL_NAMESPACE: 'no-such-namespace' },
+    });
+    try {
+      const r = await call(`${broken.url}/api/v1/batches`, {
+        key: t.inferenceKey,
+        body: { endpoint: '/v1/chat/completions', model: MODEL, requests: [{ custom_id: 'a', body: JSON.parse(line(0).body) }] },
+      });
+      expect(r.status, JSON.stringify(r.body)).to.equal(503);
+      expect(r.body.error.message).to.equal('The batch could not be started, and nothing of it was kept; try again');
+      const given = await gw.store.db
+        .collection('batches')
+        .find({ abandoned: true, abandoned_at: { $gte: cut } })
+        .toArray();
+      expect(given).to.have.length(1);
+      const id = String(given[0]._id);
+      expect(await inputsOf(id)).to.equal(0);
+      expect(await listed()).to.not.include(id);
+      expect((await call(`${gw.url}/api/v1/batches/${id}`, { key: t.inferenceKey })).status).to.equal(404);
+    } finally {
+      await broken.stop();
+    }
+  });
+});
