@@ -48,7 +48,7 @@ describe('batch creation: the workflow first, the batch visible last', function 
 
   before(async () => {
     const catalog = writeTestCatalog('batch-creation', (c) => {
-      c.providers.push(providerEntry('creation-counted', `\${SANDBOX_URL}/~creationtest=1,counted=1/openai/v1`));
+      c.providers.push(providerEntry('creation-counted', `\${SANDBOX_URL}/~creationtest=1/openai/v1`));
       c.models.push(
         modelEntry(MODEL, [endpointEntry('creation-counted', 1, { upstream_model: 'sandbox-chat' })], { context_length: 1000 }),
       );

@@ -188,33 +188,39 @@ export function batchRoutes({
     }
   }
 
-  /** Stores a started batch's lines, then its document; given up (and its lines dropped) when that fails. */
+  /**
+   * Stores a started batch's lines, then its document. When that fails the batch is given up and
+   * its lines dropped, so its workflow ends at once, running nothing; the client is told so.
+   */
   async function storeAndPublish(ctx: Parameters<AnyRoute['handler']>[0], doc: BatchDoc, lines: PackedLines): Promise<BatchDoc> {
-    let stored = doc;
+    let stored: BatchDoc | null = null;
     try {
       stored = await storeBatchLines(store, doc, lines, settings.chunkSize);
       await publishBatch(store, stored);
       return stored;
     } catch (err) {
-      let published: BatchDoc | null = null;
-      let known = err instanceof BatchAbandonedError;
-      if (!known) {
-        try {
-          // The document may have been stored all the same (an answer lost): then it stands.
-          published = await abandonBatch(store, doc._id);
-          known = true;
-        } catch {
-          // Not known: the workflow decides, by the same insert, once it has waited.
-        }
-      }
-      if (published) return stored;
       ctx.state.log.error({ err, batch_id: doc._id }, 'could not store a started batch');
+      // Unless the lines were stored and the document's insert failed some other way than on a
+      // batch given up, the batch is known not to be stored.
+      let unknown = stored !== null && !(err instanceof BatchAbandonedError);
+      try {
+        const published = await abandonBatch(store, doc._id);
+        if (published) return published; // its insert went through, only its answer was lost
+        unknown = false;
+      } catch {
+        // The database did not say: the workflow gives the batch up itself once it has waited.
+      }
+      if (unknown) {
+        // Its lines stay: the batch may be stored and run. If not, its workflow drops them.
+        throw new ServiceUnavailableError(
+          `The batch could not be stored, or it was and the answer was lost: if GET /api/v1/batches/${doc._id} finds it, it was created and will run`,
+          { batch_id: doc._id },
+        );
+      }
       await dropUnpublished(store, doc).catch(() => undefined);
-      if (known) throw new ServiceUnavailableError('The batch could not be stored, and will not run; try again');
-      throw new ServiceUnavailableError(
-        `The batch could not be stored; it may still have been: if GET /api/v1/batches/${doc._id} finds it, it was created and will run`,
-        { batch_id: doc._id },
-      );
+      if (err instanceof BatchAbandonedError)
+        throw new ServiceUnavailableError('The batch could not be stored in time, and will not run; try again');
+      throw err;
     }
   }
 
@@ -261,8 +267,7 @@ export function batchRoutes({
           await startWorkflow(ctx, doc, modelId);
           return { stored: await storeAndPublish(ctx, doc, lines) };
         });
-        const counted = storage.add(auth.workspaceId, stored.stored_bytes ?? 0);
-        await counted;
+        await storage.add(auth.workspaceId, stored.stored_bytes ?? 0);
         metrics.batchesCreated.inc();
         ctx.status = 202;
         // The batch as accepted, which the interface answers as `validating`; its lines were checked
