@@ -163,16 +163,16 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
 
   /**
    * A new batch's document, which the API stores after starting the workflow: read again (5 ms
-   * later, then twice as long each time, up to a second) until it comes. Not there within
-   * `withinMs`, the batch is given up, by the same insert of its `_id` the API's store of it makes,
-   * so exactly one of the two happens; then its lines are dropped. A batch given up (here or by the
-   * API) is BatchNotCreated. Without `creation` (a batch stored before its workflow started, or a
-   * later step), a plain read.
+   * later, then twice as long each time, up to 100 ms: a large batch takes seconds to store, and
+   * longer waits would add to that) until it comes. Not there within `withinMs`, the batch is given
+   * up, by the same insert of its `_id` the API's store of it makes, so exactly one of the two
+   * happens; then its lines are dropped. A batch given up (here or by the API) is BatchNotCreated.
+   * Without `creation` (a batch stored before its workflow started, or a later step), a plain read.
    */
   async function created(batchId: string, creation: Creation | undefined, control: StepControl): Promise<BatchDoc> {
     if (!creation) return load(batchId);
     const giveUpAt = Date.now() + creation.withinMs;
-    for (let wait = 5; ; wait = Math.min(2 * wait, 1_000)) {
+    for (let wait = 5; ; wait = Math.min(2 * wait, 100)) {
       const b = await readNewBatch(store, batchId);
       if (b === 'abandoned') throw new BatchNotCreated(batchId);
       if (b) return b;
