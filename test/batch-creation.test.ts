@@ -15,6 +15,7 @@ import {
 import { packLines } from '../domain/batches/packed-lines';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { batchWorkflow, batchWorkflowStart } from '../workflows/batch';
+import { searchAttributes } from '../workflows/shared';
 import { stack } from './fixture';
 import {
   call,
@@ -119,6 +120,7 @@ describe('batch creation: the workflow first, the batch visible last', function 
       expect(await inputsOf(doc._id)).to.be.above(0);
       const handle = await start(doc);
       expect(await handle.result()).to.equal('not_created');
+      expect((await handle.describe()).typedSearchAttributes.get(searchAttributes.batchStatus)).to.equal('not_created');
       expect(await inputsOf(doc._id)).to.equal(0);
       expect(await listed()).to.not.include(doc._id);
       let refused: unknown = null;

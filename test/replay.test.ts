@@ -10,9 +10,23 @@ import { Client, Connection } from '@temporalio/client';
 import { temporal } from '@temporalio/proto';
 import { Worker } from '@temporalio/worker';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, waitForStatus } from './helpers';
+import { call, createTenant, startTestGateway, testBatchDoc, waitForStatus, type Tenant } from './helpers';
+import { abandonBatch } from '../domain/batches/store';
+import { batchWorkflow, batchWorkflowStart } from '../workflows/batch';
 
 const DIR = path.resolve(__dirname, '..', '..', 'test', 'histories');
+
+/** A 2-line batch's document, never stored. */
+function givenUp(t: Tenant) {
+  const doc = testBatchDoc(t, {
+    model: 'sandbox/embed-1',
+    endpoint: '/v1/embeddings',
+    total: 2,
+    chunks: 1,
+    validation: { invalid: 0, examples: [] },
+  });
+  return { doc };
+}
 
 describe('workflow replay', () => {
   before(async function () {
@@ -59,6 +73,21 @@ describe('workflow replay', () => {
       });
       await waitForStatus(gw.url, t.inferenceKey, invalid.body.id, ['failed']);
       await save('batch-invalid', invalid.body.id);
+      // A batch given up before it was stored: its workflow ends without running anything.
+      const { doc } = givenUp(t);
+      await abandonBatch(gw.store, doc._id);
+      const handle = await client.workflow.start(
+        batchWorkflow,
+        batchWorkflowStart(doc, 'sandbox/embed-1', {
+          taskQueue: gw.config.temporal.taskQueue,
+          window: 2,
+          heartbeatTimeoutMs: gw.config.batches.heartbeatTimeoutMs,
+          createdWithinMs: gw.config.batches.createdWithinMs,
+          webhook: null,
+        }),
+      );
+      expect(await handle.result()).to.equal('not_created');
+      await save('batch-not-created', doc._id);
       const decision = await call(`${gw.url}/api/v1/systemone`, {
         key: t.inferenceKey,
         body: { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } } },
@@ -78,6 +107,7 @@ describe('workflow replay', () => {
       .filter((f) => f.endsWith('.history.pb'))
       .sort();
     expect(files).to.include.members([
+      'batch-not-created.history.pb',
       'batch-completed.history.pb',
       'batch-one-chunk.history.pb',
       'batch-cancelled.history.pb',

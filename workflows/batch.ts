@@ -173,6 +173,9 @@ export async function batchWorkflow(input: BatchWorkflowInput): Promise<string> 
     return await runBatch(input);
   } catch (err) {
     if (err instanceof ActivityFailure && err.cause instanceof ApplicationFailure && err.cause.type === BATCH_NOT_CREATED) {
+      // What the Web UI shows: not a batch in progress.
+      setCurrentDetails('**not created**: the batch was given up before it was stored; nothing ran');
+      upsertSearchAttributes([{ key: searchAttributes.batchStatus, value: 'not_created' }]);
       await condition(allHandlersFinished);
       return 'not_created';
     }
