@@ -2,7 +2,7 @@
 // document is stored after that: a visible batch always has a workflow, and a workflow whose batch
 // is never stored (the API failed or died in between, or the start's answer was lost) runs nothing.
 import { expect } from 'chai';
-import { Client, Connection } from '@temporalio/client';
+import { Client, Connection, WorkflowClient } from '@temporalio/client';
 import {
   abandonBatch,
   BatchAbandonedError,
@@ -150,6 +150,42 @@ describe('batch creation: the workflow first, the batch visible last', function 
     await publishBatch(gw.store, stored);
     expect((await abandonBatch(gw.store, doc._id))?._id).to.equal(doc._id);
     expect(await (await start(doc)).result()).to.equal('completed');
+  });
+
+  it('a create whose start reached Temporal but whose answer was lost is a 503, and the started workflow runs nothing (before: it ran and billed every line of a batch marked failed)', async () => {
+    const before = await providerCalls();
+    const cut = new Date();
+    // The server takes the start; its answer never reaches the API (a slow server, a dropped connection).
+    const start = WorkflowClient.prototype.start;
+    let started: string | null = null;
+    WorkflowClient.prototype.start = async function (this: WorkflowClient, ...args: Parameters<typeof start>) {
+      const handle = await start.apply(this, args);
+      WorkflowClient.prototype.start = start;
+      started = handle.workflowId;
+      throw new Error('the answer was lost');
+    } as typeof start;
+    try {
+      const r = await call(`${gw.url}/api/v1/batches`, {
+        key: t.inferenceKey,
+        body: {
+          endpoint: '/v1/chat/completions',
+          model: MODEL,
+          requests: [0, 1, 2].map((i) => ({ custom_id: `l${i}`, body: JSON.parse(line(i).body) })),
+        },
+      });
+      expect(r.status, JSON.stringify(r.body)).to.equal(503);
+      expect(r.body.error.message).to.equal('The batch could not be started, and nothing of it was kept; try again');
+    } finally {
+      WorkflowClient.prototype.start = start;
+    }
+    expect(started).to.not.equal(null);
+    expect(await client.workflow.getHandle(started!).result()).to.equal('not_created');
+    expect(await providerCalls()).to.equal(before);
+    expect(await storedUsage(gw.store, { batch_id: started! })).to.have.length(0);
+    expect(await listed()).to.not.include(started);
+    expect(
+      await gw.store.db.collection('batches').countDocuments({ _id: started!, abandoned: true, abandoned_at: { $gte: cut } } as never),
+    ).to.equal(1);
   });
 
   it('a create whose workflow cannot be started is a 503 that leaves nothing: no batch listed, no line stored, its id given up', async () => {
