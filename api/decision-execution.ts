@@ -6,7 +6,7 @@
 //   activity on this process's worker, and its result is handed back in-process, so every decision
 //   is in Temporal's history and Web UI.
 // Both raise the same gateway errors (the workflow mode reads them back with `fromWorkflowFailure`).
-import type { Client } from '@temporalio/client';
+import { WorkflowNotFoundError, type Client, type WorkflowHandle } from '@temporalio/client';
 import type { Decide, DecisionJob, DecisionResult } from '../domain/decisions/service';
 import type { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
 import { ownerShare, Semaphore } from '../infrastructure/concurrency/semaphore';
@@ -46,18 +46,18 @@ export function workflowExecution(temporal: Client, handoff: DecisionHandoff, ta
         signal,
         onAbort: () => new ServiceUnavailableError('Decision was cancelled before it started'),
       });
+      const start = () =>
+        temporal.workflow.start(decisionWorkflow, {
+          workflowId: job.generationId,
+          taskQueue,
+          requestEagerStart: true,
+          workflowExecutionTimeout: '3 minutes',
+          // What the Web UI lists for this run; ids only, never the caller's text.
+          staticSummary: `decision · ${job.request.model} · ${Object.keys(job.request.questions).length} question(s) · workspace ${job.workspaceId} · key ${job.keyId}`,
+          args: [job],
+        });
       try {
-        return await handoff.execute(job.generationId, () =>
-          temporal.workflow.start(decisionWorkflow, {
-            workflowId: job.generationId,
-            taskQueue,
-            requestEagerStart: true,
-            workflowExecutionTimeout: '3 minutes',
-            // What the Web UI lists for this run; ids only, never the caller's text.
-            staticSummary: `decision · ${job.request.model} · ${Object.keys(job.request.questions).length} question(s) · workspace ${job.workspaceId} · key ${job.keyId}`,
-            args: [job],
-          }),
-        );
+        return await handoff.execute(job.generationId, () => startOrFind(temporal, job.generationId, start));
       } catch (err) {
         throw fromWorkflowFailure(err);
       } finally {
@@ -65,4 +65,28 @@ export function workflowExecution(temporal: Client, handoff: DecisionHandoff, ta
       }
     },
   };
+}
+
+/**
+ * Starts a decision's workflow. A start that failed may still have reached the server, with only
+ * its answer lost (a slow server, a dropped connection): then the run decides, and bills, all the
+ * same. So its result is asked of the server; only a run the server does not have is a failed start.
+ */
+async function startOrFind(
+  temporal: Client,
+  workflowId: string,
+  start: () => Promise<WorkflowHandle & { readonly eagerlyStarted: boolean }>,
+): Promise<Pick<WorkflowHandle, 'result'> & { readonly eagerlyStarted: boolean }> {
+  try {
+    return await start();
+  } catch (err) {
+    const handle = temporal.workflow.getHandle(workflowId);
+    try {
+      await handle.describe();
+    } catch (found) {
+      if (found instanceof WorkflowNotFoundError) throw new ServiceUnavailableError('The decision could not be started; try again');
+      throw err;
+    }
+    return { result: () => handle.result(), eagerlyStarted: false };
+  }
 }

@@ -1,6 +1,7 @@
 // POST /api/v1/systemone end to end: validation, answers against the formulas, native and logprob
 // endpoints, upstream failures, usage and debit, session precedence, and the OpenRouter SDK.
 import { expect } from 'chai';
+import { WorkflowClient } from '@temporalio/client';
 import { logprobRequest } from '../domain/decisions/prompt';
 import type { Question } from '../domain/decisions/types';
 import { fromJsonText } from '../infrastructure/store/json-text';
@@ -671,5 +672,52 @@ describe('decisions as workflows under one workspace’s flood', function () {
     } finally {
       await gw.stop();
     }
+  });
+});
+
+describe('decisions as workflows whose start does not answer', function () {
+  this.timeout(60_000);
+  let gw: TestGateway;
+  let t: Tenant;
+  const body = { model: 'jev-1.13', state: 'lost', questions: { q: { type: 'noul', instructions: 'ok?' } } };
+  before(async () => {
+    gw = await startTestGateway({ env: { DECISIONS_EXECUTION: 'workflow' } });
+    t = await createTenant(gw.store, 5);
+  });
+  after(async () => {
+    await gw.stop();
+  });
+
+  /** Runs `fn` with the next workflow start made to throw, after reaching the server (`reaches`) or before. */
+  async function withLostStart<T>(reaches: boolean, fn: () => Promise<T>): Promise<{ result: T; id: string | null }> {
+    const start = WorkflowClient.prototype.start;
+    let id: string | null = null;
+    WorkflowClient.prototype.start = async function (this: WorkflowClient, ...args: Parameters<typeof start>) {
+      WorkflowClient.prototype.start = start;
+      if (reaches) id = (await start.apply(this, args)).workflowId;
+      throw new Error('the answer was lost');
+    } as typeof start;
+    try {
+      return { result: await fn(), id };
+    } finally {
+      WorkflowClient.prototype.start = start;
+    }
+  }
+
+  it('a start that reached the server, its answer lost, is answered by the run (before: a 500, and the decision billed all the same)', async () => {
+    const { result: r, id } = await withLostStart(true, () => call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body }));
+    expect(r.status, JSON.stringify(r.body)).to.equal(200);
+    expect(r.body.id).to.equal(id);
+    expect(r.body.answers.q).to.include({ type: 'noul' });
+    expect(await storedUsage(gw.store, { _id: id! })).to.have.length(1);
+  });
+
+  it('a start that never reached the server is a 503, and nothing is billed', async () => {
+    const before = await storedUsage(gw.store, { workspace_id: t.workspaceId });
+    const { result: r } = await withLostStart(false, () => call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body }));
+    expect(r.status, JSON.stringify(r.body)).to.equal(503);
+    expect(r.body.error.message).to.equal('The decision could not be started; try again');
+    await new Promise((res) => setTimeout(res, 500));
+    expect(await storedUsage(gw.store, { workspace_id: t.workspaceId })).to.have.length(before.length);
   });
 });

@@ -24,6 +24,7 @@ export function toActivityFailure(err: unknown): unknown {
 
 /** For clients: the gateway error a workflow failed with, or a 503 when Temporal itself failed. */
 export function fromWorkflowFailure(err: unknown): GatewayError {
+  if (err instanceof GatewayError) return err;
   for (let e: any = err; e; e = e.cause) {
     if (e instanceof ApplicationFailure && e.type === GATEWAY_ERROR_TYPE) {
       const d = (e.details?.[0] ?? {}) as Details;
