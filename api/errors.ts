@@ -2,6 +2,7 @@
 import type Koa from 'koa';
 import { GatewayError, InternalError, RateLimitedError, ServiceUnavailableError, errorFromStatus } from '../infrastructure/errors';
 import { isDatabaseFull, isDatabaseUnavailable } from '../infrastructure/store';
+import { isOrchestrationUnavailable, orchestrationUnavailable } from '../infrastructure/temporal/failures';
 import type { Logger } from '../infrastructure/log';
 import { clientClosed } from './request-signal';
 import { dropUnread } from './lingering-close';
@@ -16,13 +17,15 @@ export interface ErrorEnvelope {
 
 /**
  * Errors Koa and the router throw carry an HTTP status: a client error keeps it. A database that
- * cannot be reached, or whose disk is full, is a 503 (try again); anything else is a 500.
+ * cannot be reached, or whose disk is full, or a Temporal that does not answer (a batch's cancel
+ * signal), is a 503 (try again); anything else is a 500.
  */
-function normalize(err: unknown): GatewayError {
+export function normalize(err: unknown): GatewayError {
   if (err instanceof GatewayError) return err;
   if (isDatabaseUnavailable(err)) return new ServiceUnavailableError('The database is unavailable right now; try again shortly');
   if (isDatabaseFull(err))
     return new ServiceUnavailableError('The database cannot store anything more right now (its disk is full); try again later');
+  if (isOrchestrationUnavailable(err)) return orchestrationUnavailable();
   const e = err as { status?: number; expose?: boolean; message?: string };
   if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && e.expose)
     return errorFromStatus(e.status, short(e.message ?? 'Bad request'));

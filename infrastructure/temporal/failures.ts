@@ -32,9 +32,13 @@ export function fromWorkflowFailure(err: unknown): GatewayError {
       return errorFromStatus(d.status ?? 500, e.message, d.metadata ?? null);
     }
   }
-  const name = (err as Error)?.name ?? '';
-  if (/Timeout|Connection|Unavailable|ServiceError/i.test(name) || /UNAVAILABLE|DEADLINE/i.test(String((err as Error)?.message))) {
-    return new ServiceUnavailableError('The orchestration service is unavailable; try again');
-  }
-  return new InternalError('Internal server error');
+  return isOrchestrationUnavailable(err) ? orchestrationUnavailable() : new InternalError('Internal server error');
 }
+
+/** Temporal did not answer a call (down, frozen, unreachable): the client may try again. */
+export function isOrchestrationUnavailable(err: unknown): boolean {
+  const name = (err as Error)?.name ?? '';
+  return /Timeout|Connection|Unavailable|ServiceError/i.test(name) || /UNAVAILABLE|DEADLINE/i.test(String((err as Error)?.message));
+}
+
+export const orchestrationUnavailable = () => new ServiceUnavailableError('The orchestration service is unavailable; try again');

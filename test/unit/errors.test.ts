@@ -2,6 +2,8 @@
 import { expect } from 'chai';
 import { errorFromStatus, errorTypeOf, statusSummary } from '../../infrastructure/errors';
 import { sizeText } from '../../infrastructure/errors/sizes';
+import { ServiceError } from '@temporalio/client';
+import { normalize } from '../../api/errors';
 
 describe('error names', () => {
   it('gives batch line errors the types their statuses mean, and falls back by class', () => {
@@ -40,5 +42,14 @@ describe('sizes in messages', () => {
       '9.95 GB',
       '10 GB',
     ]);
+  });
+});
+
+describe('errors as HTTP answers', () => {
+  it('a Temporal that does not answer is a 503 to try again, not a 500 (a cancel signal while it was frozen: "Failed to signal Workflow: Timeout expired")', () => {
+    // As the client threw it in that probe.
+    const frozen = new ServiceError('Failed to signal Workflow', { cause: Object.assign(new Error('Timeout expired'), { code: 4 }) });
+    expect(normalize(frozen)).to.include({ status: 503, message: 'The orchestration service is unavailable; try again' });
+    expect(normalize(new Error('something else'))).to.include({ status: 500, message: 'Internal server error' });
   });
 });
