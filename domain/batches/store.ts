@@ -10,6 +10,10 @@
 // (`batch_pages`), which is what readers read: any page of results costs one or two reads by `_id`,
 // whatever the batch's size. Deleting a batch removes its documents by `_id`, a thousand per write,
 // in the background behind a durable marker (`batch_deletions`), so nothing is left behind.
+//
+// A new batch is stored in two steps around its workflow's start: its lines (`storeBatchLines`),
+// then the document that makes it visible (`publishBatch`). A batch whose document never comes is
+// given up (`abandonBatch`): its `_id` is taken by a document that readers skip.
 import { randomBytes } from 'node:crypto';
 import type { Collection, Document, Filter } from 'mongodb';
 import { insertManyNew, isDuplicateKey, type Store } from '../../infrastructure/store';
@@ -564,13 +568,13 @@ export async function findBatch(store: Store, workspaceId: string, id: string): 
  * is not visible. Returns the document to publish. A batch that cannot be stored leaves nothing behind.
  */
 export async function storeBatchLines(store: Store, doc: BatchDoc, lines: PackedLines, chunkSize: number): Promise<BatchDoc> {
-  const writes = Promise.all([storeInputs(store, doc, lines, chunkSize), addNewBatch(store, doc, doc.status)]);
+  const writes = [storeInputs(store, doc, lines, chunkSize), addNewBatch(store, doc, doc.status)] as const;
   try {
-    const [starts] = await writes;
+    const [starts] = await Promise.all(writes);
     return { ...doc, chunks: starts.length, chunk_starts: starts };
   } catch (err) {
-    // Once every write is done, so that all of them are undone.
-    await writes.catch(() => undefined);
+    // Once every write has ended, so that all of them are undone.
+    await Promise.allSettled(writes);
     await dropBatchData(store, { ...doc, chunks: batchChunks(lines, chunkSize), total: 0 }).catch(() => undefined);
     throw err;
   }
