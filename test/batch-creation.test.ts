@@ -55,7 +55,13 @@ describe('batch creation: the workflow first, the batch visible last', function 
       );
     });
     // A batch whose document does not come is given up after 1.5 s here (10 minutes in production).
-    gw = await startTestGateway({ env: { CATALOG_PATH: catalog }, tune: (c) => (c.batches.createdWithinMs = 1_500) });
+    gw = await startTestGateway({
+      env: { CATALOG_PATH: catalog },
+      tune: (c) => {
+        c.batches.createdWithinMs = 1_500;
+        c.batches.startWithinMs = 2_000; // 10 s in production
+      },
+    });
     t = await createTenant(gw.store, 5);
     connection = await Connection.connect({ address: stack.temporalAddress });
     client = new Client({ connection });
@@ -186,6 +192,35 @@ describe('batch creation: the workflow first, the batch visible last', function 
     expect(
       await gw.store.db.collection('batches').countDocuments({ _id: started!, abandoned: true, abandoned_at: { $gte: cut } } as never),
     ).to.equal(1);
+  });
+
+  it('a create whose start Temporal does not answer in time is a 503 that leaves nothing, and a start that lands later runs nothing', async () => {
+    const before = await providerCalls();
+    // A frozen server: the start answers only after the create has given up on it.
+    const start = WorkflowClient.prototype.start;
+    let landed: Promise<string> | null = null;
+    WorkflowClient.prototype.start = function (this: WorkflowClient, ...args: Parameters<typeof start>) {
+      WorkflowClient.prototype.start = start;
+      const late = new Promise((r) => setTimeout(r, 2_500)).then(() => start.apply(this, args));
+      landed = late.then((h) => h.workflowId);
+      return late;
+    } as typeof start;
+    const began = Date.now();
+    try {
+      const r = await call(`${gw.url}/api/v1/batches`, {
+        key: t.inferenceKey,
+        body: { endpoint: '/v1/chat/completions', model: MODEL, requests: [{ custom_id: 'a', body: JSON.parse(line(0).body) }] },
+      });
+      expect(r.status, JSON.stringify(r.body)).to.equal(503);
+      expect(r.body.error.message).to.equal('The batch could not be started, and nothing of it was kept; try again');
+    } finally {
+      WorkflowClient.prototype.start = start;
+    }
+    expect(Date.now() - began).to.be.within(2_000, 10_000); // its bound, not the client's 30 s
+    const id = await landed!;
+    expect(await client.workflow.getHandle(id).result()).to.equal('not_created');
+    expect(await providerCalls()).to.equal(before);
+    expect(await listed()).to.not.include(id);
   });
 
   it('a create whose workflow cannot be started is a 503 that leaves nothing: no batch listed, no line stored, its id given up', async () => {

@@ -167,8 +167,9 @@ export function batchRoutes({
   }
 
   /**
-   * Starts a new batch's workflow. When the start fails the batch is given up: a start that reached
-   * Temporal all the same (its answer lost) then runs nothing.
+   * Starts a new batch's workflow. When the start fails, or does not answer within
+   * `startWithinMs`, the batch is given up: a start that reached Temporal all the same (its answer
+   * lost, or late) then runs nothing.
    */
   async function startWorkflow(ctx: Parameters<AnyRoute['handler']>[0], doc: BatchDoc, modelId: string): Promise<void> {
     const start = batchWorkflowStart(doc, modelId, {
@@ -178,13 +179,26 @@ export function batchRoutes({
       createdWithinMs: settings.createdWithinMs,
       webhook: doc.callback_url ? { windowMs: config.webhooks.retryWindowMs, firstRetryMs: config.webhooks.firstRetryMs } : null,
     });
+    let timer: NodeJS.Timeout | undefined;
     try {
-      await temporal.workflow.start(batchWorkflow, start);
+      const started = temporal.workflow.start(batchWorkflow, start);
+      started.catch(() => undefined); // a start given up on may still fail later
+      await Promise.race([
+        started,
+        new Promise((_, reject) => {
+          timer = setTimeout(
+            () => reject(new Error(`Temporal did not take the start within ${settings.startWithinMs} ms`)),
+            settings.startWithinMs,
+          );
+        }),
+      ]);
     } catch (err) {
       ctx.state.log.error({ err, batch_id: doc._id }, 'could not start batch workflow');
       // Unwritten, the workflow (if any) gives the batch up itself once it has waited for it.
       await abandonBatch(store, doc._id).catch(() => undefined);
       throw new ServiceUnavailableError('The batch could not be started, and nothing of it was kept; try again');
+    } finally {
+      clearTimeout(timer);
     }
   }
 

@@ -295,6 +295,11 @@ export function loadConfig(env: Env = process.env) {
        * batch takes.
        */
       createdWithinMs: 10 * 60_000,
+      /**
+       * How long a create waits for Temporal to take its batch's start (the client's own wait is
+       * 30 s). A start that lands later meets the batch given up, and runs nothing.
+       */
+      startWithinMs: 10_000,
     },
     http: {
       bodyLimitBytes: bytes(env, 'BODY_LIMIT', 10 * 1024 ** 2),
