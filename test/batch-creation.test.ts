@@ -29,6 +29,8 @@ import {
 } from './helpers';
 
 const MODEL = 'test/creation-counted';
+/** One line at a time, 300 ms each: a batch that is still running when it is cancelled. */
+const SLOW = 'test/creation-slow';
 const line = (i: number) => ({
   custom_id: `req-${i}`,
   body: JSON.stringify({ messages: [{ role: 'user', content: `q${i}` }], max_tokens: 5 }),
@@ -49,7 +51,11 @@ describe('batch creation: the workflow first, the batch visible last', function 
 
   before(async () => {
     const catalog = writeTestCatalog('batch-creation', (c) => {
-      c.providers.push(providerEntry('creation-counted', `\${SANDBOX_URL}/~creationtest=1/openai/v1`));
+      c.providers.push(
+        providerEntry('creation-counted', `\${SANDBOX_URL}/~creationtest=1/openai/v1`),
+        providerEntry('creation-slow', `\${SANDBOX_URL}/~creationslow=1,latency=300/openai/v1`, { max_concurrency: 1 }),
+      );
+      c.models.push(modelEntry(SLOW, [endpointEntry('creation-slow', 1, { upstream_model: 'sandbox-chat' })], { context_length: 1000 }));
       c.models.push(
         modelEntry(MODEL, [endpointEntry('creation-counted', 1, { upstream_model: 'sandbox-chat' })], { context_length: 1000 }),
       );
@@ -59,7 +65,7 @@ describe('batch creation: the workflow first, the batch visible last', function 
       env: { CATALOG_PATH: catalog },
       tune: (c) => {
         c.batches.createdWithinMs = 1_500;
-        c.batches.startWithinMs = 2_000; // 10 s in production
+        c.batches.temporalWithinMs = 2_000; // 10 s in production
       },
     });
     t = await createTenant(gw.store, 5);
@@ -221,6 +227,43 @@ describe('batch creation: the workflow first, the batch visible last', function 
     expect(await client.workflow.getHandle(id).result()).to.equal('not_created');
     expect(await providerCalls()).to.equal(before);
     expect(await listed()).to.not.include(id);
+  });
+
+  it('a cancel Temporal does not answer in time is a 503, not a wait of 30 s; the signal landing later cancels the batch', async () => {
+    const r = await call(`${gw.url}/api/v1/batches`, {
+      key: t.inferenceKey,
+      body: {
+        endpoint: '/v1/chat/completions',
+        model: SLOW,
+        requests: Array.from({ length: 30 }, (_, i) => ({ custom_id: `s${i}`, body: JSON.parse(line(i).body) })),
+      },
+    });
+    expect(r.status, JSON.stringify(r.body)).to.equal(202);
+    // A frozen server: the cancel's signal lands only after the API has given up on it.
+    const getHandle = WorkflowClient.prototype.getHandle;
+    WorkflowClient.prototype.getHandle = function (this: WorkflowClient, ...args: Parameters<typeof getHandle>) {
+      WorkflowClient.prototype.getHandle = getHandle;
+      const handle = getHandle.apply(this, args);
+      const signal = handle.signal.bind(handle);
+      return {
+        ...handle,
+        signal: (...a: Parameters<typeof signal>) => new Promise((res) => setTimeout(res, 2_500)).then(() => signal(...a)),
+      };
+    } as typeof getHandle;
+    const began = Date.now();
+    try {
+      const cancel = await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
+      expect(cancel.status, JSON.stringify(cancel.body)).to.equal(503);
+      expect(cancel.body.error.message).to.equal('The orchestration service is unavailable; try again');
+    } finally {
+      WorkflowClient.prototype.getHandle = getHandle;
+    }
+    expect(Date.now() - began).to.be.within(2_000, 10_000); // its bound, not the client's 30 s
+    const done = await client.workflow.getHandle(r.body.id).result();
+    expect(done).to.equal('cancelled');
+    const b = await call(`${gw.url}/api/v1/batches/${r.body.id}`, { key: t.inferenceKey });
+    expect(b.body.status).to.equal('cancelled');
+    expect(b.body.request_counts.completed).to.be.below(30);
   });
 
   it('a create whose workflow cannot be started is a 503 that leaves nothing: no batch listed, no line stored, its id given up', async () => {

@@ -4,6 +4,7 @@ import { Readable } from 'node:stream';
 import { Type } from '@sinclair/typebox';
 import { BadRequestError, ConflictError, NotFoundError, RateLimitedError, ServiceUnavailableError } from '../../infrastructure/errors';
 import { batchWorkflow, batchWorkflowStart, cancelBatchSignal } from '../../workflows/batch';
+import { answeredWithin } from '../../infrastructure/temporal/failures';
 import { planNewBatch } from '../../domain/batches/create';
 import {
   abandonBatch,
@@ -168,7 +169,7 @@ export function batchRoutes({
 
   /**
    * Starts a new batch's workflow. When the start fails, or does not answer within
-   * `startWithinMs`, the batch is given up: a start that reached Temporal all the same (its answer
+   * `temporalWithinMs`, the batch is given up: a start that reached Temporal all the same (its answer
    * lost, or late) then runs nothing.
    */
   async function startWorkflow(ctx: Parameters<AnyRoute['handler']>[0], doc: BatchDoc, modelId: string): Promise<void> {
@@ -179,26 +180,13 @@ export function batchRoutes({
       createdWithinMs: settings.createdWithinMs,
       webhook: doc.callback_url ? { windowMs: config.webhooks.retryWindowMs, firstRetryMs: config.webhooks.firstRetryMs } : null,
     });
-    let timer: NodeJS.Timeout | undefined;
     try {
-      const started = temporal.workflow.start(batchWorkflow, start);
-      started.catch(() => undefined); // a start given up on may still fail later
-      await Promise.race([
-        started,
-        new Promise((_, reject) => {
-          timer = setTimeout(
-            () => reject(new Error(`Temporal did not take the start within ${settings.startWithinMs} ms`)),
-            settings.startWithinMs,
-          );
-        }),
-      ]);
+      await answeredWithin(temporal.workflow.start(batchWorkflow, start), settings.temporalWithinMs);
     } catch (err) {
       ctx.state.log.error({ err, batch_id: doc._id }, 'could not start batch workflow');
       // Unwritten, the workflow (if any) gives the batch up itself once it has waited for it.
       await abandonBatch(store, doc._id).catch(() => undefined);
       throw new ServiceUnavailableError('The batch could not be started, and nothing of it was kept; try again');
-    } finally {
-      clearTimeout(timer);
     }
   }
 
@@ -384,7 +372,8 @@ export function batchRoutes({
         // A batch stored as cancelling has had its cancel: each signal is four events of the
         // workflow's history (Temporal ends a run at 51,200), so a client cancelling in a loop
         // would otherwise grow it by as many.
-        if (b.status !== 'cancelling') await temporal.workflow.getHandle(b._id).signal(cancelBatchSignal);
+        if (b.status !== 'cancelling')
+          await answeredWithin(temporal.workflow.getHandle(b._id).signal(cancelBatchSignal), settings.temporalWithinMs);
         ctx.body = { ...batchView(b, await live.of(b)), status: 'cancelling' };
       },
     }),

@@ -296,10 +296,11 @@ export function loadConfig(env: Env = process.env) {
        */
       createdWithinMs: 10 * 60_000,
       /**
-       * How long a create waits for Temporal to take its batch's start (the client's own wait is
-       * 30 s). A start that lands later meets the batch given up, and runs nothing.
+       * How long the API waits for Temporal to take a batch's start or cancel (the client's own wait
+       * is 30 s). A start that lands later meets the batch given up, and runs nothing; a cancel that
+       * lands later cancels, as the client's retry would.
        */
-      startWithinMs: 10_000,
+      temporalWithinMs: 10_000,
     },
     http: {
       bodyLimitBytes: bytes(env, 'BODY_LIMIT', 10 * 1024 ** 2),

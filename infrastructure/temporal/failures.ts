@@ -42,3 +42,21 @@ export function isOrchestrationUnavailable(err: unknown): boolean {
 }
 
 export const orchestrationUnavailable = () => new ServiceUnavailableError('The orchestration service is unavailable; try again');
+
+/**
+ * `call`'s outcome, or the 503 of a Temporal that does not answer once `ms` have passed without one
+ * (the client's own wait is 30 s). The call may still land later: only for calls whose late
+ * landing is harmless.
+ */
+export async function answeredWithin<T>(call: Promise<T>, ms: number): Promise<T> {
+  call.catch(() => undefined); // given up on, it may still fail
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      call,
+      new Promise<never>((_, reject) => (timer = setTimeout(() => reject(orchestrationUnavailable()), ms))),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
