@@ -105,6 +105,28 @@ describe('batch creation: the workflow first, the batch visible last', function 
     gw.store.db.collection('batch_inputs').countDocuments({ _id: { $gte: `${id}:`, $lt: `${id}:~` } } as never);
   const listed = async () => (await call(`${gw.url}/api/v1/batches?limit=100`, { key: t.inferenceKey })).body.data.map((b: any) => b.id);
 
+  type Start = typeof WorkflowClient.prototype.start;
+  /** A create of `n` lines whose workflow start is `instead` (given the real one), as a server that fails some way. */
+  async function createWithStart(n: number, instead: (real: () => ReturnType<Start>) => ReturnType<Start>) {
+    const start = WorkflowClient.prototype.start;
+    WorkflowClient.prototype.start = function (this: WorkflowClient, ...args: Parameters<Start>) {
+      WorkflowClient.prototype.start = start;
+      return instead(() => start.apply(this, args));
+    } as Start;
+    try {
+      return await call(`${gw.url}/api/v1/batches`, {
+        key: t.inferenceKey,
+        body: {
+          endpoint: '/v1/chat/completions',
+          model: MODEL,
+          requests: Array.from({ length: n }, (_, i) => ({ custom_id: `l${i}`, body: JSON.parse(line(i).body) })),
+        },
+      });
+    } finally {
+      WorkflowClient.prototype.start = start;
+    }
+  }
+
   it('runs a batch whose lines and document are stored a moment after its workflow started (chunks that looked before read again)', async () => {
     const { doc, lines } = newBatch(9, 3);
     const before = await providerCalls();
@@ -168,28 +190,13 @@ describe('batch creation: the workflow first, the batch visible last', function 
     const before = await providerCalls();
     const cut = new Date();
     // The server takes the start; its answer never reaches the API (a slow server, a dropped connection).
-    const start = WorkflowClient.prototype.start;
     let started: string | null = null;
-    WorkflowClient.prototype.start = async function (this: WorkflowClient, ...args: Parameters<typeof start>) {
-      const handle = await start.apply(this, args);
-      WorkflowClient.prototype.start = start;
-      started = handle.workflowId;
+    const r = await createWithStart(3, async (real) => {
+      started = (await real()).workflowId;
       throw new Error('the answer was lost');
-    } as typeof start;
-    try {
-      const r = await call(`${gw.url}/api/v1/batches`, {
-        key: t.inferenceKey,
-        body: {
-          endpoint: '/v1/chat/completions',
-          model: MODEL,
-          requests: [0, 1, 2].map((i) => ({ custom_id: `l${i}`, body: JSON.parse(line(i).body) })),
-        },
-      });
-      expect(r.status, JSON.stringify(r.body)).to.equal(503);
-      expect(r.body.error.message).to.equal('The batch could not be started, and nothing of it was kept; try again');
-    } finally {
-      WorkflowClient.prototype.start = start;
-    }
+    });
+    expect(r.status, JSON.stringify(r.body)).to.equal(503);
+    expect(r.body.error.message).to.equal('The batch could not be started, and nothing of it was kept; try again');
     expect(started).to.not.equal(null);
     expect(await client.workflow.getHandle(started!).result()).to.equal('not_created');
     expect(await providerCalls()).to.equal(before);
@@ -203,25 +210,15 @@ describe('batch creation: the workflow first, the batch visible last', function 
   it('a create whose start Temporal does not answer in time is a 503 that leaves nothing, and a start that lands later runs nothing', async () => {
     const before = await providerCalls();
     // A frozen server: the start answers only after the create has given up on it.
-    const start = WorkflowClient.prototype.start;
     let landed: Promise<string> | null = null;
-    WorkflowClient.prototype.start = function (this: WorkflowClient, ...args: Parameters<typeof start>) {
-      WorkflowClient.prototype.start = start;
-      const late = new Promise((r) => setTimeout(r, 2_500)).then(() => start.apply(this, args));
+    const began = Date.now();
+    const r = await createWithStart(1, (real) => {
+      const late = new Promise((res) => setTimeout(res, 2_500)).then(real);
       landed = late.then((h) => h.workflowId);
       return late;
-    } as typeof start;
-    const began = Date.now();
-    try {
-      const r = await call(`${gw.url}/api/v1/batches`, {
-        key: t.inferenceKey,
-        body: { endpoint: '/v1/chat/completions', model: MODEL, requests: [{ custom_id: 'a', body: JSON.parse(line(0).body) }] },
-      });
-      expect(r.status, JSON.stringify(r.body)).to.equal(503);
-      expect(r.body.error.message).to.equal('The batch could not be started, and nothing of it was kept; try again');
-    } finally {
-      WorkflowClient.prototype.start = start;
-    }
+    });
+    expect(r.status, JSON.stringify(r.body)).to.equal(503);
+    expect(r.body.error.message).to.equal('The batch could not be started, and nothing of it was kept; try again');
     expect(Date.now() - began).to.be.within(2_000, 10_000); // its bound, not the client's 30 s
     const id = await landed!;
     expect(await client.workflow.getHandle(id).result()).to.equal('not_created');
