@@ -135,6 +135,12 @@ describe('batch creation: the workflow first, the batch visible last', function 
     const stored = await storeBatchLines(gw.store, doc, lines, 3);
     await publishBatch(gw.store, stored);
     expect(await handle.result()).to.equal('completed');
+    // Each chunk ran in its first attempt: one that read no lines before they came read again,
+    // rather than failing and waiting for Temporal's retry.
+    const { events } = await handle.fetchHistory();
+    const attempts = (events ?? []).flatMap((e) => e.activityTaskStartedEventAttributes?.attempt ?? []);
+    expect(attempts).to.have.length(4); // three chunks and the close
+    expect(attempts.every((n) => n === 1)).to.equal(true);
     const b = await readBatch(gw.store, doc._id);
     expect(b?.status).to.equal('completed');
     expect(b?.final_counts).to.deep.equal({ completed: 9, failed: 0 });

@@ -202,22 +202,22 @@ export function batchRoutes({
       return stored;
     } catch (err) {
       ctx.state.log.error({ err, batch_id: doc._id }, 'could not store a started batch');
-      // Unless the lines were stored and the document's insert failed some other way than on a
-      // batch given up, the batch is known not to be stored.
-      let unknown = stored !== null && !(err instanceof BatchAbandonedError);
-      try {
-        const published = await abandonBatch(store, doc._id);
+      if (!(err instanceof BatchAbandonedError)) {
+        let published: BatchDoc | null;
+        try {
+          published = await abandonBatch(store, doc._id);
+        } catch {
+          // The database did not say. Lines stored, the document's insert may have gone through:
+          // the lines stay, and the workflow gives the batch up (dropping them) if it did not.
+          if (stored) {
+            throw new ServiceUnavailableError(
+              `The batch could not be stored, or it was and the answer was lost: if GET /api/v1/batches/${doc._id} finds it, it was created and will run`,
+              { batch_id: doc._id },
+            );
+          }
+          published = null;
+        }
         if (published) return published; // its insert went through, only its answer was lost
-        unknown = false;
-      } catch {
-        // The database did not say: the workflow gives the batch up itself once it has waited.
-      }
-      if (unknown) {
-        // Its lines stay: the batch may be stored and run. If not, its workflow drops them.
-        throw new ServiceUnavailableError(
-          `The batch could not be stored, or it was and the answer was lost: if GET /api/v1/batches/${doc._id} finds it, it was created and will run`,
-          { batch_id: doc._id },
-        );
       }
       await dropUnpublished(store, doc).catch(() => undefined);
       if (err instanceof BatchAbandonedError)

@@ -130,6 +130,8 @@ const LEGACY_USAGE_INDEX = 'workspace_id_1_created_at_-1';
 export class Store {
   /** False from a failed check of the server until a check succeeds: requests can fail fast meanwhile. */
   private answering = true;
+  /** Per window length, the period before which rate-limit collections were last dropped. */
+  private readonly ticketsDroppedBefore = new Map<number, number>();
 
   private constructor(
     readonly client: MongoClient,
@@ -233,16 +235,18 @@ export class Store {
 
   /**
    * Drops the rate-limit collections of windows `windowSeconds` long from periods before `period`,
-   * and the one collection of earlier versions. Reads the catalog, not the blocks. Returns the names.
+   * and the one collection of earlier versions. Reads the catalog, not the blocks; once per period
+   * and window length for all of this process's limiters.
    */
-  async dropRateTicketsBefore(windowSeconds: number, period: number): Promise<string[]> {
+  async dropRateTicketsBefore(windowSeconds: number, period: number): Promise<void> {
+    if ((this.ticketsDroppedBefore.get(windowSeconds) ?? -Infinity) >= period) return;
+    this.ticketsDroppedBefore.set(windowSeconds, period);
     const prefix = `${RATE_TICKETS}${windowSeconds}s_`;
     const names = (await this.db.listCollections({}, { nameOnly: true }).toArray())
       .map((c) => c.name)
       .filter((n) => n === LEGACY_RATE_TICKETS || (n.startsWith(prefix) && Number(n.slice(prefix.length)) < period));
     // Another process may drop the same collection first: already gone is done.
     await Promise.all(names.map((n) => this.db.dropCollection(n).catch((err) => (isNamespaceMissing(err) ? true : Promise.reject(err)))));
-    return names;
   }
 
   get presets(): Collection<PresetDoc> {
