@@ -7,6 +7,7 @@ import {
   abandonBatch,
   BatchAbandonedError,
   batchChunks,
+  createBatch,
   publishBatch,
   readBatch,
   storeBatchLines,
@@ -24,6 +25,7 @@ import {
   storedUsage,
   testBatchDoc,
   writeTestCatalog,
+  waitForStatus,
   type Tenant,
   type TestGateway,
 } from './helpers';
@@ -267,6 +269,74 @@ describe('batch creation: the workflow first, the batch visible last', function 
     const b = await call(`${gw.url}/api/v1/batches/${r.body.id}`, { key: t.inferenceKey });
     expect(b.body.status).to.equal('cancelled');
     expect(b.body.request_counts.completed).to.be.below(30);
+  });
+
+  it('a batch whose workflow was terminated (an operator, a bug) is closed by its cancel: a 200, every line has a result, completed lines billed once (before: a 500, and in_progress for good)', async () => {
+    const r = await call(`${gw.url}/api/v1/batches`, {
+      key: t.inferenceKey,
+      body: {
+        endpoint: '/v1/chat/completions',
+        model: SLOW,
+        requests: Array.from({ length: 20 }, (_, i) => ({ custom_id: `z${i}`, body: JSON.parse(line(i).body) })),
+      },
+    });
+    expect(r.status, JSON.stringify(r.body)).to.equal(202);
+    for (
+      let i = 0;
+      i < 200 && (await call(`${gw.url}/api/v1/batches/${r.body.id}`, { key: t.inferenceKey })).body.request_counts.completed < 1;
+      i++
+    )
+      await new Promise((res) => setTimeout(res, 25));
+    await client.workflow.getHandle(r.body.id).terminate('an operator');
+    const cancel = await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
+    expect(cancel.status, JSON.stringify(cancel.body)).to.equal(200);
+    expect(cancel.body.status).to.equal('cancelling');
+    const b = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['cancelled', 'failed', 'completed'], 30_000);
+    expect(b.status).to.equal('cancelled');
+    expect(b.results).to.have.length(20);
+    const completed = b.results.filter((x: any) => x.response).length;
+    expect(completed).to.be.within(1, 19);
+    expect(b.request_counts).to.deep.include({ total: 20, completed, failed: 20 - completed });
+    expect(b.results.filter((x: any) => x.error?.type === 'batch_cancelled')).to.have.length(20 - completed);
+    expect(await storedUsage(gw.store, { batch_id: r.body.id })).to.have.length(completed);
+    // A second cancel of the closed batch: the usual conflict, no second run.
+    expect((await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey })).status).to.equal(409);
+  });
+
+  for (const status of ['in_progress', 'cancelling'] as const) {
+    it(`a batch stored ${status} whose workflow Temporal does not have (its state lost) is closed by its cancel: a 200, and every line cancelled`, async () => {
+      const { doc, lines } = newBatch(5, 2);
+      await createBatch(gw.store, { ...doc, status }, lines, 2); // stored as a Temporal that lost its state left it
+      const cancel = await call(`${gw.url}/api/v1/batches/${doc._id}/cancel`, { method: 'POST', key: t.inferenceKey });
+      expect(cancel.status, JSON.stringify(cancel.body)).to.equal(200);
+      const b = await waitForStatus(gw.url, t.inferenceKey, doc._id, ['cancelled', 'failed', 'completed'], 30_000);
+      expect(b.status).to.equal('cancelled');
+      expect(b.request_counts).to.deep.include({ total: 5, completed: 0, failed: 5 });
+      expect(b.results.map((x: any) => x.error?.type)).to.deep.equal(Array(5).fill('batch_cancelled'));
+    });
+  }
+
+  it('cancels of a running batch, before and after it is stored cancelling, start no second run', async () => {
+    const r = await call(`${gw.url}/api/v1/batches`, {
+      key: t.inferenceKey,
+      body: {
+        endpoint: '/v1/chat/completions',
+        model: SLOW,
+        requests: Array.from({ length: 20 }, (_, i) => ({ custom_id: `y${i}`, body: JSON.parse(line(i).body) })),
+      },
+    });
+    expect(r.status, JSON.stringify(r.body)).to.equal(202);
+    const first = await client.workflow.getHandle(r.body.id).describe();
+    for (let i = 0; i < 3; i++)
+      expect((await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey })).status).to.be.oneOf([
+        200, 409,
+      ]);
+    expect((await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['cancelled', 'failed', 'completed'], 30_000)).status).to.equal(
+      'cancelled',
+    );
+    const runs = [];
+    for await (const w of client.workflow.list({ query: `WorkflowId = '${r.body.id}'` })) runs.push(w.runId);
+    expect(runs).to.deep.equal([first.runId]);
   });
 
   it('a create whose workflow cannot be started is a 503 that leaves nothing: no batch listed, no line stored, its id given up', async () => {
