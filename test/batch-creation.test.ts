@@ -1,6 +1,8 @@
 // A batch's workflow is started before the batch is stored, and the batch is visible only once its
 // document is stored after that: a visible batch always has a workflow, and a workflow whose batch
 // is never stored (the API failed or died in between, or the start's answer was lost) runs nothing.
+import { spawn } from 'node:child_process';
+import path from 'node:path';
 import { expect } from 'chai';
 import { Client, Connection, WorkflowClient } from '@temporalio/client';
 import {
@@ -39,9 +41,9 @@ const line = (i: number) => ({
 });
 
 /** Calls the sandbox has had for this file's model. */
-const providerCalls = async () =>
+const providerCalls = async (tag = 'creationtest=1') =>
   Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
-    .filter(([k]) => k.includes('creationtest=1'))
+    .filter(([k]) => k.includes(tag))
     .reduce((a, [, n]) => a + n, 0);
 
 describe('batch creation: the workflow first, the batch visible last', function () {
@@ -337,6 +339,69 @@ describe('batch creation: the workflow first, the batch visible last', function 
     const runs = [];
     for await (const w of client.workflow.list({ query: `WorkflowId = '${r.body.id}'` })) runs.push(w.runId);
     expect(runs).to.deep.equal([first.runId]);
+  });
+
+  it('`gateway recover-batches` gives every open batch whose run is gone a new run, which finishes it without running a finished line again; a running batch is left alone', async () => {
+    const create = (model: string, n: number, tag: string) =>
+      call(`${gw.url}/api/v1/batches`, {
+        key: t.inferenceKey,
+        body: {
+          endpoint: '/v1/chat/completions',
+          model,
+          requests: Array.from({ length: n }, (_, i) => ({ custom_id: `${tag}${i}`, body: JSON.parse(line(i).body) })),
+        },
+      });
+    const slowCalls = await providerCalls('creationslow=1');
+    // One whose run was terminated half way (a Temporal that lost its state after it started).
+    const cut = await create(SLOW, 12, 'c');
+    expect(cut.status, JSON.stringify(cut.body)).to.equal(202);
+    for (
+      let i = 0;
+      i < 200 && (await call(`${gw.url}/api/v1/batches/${cut.body.id}`, { key: t.inferenceKey })).body.request_counts.completed < 2;
+      i++
+    )
+      await new Promise((res) => setTimeout(res, 25));
+    await client.workflow.getHandle(cut.body.id).terminate('its state lost');
+    // One Temporal never had, in two chunks.
+    const { doc, lines } = newBatch(5, 3);
+    await createBatch(gw.store, doc, lines, 3);
+    // One that runs.
+    const running = await create(SLOW, 12, 'r');
+    expect(running.status, JSON.stringify(running.body)).to.equal(202);
+
+    const env = {
+      ...process.env,
+      LOG_LEVEL: 'warn',
+      MONGODB_URI: stack.mongoUri,
+      MONGODB_DATABASE: gw.config.mongo.database,
+      TEMPORAL_ADDRESS: stack.temporalAddress,
+      TEMPORAL_TASK_QUEUE: gw.config.temporal.taskQueue,
+    };
+    const cli = spawn(process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), 'recover-batches', '--json'], { env });
+    let out = '';
+    let err = '';
+    cli.stdout.on('data', (d) => (out += d));
+    cli.stderr.on('data', (d) => (err += d));
+    expect(await new Promise((r) => cli.on('exit', r)), err).to.equal(0);
+    const r = JSON.parse(out);
+    expect(r.started).to.have.members([cut.body.id, doc._id]);
+    expect(r.ended).to.deep.equal([]);
+    expect(r.running).to.be.at.least(1); // this one, and any other of the workspace still running
+
+    for (const [id, n] of [
+      [cut.body.id, 12],
+      [doc._id, 5],
+      [running.body.id, 12],
+    ] as const) {
+      const b = await waitForStatus(gw.url, t.inferenceKey, id, ['completed', 'failed', 'cancelled', 'expired'], 30_000);
+      expect(b.status, id).to.equal('completed');
+      expect(b.request_counts).to.deep.include({ total: n, completed: n, failed: 0 });
+      expect(new Set(b.results.map((x: any) => x.custom_id)).size).to.equal(n);
+      // Billed once a line: the lines finished before the run was cut were not run again.
+      expect(await storedUsage(gw.store, { batch_id: id })).to.have.length(n);
+    }
+    // Each line called once, but for the one the cut run had in flight.
+    expect((await providerCalls('creationslow=1')) - slowCalls).to.be.within(24, 25);
   });
 
   it('a create whose workflow cannot be started is a 503 that leaves nothing: no batch listed, no line stored, its id given up', async () => {

@@ -2,11 +2,8 @@
 // workflow whose id is the batch id. Every read is scoped to the key's workspace.
 import { Readable } from 'node:stream';
 import { Type } from '@sinclair/typebox';
-import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/client';
-import { WorkflowIdReusePolicy } from '@temporalio/common';
 import { BadRequestError, ConflictError, NotFoundError, RateLimitedError, ServiceUnavailableError } from '../../infrastructure/errors';
-import { batchWorkflow, batchWorkflowStart, cancelBatchSignal } from '../../workflows/batch';
-import { answeredWithin } from '../../infrastructure/temporal/failures';
+import { BatchRuns } from '../batch-runs';
 import { planNewBatch } from '../../domain/batches/create';
 import {
   abandonBatch,
@@ -93,6 +90,7 @@ export function batchRoutes({
   const live = new LiveCounts(store);
   const pageCache = new PageCache();
   const settled = new SettledBatches();
+  const runs = new BatchRuns(temporal, config);
 
   /** Counts a result stream of the workspace as open (429 past MAX_RESULT_READS); the function returned ends it. */
   function claimResultRead(workspaceId: string): () => void {
@@ -174,56 +172,14 @@ export function batchRoutes({
    * `temporalWithinMs`, the batch is given up: a start that reached Temporal all the same (its answer
    * lost, or late) then runs nothing.
    */
-  const workflowStart = (doc: BatchDoc, modelId: string) =>
-    batchWorkflowStart(doc, modelId, {
-      taskQueue: config.temporal.taskQueue,
-      window: settings.window,
-      heartbeatTimeoutMs: settings.heartbeatTimeoutMs,
-      createdWithinMs: settings.createdWithinMs,
-      webhook: doc.callback_url ? { windowMs: config.webhooks.retryWindowMs, firstRetryMs: config.webhooks.firstRetryMs } : null,
-    });
-
   async function startWorkflow(ctx: Parameters<AnyRoute['handler']>[0], doc: BatchDoc, modelId: string): Promise<void> {
     try {
-      await answeredWithin(temporal.workflow.start(batchWorkflow, workflowStart(doc, modelId)), settings.temporalWithinMs);
+      await runs.first(doc, modelId);
     } catch (err) {
       ctx.state.log.error({ err, batch_id: doc._id }, 'could not start batch workflow');
       // Unwritten, the workflow (if any) gives the batch up itself once it has waited for it.
       await abandonBatch(store, doc._id).catch(() => undefined);
       throw new ServiceUnavailableError('The batch could not be started, and nothing of it was kept; try again');
-    }
-  }
-
-  /**
-   * Asks a batch's run to cancel it. A batch with no run (terminated by an operator, failed, or
-   * lost with Temporal's state) would stay open for good: a new run is started that closes it
-   * cancelled. False when its run had ended by itself, having closed the batch.
-   */
-  async function cancelRun(b: BatchDoc): Promise<boolean> {
-    const handle = temporal.workflow.getHandle(b._id);
-    try {
-      // A batch stored as cancelling has had its cancel: each signal is four events of the
-      // workflow's history (Temporal ends a run at 51,200), so a client cancelling in a loop
-      // would otherwise grow it by as many. Its run is only looked at.
-      if (b.status !== 'cancelling')
-        return await answeredWithin(handle.signal(cancelBatchSignal), settings.temporalWithinMs).then(() => true);
-      const run = await answeredWithin(handle.describe(), settings.temporalWithinMs);
-      if (run.status.name === 'RUNNING') return true;
-    } catch (err) {
-      if (!(err instanceof WorkflowNotFoundError)) throw err;
-    }
-    const start = workflowStart(b, b.model);
-    start.args[0] = { ...start.args[0], creation: undefined, validation: { invalid: 0, examples: [] }, cancelRequested: true };
-    try {
-      // Only where no run ended by itself: one that did has closed the batch, which stays as it is.
-      await answeredWithin(
-        temporal.workflow.start(batchWorkflow, { ...start, workflowIdReusePolicy: WorkflowIdReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY }),
-        settings.temporalWithinMs,
-      );
-      return true;
-    } catch (err) {
-      if (err instanceof WorkflowExecutionAlreadyStartedError) return false;
-      throw err;
     }
   }
 
@@ -406,10 +362,7 @@ export function batchRoutes({
       handler: async (ctx, { params }) => {
         const b = await owned(params.id, authOf(ctx).workspaceId);
         if (isTerminal(b.status)) throw new ConflictError(`Batch ${b._id} is already ${b.status}`);
-        // A batch stored as cancelling has had its cancel: each signal is four events of the
-        // workflow's history (Temporal ends a run at 51,200), so a client cancelling in a loop
-        // would otherwise grow it by as many.
-        if (!(await cancelRun(b))) {
+        if ((await runs.cancel(b)) === 'ended') {
           const now = await owned(params.id, authOf(ctx).workspaceId); // closed by its run meanwhile
           if (isTerminal(now.status)) throw new ConflictError(`Batch ${b._id} is already ${now.status}`);
         }

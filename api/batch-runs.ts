@@ -1,0 +1,92 @@
+// A batch's runs of its workflow, as the API and the admin CLI start them: the first one, before
+// the batch is stored, and a new one for a stored batch whose run is gone (terminated in the Web
+// UI, failed, or lost with Temporal's state). Chunks resume from their progress documents, so a new
+// run finishes the batch without running a finished line again.
+import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client } from '@temporalio/client';
+import { WorkflowIdReusePolicy } from '@temporalio/common';
+import type { BatchDoc } from '../domain/batches/store';
+import type { Config } from '../infrastructure/config';
+import { batchWorkflow, batchWorkflowStart, cancelBatchSignal } from '../workflows/batch';
+import { answeredWithin } from '../infrastructure/temporal/failures';
+
+/** What became of a stored batch's run when it was looked at. */
+export type RunState = 'running' | 'started' | 'ended';
+
+export class BatchRuns {
+  constructor(
+    private readonly client: Client,
+    private readonly config: Pick<Config, 'batches' | 'webhooks'> & { temporal: Pick<Config['temporal'], 'taskQueue'> },
+  ) {}
+
+  private startOptions(doc: BatchDoc, modelId: string) {
+    const { batches, webhooks } = this.config;
+    return batchWorkflowStart(doc, modelId, {
+      taskQueue: this.config.temporal.taskQueue,
+      window: batches.window,
+      heartbeatTimeoutMs: batches.heartbeatTimeoutMs,
+      createdWithinMs: batches.createdWithinMs,
+      webhook: doc.callback_url ? { windowMs: webhooks.retryWindowMs, firstRetryMs: webhooks.firstRetryMs } : null,
+    });
+  }
+
+  /** A call to Temporal, or a 503 once it has not answered within BATCH_TEMPORAL_WITHIN_MS. */
+  private within<T>(call: Promise<T>): Promise<T> {
+    return answeredWithin(call, this.config.batches.temporalWithinMs);
+  }
+
+  /** Starts a new batch's workflow, before the batch is stored (see the create route). */
+  async first(doc: BatchDoc, modelId: string): Promise<void> {
+    await this.within(this.client.workflow.start(batchWorkflow, this.startOptions(doc, modelId)));
+  }
+
+  /**
+   * Asks a stored batch's run to cancel it; a batch with no run gets a new one that closes it
+   * cancelled. 'ended' when its run had ended by itself, having closed the batch.
+   */
+  async cancel(b: BatchDoc): Promise<RunState> {
+    const handle = this.client.workflow.getHandle(b._id);
+    try {
+      // A batch stored as cancelling has had its cancel: each signal is four events of the
+      // workflow's history (Temporal ends a run at 51,200), so a client cancelling in a loop
+      // would otherwise grow it by as many. Its run is only looked at.
+      if (b.status !== 'cancelling') {
+        await this.within(handle.signal(cancelBatchSignal));
+        return 'running';
+      }
+      if ((await this.within(handle.describe())).status.name === 'RUNNING') return 'running';
+    } catch (err) {
+      if (!(err instanceof WorkflowNotFoundError)) throw err;
+    }
+    return this.again(b, true);
+  }
+
+  /** Gives a stored open batch a run again if it has none: it goes on from where its chunks stopped. */
+  async recover(b: BatchDoc): Promise<RunState> {
+    try {
+      if ((await this.within(this.client.workflow.getHandle(b._id).describe())).status.name === 'RUNNING') return 'running';
+    } catch (err) {
+      if (!(err instanceof WorkflowNotFoundError)) throw err;
+    }
+    return this.again(b, b.status === 'cancelling');
+  }
+
+  /**
+   * A new run for a stored batch: the document is there (nothing to wait for), and a batch that
+   * was being cancelled is cancelled. Started only where no run ended by itself: one that did has
+   * closed the batch, which stays as it is.
+   */
+  private async again(b: BatchDoc, cancel: boolean): Promise<RunState> {
+    const start = this.startOptions(b, b.model);
+    start.args[0] = { ...start.args[0], creation: undefined, cancelRequested: cancel };
+    try {
+      await this.within(
+        this.client.workflow.start(batchWorkflow, { ...start, workflowIdReusePolicy: WorkflowIdReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY }),
+      );
+      return 'started';
+    } catch (err) {
+      if (!(err instanceof WorkflowExecutionAlreadyStartedError)) throw err;
+      // Another caller's new run, or one that ended by itself.
+      return (await this.within(this.client.workflow.getHandle(b._id).describe())).status.name === 'RUNNING' ? 'running' : 'ended';
+    }
+  }
+}
