@@ -7,7 +7,8 @@ import readline from 'node:readline';
 import { ensureTools, ToolBuildError } from '../devstack/binaries';
 import { freePort, startProcess } from '../devstack/processes';
 import { stack } from './fixture';
-import { allApiProcessesUp } from './helpers';
+import { allApiProcessesUp, call, waitForStatus, writeTestCatalog } from './helpers';
+import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 
 const root = path.resolve(__dirname, '..', '..');
 const bin = path.join(root, 'bin', 'gateway.js');
@@ -462,6 +463,77 @@ describe('gateway CLI', () => {
       expect(fs.existsSync(path.join(dataDir, 'run.json')), 'a clean stop leaves no run record').to.equal(false);
     } finally {
       leftover.kill('SIGKILL');
+      killEverythingOf(dataDir);
+      fs.rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
+  it('`gateway start` whose Temporal state is gone (temporal.db removed) gives the open batches of its database new runs: they finish, no finished line run again', async function () {
+    this.timeout(180_000);
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-reset-'));
+    // One line at a time, 100 ms each: a batch still running when the gateway is stopped.
+    const catalog = writeTestCatalog('reset', (c) => {
+      c.providers.push(providerEntry('reset-slow', `\${SANDBOX_URL}/~latency=100/openai/v1`, { max_concurrency: 1 }));
+      c.models.push(
+        modelEntry('test/reset-slow', [endpointEntry('reset-slow', 1, { upstream_model: 'sandbox-chat' })], { context_length: 1000 }),
+      );
+    });
+    const env: NodeJS.ProcessEnv = { ...(await embeddedStackEnv(dataDir)), API_PROCESSES: '1', CATALOG_PATH: catalog };
+    const api = `http://127.0.0.1:${env.PORT}/api/v1`;
+    const stop = async (child: ReturnType<typeof spawn>) => {
+      const exited = new Promise((r) => child.once('exit', r));
+      child.kill('SIGTERM');
+      expect(await exited).to.equal(0);
+    };
+    const calls = async () =>
+      Object.values((await (await fetch(`http://127.0.0.1:${env.SANDBOX_PORT}/_calls`)).json()) as Record<string, number>).reduce(
+        (a, n) => a + n,
+        0,
+      );
+    try {
+      const first = await startUntilReady(env, 90_000);
+      const key = first.said.join('\n').match(/sk-gw-v1-[0-9a-f]{64}/)![0];
+      const created = await call(`${api}/batches`, {
+        key,
+        body: {
+          endpoint: '/v1/chat/completions',
+          model: 'test/reset-slow',
+          requests: Array.from({ length: 30 }, (_, i) => ({
+            custom_id: `l${i}`,
+            body: { messages: [{ role: 'user', content: `q${i}` }], max_tokens: 3 },
+          })),
+        },
+      });
+      expect(created.status, JSON.stringify(created.body)).to.equal(202);
+      const id = created.body.id;
+      const doneBefore = await until('a few lines done', async () => {
+        const n = (await call(`${api}/batches/${id}`, { key })).body.request_counts.completed;
+        return n >= 3 ? n : undefined;
+      });
+      await stop(first.child);
+      for (const f of fs.readdirSync(dataDir).filter((f) => f.startsWith('temporal.db'))) fs.rmSync(path.join(dataDir, f));
+
+      const second = await startUntilReady(env, 90_000);
+      try {
+        await until('the recovery said', () => second.said.some((l) => l.includes("Temporal's state is new")) || undefined);
+        expect(second.said.join('\n')).to.include(
+          "Temporal's state is new (no temporal.db in DATA_DIR): 1 open batch(es) from before given a new run",
+        );
+        const b = await waitForStatus(`http://127.0.0.1:${env.PORT}`, key, id, ['completed', 'failed', 'cancelled', 'expired'], 30_000);
+        expect(b.status).to.equal('completed');
+        expect(b.request_counts).to.deep.include({ total: 30, completed: 30, failed: 0 });
+        expect(new Set(b.results.map((r: any) => r.custom_id)).size).to.equal(30);
+        // The new sandbox was called only for lines not done before the stop (and the one in flight then).
+        expect(await calls()).to.be.within(1, 30 - doneBefore + 1);
+      } finally {
+        await stop(second.child);
+      }
+      // A start whose Temporal kept its state gives nothing a new run.
+      const third = await startUntilReady(env, 90_000);
+      await until('the ready line', () => third.said.some((l) => l.includes('ready — Ctrl-C')) || undefined);
+      expect(third.said.join('\n')).to.not.include("Temporal's state is new");
+      await stop(third.child);
+    } finally {
       killEverythingOf(dataDir);
       fs.rmSync(dataDir, { recursive: true, force: true });
     }
