@@ -131,6 +131,25 @@ describe('batch creation: the workflow first, the batch visible last', function 
     }
   }
 
+  /** A batch of `n` lines created through the API, custom_ids `<tag><i>`. */
+  const createLines = (n: number, tag: string, model = SLOW) =>
+    call(`${gw.url}/api/v1/batches`, {
+      key: t.inferenceKey,
+      body: {
+        endpoint: '/v1/chat/completions',
+        model,
+        requests: Array.from({ length: n }, (_, i) => ({ custom_id: `${tag}${i}`, body: JSON.parse(line(i).body) })),
+      },
+    });
+  /** Waits until at least `n` lines of a batch are done. */
+  async function untilCompleted(id: string, n: number) {
+    for (let i = 0; i < 200; i++) {
+      if ((await call(`${gw.url}/api/v1/batches/${id}`, { key: t.inferenceKey })).body.request_counts.completed >= n) return;
+      await new Promise((res) => setTimeout(res, 25));
+    }
+    throw new Error(`batch ${id} did not get ${n} line(s) done`);
+  }
+
   it('runs a batch whose lines and document are stored a moment after its workflow started (chunks that looked before read again)', async () => {
     const { doc, lines } = newBatch(9, 3);
     const before = await providerCalls();
@@ -237,14 +256,7 @@ describe('batch creation: the workflow first, the batch visible last', function 
   });
 
   it('a cancel Temporal does not answer in time is a 503, not a wait of 30 s; the signal landing later cancels the batch', async () => {
-    const r = await call(`${gw.url}/api/v1/batches`, {
-      key: t.inferenceKey,
-      body: {
-        endpoint: '/v1/chat/completions',
-        model: SLOW,
-        requests: Array.from({ length: 30 }, (_, i) => ({ custom_id: `s${i}`, body: JSON.parse(line(i).body) })),
-      },
-    });
+    const r = await createLines(30, 's');
     expect(r.status, JSON.stringify(r.body)).to.equal(202);
     // A frozen server: the cancel's signal lands only after the API has given up on it.
     const getHandle = WorkflowClient.prototype.getHandle;
@@ -274,21 +286,9 @@ describe('batch creation: the workflow first, the batch visible last', function 
   });
 
   it('a batch whose workflow was terminated (an operator, a bug) is closed by its cancel: a 200, every line has a result, completed lines billed once (before: a 500, and in_progress for good)', async () => {
-    const r = await call(`${gw.url}/api/v1/batches`, {
-      key: t.inferenceKey,
-      body: {
-        endpoint: '/v1/chat/completions',
-        model: SLOW,
-        requests: Array.from({ length: 20 }, (_, i) => ({ custom_id: `z${i}`, body: JSON.parse(line(i).body) })),
-      },
-    });
+    const r = await createLines(20, 'z');
     expect(r.status, JSON.stringify(r.body)).to.equal(202);
-    for (
-      let i = 0;
-      i < 200 && (await call(`${gw.url}/api/v1/batches/${r.body.id}`, { key: t.inferenceKey })).body.request_counts.completed < 1;
-      i++
-    )
-      await new Promise((res) => setTimeout(res, 25));
+    await untilCompleted(r.body.id, 1);
     await client.workflow.getHandle(r.body.id).terminate('an operator');
     const cancel = await call(`${gw.url}/api/v1/batches/${r.body.id}/cancel`, { method: 'POST', key: t.inferenceKey });
     expect(cancel.status, JSON.stringify(cancel.body)).to.equal(200);
@@ -319,14 +319,7 @@ describe('batch creation: the workflow first, the batch visible last', function 
   }
 
   it('cancels of a running batch, before and after it is stored cancelling, start no second run', async () => {
-    const r = await call(`${gw.url}/api/v1/batches`, {
-      key: t.inferenceKey,
-      body: {
-        endpoint: '/v1/chat/completions',
-        model: SLOW,
-        requests: Array.from({ length: 20 }, (_, i) => ({ custom_id: `y${i}`, body: JSON.parse(line(i).body) })),
-      },
-    });
+    const r = await createLines(20, 'y');
     expect(r.status, JSON.stringify(r.body)).to.equal(202);
     const first = await client.workflow.getHandle(r.body.id).describe();
     for (let i = 0; i < 3; i++)
@@ -342,31 +335,17 @@ describe('batch creation: the workflow first, the batch visible last', function 
   });
 
   it('`gateway recover-batches` gives every open batch whose run is gone a new run, which finishes it without running a finished line again; a running batch is left alone', async () => {
-    const create = (model: string, n: number, tag: string) =>
-      call(`${gw.url}/api/v1/batches`, {
-        key: t.inferenceKey,
-        body: {
-          endpoint: '/v1/chat/completions',
-          model,
-          requests: Array.from({ length: n }, (_, i) => ({ custom_id: `${tag}${i}`, body: JSON.parse(line(i).body) })),
-        },
-      });
     const slowCalls = await providerCalls('creationslow=1');
     // One whose run was terminated half way (a Temporal that lost its state after it started).
-    const cut = await create(SLOW, 12, 'c');
+    const cut = await createLines(12, 'c');
     expect(cut.status, JSON.stringify(cut.body)).to.equal(202);
-    for (
-      let i = 0;
-      i < 200 && (await call(`${gw.url}/api/v1/batches/${cut.body.id}`, { key: t.inferenceKey })).body.request_counts.completed < 2;
-      i++
-    )
-      await new Promise((res) => setTimeout(res, 25));
+    await untilCompleted(cut.body.id, 2);
     await client.workflow.getHandle(cut.body.id).terminate('its state lost');
     // One Temporal never had, in two chunks.
     const { doc, lines } = newBatch(5, 3);
     await createBatch(gw.store, doc, lines, 3);
     // One that runs.
-    const running = await create(SLOW, 12, 'r');
+    const running = await createLines(12, 'r');
     expect(running.status, JSON.stringify(running.body)).to.equal(202);
 
     const env = {
