@@ -164,21 +164,24 @@ export function buildProgram(): Command {
     .description(
       "give every open batch whose workflow is gone (Temporal's state lost, a run terminated) a new run, which goes on where its chunks stopped",
     )
-    .option('--workspace <id>', 'only this workspace')
+    .option('--workspace <name|id>', 'only this workspace')
     .option('--json', 'print JSON')
     .action(async (o: { workspace?: string; json?: boolean }) => {
       const config = configOrExit();
       const { mongoUri, temporalAddress } = configuredAddresses(config);
-      const [{ connectTemporal }, { Store }, { BatchRuns }, { recoverBatches }] = await Promise.all([
+      const [{ connectTemporal }, { Store }, { BatchRuns }, { recoverBatches }, { findWorkspace }] = await Promise.all([
         import('../infrastructure/temporal/client'),
         import('../infrastructure/store'),
         import('../api/batch-runs'),
         import('./recover'),
+        import('../domain/accounts/workspaces'),
       ]);
       const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, loggerFor(config)).catch(fail);
       const store = await Store.connect(mongoUri, config.mongo.database).catch(fail);
       try {
-        const r = await recoverBatches(store, new BatchRuns(client, config), o.workspace);
+        const r = await recoverBatches(store, new BatchRuns(client, config), {
+          workspace: o.workspace ? (await findWorkspace(store, o.workspace))._id : undefined,
+        });
         process.stdout.write(
           `${o.json ? JSON.stringify(r) : `${r.checked} open batch(es): ${r.running} running, ${r.started.length} given a new run${r.started.map((id) => `\n  ${id}`).join('')}${r.ended.length ? `\n${r.ended.length} closed meanwhile` : ''}`}\n`,
         );

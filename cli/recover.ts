@@ -21,11 +21,15 @@ export interface Recovered {
   ended: string[];
 }
 
-export async function recoverBatches(store: Store, runs: BatchRuns, only?: string): Promise<Recovered> {
+export async function recoverBatches(
+  store: Store,
+  runs: BatchRuns,
+  opts: { workspace?: string; signal?: AbortSignal } = {},
+): Promise<Recovered> {
   const out: Recovered = { checked: 0, running: 0, started: [], ended: [] };
-  const workspaces = only ? [only] : (await listWorkspaces(store)).map((w) => w._id);
+  const workspaces = opts.workspace ? [opts.workspace] : (await listWorkspaces(store)).map((w) => w._id);
   for (const workspaceId of workspaces) {
-    for (let after: string | undefined; ;) {
+    for (let after: string | undefined; !opts.signal?.aborted;) {
       const page = await listBatches(store, workspaceId, { after, statuses: OPEN, limit: PAGE });
       for (const b of page.slice(0, PAGE)) {
         out.checked++;

@@ -210,19 +210,34 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
           : 'OPEN to the network: set METRICS_TOKEN';
     say(`metrics on ${url}/metrics (${guard})`);
   }
-  if (temporalIsNew && !first) await recoverAfterReset(config, logger, mongoUri, temporalAddress, say);
   say(`ready — Ctrl-C stops everything`);
+  if (temporalIsNew && !first) {
+    // In the background: it reads every workspace's open batches, which the API need not wait for.
+    const stopped = new AbortController();
+    const recovery = recoverAfterReset(config, logger, mongoUri, temporalAddress, say, stopped.signal);
+    stops.push(async () => {
+      stopped.abort();
+      await recovery;
+    });
+  }
 }
 
 /** Gives the open batches of a database whose Temporal state is new their runs again (`gateway recover-batches`). */
-async function recoverAfterReset(config: Config, logger: Logger, mongoUri: string, temporalAddress: string, say: (line: string) => void) {
+async function recoverAfterReset(
+  config: Config,
+  logger: Logger,
+  mongoUri: string,
+  temporalAddress: string,
+  say: (line: string) => void,
+  signal: AbortSignal,
+) {
   const closes: (() => Promise<void>)[] = [];
   try {
     const store = await Store.connect(mongoUri, config.mongo.database);
     closes.push(() => store.close());
     const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, logger);
     closes.push(() => connection.close());
-    const r = await recoverBatches(store, new BatchRuns(client, config));
+    const r = await recoverBatches(store, new BatchRuns(client, config), { signal });
     if (r.checked)
       say(`Temporal's state is new (no temporal.db in DATA_DIR): ${r.started.length} open batch(es) from before given a new run`);
   } catch (err) {

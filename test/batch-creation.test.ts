@@ -356,7 +356,11 @@ describe('batch creation: the workflow first, the batch visible last', function 
       TEMPORAL_ADDRESS: stack.temporalAddress,
       TEMPORAL_TASK_QUEUE: gw.config.temporal.taskQueue,
     };
-    const cli = spawn(process.execPath, [path.join(__dirname, '..', 'cli', 'index.js'), 'recover-batches', '--json'], { env });
+    const cli = spawn(
+      process.execPath,
+      [path.join(__dirname, '..', 'cli', 'index.js'), 'recover-batches', '--json', '--workspace', t.workspaceId],
+      { env },
+    );
     let out = '';
     let err = '';
     cli.stdout.on('data', (d) => (out += d));
