@@ -101,8 +101,9 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   const ferretDir = path.join(config.dataDir, 'ferretdb');
   const temporalDb = path.join(config.dataDir, 'temporal.db');
   // Temporal's state starts afresh (its file gone) beside a database that may hold open batches:
-  // their workflows went with it, so once everything is up they are given new runs.
-  const temporalIsNew = embeddedTemporal && !fs.existsSync(temporalDb);
+  // their workflows went with it, so once everything is up they are given new runs. Only when both
+  // live in DATA_DIR: a database of its own may be another gateway's too, whose Temporal runs them.
+  const temporalIsNew = embeddedTemporal && embeddedMongo && !fs.existsSync(temporalDb);
   await Promise.all([
     embeddedMongo &&
       supervisor
