@@ -29,7 +29,7 @@ export class BatchRuns {
     });
   }
 
-  /** A call to Temporal, or a 503 once it has not answered within BATCH_TEMPORAL_WITHIN_MS. */
+  /** A call to Temporal, or the 503 of an unavailable orchestration once it has not answered within 10 s (`temporalWithinMs`). */
   private within<T>(call: Promise<T>): Promise<T> {
     return answeredWithin(call, this.config.batches.temporalWithinMs);
   }
