@@ -9,21 +9,11 @@ import { Store } from '../infrastructure/store';
 import { createUpstreams } from '../domain/routing/upstreams';
 import { UsageLedger } from '../domain/accounts/usage-ledger';
 import { SpendAdmission } from '../domain/accounts/spend-admission';
-import {
-  batches,
-  createBatch,
-  newBatchId,
-  readBatch,
-  writeStatus,
-  pages,
-  readProgress,
-  resultTexts,
-  saveProgress,
-  seqId,
-  storeInputs,
-  emptyTally,
-  type ResultDoc,
-} from '../domain/batches/store';
+import { batches, createBatch, newBatchId, readBatch, writeStatus } from '../domain/batches/store';
+import { pages, resultTexts, type ResultDoc } from '../domain/batches/results';
+import { readProgress, saveProgress, emptyTally } from '../domain/batches/progress';
+import { seqId } from '../domain/batches/placement';
+import { storeInputs } from '../domain/batches/inputs';
 import { packLines } from '../domain/batches/packed-lines';
 import { stack } from './fixture';
 import { addPresetVersion } from '../domain/presets/store';

@@ -8,13 +8,13 @@ import { Client, Connection, WorkflowClient } from '@temporalio/client';
 import {
   abandonBatch,
   BatchAbandonedError,
-  batchChunks,
   createBatch,
   publishBatch,
   readBatch,
   storeBatchLines,
   type BatchDoc,
 } from '../domain/batches/store';
+import { batchChunks } from '../domain/batches/inputs';
 import { packLines } from '../domain/batches/packed-lines';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { batchWorkflow, batchWorkflowStart } from '../workflows/batch';

@@ -4,16 +4,9 @@ import { expect } from 'chai';
 import http from 'node:http';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
-import {
-  batches,
-  createBatch,
-  emptyTally,
-  newBatchId,
-  saveProgress,
-  storeInputs,
-  writeStatus,
-  type BatchDoc,
-} from '../domain/batches/store';
+import { batches, createBatch, newBatchId, writeStatus, type BatchDoc } from '../domain/batches/store';
+import { emptyTally, saveProgress } from '../domain/batches/progress';
+import { storeInputs } from '../domain/batches/inputs';
 import { Collection } from 'mongodb';
 import { packLines } from '../domain/batches/packed-lines';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';

@@ -8,7 +8,6 @@ import { planNewBatch } from '../../domain/batches/create';
 import {
   abandonBatch,
   BatchAbandonedError,
-  batchChunks,
   batchView,
   deleteBatch,
   dropUnpublished,
@@ -16,10 +15,11 @@ import {
   findBatch,
   listBatches,
   publishBatch,
-  resultTexts,
   storeBatchLines,
   type BatchDoc,
 } from '../../domain/batches/store';
+import { batchChunks } from '../../domain/batches/inputs';
+import { resultTexts } from '../../domain/batches/results';
 import type { PackedLines } from '../../domain/batches/packed-lines';
 import { LiveCounts } from '../../domain/batches/live-counts';
 import { PageCache } from '../../domain/batches/page-cache';

@@ -6,17 +6,9 @@
 // writes keep failing for `outageMs` does the writer give up.
 import { usageRecordOf, type UsageLedger, type UsageRecord } from '../accounts/usage-ledger';
 import type { Store } from '../../infrastructure/store';
-import {
-  addToTally,
-  emptyTally,
-  pickTally,
-  saveProgress,
-  writeResultsOnce,
-  type BatchDoc,
-  type ChunkTally,
-  type ProgressDoc,
-  type ResultDoc,
-} from './store';
+import { addToTally, emptyTally, pickTally, saveProgress, type ChunkTally, type ProgressDoc } from './progress';
+import { writeResultsOnce, type ResultDoc } from './results';
+import { type BatchDoc } from './store';
 
 /** The usage record of one billed line (its `_id` is the line's generation id). */
 export function lineUsage(b: BatchDoc, r: ResultDoc): UsageRecord {

@@ -10,7 +10,8 @@ import type { CreateBatchBody } from './schema';
 import { toJsonText } from '../../infrastructure/store/json-text';
 import { checkCallbackUrl } from '../webhooks/address';
 import { checkLine, OPERATION_OF, type LineCheck } from './lines';
-import { MAX_CHUNK_BYTES, newBatchId, type BatchDoc } from './store';
+import { MAX_CHUNK_BYTES } from './inputs';
+import { newBatchId, type BatchDoc } from './store';
 import { bodyBytes, lineCount, packLines, type PackedLines } from './packed-lines';
 
 export interface NewBatch {

@@ -13,7 +13,10 @@ import { presetLookup, withPreset, type PresetLookup } from '../presets/apply';
 import { upstreamBodyOf } from '../completions/request';
 import type { Store } from '../../infrastructure/store';
 import { OPERATION_OF } from './lines';
-import { failedResult, lineBody, lineGenerationId, seqId, type BatchDoc, type InputLine, type ResultDoc } from './store';
+import { failedResult, lineGenerationId, type ResultDoc } from './results';
+import { lineBody, type InputLine } from './inputs';
+import { seqId } from './placement';
+import { type BatchDoc } from './store';
 import { sleep } from '../../infrastructure/concurrency/sleep';
 
 const RETRYABLE = new Set([429, 502, 503, 524, 529]);

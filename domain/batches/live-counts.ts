@@ -15,7 +15,9 @@
 //   running batch has at most BATCH_WINDOW (4) chunks unfinished: a poll is one read, whatever the
 //   number of batches.
 import type { Store } from '../../infrastructure/store';
-import { chunkLines, progressCounts, type BatchDoc, type ChunkRef } from './store';
+import { chunkLines } from './results';
+import { progressCounts, type ChunkRef } from './progress';
+import { type BatchDoc } from './store';
 
 type Counts = { completed: number; failed: number };
 

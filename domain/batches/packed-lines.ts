@@ -3,7 +3,7 @@
 // would. Strings are copied one by one between threads (50,000 lines of 3.5 KB held the event loop
 // for 370 ms); one buffer of every body's JSON text is moved whole (14 ms). Bodies become strings
 // again a group of chunks at a time, as they are stored.
-import type { InputLine } from './store';
+import type { InputLine } from './inputs';
 
 export interface PackedLines {
   customIds: string[];

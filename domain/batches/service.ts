@@ -19,7 +19,6 @@ import type { SpendAdmission } from '../accounts/spend-admission';
 import { roundUsd } from '../catalog/usd';
 import {
   abandonBatch,
-  addToTally,
   batches,
   dropUnpublished,
   readNewBatch,
@@ -27,23 +26,12 @@ import {
   readBatch,
   writeStatus,
   batchView,
-  readChunk,
-  eachChunk,
-  readProgress,
-  allProgress,
-  tallyOf,
-  lineBody,
-  failedResult,
-  sumProgress,
-  writeResultsOnce,
-  saveProgress,
-  emptyTally,
-  pageChunk,
   type BatchDoc,
   type BatchStatus,
-  type InputLine,
-  type ResultDoc,
 } from './store';
+import { addToTally, readProgress, allProgress, tallyOf, sumProgress, saveProgress, emptyTally } from './progress';
+import { readChunk, eachChunk, lineBody, type InputLine } from './inputs';
+import { failedResult, writeResultsOnce, pageChunk, type ResultDoc } from './results';
 import { checkLine } from './lines';
 import { LineRunner } from './line-runner';
 import { ChunkWriter, lineUsage } from './chunk-writer';
