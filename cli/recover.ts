@@ -6,8 +6,7 @@
 import type { Store } from '../infrastructure/store';
 import type { BatchRuns, RunState } from '../api/batch-runs';
 import { listWorkspaces } from '../domain/accounts/workspaces';
-import { listBatches } from '../domain/batches/store';
-import type { BatchStatus } from '../domain/batches/store';
+import { listBatches, type BatchStatus } from '../domain/batches/store';
 
 const OPEN: BatchStatus[] = ['validating', 'in_progress', 'finalizing', 'cancelling'];
 const PAGE = 100;
@@ -32,6 +31,7 @@ export async function recoverBatches(
     for (let after: string | undefined; !opts.signal?.aborted;) {
       const page = await listBatches(store, workspaceId, { after, statuses: OPEN, limit: PAGE });
       for (const b of page.slice(0, PAGE)) {
+        if (opts.signal?.aborted) break;
         out.checked++;
         const state: RunState = await runs.recover(b);
         if (state === 'running') out.running++;
