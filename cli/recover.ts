@@ -2,9 +2,13 @@
 // volume gone, a namespace recreated), every open batch's run is gone with it and the batch would
 // stay open for good. This gives each open batch without a run a new one, which goes on from where
 // its chunks stopped (their progress documents are in MongoDB): nothing finished runs again.
-// An operator's command, run once: it reads every workspace's open batches.
-import type { Store } from '../infrastructure/store';
-import type { BatchRuns, RunState } from '../api/batch-runs';
+// An operator's command, run once: it reads every workspace's open batches. A worker process runs
+// it by itself when it finds that Temporal's state is new (`recoverIfTemporalIsNew`).
+import type { Client } from '@temporalio/client';
+import { insertManyNew, type Store } from '../infrastructure/store';
+import type { Config } from '../infrastructure/config';
+import type { Logger } from '../infrastructure/log';
+import { BatchRuns, type RunState } from '../api/batch-runs';
 import { listWorkspaces } from '../domain/accounts/workspaces';
 import { listBatches, type BatchStatus } from '../domain/batches/store';
 
@@ -42,4 +46,49 @@ export async function recoverBatches(
     }
   }
   return out;
+}
+
+/** The identities of Temporal namespaces this database has run batches on: one per state, so one more per reset. */
+interface TemporalStateDoc {
+  _id: string; // `<namespace>:<namespace id>`
+  seen_at: Date;
+}
+
+/**
+ * True once per new Temporal state, for one process: when the namespace's id (a new one each time
+ * it is created: a fresh dev server database, a lost volume, a recreated namespace) is not the one
+ * this database last ran batches on. The first process to record the new id wins; a database that
+ * has recorded none (its first start, or an older version's) only records it.
+ */
+async function temporalStateIsNew(store: Store, namespace: string, namespaceId: string): Promise<boolean> {
+  const states = store.db.collection<TemporalStateDoc>('temporal_states');
+  const known = await states.find({ _id: { $gt: `${namespace}:`, $lt: `${namespace}:~` } }).toArray();
+  if (known.some((s) => s._id === `${namespace}:${namespaceId}`)) return false;
+  const recorded = await insertManyNew(states, [{ _id: `${namespace}:${namespaceId}`, seen_at: new Date() }]);
+  return recorded.size === 0 && known.length > 0;
+}
+
+/**
+ * Run by each worker process as it starts, in the background: when Temporal's state is new, the
+ * open batches' workflows went with the old one, and they are given new runs here.
+ */
+export async function recoverIfTemporalIsNew(
+  store: Store,
+  client: Client,
+  config: Config,
+  logger: Logger,
+  signal: AbortSignal,
+): Promise<void> {
+  try {
+    const { namespaceInfo } = await client.workflowService.describeNamespace({ namespace: config.temporal.namespace });
+    if (!namespaceInfo?.id || !(await temporalStateIsNew(store, config.temporal.namespace, namespaceInfo.id))) return;
+    const r = await recoverBatches(store, new BatchRuns(client, config), { signal });
+    logger.info(
+      { checked: r.checked, started: r.started.length, ended: r.ended.length },
+      `Temporal's state is new (namespace ${config.temporal.namespace} has a new id): ${r.started.length} open batch(es) from before given a new run`,
+    );
+  } catch (err) {
+    // The gateway serves all the same; the operator can run it again.
+    logger.warn({ err }, "open batches were not checked for runs lost with Temporal's state: run `gateway recover-batches`");
+  }
 }

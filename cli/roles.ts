@@ -26,6 +26,7 @@ import { startMetricsServer } from '../api/routes/metrics';
 import { Metrics } from '../infrastructure/metrics';
 import { createWebhookSender } from '../domain/webhooks/deliver';
 import { purgeDeleted } from '../domain/batches/store';
+import { recoverIfTemporalIsNew } from './recover';
 import { BatchBodyReader } from '../api/batch-body';
 import { BodyMemory } from '../api/body-memory';
 import { StorageQuota } from '../domain/accounts/storage-quota';
@@ -124,7 +125,11 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     const running = workers.map((w) => w.run());
     for (const r of running) r.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
     logger.info({ task_queues: workers.map((w) => w.options.taskQueue) }, 'workers polling');
+    const stopped = new AbortController();
+    const recovery = recoverIfTemporalIsNew(store, client, config, logger, stopped.signal);
     stopWorker = async () => {
+      stopped.abort();
+      await recovery;
       for (const w of workers) w.shutdown();
       await Promise.all(running.map((r) => r.catch(() => undefined)));
     };

@@ -2,7 +2,6 @@
 // are used as they are; the missing ones are started from the tools cache, with data in DATA_DIR,
 // and supervised: restarted when they exit, given up on (and everything stopped) when they keep
 // crashing. Each runs under a watchdog, so none outlives this process.
-import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { metricsExposure, type Config } from '../infrastructure/config';
@@ -17,9 +16,6 @@ import { startApiProcesses } from './api-processes';
 import { shutdownDeadlineMs, stopOnSignals, type Stop } from './signals';
 import { Store } from '../infrastructure/store';
 import { bootstrapIfEmpty } from '../domain/accounts/bootstrap';
-import { connectTemporal } from '../infrastructure/temporal/client';
-import { BatchRuns } from '../api/batch-runs';
-import { recoverBatches } from './recover';
 
 /**
  * Fails with a clear message when a port we are about to use is already taken (a gateway left
@@ -99,11 +95,6 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   const mongoUri = embeddedMongo ? `mongodb://127.0.0.1:${config.mongo.embeddedPort}/` : config.mongo.uri!;
   const temporalAddress = embeddedTemporal ? `127.0.0.1:${config.temporal.embeddedPort}` : config.temporal.address!;
   const ferretDir = path.join(config.dataDir, 'ferretdb');
-  const temporalDb = path.join(config.dataDir, 'temporal.db');
-  // Temporal's state starts afresh (its file gone) beside a database that may hold open batches:
-  // their workflows went with it, so once everything is up they are given new runs. Only when both
-  // live in DATA_DIR: a database of its own may be another gateway's too, whose Temporal runs them.
-  const temporalIsNew = embeddedTemporal && embeddedMongo && !fs.existsSync(temporalDb);
   await Promise.all([
     embeddedMongo &&
       supervisor
@@ -129,7 +120,7 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
                   binary: tools.temporal,
                   port: config.temporal.embeddedPort,
                   uiPort: config.temporal.uiPort,
-                  dbFile: temporalDb,
+                  dbFile: path.join(config.dataDir, 'temporal.db'),
                   namespace: config.temporal.namespace,
                 })
               ).process,
@@ -212,39 +203,4 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
     say(`metrics on ${url}/metrics (${guard})`);
   }
   say(`ready — Ctrl-C stops everything`);
-  if (temporalIsNew && !first) {
-    // In the background: it reads every workspace's open batches, which the API need not wait for.
-    const stopped = new AbortController();
-    const recovery = recoverAfterReset(config, logger, mongoUri, temporalAddress, say, stopped.signal);
-    stops.push(async () => {
-      stopped.abort();
-      await recovery;
-    });
-  }
-}
-
-/** Gives the open batches of a database whose Temporal state is new their runs again (`gateway recover-batches`). */
-async function recoverAfterReset(
-  config: Config,
-  logger: Logger,
-  mongoUri: string,
-  temporalAddress: string,
-  say: (line: string) => void,
-  signal: AbortSignal,
-) {
-  const closes: (() => Promise<void>)[] = [];
-  try {
-    const store = await Store.connect(mongoUri, config.mongo.database);
-    closes.push(() => store.close());
-    const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, logger);
-    closes.push(() => connection.close());
-    const r = await recoverBatches(store, new BatchRuns(client, config), { signal });
-    if (r.checked)
-      say(`Temporal's state is new (no temporal.db in DATA_DIR): ${r.started.length} open batch(es) from before given a new run`);
-  } catch (err) {
-    // The gateway serves all the same; the operator can run it again.
-    logger.warn({ err }, 'open batches were not given new runs after Temporal started afresh: run `gateway recover-batches`');
-  } finally {
-    await Promise.all(closes.map((close) => close().catch(() => undefined)));
-  }
 }

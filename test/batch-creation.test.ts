@@ -20,6 +20,8 @@ import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entr
 import { batchWorkflow, batchWorkflowStart } from '../workflows/batch';
 import { searchAttributes } from '../workflows/shared';
 import { stack } from './fixture';
+import { capturingLogger } from './capture-log';
+import { Store } from '../infrastructure/store';
 import {
   call,
   createTenant,
@@ -52,6 +54,11 @@ describe('batch creation: the workflow first, the batch visible last', function 
   let t: Tenant;
   let connection: Connection;
   let client: Client;
+  /** Polls `f` until it holds (at most 10 s). */
+  const until = async (f: () => boolean | Promise<boolean>) => {
+    for (let i = 0; i < 100 && !(await f()); i++) await new Promise((r) => setTimeout(r, 100));
+    expect(await f()).to.equal(true);
+  };
 
   before(async () => {
     const catalog = writeTestCatalog('batch-creation', (c) => {
@@ -385,6 +392,65 @@ describe('batch creation: the workflow first, the batch visible last', function 
     }
     // Each line called once, but for the one the cut run had in flight.
     expect((await providerCalls('creationslow=1')) - slowCalls).to.be.within(24, 25);
+  });
+
+  it("a worker that starts on a Temporal whose namespace has a new id (its state lost) gives its database's open batches new runs, once; a database that has recorded no id only records it", async () => {
+    const database = `recovery_${Date.now()}`;
+    const prepared = await Store.connect(stack.mongoUri, database);
+    const { namespaceInfo } = await client.workflowService.describeNamespace({ namespace: gw.config.temporal.namespace });
+    const current = `${gw.config.temporal.namespace}:${namespaceInfo!.id}`;
+    const states = () => prepared.db.collection('temporal_states').find({}).toArray();
+    const started: TestGateway[] = [];
+    const start = async () => {
+      const { logger, lines } = capturingLogger();
+      started.push(await startTestGateway({ env: { CATALOG_PATH: gw.config.catalogPath, MONGODB_DATABASE: database }, logger }));
+      return { gateway: started[started.length - 1], said: () => lines.map((l) => String(l.msg)) };
+    };
+    try {
+      // A database of an earlier version: no id recorded. Its first start records one and recovers nothing.
+      const tenant = await createTenant(prepared, 5);
+      const before = newBatch(3, 2);
+      before.doc.workspace_id = tenant.workspaceId;
+      await createBatch(prepared, before.doc, before.lines, 2); // open, and its run gone with Temporal's state
+      const first = await start();
+      await until(async () => (await states()).length === 1);
+      expect((await states()).map((d) => d._id)).to.deep.equal([current]);
+      await first.gateway.stop();
+      started.pop();
+      expect(first.said().join('\n')).to.not.include("Temporal's state is new");
+      expect((await prepared.db.collection('batches').findOne({ _id: before.doc._id } as never))?.status).to.equal('in_progress');
+
+      // As if Temporal had been reset since: the database last ran batches on another id.
+      await prepared.db.collection('temporal_states').deleteMany({});
+      await prepared.db
+        .collection('temporal_states')
+        .insertOne({ _id: `${gw.config.temporal.namespace}:an-earlier-id`, seen_at: new Date() } as never);
+      const second = await start();
+      const b = await waitForStatus(
+        second.gateway.url,
+        tenant.inferenceKey,
+        before.doc._id,
+        ['completed', 'failed', 'cancelled', 'expired'],
+        30_000,
+      );
+      expect(b.status).to.equal('completed');
+      expect(b.request_counts).to.deep.include({ total: 3, completed: 3, failed: 0 });
+      await until(() => second.said().some((l) => l.includes("Temporal's state is new")));
+      expect(second.said()).to.include(
+        `Temporal's state is new (namespace ${gw.config.temporal.namespace} has a new id): 1 open batch(es) from before given a new run`,
+      );
+      expect((await states()).map((d) => d._id).sort()).to.deep.equal([`${gw.config.temporal.namespace}:an-earlier-id`, current].sort());
+
+      // The next start on the same state recovers nothing.
+      const third = await start();
+      await until(async () => third.said().some((l) => l.includes('workers polling')));
+      await new Promise((r) => setTimeout(r, 300));
+      expect(third.said().join('\n')).to.not.include("Temporal's state is new");
+    } finally {
+      for (const g of started) await g.stop();
+      await prepared.db.dropDatabase();
+      await prepared.close();
+    }
   });
 
   it('a create whose workflow cannot be started is a 503 that leaves nothing: no batch listed, no line stored, its id given up', async () => {

@@ -517,7 +517,7 @@ describe('gateway CLI', () => {
       try {
         await until('the recovery said', () => second.said.some((l) => l.includes("Temporal's state is new")) || undefined);
         expect(second.said.join('\n')).to.include(
-          "Temporal's state is new (no temporal.db in DATA_DIR): 1 open batch(es) from before given a new run",
+          "Temporal's state is new (namespace default has a new id): 1 open batch(es) from before given a new run",
         );
         const b = await waitForStatus(`http://127.0.0.1:${env.PORT}`, key, id, ['completed', 'failed', 'cancelled', 'expired'], 30_000);
         expect(b.status).to.equal('completed');
@@ -531,6 +531,7 @@ describe('gateway CLI', () => {
       // A start whose Temporal kept its state gives nothing a new run.
       const third = await startUntilReady(env, 90_000);
       await until('the ready line', () => third.said.some((l) => l.includes('ready — Ctrl-C')) || undefined);
+      await new Promise((r) => setTimeout(r, 500)); // the worker's check of Temporal's state is done by then
       expect(third.said.join('\n')).to.not.include("Temporal's state is new");
       await stop(third.child);
     } finally {
