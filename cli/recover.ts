@@ -9,6 +9,7 @@ import { insertManyNew, type Store } from '../infrastructure/store';
 import type { Config } from '../infrastructure/config';
 import type { Logger } from '../infrastructure/log';
 import { BatchRuns, type RunState } from '../api/batch-runs';
+import { answeredWithin } from '../infrastructure/temporal/failures';
 import { listWorkspaces } from '../domain/accounts/workspaces';
 import { listBatches, type BatchStatus } from '../domain/batches/store';
 
@@ -80,7 +81,10 @@ export async function recoverIfTemporalIsNew(
   signal: AbortSignal,
 ): Promise<void> {
   try {
-    const { namespaceInfo } = await client.workflowService.describeNamespace({ namespace: config.temporal.namespace });
+    const { namespaceInfo } = await answeredWithin(
+      client.workflowService.describeNamespace({ namespace: config.temporal.namespace }),
+      config.batches.temporalWithinMs,
+    );
     if (!namespaceInfo?.id || !(await temporalStateIsNew(store, config.temporal.namespace, namespaceInfo.id))) return;
     const r = await recoverBatches(store, new BatchRuns(client, config), { signal });
     logger.info(

@@ -129,7 +129,8 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     const recovery = recoverIfTemporalIsNew(store, client, config, logger, stopped.signal);
     stopWorker = async () => {
       stopped.abort();
-      await recovery;
+      // It stops between two batches; a Temporal that does not answer is not waited for.
+      await Promise.race([recovery, new Promise((r) => setTimeout(r, 2_000).unref())]);
       for (const w of workers) w.shutdown();
       await Promise.all(running.map((r) => r.catch(() => undefined)));
     };
