@@ -56,22 +56,13 @@ interface TemporalStateDoc {
 }
 
 /**
- * True once per new Temporal state, for one process: when the namespace's id (a new one each time
- * it is created: a fresh dev server database, a lost volume, a recreated namespace) is not the one
- * this database last ran batches on. The first process to record the new id wins; a database that
- * has recorded none (its first start, or an older version's) only records it.
- */
-async function temporalStateIsNew(store: Store, namespace: string, namespaceId: string): Promise<boolean> {
-  const states = store.db.collection<TemporalStateDoc>('temporal_states');
-  const known = await states.find({ _id: { $gt: `${namespace}:`, $lt: `${namespace}:~` } }).toArray();
-  if (known.some((s) => s._id === `${namespace}:${namespaceId}`)) return false;
-  const recorded = await insertManyNew(states, [{ _id: `${namespace}:${namespaceId}`, seen_at: new Date() }]);
-  return recorded.size === 0 && known.length > 0;
-}
-
-/**
- * Run by each worker process as it starts, in the background: when Temporal's state is new, the
- * open batches' workflows went with the old one, and they are given new runs here.
+ * Run by each worker process as it starts, in the background. A namespace gets a new id each time
+ * it is created (a fresh dev server database, a lost volume, a recreated namespace): an id this
+ * database has not run batches on means Temporal's state is new, and the open batches' workflows
+ * went with the old one. They are given new runs, and only then is the id recorded, so a process
+ * stopped part way leaves the next start to do it again (several processes at once do no harm: a
+ * batch gets one new run). A database that has recorded no id (its first start, or an older
+ * version's) only records it.
  */
 export async function recoverIfTemporalIsNew(
   store: Store,
@@ -80,19 +71,28 @@ export async function recoverIfTemporalIsNew(
   logger: Logger,
   signal: AbortSignal,
 ): Promise<void> {
+  const namespace = config.temporal.namespace;
   try {
     const { namespaceInfo } = await answeredWithin(
-      client.workflowService.describeNamespace({ namespace: config.temporal.namespace }),
+      client.workflowService.describeNamespace({ namespace }),
       config.batches.temporalWithinMs,
     );
-    if (!namespaceInfo?.id || !(await temporalStateIsNew(store, config.temporal.namespace, namespaceInfo.id))) return;
-    const r = await recoverBatches(store, new BatchRuns(client, config), { signal });
-    logger.info(
-      { checked: r.checked, started: r.started.length, ended: r.ended.length },
-      `Temporal's state is new (namespace ${config.temporal.namespace} has a new id): ${r.started.length} open batch(es) from before given a new run`,
-    );
+    if (!namespaceInfo?.id) return;
+    const states = store.db.collection<TemporalStateDoc>('temporal_states');
+    const current = `${namespace}:${namespaceInfo.id}`;
+    const known = await states.find({ _id: { $gt: `${namespace}:`, $lt: `${namespace}:~` } }).toArray();
+    if (known.some((s) => s._id === current)) return;
+    if (known.length) {
+      const r = await recoverBatches(store, new BatchRuns(client, config), { signal });
+      if (signal.aborted) return;
+      logger.info(
+        { checked: r.checked, started: r.started.length, ended: r.ended.length },
+        `Temporal's state is new (namespace ${namespace} has a new id): ${r.started.length} open batch(es) from before given a new run`,
+      );
+    }
+    await insertManyNew(states, [{ _id: current, seen_at: new Date() }]);
   } catch (err) {
-    // The gateway serves all the same; the operator can run it again.
+    // The gateway serves all the same; the next start, or the operator, does it again.
     logger.warn({ err }, "open batches were not checked for runs lost with Temporal's state: run `gateway recover-batches`");
   }
 }

@@ -21,6 +21,7 @@ import { batchWorkflow, batchWorkflowStart } from '../workflows/batch';
 import { searchAttributes } from '../workflows/shared';
 import { stack } from './fixture';
 import { capturingLogger } from './capture-log';
+import { recoverIfTemporalIsNew } from '../cli/recover';
 import { Store } from '../infrastructure/store';
 import {
   call,
@@ -425,6 +426,15 @@ describe('batch creation: the workflow first, the batch visible last', function 
       await prepared.db
         .collection('temporal_states')
         .insertOne({ _id: `${gw.config.temporal.namespace}:an-earlier-id`, seen_at: new Date() } as never);
+      // A worker stopped before its recovery finished records nothing: the next start does it again.
+      await recoverIfTemporalIsNew(prepared, client, first.gateway.config, capturingLogger().logger, AbortSignal.abort());
+      expect((await states()).map((d) => d._id)).to.deep.equal([`${gw.config.temporal.namespace}:an-earlier-id`]);
+      expect(
+        await client.workflow
+          .getHandle(before.doc._id)
+          .describe()
+          .catch((err) => err.name),
+      ).to.equal('WorkflowNotFoundError');
       const second = await start();
       const b = await waitForStatus(
         second.gateway.url,
