@@ -193,6 +193,24 @@ describe('holds against a workspace balance', () => {
     expect(refused!.metadata).to.deep.equal({ balance: 0 });
   });
 
+  it('a 402 names the real balance when records reached the ledger during the re-read too (a full run saw -0.004 for 0)', async () => {
+    const t = await createTenant(store, 0.5);
+    let unstored: number[] = [];
+    const cache = new SpendAdmission(store, 0, Date.now, () => unstored.shift() ?? 0);
+    const h = await cache.hold(t.workspaceId, 0.1);
+    h.settle(0.5);
+    await new UsageLedger(store).record(usageRecord(`gen-race2-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.5));
+    // Two readings in a row each see records reach the ledger while they run (the journal stores
+    // groups every 50 ms); the third does not.
+    unstored = [0.5, 0, 0.5, 0];
+    const refused = await cache.assertCanSpend(t.workspaceId).then(
+      () => null,
+      (err: PaymentRequiredError) => err,
+    );
+    expect(refused).to.be.instanceOf(PaymentRequiredError);
+    expect(refused!.metadata).to.deep.equal({ balance: 0 });
+  });
+
   it("a balance is read from the cache plus this process's own spending: one ledger reading, not one per request", async () => {
     const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
     try {

@@ -73,6 +73,8 @@ export interface Hold {
 
 /** Below this many estimates left, a call waits for a fresh reading. */
 const LOW_WATER = 10;
+/** Readings a refusal takes at most while each may count this process's spending twice. */
+const RE_READS = 3;
 
 export class SpendAdmission {
   /**
@@ -200,10 +202,13 @@ export class SpendAdmission {
    * 402 unless something is left. A reading taken while this process settled calls, or while its
    * usage records reached the ledger, may count some of them twice (stored as it read, still
    * counted as spending since): before refusing on such a reading, read again, so a 402 names the
-   * real balance. Refusals with no spending since (a client hammering a spent workspace) cost no read.
+   * real balance (and a call is not refused for spending counted twice). Under load the journal
+   * stores a group every 50 ms, so a re-read can be caught the same way: up to RE_READS of them.
+   * Refusals with no spending since (a client hammering a spent workspace) cost no read.
    */
   private async refuseUnlessLeft(a: Account, workspaceId: string, e: Entry): Promise<Entry> {
-    if (this.left(a, e) <= 0 && (a.settles !== e.settlesAtRead || !e.exact)) e = await this.load(a, workspaceId);
+    for (let reads = 0; reads < RE_READS && this.left(a, e) <= 0 && (a.settles !== e.settlesAtRead || !e.exact); reads++)
+      e = await this.load(a, workspaceId);
     const left = this.left(a, e);
     if (left <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: left });
     return e;
