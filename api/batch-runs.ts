@@ -5,6 +5,7 @@
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client } from '@temporalio/client';
 import { WorkflowIdReusePolicy } from '@temporalio/common';
 import type { BatchDoc } from '../domain/batches/store';
+import type { Catalog } from '../domain/catalog';
 import type { Config } from '../infrastructure/config';
 import { batchWorkflow, batchWorkflowStart, cancelBatchSignal } from '../workflows/batch';
 import { answeredWithin } from '../infrastructure/temporal/failures';
@@ -16,6 +17,8 @@ export class BatchRuns {
   constructor(
     private readonly client: Client,
     private readonly config: Pick<Config, 'batches' | 'webhooks'> & { temporal: Pick<Config['temporal'], 'taskQueue'> },
+    /** Names a new run's model as the first run did: the catalog's id, not the alias a client wrote. */
+    private readonly catalog: Pick<Catalog, 'resolve'>,
   ) {}
 
   private startOptions(doc: BatchDoc, modelId: string) {
@@ -76,7 +79,13 @@ export class BatchRuns {
    * closed the batch, which stays as it is.
    */
   private async again(b: BatchDoc, cancel: boolean): Promise<RunState> {
-    const start = this.startOptions(b, b.model);
+    let modelId = b.model; // a model taken out of the catalog since: as the client named it
+    try {
+      modelId = this.catalog.resolve(b.model).model.id;
+    } catch {
+      /* kept as named */
+    }
+    const start = this.startOptions(b, modelId);
     start.args[0] = { ...start.args[0], creation: undefined, cancelRequested: cancel };
     try {
       await this.within(

@@ -169,17 +169,25 @@ export function buildProgram(): Command {
     .action(async (o: { workspace?: string; json?: boolean }) => {
       const config = configOrExit();
       const { mongoUri, temporalAddress } = configuredAddresses(config);
-      const [{ connectTemporal }, { Store }, { BatchRuns }, { recoverBatches }, { findWorkspace }] = await Promise.all([
+      const [{ connectTemporal }, { Store }, { BatchRuns }, { recoverBatches }, { findWorkspace }, { Catalog }] = await Promise.all([
         import('../infrastructure/temporal/client'),
         import('../infrastructure/store'),
         import('../api/batch-runs'),
         import('./recover'),
         import('../domain/accounts/workspaces'),
+        import('../domain/catalog'),
       ]);
+      const catalog = (() => {
+        try {
+          return Catalog.fromFile(config.catalogPath, config.catalogEnv);
+        } catch (err) {
+          return fail(err);
+        }
+      })();
       const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, loggerFor(config)).catch(fail);
       const store = await Store.connect(mongoUri, config.mongo.database).catch(fail);
       try {
-        const r = await recoverBatches(store, new BatchRuns(client, config), {
+        const r = await recoverBatches(store, new BatchRuns(client, config, catalog), {
           workspace: o.workspace ? (await findWorkspace(store, o.workspace))._id : undefined,
         });
         process.stdout.write(

@@ -8,6 +8,7 @@ import type { Client } from '@temporalio/client';
 import { insertManyNew, type Store } from '../infrastructure/store';
 import type { Config } from '../infrastructure/config';
 import type { Logger } from '../infrastructure/log';
+import type { Catalog } from '../domain/catalog';
 import { BatchRuns, type RunState } from '../api/batch-runs';
 import { answeredWithin } from '../infrastructure/temporal/failures';
 import { listWorkspaces } from '../domain/accounts/workspaces';
@@ -68,6 +69,7 @@ export async function recoverIfTemporalIsNew(
   store: Store,
   client: Client,
   config: Config,
+  catalog: Catalog,
   logger: Logger,
   signal: AbortSignal,
 ): Promise<void> {
@@ -83,7 +85,7 @@ export async function recoverIfTemporalIsNew(
     const known = await states.find({ _id: { $gt: `${namespace}:`, $lt: `${namespace}:~` } }).toArray();
     if (known.some((s) => s._id === current)) return;
     if (known.length) {
-      const r = await recoverBatches(store, new BatchRuns(client, config), { signal });
+      const r = await recoverBatches(store, new BatchRuns(client, config, catalog), { signal });
       if (signal.aborted) return;
       logger.info(
         { checked: r.checked, started: r.started.length, ended: r.ended.length },

@@ -126,7 +126,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     for (const r of running) r.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
     logger.info({ task_queues: workers.map((w) => w.options.taskQueue) }, 'workers polling');
     const stopped = new AbortController();
-    const recovery = recoverIfTemporalIsNew(store, client, config, logger, stopped.signal);
+    const recovery = recoverIfTemporalIsNew(store, client, config, upstreams.catalog, logger, stopped.signal);
     stopWorker = async () => {
       stopped.abort();
       // It stops between two batches; a Temporal that does not answer is not waited for.

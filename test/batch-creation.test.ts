@@ -22,6 +22,7 @@ import { searchAttributes } from '../workflows/shared';
 import { stack } from './fixture';
 import { capturingLogger } from './capture-log';
 import { recoverIfTemporalIsNew } from '../cli/recover';
+import { Catalog } from '../domain/catalog';
 import { Store } from '../infrastructure/store';
 import {
   call,
@@ -316,13 +317,16 @@ describe('batch creation: the workflow first, the batch visible last', function 
   for (const status of ['in_progress', 'cancelling'] as const) {
     it(`a batch stored ${status} whose workflow Temporal does not have (its state lost) is closed by its cancel: a 200, and every line cancelled`, async () => {
       const { doc, lines } = newBatch(5, 2);
-      await createBatch(gw.store, { ...doc, status }, lines, 2); // stored as a Temporal that lost its state left it
+      // Stored as a Temporal that lost its state left it; its model named by a routing shortcut.
+      await createBatch(gw.store, { ...doc, status, model: `${MODEL}:nitro` }, lines, 2);
       const cancel = await call(`${gw.url}/api/v1/batches/${doc._id}/cancel`, { method: 'POST', key: t.inferenceKey });
       expect(cancel.status, JSON.stringify(cancel.body)).to.equal(200);
       const b = await waitForStatus(gw.url, t.inferenceKey, doc._id, ['cancelled', 'failed', 'completed'], 30_000);
       expect(b.status).to.equal('cancelled');
       expect(b.request_counts).to.deep.include({ total: 5, completed: 0, failed: 5 });
       expect(b.results.map((x: any) => x.error?.type)).to.deep.equal(Array(5).fill('batch_cancelled'));
+      // The new run is listed under the catalog's id, as a first run is.
+      expect((await client.workflow.getHandle(doc._id).describe()).typedSearchAttributes.get(searchAttributes.model)).to.equal(MODEL);
     });
   }
 
@@ -427,7 +431,14 @@ describe('batch creation: the workflow first, the batch visible last', function 
         .collection('temporal_states')
         .insertOne({ _id: `${gw.config.temporal.namespace}:an-earlier-id`, seen_at: new Date() } as never);
       // A worker stopped before its recovery finished records nothing: the next start does it again.
-      await recoverIfTemporalIsNew(prepared, client, first.gateway.config, capturingLogger().logger, AbortSignal.abort());
+      await recoverIfTemporalIsNew(
+        prepared,
+        client,
+        first.gateway.config,
+        Catalog.fromFile(gw.config.catalogPath, gw.config.catalogEnv),
+        capturingLogger().logger,
+        AbortSignal.abort(),
+      );
       expect((await states()).map((d) => d._id)).to.deep.equal([`${gw.config.temporal.namespace}:an-earlier-id`]);
       expect(
         await client.workflow

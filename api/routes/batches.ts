@@ -90,7 +90,7 @@ export function batchRoutes({
   const live = new LiveCounts(store);
   const pageCache = new PageCache();
   const settled = new SettledBatches();
-  const runs = new BatchRuns(temporal, config);
+  const runs = new BatchRuns(temporal, config, upstreams.catalog);
 
   /** Counts a result stream of the workspace as open (429 past MAX_RESULT_READS); the function returned ends it. */
   function claimResultRead(workspaceId: string): () => void {
