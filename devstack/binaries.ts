@@ -140,6 +140,29 @@ const FERRETDB_UPDATE_CLOSE_PATCHES = [
   },
 ];
 
+/**
+ * Creating a collection is a `CREATE TABLE`, then its row in the metadata table, then its `_id`
+ * index, each committed on its own. A FerretDB killed between the first two left a table the
+ * metadata does not name: the next insert into that collection tried to create it again, and
+ * failed for good ("table … already exists"). A faults test saw a batch stall that way, its
+ * results' collection first written as FerretDB was killed. The build creates the table and the
+ * indexes only where they are missing, so the next insert finishes what the killed one began.
+ */
+const FERRETDB_CREATE_AGAIN_PATCHES = [
+  {
+    file: path.join('internal', 'backends', 'sqlite', 'metadata', 'registry.go'),
+    from: '\tq := fmt.Sprintf("CREATE TABLE %q (", tableName)\n',
+    to: '\tq := fmt.Sprintf("CREATE TABLE IF NOT EXISTS %q (", tableName)\n',
+    count: 1,
+  },
+  {
+    file: path.join('internal', 'backends', 'sqlite', 'metadata', 'registry.go'),
+    from: '\t\tq += "INDEX %q ON %q (%s)"\n',
+    to: '\t\tq += "INDEX IF NOT EXISTS %q ON %q (%s)"\n',
+    count: 1,
+  },
+];
+
 export class ToolBuildError extends Error {}
 
 export interface ToolPaths {
@@ -153,7 +176,7 @@ function toolPaths(toolsDir: string): ToolPaths {
   return {
     temporal: path.join(toolsDir, `temporal-${TEMPORAL_CLI_VERSION}`),
     // The suffix names the patches, so a binary built without them is never reused.
-    ferretdb: path.join(toolsDir, `ferretdb-${FERRETDB_VERSION}-id-index-4-update-close`),
+    ferretdb: path.join(toolsDir, `ferretdb-${FERRETDB_VERSION}-id-index-4-update-close-create`),
   };
 }
 
@@ -264,6 +287,7 @@ async function buildFerretDB(target: string, progress: Progress): Promise<void> 
       FERRETDB_ID_AND_MORE_PATCH,
       ...FERRETDB_ID_RANGE_PATCHES,
       ...FERRETDB_UPDATE_CLOSE_PATCHES,
+      ...FERRETDB_CREATE_AGAIN_PATCHES,
     ])
       applyPatch(src, patch);
     await runGo(['build', '-v', '-buildvcs=false', '-o', path.join(work, 'ferretdb'), './cmd/ferretdb'], {

@@ -3,7 +3,9 @@
 // itself). Each must end `completed` with exactly one result and one usage record per line, and
 // counts a client sees never go backwards.
 import { expect } from 'chai';
+import { spawnSync } from 'node:child_process';
 import path from 'node:path';
+import { MongoClient } from 'mongodb';
 import { stack } from './fixture';
 import { call, createTenant, startGatewayProcess, uniqueName, writeTestCatalog, type Tenant, storedUsage } from './helpers';
 import { freePort, startProcess, type ManagedProcess } from '../devstack/processes';
@@ -194,6 +196,52 @@ describe('faults: a running batch survives each process being killed', function 
     } finally {
       await ferret.process.stop();
     }
+  });
+
+  it('a FerretDB killed while it created a collection (its table made, its metadata not) takes the next insert into it, with its _id index', async function () {
+    // The state such a kill leaves, made directly in FerretDB's SQLite file: python3's sqlite3
+    // module writes it (Node 20 has no SQLite). A full run saw a batch stall on it for good.
+    const python = spawnSync('python3', ['-c', 'import sqlite3'], { encoding: 'utf8' });
+    if (python.status !== 0) this.skip();
+    const port = await freePort();
+    const dataDir = path.join(stack.tmpDir, uniqueName('ferret-create'));
+    const insert = async (collection: string, id: string) => {
+      const ferret = await startFerretDB({ binary: stack.tools!.ferretdb, port, dataDir });
+      const client = new MongoClient(ferret.address, { directConnection: true, retryWrites: false });
+      try {
+        await client.connect();
+        return await client
+          .db('cut')
+          .collection(collection)
+          .insertOne({ _id: id } as never)
+          .then(
+            () => 'inserted',
+            (err: { code?: number; message: string }) => (err.code === 11000 ? 'duplicate' : err.message),
+          );
+      } finally {
+        await client.close();
+        await ferret.process.stop();
+      }
+    };
+    expect(await insert('first', 'a')).to.equal('inserted'); // the database's file
+    // FerretDB names a collection's table `<name>_<FNV-1a of the name>`.
+    let h = 0x811c9dc5;
+    for (const b of Buffer.from('batch_pages')) h = Math.imul(h ^ b, 0x01000193) >>> 0;
+    const table = `batch_pages_${h.toString(16).padStart(8, '0')}`;
+    const made = spawnSync(
+      'python3',
+      [
+        '-c',
+        `import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute(sys.argv[2]); c.commit()`,
+        path.join(dataDir, 'cut.sqlite'),
+        `CREATE TABLE "${table}" (_ferretdb_sjson TEXT NOT NULL CHECK(_ferretdb_sjson != '')) STRICT`,
+      ],
+      { encoding: 'utf8' },
+    );
+    expect(made.status, made.stderr).to.equal(0);
+    // Before the build's patch: "table batch_pages_e3299e5c already exists", on every insert.
+    expect(await insert('batch_pages', 'p1')).to.equal('inserted');
+    expect(await insert('batch_pages', 'p1')).to.equal('duplicate');
   });
 
   it('Temporal killed and restarted: the batch completes', async () => {
