@@ -47,30 +47,32 @@ export class BatchRuns {
    * cancelled. 'ended' when its run had ended by itself, having closed the batch.
    */
   async cancel(b: BatchDoc): Promise<RunState> {
-    const handle = this.client.workflow.getHandle(b._id);
+    // A batch stored as cancelling has had its cancel: each signal is four events of the
+    // workflow's history (Temporal ends a run at 51,200), so a client cancelling in a loop would
+    // otherwise grow it by as many. Its run is only looked at.
+    if (b.status === 'cancelling') return (await this.running(b._id)) ? 'running' : this.again(b, true);
     try {
-      // A batch stored as cancelling has had its cancel: each signal is four events of the
-      // workflow's history (Temporal ends a run at 51,200), so a client cancelling in a loop
-      // would otherwise grow it by as many. Its run is only looked at.
-      if (b.status !== 'cancelling') {
-        await this.within(handle.signal(cancelBatchSignal));
-        return 'running';
-      }
-      if ((await this.within(handle.describe())).status.name === 'RUNNING') return 'running';
+      await this.within(this.client.workflow.getHandle(b._id).signal(cancelBatchSignal));
+      return 'running';
     } catch (err) {
       if (!(err instanceof WorkflowNotFoundError)) throw err;
+      return this.again(b, true);
     }
-    return this.again(b, true);
   }
 
   /** Gives a stored open batch a run again if it has none: it goes on from where its chunks stopped. */
   async recover(b: BatchDoc): Promise<RunState> {
+    return (await this.running(b._id)) ? 'running' : this.again(b, b.status === 'cancelling');
+  }
+
+  /** Whether the batch's workflow has a run going (not one that ended, nor none at all). */
+  private async running(id: string): Promise<boolean> {
     try {
-      if ((await this.within(this.client.workflow.getHandle(b._id).describe())).status.name === 'RUNNING') return 'running';
+      return (await this.within(this.client.workflow.getHandle(id).describe())).status.name === 'RUNNING';
     } catch (err) {
-      if (!(err instanceof WorkflowNotFoundError)) throw err;
+      if (err instanceof WorkflowNotFoundError) return false;
+      throw err;
     }
-    return this.again(b, b.status === 'cancelling');
   }
 
   /**
@@ -95,7 +97,7 @@ export class BatchRuns {
     } catch (err) {
       if (!(err instanceof WorkflowExecutionAlreadyStartedError)) throw err;
       // Another caller's new run, or one that ended by itself.
-      return (await this.within(this.client.workflow.getHandle(b._id).describe())).status.name === 'RUNNING' ? 'running' : 'ended';
+      return (await this.running(b._id)) ? 'running' : 'ended';
     }
   }
 }

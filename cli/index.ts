@@ -177,16 +177,10 @@ export function buildProgram(): Command {
         import('../domain/accounts/workspaces'),
         import('../domain/catalog'),
       ]);
-      const catalog = (() => {
-        try {
-          return Catalog.fromFile(config.catalogPath, config.catalogEnv);
-        } catch (err) {
-          return fail(err);
-        }
-      })();
       const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, loggerFor(config)).catch(fail);
       const store = await Store.connect(mongoUri, config.mongo.database).catch(fail);
       try {
+        const catalog = Catalog.fromFile(config.catalogPath, config.catalogEnv);
         const r = await recoverBatches(store, new BatchRuns(client, config, catalog), {
           workspace: o.workspace ? (await findWorkspace(store, o.workspace))._id : undefined,
         });

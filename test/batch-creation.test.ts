@@ -5,11 +5,13 @@ import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { expect } from 'chai';
 import { Client, Connection, WorkflowClient } from '@temporalio/client';
+import { Collection, MongoServerError } from 'mongodb';
 import {
   abandonBatch,
   BatchAbandonedError,
   createBatch,
   publishBatch,
+  readNewBatch,
   readBatch,
   storeBatchLines,
   type BatchDoc,
@@ -245,6 +247,36 @@ describe('batch creation: the workflow first, the batch visible last', function 
     ).to.equal(1);
   });
 
+  it("a create whose store fails after its workflow started (the database's disk full) keeps that error, gives the batch up and drops its lines at once: its workflow runs nothing", async () => {
+    const before = await providerCalls();
+    // The insert that makes the batch visible is refused, as FerretDB refuses one with its disk full.
+    const insertOne = Collection.prototype.insertOne;
+    Collection.prototype.insertOne = function (this: Collection, doc: any, ...rest: any[]) {
+      if (this.collectionName !== 'batches' || doc.abandoned) return insertOne.call(this, doc, ...rest);
+      Collection.prototype.insertOne = insertOne;
+      return Promise.reject(new MongoServerError({ message: '[msg_insert.go:168] [db.go:167] database or disk is full (13)', code: 1 }));
+    } as typeof insertOne;
+    let started: string | null = null;
+    let r: Awaited<ReturnType<typeof createWithStart>>;
+    try {
+      r = await createWithStart(3, async (real) => {
+        const handle = await real();
+        started = handle.workflowId;
+        return handle;
+      });
+    } finally {
+      Collection.prototype.insertOne = insertOne;
+    }
+    expect(r.status, JSON.stringify(r.body)).to.equal(503);
+    expect(r.body.error.message).to.equal('The database cannot store anything more right now (its disk is full); try again later');
+    // Given up and dropped by the API itself, not by its workflow's wait (1.5 s here).
+    expect(await readNewBatch(gw.store, started!)).to.equal('abandoned');
+    expect(await inputsOf(started!)).to.equal(0);
+    expect(await client.workflow.getHandle(started!).result()).to.equal('not_created');
+    expect(await providerCalls()).to.equal(before);
+    expect(await listed()).to.not.include(started);
+  });
+
   it('a create whose start Temporal does not answer in time is a 503 that leaves nothing, and a start that lands later runs nothing', async () => {
     const before = await providerCalls();
     // A frozen server: the start answers only after the create has given up on it.
@@ -330,7 +362,7 @@ describe('batch creation: the workflow first, the batch visible last', function 
     });
   }
 
-  it('cancels of a running batch, before and after it is stored cancelling, start no second run', async () => {
+  it('cancels of a running batch, repeated as a client in a loop would, start no second run', async () => {
     const r = await createLines(20, 'y');
     expect(r.status, JSON.stringify(r.body)).to.equal(202);
     const first = await client.workflow.getHandle(r.body.id).describe();

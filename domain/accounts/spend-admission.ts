@@ -73,7 +73,7 @@ export interface Hold {
 
 /** Below this many estimates left, a call waits for a fresh reading. */
 const LOW_WATER = 10;
-/** Readings a refusal takes at most while each may count this process's spending twice. */
+/** Reads of the ledger one reading takes at most while each may count this process's spending twice. */
 const RE_READS = 3;
 
 export class SpendAdmission {
@@ -139,13 +139,21 @@ export class SpendAdmission {
       // stored is not in the reading, so it stays counted as spending since.
       // What of this process's spending the ledger has: it grows only as records are stored.
       const inLedger = () => a.committed - a.unstored - this.unstored(workspaceId);
-      const committedAtRead = inLedger();
-      const settlesAtRead = a.settles;
-      const [b, ws] = await Promise.all([
-        getBalance(this.store, workspaceId),
-        this.store.workspaces.findOne({ _id: workspaceId }, { projection: { settings: 1 } }),
-      ]);
-      const exact = inLedger() === committedAtRead;
+      // Read again while this process's records reach the ledger during the read (the journal
+      // stores a group every 50 ms under load): such a reading may count them twice, in it and as
+      // spending since. Up to RE_READS; the last is kept, marked inexact, whatever it is.
+      const readOnce = async () => {
+        const committedAtRead = inLedger();
+        const settlesAtRead = a.settles;
+        const [b, ws] = await Promise.all([
+          getBalance(this.store, workspaceId),
+          this.store.workspaces.findOne({ _id: workspaceId }, { projection: { settings: 1 } }),
+        ]);
+        return { b, ws, committedAtRead, settlesAtRead, exact: inLedger() === committedAtRead };
+      };
+      let read = await readOnce();
+      for (let reads = 1; !read.exact && reads < RE_READS; reads++) read = await readOnce();
+      const { b, ws, committedAtRead, settlesAtRead, exact } = read;
       a.reading = {
         credits: b.total_credits,
         usage: b.total_usage,
@@ -202,13 +210,10 @@ export class SpendAdmission {
    * 402 unless something is left. A reading taken while this process settled calls, or while its
    * usage records reached the ledger, may count some of them twice (stored as it read, still
    * counted as spending since): before refusing on such a reading, read again, so a 402 names the
-   * real balance (and a call is not refused for spending counted twice). Under load the journal
-   * stores a group every 50 ms, so a re-read can be caught the same way: up to RE_READS of them.
-   * Refusals with no spending since (a client hammering a spent workspace) cost no read.
+   * real balance. Refusals with no spending since (a client hammering a spent workspace) cost no read.
    */
   private async refuseUnlessLeft(a: Account, workspaceId: string, e: Entry): Promise<Entry> {
-    for (let reads = 0; reads < RE_READS && this.left(a, e) <= 0 && (a.settles !== e.settlesAtRead || !e.exact); reads++)
-      e = await this.load(a, workspaceId);
+    if (this.left(a, e) <= 0 && (a.settles !== e.settlesAtRead || !e.exact)) e = await this.load(a, workspaceId);
     const left = this.left(a, e);
     if (left <= 0) throw new PaymentRequiredError('Insufficient credits: add credits to this workspace to continue', { balance: left });
     return e;
