@@ -10,8 +10,12 @@ import type { Config } from '../infrastructure/config';
 import { batchWorkflow, batchWorkflowStart, cancelBatchSignal } from '../workflows/batch';
 import { answeredWithin } from '../infrastructure/temporal/failures';
 
-/** What became of a stored batch's run when it was looked at. */
-export type RunState = 'running' | 'started' | 'ended';
+/**
+ * What became of a stored batch's run when it was looked at: still running, a new run started, a
+ * run that ended by itself (it closed the batch), or a new run that closes the batch cancelled
+ * because an operator stopped the last one.
+ */
+export type RunState = 'running' | 'started' | 'ended' | 'cancelled';
 
 export class BatchRuns {
   constructor(
@@ -50,7 +54,7 @@ export class BatchRuns {
     // A batch stored as cancelling has had its cancel: each signal is four events of the
     // workflow's history (Temporal ends a run at 51,200), so a client cancelling in a loop would
     // otherwise grow it by as many. Its run is only looked at.
-    if (b.status === 'cancelling') return (await this.running(b._id)) ? 'running' : this.again(b, true);
+    if (b.status === 'cancelling') return (await this.runStatus(b._id)) === 'RUNNING' ? 'running' : this.again(b, true);
     try {
       await this.within(this.client.workflow.getHandle(b._id).signal(cancelBatchSignal));
       return 'running';
@@ -60,24 +64,35 @@ export class BatchRuns {
     }
   }
 
-  /** Gives a stored open batch a run again if it has none: it goes on from where its chunks stopped. */
+  /**
+   * Gives a stored open batch a run again if it has none. A run that is gone (Temporal's state
+   * lost) or failed is followed by one that goes on from where the chunks stopped. A run an
+   * operator stopped (terminated or cancelled in the Web UI or CLI) is followed by one that closes
+   * the batch cancelled, its finished lines kept: what was stopped is not spent again.
+   */
   async recover(b: BatchDoc): Promise<RunState> {
-    return (await this.running(b._id)) ? 'running' : this.again(b, b.status === 'cancelling');
+    const run = await this.runStatus(b._id);
+    if (run === 'RUNNING') return 'running';
+    if (run === 'TERMINATED' || run === 'CANCELLED') {
+      const state = await this.again(b, true);
+      return state === 'started' ? 'cancelled' : state;
+    }
+    return this.again(b, b.status === 'cancelling');
   }
 
-  /** Whether the batch's workflow has a run going (not one that ended, nor none at all). */
-  private async running(id: string): Promise<boolean> {
+  /** How the batch's workflow's latest run stands (`RUNNING`, `TERMINATED`, …); null when Temporal has none. */
+  private async runStatus(id: string): Promise<string | null> {
     try {
-      return (await this.within(this.client.workflow.getHandle(id).describe())).status.name === 'RUNNING';
+      return (await this.within(this.client.workflow.getHandle(id).describe())).status.name;
     } catch (err) {
-      if (err instanceof WorkflowNotFoundError) return false;
+      if (err instanceof WorkflowNotFoundError) return null;
       throw err;
     }
   }
 
   /**
-   * A new run for a stored batch: the document is there (nothing to wait for), and a batch that
-   * was being cancelled is cancelled. Started only where no run ended by itself: one that did has
+   * A new run for a stored batch: the document is there (nothing to wait for), the last run's
+   * activities are given time to stop first, and a batch that was being cancelled is cancelled. Started only where no run ended by itself: one that did has
    * closed the batch, which stays as it is.
    */
   private async again(b: BatchDoc, cancel: boolean): Promise<RunState> {
@@ -88,7 +103,7 @@ export class BatchRuns {
       /* kept as named */
     }
     const start = this.startOptions(b, modelId);
-    start.args[0] = { ...start.args[0], creation: undefined, cancelRequested: cancel };
+    start.args[0] = { ...start.args[0], creation: undefined, cancelRequested: cancel, followsLostRun: true };
     try {
       await this.within(
         this.client.workflow.start(batchWorkflow, { ...start, workflowIdReusePolicy: WorkflowIdReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY }),
@@ -97,7 +112,7 @@ export class BatchRuns {
     } catch (err) {
       if (!(err instanceof WorkflowExecutionAlreadyStartedError)) throw err;
       // Another caller's new run, or one that ended by itself.
-      return (await this.running(b._id)) ? 'running' : 'ended';
+      return (await this.runStatus(b._id)) === 'RUNNING' ? 'running' : 'ended';
     }
   }
 }

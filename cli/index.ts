@@ -162,21 +162,22 @@ export function buildProgram(): Command {
   program
     .command('recover-batches')
     .description(
-      "give every open batch whose workflow is gone (Temporal's state lost, a run terminated) a new run, which goes on where its chunks stopped",
+      "give every open batch whose workflow is gone (Temporal's state lost, a run failed) a new run, which goes on where its chunks stopped; one whose run an operator terminated or cancelled is closed cancelled",
     )
     .option('--workspace <name|id>', 'only this workspace')
     .option('--json', 'print JSON')
     .action(async (o: { workspace?: string; json?: boolean }) => {
       const config = configOrExit();
       const { mongoUri, temporalAddress } = configuredAddresses(config);
-      const [{ connectTemporal }, { Store }, { BatchRuns }, { recoverBatches }, { findWorkspace }, { Catalog }] = await Promise.all([
-        import('../infrastructure/temporal/client'),
-        import('../infrastructure/store'),
-        import('../api/batch-runs'),
-        import('./recover'),
-        import('../domain/accounts/workspaces'),
-        import('../domain/catalog'),
-      ]);
+      const [{ connectTemporal }, { Store }, { BatchRuns }, { recoverBatches, recoveredText }, { findWorkspace }, { Catalog }] =
+        await Promise.all([
+          import('../infrastructure/temporal/client'),
+          import('../infrastructure/store'),
+          import('../api/batch-runs'),
+          import('./recover'),
+          import('../domain/accounts/workspaces'),
+          import('../domain/catalog'),
+        ]);
       const { connection, client } = await connectTemporal(temporalAddress, config.temporal.namespace, loggerFor(config)).catch(fail);
       const store = await Store.connect(mongoUri, config.mongo.database).catch(fail);
       try {
@@ -184,9 +185,7 @@ export function buildProgram(): Command {
         const r = await recoverBatches(store, new BatchRuns(client, config, catalog), {
           workspace: o.workspace ? (await findWorkspace(store, o.workspace))._id : undefined,
         });
-        process.stdout.write(
-          `${o.json ? JSON.stringify(r) : `${r.checked} open batch(es): ${r.running} running, ${r.started.length} given a new run${r.started.map((id) => `\n  ${id}`).join('')}${r.ended.length ? `\n${r.ended.length} closed meanwhile` : ''}`}\n`,
-        );
+        process.stdout.write(`${o.json ? JSON.stringify(r) : recoveredText(r)}\n`);
       } catch (err) {
         fail(err);
       } finally {

@@ -1,15 +1,15 @@
 // `gateway recover-batches`: after Temporal lost its state (a dev server's database file or a
 // volume gone, a namespace recreated), every open batch's run is gone with it and the batch would
 // stay open for good. This gives each open batch without a run a new one, which goes on from where
-// its chunks stopped (their progress documents are in MongoDB): nothing finished runs again.
+// its chunks stopped (their progress documents are in MongoDB): nothing finished runs again. A batch
+// whose run an operator stopped is closed cancelled instead (see BatchRuns.recover).
 // An operator's command, run once: it reads every workspace's open batches. A worker process runs
 // it by itself when it finds that Temporal's state is new (`recoverIfTemporalIsNew`).
 import type { Client } from '@temporalio/client';
 import { insertManyNew, type Store } from '../infrastructure/store';
 import type { Config } from '../infrastructure/config';
 import type { Logger } from '../infrastructure/log';
-import type { Catalog } from '../domain/catalog';
-import { BatchRuns, type RunState } from '../api/batch-runs';
+import type { BatchRuns, RunState } from '../api/batch-runs';
 import { answeredWithin } from '../infrastructure/temporal/failures';
 import { listWorkspaces } from '../domain/accounts/workspaces';
 import { listBatches, type BatchStatus } from '../domain/batches/store';
@@ -20,8 +20,10 @@ const PAGE = 100;
 export interface Recovered {
   checked: number;
   running: number;
-  /** Batches given a new run. */
+  /** Batches given a new run, which goes on where their chunks stopped. */
   started: string[];
+  /** Batches whose run an operator stopped (terminated or cancelled in Temporal), closed cancelled by a new run. */
+  cancelled: string[];
   /** Batches whose run had ended by itself meanwhile (closed). */
   ended: string[];
 }
@@ -31,7 +33,7 @@ export async function recoverBatches(
   runs: BatchRuns,
   opts: { workspace?: string; signal?: AbortSignal } = {},
 ): Promise<Recovered> {
-  const out: Recovered = { checked: 0, running: 0, started: [], ended: [] };
+  const out: Recovered = { checked: 0, running: 0, started: [], cancelled: [], ended: [] };
   const workspaces = opts.workspace ? [opts.workspace] : (await listWorkspaces(store)).map((w) => w._id);
   for (const workspaceId of workspaces) {
     for (let after: string | undefined; !opts.signal?.aborted;) {
@@ -48,6 +50,16 @@ export async function recoverBatches(
     }
   }
   return out;
+}
+
+/** What the command prints without --json. */
+export function recoveredText(r: Recovered): string {
+  const ids = (list: string[]) => list.map((id) => `\n  ${id}`).join('');
+  return [
+    `${r.checked} open batch(es): ${r.running} running, ${r.started.length} given a new run${ids(r.started)}`,
+    r.cancelled.length ? `\n${r.cancelled.length} closed cancelled, their runs stopped in Temporal${ids(r.cancelled)}` : '',
+    r.ended.length ? `\n${r.ended.length} closed meanwhile` : '',
+  ].join('');
 }
 
 /** The identities of Temporal namespaces this database has run batches on: one per state, so one more per reset. */
@@ -68,8 +80,8 @@ interface TemporalStateDoc {
 export async function recoverIfTemporalIsNew(
   store: Store,
   client: Client,
+  runs: BatchRuns,
   config: Config,
-  catalog: Catalog,
   logger: Logger,
   signal: AbortSignal,
 ): Promise<void> {
@@ -85,10 +97,10 @@ export async function recoverIfTemporalIsNew(
     const known = await states.find({ _id: { $gt: `${namespace}:`, $lt: `${namespace}:~` } }).toArray();
     if (known.some((s) => s._id === current)) return;
     if (known.length) {
-      const r = await recoverBatches(store, new BatchRuns(client, config, catalog), { signal });
+      const r = await recoverBatches(store, runs, { signal });
       if (signal.aborted) return;
       logger.info(
-        { checked: r.checked, started: r.started.length, ended: r.ended.length },
+        { checked: r.checked, started: r.started.length, cancelled: r.cancelled.length, ended: r.ended.length },
         `Temporal's state is new (namespace ${namespace} has a new id): ${r.started.length} open batch(es) from before given a new run`,
       );
     }

@@ -27,6 +27,8 @@ import { Metrics } from '../infrastructure/metrics';
 import { createWebhookSender } from '../domain/webhooks/deliver';
 import { purgeDeleted } from '../domain/batches/store';
 import { recoverIfTemporalIsNew } from './recover';
+import { closeStoppedBatches } from './stopped-runs';
+import { BatchRuns } from '../api/batch-runs';
 import { BatchBodyReader } from '../api/batch-body';
 import { BodyMemory } from '../api/body-memory';
 import { StorageQuota } from '../domain/accounts/storage-quota';
@@ -126,10 +128,14 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     for (const r of running) r.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));
     logger.info({ task_queues: workers.map((w) => w.options.taskQueue) }, 'workers polling');
     const stopped = new AbortController();
-    const recovery = recoverIfTemporalIsNew(store, client, config, upstreams.catalog, logger, stopped.signal);
+    const runs = new BatchRuns(client, config, upstreams.catalog);
+    const recovery = Promise.all([
+      recoverIfTemporalIsNew(store, client, runs, config, logger, stopped.signal),
+      closeStoppedBatches(store, client, runs, logger, { everyMs: config.batches.stoppedRunsEveryMs, signal: stopped.signal }),
+    ]);
     stopWorker = async () => {
       stopped.abort();
-      // It stops between two batches; a Temporal that does not answer is not waited for.
+      // They stop between two batches; a Temporal that does not answer is not waited for.
       await Promise.race([recovery, new Promise((r) => setTimeout(r, 2_000).unref())]);
       for (const w of workers) w.shutdown();
       await Promise.all(running.map((r) => r.catch(() => undefined)));

@@ -4,7 +4,7 @@
 import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { expect } from 'chai';
-import { Client, Connection, WorkflowClient } from '@temporalio/client';
+import { Client, Connection, WorkflowClient, WorkflowNotFoundError } from '@temporalio/client';
 import { Collection, MongoServerError } from 'mongodb';
 import {
   abandonBatch,
@@ -24,6 +24,7 @@ import { searchAttributes } from '../workflows/shared';
 import { stack } from './fixture';
 import { capturingLogger } from './capture-log';
 import { recoverIfTemporalIsNew } from '../cli/recover';
+import { BatchRuns } from '../api/batch-runs';
 import { Catalog } from '../domain/catalog';
 import { Store } from '../infrastructure/store';
 import {
@@ -41,6 +42,8 @@ import {
 const MODEL = 'test/creation-counted';
 /** One line at a time, 300 ms each: a batch that is still running when it is cancelled. */
 const SLOW = 'test/creation-slow';
+/** As SLOW, on a provider of its own: a batch stopped while its lines run, counted apart. */
+const STOPPED = 'test/creation-stopped';
 const line = (i: number) => ({
   custom_id: `req-${i}`,
   body: JSON.stringify({ messages: [{ role: 'user', content: `q${i}` }], max_tokens: 5 }),
@@ -69,6 +72,10 @@ describe('batch creation: the workflow first, the batch visible last', function 
       c.providers.push(
         providerEntry('creation-counted', `\${SANDBOX_URL}/~creationtest=1/openai/v1`),
         providerEntry('creation-slow', `\${SANDBOX_URL}/~creationslow=1,latency=300/openai/v1`, { max_concurrency: 1 }),
+        providerEntry('creation-stopped', `\${SANDBOX_URL}/~creationstopped=1,latency=300/openai/v1`, { max_concurrency: 1 }),
+      );
+      c.models.push(
+        modelEntry(STOPPED, [endpointEntry('creation-stopped', 1, { upstream_model: 'sandbox-chat' })], { context_length: 1000 }),
       );
       c.models.push(modelEntry(SLOW, [endpointEntry('creation-slow', 1, { upstream_model: 'sandbox-chat' })], { context_length: 1000 }));
       c.models.push(
@@ -81,6 +88,11 @@ describe('batch creation: the workflow first, the batch visible last', function 
       tune: (c) => {
         c.batches.createdWithinMs = 1_500;
         c.batches.temporalWithinMs = 2_000; // 10 s in production
+        // Its worker looks for runs stopped in Temporal once, at start: the runs this file stops are
+        // left to what each test checks (the test of that look starts a gateway of its own).
+        c.batches.stoppedRunsEveryMs = 3_600_000;
+        // A run that follows a stopped one waits this long for its work to stop (10 s by default).
+        c.batches.heartbeatTimeoutMs = 2_000;
       },
     });
     t = await createTenant(gw.store, 5);
@@ -378,13 +390,28 @@ describe('batch creation: the workflow first, the batch visible last', function 
     expect(runs).to.deep.equal([first.runId]);
   });
 
-  it('`gateway recover-batches` gives every open batch whose run is gone a new run, which finishes it without running a finished line again; a running batch is left alone', async () => {
+  it('`gateway recover-batches` gives every open batch whose run is gone a new run, which finishes it without running a finished line again; one whose run an operator terminated is closed cancelled; a running batch is left alone', async () => {
     const slowCalls = await providerCalls('creationslow=1');
-    // One whose run was terminated half way (a Temporal that lost its state after it started).
+    // One whose run is gone half way (a Temporal that lost its state after it started).
     const cut = await createLines(12, 'c');
     expect(cut.status, JSON.stringify(cut.body)).to.equal(202);
     await untilCompleted(cut.body.id, 2);
-    await client.workflow.getHandle(cut.body.id).terminate('its state lost');
+    await client.workflowService.deleteWorkflowExecution({
+      namespace: gw.config.temporal.namespace,
+      workflowExecution: { workflowId: cut.body.id },
+    });
+    await until(
+      async () =>
+        (await client.workflow
+          .getHandle(cut.body.id)
+          .describe()
+          .catch((err) => err)) instanceof WorkflowNotFoundError,
+    );
+    // One an operator stopped: it is not run on.
+    const stopped = await createLines(12, 's', STOPPED);
+    expect(stopped.status, JSON.stringify(stopped.body)).to.equal(202);
+    await untilCompleted(stopped.body.id, 1);
+    await client.workflow.getHandle(stopped.body.id).terminate('an operator');
     // One Temporal never had, in two chunks.
     const { doc, lines } = newBatch(5, 3);
     await createBatch(gw.store, doc, lines, 3);
@@ -399,6 +426,7 @@ describe('batch creation: the workflow first, the batch visible last', function 
       MONGODB_DATABASE: gw.config.mongo.database,
       TEMPORAL_ADDRESS: stack.temporalAddress,
       TEMPORAL_TASK_QUEUE: gw.config.temporal.taskQueue,
+      BATCH_HEARTBEAT_TIMEOUT_MS: String(gw.config.batches.heartbeatTimeoutMs),
     };
     const cli = spawn(
       process.execPath,
@@ -413,6 +441,14 @@ describe('batch creation: the workflow first, the batch visible last', function 
     const r = JSON.parse(out);
     expect(r.started).to.have.members([cut.body.id, doc._id]);
     expect(r.ended).to.deep.equal([]);
+    expect(r.cancelled).to.deep.equal([stopped.body.id]);
+    const closed = await waitForStatus(gw.url, t.inferenceKey, stopped.body.id, ['completed', 'failed', 'cancelled', 'expired'], 30_000);
+    expect(closed.status).to.equal('cancelled');
+    expect(closed.results).to.have.length(12);
+    expect(closed.request_counts.completed).to.be.within(1, 6);
+    expect(await storedUsage(gw.store, { batch_id: stopped.body.id })).to.have.length(closed.request_counts.completed);
+    // Nothing of it was run after the operator stopped it: at most the line then in flight.
+    expect(await providerCalls('creationstopped=1')).to.be.within(closed.request_counts.completed, closed.request_counts.completed + 1);
     expect(r.running).to.be.at.least(1); // this one, and any other of the workspace still running
 
     for (const [id, n] of [
@@ -431,6 +467,46 @@ describe('batch creation: the workflow first, the batch visible last', function 
     expect((await providerCalls('creationslow=1')) - slowCalls).to.be.within(24, 25);
   });
 
+  it("batches whose runs an operator terminated or cancelled in Temporal are closed cancelled by a worker's next look: every line has a result, the finished ones billed once, nothing run after (before: in_progress for good)", async () => {
+    const watching = await startTestGateway({
+      env: {
+        CATALOG_PATH: gw.config.catalogPath,
+        MONGODB_DATABASE: gw.config.mongo.database,
+        BATCH_STOPPED_RUNS_EVERY_MS: '300',
+        BATCH_HEARTBEAT_TIMEOUT_MS: String(gw.config.batches.heartbeatTimeoutMs),
+      },
+    });
+    const stoppedCalls = await providerCalls('creationstopped=1');
+    try {
+      const terminated = await createLines(20, 'tt');
+      const cancelled = await createLines(20, 'tc', STOPPED);
+      expect([terminated.status, cancelled.status], JSON.stringify([terminated.body, cancelled.body])).to.deep.equal([202, 202]);
+      await untilCompleted(terminated.body.id, 1);
+      await untilCompleted(cancelled.body.id, 1);
+      await client.workflow.getHandle(terminated.body.id).terminate('an operator');
+      await client.workflow.getHandle(cancelled.body.id).cancel();
+      for (const id of [terminated.body.id, cancelled.body.id]) {
+        const b = await waitForStatus(gw.url, t.inferenceKey, id, ['completed', 'failed', 'cancelled', 'expired'], 30_000);
+        expect(b.status, id).to.equal('cancelled');
+        expect(b.results).to.have.length(20);
+        const completed = b.results.filter((x: any) => x.response).length;
+        expect(completed).to.be.within(1, 19);
+        expect(b.request_counts).to.deep.include({ total: 20, completed, failed: 20 - completed });
+        expect(b.results.filter((x: any) => x.error?.type === 'batch_cancelled')).to.have.length(20 - completed);
+        expect(await storedUsage(gw.store, { batch_id: id })).to.have.length(completed);
+        // Closed by a new run, the watching worker's.
+        expect(await client.workflow.getHandle(id).result()).to.equal('cancelled');
+        if (id === cancelled.body.id) {
+          // Every line its provider was called for is billed, but the one in flight when the
+          // stopped run's chunk learned it was stopped: the close waited for that chunk.
+          expect((await providerCalls('creationstopped=1')) - stoppedCalls).to.be.within(completed, completed + 1);
+        }
+      }
+    } finally {
+      await watching.stop();
+    }
+  });
+
   it("a worker that starts on a Temporal whose namespace has a new id (its state lost) gives its database's open batches new runs, once; a database that has recorded no id only records it", async () => {
     const database = `recovery_${Date.now()}`;
     const prepared = await Store.connect(stack.mongoUri, database);
@@ -440,7 +516,12 @@ describe('batch creation: the workflow first, the batch visible last', function 
     const started: TestGateway[] = [];
     const start = async () => {
       const { logger, lines } = capturingLogger();
-      started.push(await startTestGateway({ env: { CATALOG_PATH: gw.config.catalogPath, MONGODB_DATABASE: database }, logger }));
+      started.push(
+        await startTestGateway({
+          env: { CATALOG_PATH: gw.config.catalogPath, MONGODB_DATABASE: database, BATCH_HEARTBEAT_TIMEOUT_MS: '2000' },
+          logger,
+        }),
+      );
       return { gateway: started[started.length - 1], said: () => lines.map((l) => String(l.msg)) };
     };
     try {
@@ -466,8 +547,8 @@ describe('batch creation: the workflow first, the batch visible last', function 
       await recoverIfTemporalIsNew(
         prepared,
         client,
+        new BatchRuns(client, first.gateway.config, Catalog.fromFile(gw.config.catalogPath, gw.config.catalogEnv)),
         first.gateway.config,
-        Catalog.fromFile(gw.config.catalogPath, gw.config.catalogEnv),
         capturingLogger().logger,
         AbortSignal.abort(),
       );

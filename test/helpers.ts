@@ -20,8 +20,9 @@ import { createActivities } from '../activities';
 import type { Upstreams } from '../domain/routing/upstreams';
 import { newBatchId, type BatchDoc } from '../domain/batches/store';
 
+/** Six random bytes: a test makes hundreds within one millisecond (three bytes collided once in 300). */
 export function uniqueName(prefix: string): string {
-  return `${prefix}-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
+  return `${prefix}-${Date.now().toString(36)}-${randomBytes(6).toString('hex')}`;
 }
 
 export interface TestGateway {

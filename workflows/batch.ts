@@ -53,6 +53,13 @@ export interface BatchWorkflowInput {
    * before the API checked lines have none and validate in an activity (replay).
    */
   validation?: { invalid: number; examples: string[] };
+  /**
+   * A run started for a stored batch whose last run is gone or was stopped (BatchRuns). That run's
+   * chunk activities may still be running: each learns its run is gone only from the answer to its
+   * next heartbeat, sent at most every 0.8 × the heartbeat timeout. This run waits that timeout
+   * first, so no line is called twice and no paid call's result is thrown away by the close.
+   */
+  followsLostRun?: boolean;
 }
 
 export interface BatchProgress {
@@ -198,6 +205,11 @@ async function runBatch(input: BatchWorkflowInput): Promise<string> {
       `**${status}** · ${done.completed + done.failed} of ${input.lines} lines done (${done.completed} completed, ${done.failed} failed) · ${chunksDone} of ${input.chunks} chunks`,
     );
   showProgress();
+  if (input.followsLostRun) {
+    setCurrentDetails(`**${status}** · waiting for the work of the batch's earlier run to stop`);
+    await sleep(input.heartbeatTimeoutMs);
+    showProgress();
+  }
 
   /** The status as the workflow shows it (details, search attribute); `mark` also stores it. */
   const show = (s: typeof status) => {
@@ -348,7 +360,15 @@ async function runBatch(input: BatchWorkflowInput): Promise<string> {
   if (next < input.chunks) {
     await condition(allHandlersFinished);
     // Its chunks have read the batch: the next run has no need to wait for it.
-    return continueAsNew<typeof batchWorkflow>({ ...input, phase: 'process', nextChunk: next, cancelRequested, done, creation: undefined });
+    return continueAsNew<typeof batchWorkflow>({
+      ...input,
+      phase: 'process',
+      nextChunk: next,
+      cancelRequested,
+      done,
+      creation: undefined,
+      followsLostRun: undefined,
+    });
   }
   if (patched(STATUS_IN_NEIGHBOURS)) {
     show('finalizing');

@@ -301,6 +301,8 @@ export function loadConfig(env: Env = process.env) {
        * lands later cancels, as the client's retry would.
        */
       temporalWithinMs: 10_000,
+      /** How often each worker looks for batches whose run an operator stopped in Temporal, to close them cancelled. */
+      stoppedRunsEveryMs: positiveInt(env, 'BATCH_STOPPED_RUNS_EVERY_MS', 60_000, 100),
     },
     http: {
       bodyLimitBytes: bytes(env, 'BODY_LIMIT', 10 * 1024 ** 2),

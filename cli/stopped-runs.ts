@@ -1,0 +1,64 @@
+// Batches whose run an operator stopped in Temporal (terminated or cancelled in the Web UI or CLI).
+// Such a run ends without closing its batch, which would stay open for good: no run is left to
+// expire or close it, and nothing tells its client. Each worker process looks, every minute, at the
+// batch runs Temporal closed that way since its last look, and closes each such batch cancelled
+// (BatchRuns.recover): its finished lines keep their results, and its webhook is posted.
+//
+// The look is one visibility query by status and close time: it reads the runs stopped that way,
+// however many batches have run. Several workers looking at once do no harm: a
+// batch gets one new run.
+import type { Client } from '@temporalio/client';
+import type { Store } from '../infrastructure/store';
+import type { Logger } from '../infrastructure/log';
+import type { BatchRuns } from '../api/batch-runs';
+import { readBatch, type BatchStatus } from '../domain/batches/store';
+import { batchWorkflow } from '../workflows/batch';
+
+const OPEN: ReadonlySet<BatchStatus> = new Set(['validating', 'in_progress', 'finalizing', 'cancelling']);
+/** How far back a worker's first look goes: a run stopped while no worker ran is still found. */
+const FIRST_LOOK_BACK_MS = 24 * 3_600_000;
+/** Each look starts this long before the last one began: a run's close reaches visibility a little late. */
+const OVERLAP_MS = 60_000;
+
+/** Runs until `signal` aborts; a look that fails is logged and tried again at the next. */
+export async function closeStoppedBatches(
+  store: Store,
+  client: Client,
+  runs: BatchRuns,
+  logger: Logger,
+  opts: { everyMs: number; signal: AbortSignal },
+): Promise<void> {
+  let since = Date.now() - FIRST_LOOK_BACK_MS;
+  while (!opts.signal.aborted) {
+    const began = Date.now();
+    try {
+      await lookOnce(store, client, runs, logger, since, opts.signal);
+      since = began - OVERLAP_MS;
+    } catch (err) {
+      logger.warn({ err }, 'batches whose runs were stopped in Temporal were not looked for; trying again');
+    }
+    await new Promise<void>((resolve) => {
+      const t = setTimeout(resolve, opts.everyMs);
+      opts.signal.addEventListener('abort', () => (clearTimeout(t), resolve()), { once: true });
+    });
+  }
+}
+
+async function lookOnce(store: Store, client: Client, runs: BatchRuns, logger: Logger, since: number, signal: AbortSignal) {
+  // By status and close time only: Temporal's SQL visibility has an index by status, and few runs
+  // end terminated or cancelled; the workflow type is checked here.
+  const query = `ExecutionStatus IN ('Terminated', 'Canceled') AND CloseTime > '${new Date(since).toISOString()}'`;
+  for await (const run of client.workflow.list({ query })) {
+    if (signal.aborted) return;
+    if (run.type !== batchWorkflow.name) continue;
+    const b = await readBatch(store, run.workflowId);
+    if (!b || !OPEN.has(b.status)) continue;
+    const state = await runs.recover(b);
+    if (state === 'cancelled') {
+      logger.info(
+        { batch_id: b._id, workspace_id: b.workspace_id, run_status: run.status.name },
+        'batch closed cancelled: its run was stopped in Temporal',
+      );
+    }
+  }
+}
