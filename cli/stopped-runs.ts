@@ -4,9 +4,10 @@
 // batch runs Temporal closed that way since its last look, and closes each such batch cancelled
 // (BatchRuns.recover): its finished lines keep their results, and its webhook is posted.
 //
-// The look is one visibility query by status and close time: it reads the runs stopped that way,
-// however many batches have run. Several workers looking at once do no harm: a
+// A look is two visibility queries, each read from Temporal's index by status and close time: it
+// reads the runs stopped that way since the last look, however many batches have run. Several workers looking at once do no harm: a
 // batch gets one new run.
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client } from '@temporalio/client';
 import type { Store } from '../infrastructure/store';
 import type { Logger } from '../infrastructure/log';
@@ -37,28 +38,27 @@ export async function closeStoppedBatches(
     } catch (err) {
       logger.warn({ err }, 'batches whose runs were stopped in Temporal were not looked for; trying again');
     }
-    await new Promise<void>((resolve) => {
-      const t = setTimeout(resolve, opts.everyMs);
-      opts.signal.addEventListener('abort', () => (clearTimeout(t), resolve()), { once: true });
-    });
+    await sleep(opts.everyMs, undefined, { signal: opts.signal, ref: false }).catch(() => undefined); // an abort ends the wait
   }
 }
 
 async function lookOnce(store: Store, client: Client, runs: BatchRuns, logger: Logger, since: number, signal: AbortSignal) {
-  // By status and close time only: Temporal's SQL visibility has an index by status, and few runs
-  // end terminated or cancelled; the workflow type is checked here.
-  const query = `ExecutionStatus IN ('Terminated', 'Canceled') AND CloseTime > '${new Date(since).toISOString()}'`;
-  for await (const run of client.workflow.list({ query })) {
-    if (signal.aborted) return;
-    if (run.type !== batchWorkflow.name) continue;
-    const b = await readBatch(store, run.workflowId);
-    if (!b || !OPEN.has(b.status)) continue;
-    const state = await runs.recover(b);
-    if (state === 'cancelled') {
-      logger.info(
-        { batch_id: b._id, workspace_id: b.workspace_id, run_status: run.status.name },
-        'batch closed cancelled: its run was stopped in Temporal',
-      );
+  // One query per status: Temporal's SQL visibility then reads its index by status and close time
+  // from `since` on (with both statuses in one IN, SQLite picks an index that reads every run
+  // closed since: 0.2 against 35 ms on its schema holding 200,000 runs, 100,000 in the window).
+  for (const status of ['Terminated', 'Canceled']) {
+    const query = `WorkflowType = '${batchWorkflow.name}' AND ExecutionStatus = '${status}' AND CloseTime > '${new Date(since).toISOString()}'`;
+    for await (const run of client.workflow.list({ query })) {
+      if (signal.aborted) return;
+      const b = await readBatch(store, run.workflowId);
+      if (!b || !OPEN.has(b.status)) continue;
+      const state = await runs.recover(b);
+      if (state === 'cancelled') {
+        logger.info(
+          { batch_id: b._id, workspace_id: b.workspace_id, run_status: run.status.name },
+          'batch closed cancelled: its run was stopped in Temporal',
+        );
+      }
     }
   }
 }
