@@ -4,6 +4,7 @@ import { decisionService, type DecisionJob, type DecisionResult } from '../domai
 import type { Upstreams } from '../domain/routing/upstreams';
 import type { Broadcaster } from '../domain/traces/broadcast';
 import { toActivityFailure } from '../infrastructure/temporal/failures';
+import type { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
 
 export type { DecisionJob, DecisionResult } from '../domain/decisions/service';
 
@@ -11,10 +12,13 @@ export function createDecisionActivities({
   upstreams,
   usage,
   broadcast,
+  handoff,
 }: {
   upstreams: Upstreams;
   usage: UsageLedger;
   broadcast?: Broadcaster;
+  /** Where this process's HTTP handlers wait for the decisions they started. */
+  handoff?: DecisionHandoff;
 }) {
   // A workflow's activity may run on any worker: its record is in the database before it completes.
   const decide = decisionService({ upstreams, record: (r) => usage.recordStored(r), broadcast });
@@ -24,11 +28,14 @@ export function createDecisionActivities({
      * a gateway error leaves as a non-retryable failure that `fromWorkflowFailure` reads back.
      */
     async evaluateDecision(job: DecisionJob, signal: AbortSignal = Context.current().cancellationSignal): Promise<DecisionResult> {
-      try {
-        return await decide(job, signal);
-      } catch (err) {
-        throw toActivityFailure(err);
-      }
+      const attempt = async () => {
+        try {
+          return await decide(job, signal);
+        } catch (err) {
+          throw toActivityFailure(err);
+        }
+      };
+      return handoff ? handoff.decide(job.generationId, attempt) : attempt();
     },
   };
 }

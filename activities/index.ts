@@ -3,11 +3,12 @@
 import { createProbeActivities } from './probe';
 import { createDecisionActivities } from './decisions';
 import { createBatchActivities, type BatchDeps } from './batches';
+import type { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
 
 export type { DecisionJob, DecisionResult } from './decisions';
 
 /** The batch activities need the most; the others take what they use of the same. */
-export type ActivityDeps = BatchDeps;
+export type ActivityDeps = BatchDeps & { handoff?: DecisionHandoff };
 
 export function createActivities(deps: ActivityDeps) {
   return {

@@ -100,6 +100,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     webhooks: { sender, timeoutMs: config.webhooks.timeoutMs },
     broadcast,
     presetVersions,
+    handoff,
   });
   // Inline decisions are synchronous calls like the others: answered once their usage record is
   // journaled (the database write follows in groups), not after a round trip to the database.
@@ -122,7 +123,7 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
     const workers = await startupStep(
       logger,
       `creating the workers of namespace ${config.temporal.namespace}`,
-      Promise.all([createWorker({ ...where, handoff }), createWebhookWorker(where)]),
+      Promise.all([createWorker(where), createWebhookWorker(where)]),
     );
     const running = workers.map((w) => w.run());
     for (const r of running) r.catch((err) => logger.fatal({ err }, 'worker stopped with an error'));

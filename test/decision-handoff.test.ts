@@ -1,6 +1,6 @@
 // The in-process hand-off of decision results (infrastructure/temporal/decision-handoff): a decision run by this
-// process's worker answers through the workflow's sink, without asking the server; failures, runs
-// on another worker and runs whose sink reaches another process fall back to the server's answer.
+// process's worker answers from its activity, without asking the server; failures, runs on another
+// worker and runs whose activity reports to another process fall back to the server's answer.
 import { expect } from 'chai';
 import { WorkflowFailedError, type WorkflowHandle } from '@temporalio/client';
 import type { Worker } from '@temporalio/worker';
@@ -29,7 +29,7 @@ describe('decision hand-off from the in-process worker', () => {
   let worker: Worker;
   let running: Promise<void>;
   const taskQueue = uniqueName('handoff');
-  // The handoff the worker's sinks report to: this process's.
+  // The handoff the worker's activities report to: this process's.
   const local = new DecisionHandoff(60_000);
 
   before(async () => {
@@ -41,8 +41,7 @@ describe('decision hand-off from the in-process worker', () => {
       connection: temporal.connection,
       namespace: stack.namespace,
       taskQueue,
-      activities: testActivities(store, upstreams, config),
-      handoff: local,
+      activities: testActivities(store, upstreams, config, local),
     });
     running = worker.run();
   });
@@ -85,7 +84,7 @@ describe('decision hand-off from the in-process worker', () => {
     return { generationId, asked, start };
   }
 
-  it('answers from the sink of an eagerly started run, without asking the server', async () => {
+  it('answers from the activity of an eagerly started run, without asking the server', async () => {
     const { generationId, asked, start } = starter();
     const result = await local.execute(generationId, start);
     expect(result.id).to.equal(generationId);
@@ -121,7 +120,7 @@ describe('decision hand-off from the in-process worker', () => {
     }
   });
 
-  it('falls back to the server when the sink reports to another process', async () => {
+  it('falls back to the server when the activity reports to another process', async () => {
     const elsewhere = new DecisionHandoff(300);
     const { generationId, asked, start } = starter();
     const t0 = Date.now();

@@ -1,7 +1,7 @@
 // POST /api/v1/systemone end to end: validation, answers against the formulas, native and logprob
 // endpoints, upstream failures, usage and debit, session precedence, and the OpenRouter SDK.
 import { expect } from 'chai';
-import { WorkflowClient } from '@temporalio/client';
+import { Client, Connection, WorkflowClient } from '@temporalio/client';
 import { logprobRequest } from '../domain/decisions/prompt';
 import type { Question } from '../domain/decisions/types';
 import { fromJsonText } from '../infrastructure/store/json-text';
@@ -720,4 +720,62 @@ describe('decisions as workflows whose start does not answer', function () {
     await new Promise((res) => setTimeout(res, 500));
     expect(await storedUsage(gw.store, { workspace_id: t.workspaceId })).to.have.length(before.length);
   });
+});
+
+describe('decisions as workflows stopped in Temporal', function () {
+  this.timeout(60_000);
+  let gw: TestGateway;
+  let t: Tenant;
+  let connection: Connection;
+  before(async () => {
+    const catalogPath = writeTestCatalog('decision-stopped', (base) => {
+      const native = base.providers.find((p) => p.slug === 'sandbox-systemone');
+      base.providers.push({ ...native, slug: 'stopped-systemone', base_url: '${SANDBOX_URL}/~decstopped=1,latency=3000/systemone' });
+      const jev = base.models.find((m) => m.id === 'typesafe/jev-1.13');
+      base.models.push({
+        ...jev,
+        id: 'test/dec-stopped',
+        family: 'test/dec-stopped',
+        endpoints: [{ ...jev.endpoints[0], provider: 'stopped-systemone' }],
+      });
+    });
+    gw = await startTestGateway({ env: { CATALOG_PATH: catalogPath, DECISIONS_EXECUTION: 'workflow' } });
+    t = await createTenant(gw.store, 5);
+    connection = await Connection.connect({ address: stack.temporalAddress });
+  });
+  after(async () => {
+    await connection.close();
+    await gw.stop();
+  });
+
+  for (const how of ['terminate', 'cancel'] as const) {
+    it(`a decision whose run an operator ${how}s while it decides is answered by the decision it made, billed once (before: a 500, billed all the same)`, async () => {
+      const start = WorkflowClient.prototype.start;
+      let id: string | null = null;
+      WorkflowClient.prototype.start = async function (this: WorkflowClient, ...args: Parameters<typeof start>) {
+        WorkflowClient.prototype.start = start;
+        const handle = await start.apply(this, args);
+        id = handle.workflowId;
+        return handle;
+      } as typeof start;
+      try {
+        const pending = call(`${gw.url}/api/v1/systemone`, {
+          key: t.inferenceKey,
+          body: { model: 'test/dec-stopped', state: `stopped ${how}`, questions: { q: { type: 'noul', instructions: 'ok?' } } },
+        });
+        for (let i = 0; i < 50 && !id; i++) await new Promise((r) => setTimeout(r, 20));
+        await new Promise((r) => setTimeout(r, 300));
+        const handle = new Client({ connection }).workflow.getHandle(id!);
+        await (how === 'terminate' ? handle.terminate('an operator') : handle.cancel());
+        const r = await pending;
+        expect(r.status, JSON.stringify(r.body)).to.equal(200);
+        expect(r.body.id).to.equal(id);
+        expect(r.body.answers.q).to.include({ type: 'noul' });
+        expect(await storedUsage(gw.store, { _id: id! })).to.have.length(1);
+        if (how === 'terminate') expect((await handle.describe()).status.name).to.equal('TERMINATED');
+      } finally {
+        WorkflowClient.prototype.start = start;
+      }
+    });
+  }
 });

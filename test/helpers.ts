@@ -19,6 +19,7 @@ import { SpendAdmission } from '../domain/accounts/spend-admission';
 import { createActivities } from '../activities';
 import type { Upstreams } from '../domain/routing/upstreams';
 import { newBatchId, type BatchDoc } from '../domain/batches/store';
+import type { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
 
 /** Six random bytes: a test makes hundreds within one millisecond (three bytes collided once in 300). */
 export function uniqueName(prefix: string): string {
@@ -276,13 +277,14 @@ export async function storedRecord(store: Store, id: string): Promise<UsageDoc |
 }
 
 /** The activity functions as a process builds them, on the test's own store and upstream clients. */
-export function testActivities(store: Store, upstreams: Upstreams, config: Config) {
+export function testActivities(store: Store, upstreams: Upstreams, config: Config, handoff?: DecisionHandoff) {
   return createActivities({
     store,
     upstreams,
     batchSettings: config.batches,
     usage: new UsageLedger(store),
     credits: new SpendAdmission(store),
+    handoff,
   });
 }
 

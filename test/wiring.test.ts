@@ -4,7 +4,6 @@ import { Worker } from '@temporalio/worker';
 import { Store } from '../infrastructure/store';
 import { connectTemporal, type TemporalHandles } from '../infrastructure/temporal/client';
 import { createWorker } from '../worker';
-import { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
 import { runSelfCheck } from '../cli';
 import { createLogger } from '../infrastructure/log';
 import { stack } from './fixture';
@@ -34,7 +33,6 @@ describe('Temporal + MongoDB wiring', () => {
       namespace: stack.namespace,
       taskQueue,
       activities: testActivities(store, upstreams, config),
-      handoff: new DecisionHandoff(),
     });
     const result = await worker.runUntil(runSelfCheck(temporal.client, taskQueue));
     expect(result.note).to.match(/^checked at /);

@@ -2,7 +2,6 @@
 // store and HTTP clients; the other, webhook deliveries alone, on their own queue (workflows/shared.ts).
 import { NativeConnection, Worker } from '@temporalio/worker';
 import type { Activities } from '../activities';
-import type { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
 import { webhookTaskQueue } from '../workflows/shared';
 import { workflowBundle } from './bundle';
 
@@ -12,8 +11,6 @@ export interface WorkerOptions {
   taskQueue: string;
   /** Built once per process by `createActivities`; the API's inline decisions call the same functions. */
   activities: Activities;
-  /** Where finished decisions are handed to this process's HTTP handlers. */
-  handoff: DecisionHandoff;
 }
 
 export async function createWorker(opts: WorkerOptions): Promise<Worker> {
@@ -23,7 +20,6 @@ export async function createWorker(opts: WorkerOptions): Promise<Worker> {
     taskQueue: opts.taskQueue,
     workflowBundle: await workflowBundle(),
     activities: opts.activities,
-    sinks: opts.handoff.sinks(),
     // Heartbeats carry cancellation back to a running chunk: let one reach the server every second,
     // so a cancelled batch stops calling providers within about a second.
     maxHeartbeatThrottleInterval: '1 second',
@@ -35,7 +31,7 @@ export async function createWorker(opts: WorkerOptions): Promise<Worker> {
 }
 
 /** Delivers batch webhooks: activities only, so a receiver that never answers holds none of the other worker's slots. */
-export function createWebhookWorker(opts: Omit<WorkerOptions, 'handoff'>): Promise<Worker> {
+export function createWebhookWorker(opts: WorkerOptions): Promise<Worker> {
   return Worker.create({
     connection: opts.connection,
     namespace: opts.namespace,

@@ -1,4 +1,4 @@
-import { proxyLocalActivities, proxySinks, type Sinks } from '@temporalio/workflow';
+import { proxyLocalActivities } from '@temporalio/workflow';
 import type { Activities, DecisionJob, DecisionResult } from '../activities';
 import { GATEWAY_ERROR_TYPE } from './shared';
 
@@ -9,25 +9,10 @@ const { evaluateDecision } = proxyLocalActivities<Activities>({
   retry: { maximumAttempts: 3, initialInterval: '200 ms', nonRetryableErrorTypes: [GATEWAY_ERROR_TYPE] },
 });
 
-/** How a decision tells the HTTP handler in its own process that it is done (infrastructure/temporal/decision-handoff). */
-export interface DecisionSinks extends Sinks {
-  decisions: {
-    answered(generationId: string, result: DecisionResult): void;
-    failed(generationId: string): void;
-  };
-}
-
-const { decisions } = proxySinks<DecisionSinks>();
-
-/** One decision request (workflow id = its generation id): evaluate, record usage, answer. */
+/**
+ * One decision request (workflow id = its generation id): evaluate, record usage, answer. The
+ * activity hands its result to the HTTP handler in its own process (infrastructure/temporal/decision-handoff).
+ */
 export async function decisionWorkflow(job: DecisionJob): Promise<DecisionResult> {
-  try {
-    const result = await evaluateDecision(job);
-    decisions.answered(job.generationId, result);
-    return result;
-  } catch (err) {
-    // The failure's details travel through the server; the handler fetches them from there.
-    decisions.failed(job.generationId);
-    throw err;
-  }
+  return evaluateDecision(job);
 }

@@ -1,11 +1,10 @@
-// Hands a decision's outcome from the in-process worker straight to the HTTP handler waiting for
-// it. The workflow reports its result through a sink as soon as it has it, which spares the
-// handler the round trip through the server (completion persisted, then long-poll answered) that
-// `handle.result()` takes. The server path stays as the fallback and carries every failure.
+// Hands a decision's outcome from the activity that made it, in this process, straight to the HTTP
+// handler waiting for it. That spares the handler the round trip through the server (completion
+// persisted, then long-poll answered) that `handle.result()` takes. The server path stays as the
+// fallback and carries every failure.
 import type { WorkflowHandle } from '@temporalio/client';
-import type { InjectedSinks } from '@temporalio/worker';
-import type { DecisionResult } from '../../activities';
-import type { DecisionSinks } from '../../workflows/decision';
+import type { DecisionResult } from '../../domain/decisions/service';
+import { wasStopped } from './failures';
 
 type Settlement = { ok: true; result: DecisionResult } | { ok: false };
 
@@ -13,6 +12,8 @@ type Started = Pick<WorkflowHandle, 'result'> & { readonly eagerlyStarted: boole
 
 export class DecisionHandoff {
   private readonly waiting = new Map<string, (s: Settlement) => void>();
+  /** Decisions whose activity is deciding in this process now. */
+  private readonly deciding = new Set<string>();
 
   /**
    * @param fallbackMs how long to wait for this process's worker before also asking the server, for
@@ -28,30 +29,40 @@ export class DecisionHandoff {
       const handle = await start();
       // Not eagerly started: another process's worker runs it, so only the server can tell.
       if (!handle.eagerlyStarted) return (await handle.result()) as DecisionResult;
+      const viaWorker = settled.then((s) => (s.ok ? s.result : (handle.result() as Promise<DecisionResult>)));
       const viaServer = new Promise<DecisionResult>((resolve, reject) => {
         timer = setTimeout(() => handle.result().then(resolve, reject), this.fallbackMs);
+      }).catch((err: unknown) => {
+        // A run stopped in Temporal (terminated or cancelled by an operator) while its activity
+        // decides here: that activity still decides and bills, so its answer is the client's,
+        // rather than an error that invites a retry charged twice.
+        if (this.deciding.has(generationId) && wasStopped(err)) return viaWorker;
+        throw err;
       });
-      const viaSink = settled.then((s) => (s.ok ? s.result : (handle.result() as Promise<DecisionResult>)));
-      return await Promise.race([viaSink, viaServer]);
+      return await Promise.race([viaWorker, viaServer]);
     } finally {
       clearTimeout(timer);
       this.waiting.delete(generationId);
     }
   }
 
-  /** Wakes the caller of `execute` for this generation, if it is still waiting (it forgets it). */
-  private settle(generationId: string, s: Settlement): void {
-    this.waiting.get(generationId)?.(s);
-  }
-
-  /** The worker's side. Not called on replay: a replayed run's caller has been answered already. */
-  sinks(): InjectedSinks<DecisionSinks> {
-    return {
-      decisions: {
-        answered: { fn: (_info, generationId, result) => this.settle(generationId, { ok: true, result }), callDuringReplay: false },
-        failed: { fn: (_info, generationId) => this.settle(generationId, { ok: false }), callDuringReplay: false },
-      },
-    };
+  /**
+   * The worker's side: one attempt of a decision's activity in this process. Its result goes to the
+   * handler waiting here, if any; a failed attempt sends that handler to the server, which has the
+   * run's outcome after its retries.
+   */
+  async decide(generationId: string, attempt: () => Promise<DecisionResult>): Promise<DecisionResult> {
+    this.deciding.add(generationId);
+    try {
+      const result = await attempt();
+      this.waiting.get(generationId)?.({ ok: true, result });
+      return result;
+    } catch (err) {
+      this.waiting.get(generationId)?.({ ok: false });
+      throw err;
+    } finally {
+      this.deciding.delete(generationId);
+    }
   }
 
   /** Callers still waiting; zero whenever no decision is in flight. */

@@ -1,6 +1,6 @@
 // Gateway errors crossing Temporal: an activity turns one into a non-retryable ApplicationFailure
 // carrying its status; the API turns the workflow failure back into the same error class.
-import { ApplicationFailure } from '@temporalio/common';
+import { ApplicationFailure, CancelledFailure, TerminatedFailure, TimeoutFailure } from '@temporalio/common';
 import { errorFromStatus, GatewayError, InternalError, RateLimitedError, ServiceUnavailableError } from '../errors';
 
 import { GATEWAY_ERROR_TYPE } from '../../workflows/shared';
@@ -22,7 +22,10 @@ export function toActivityFailure(err: unknown): unknown {
   return ApplicationFailure.create({ type: GATEWAY_ERROR_TYPE, message: err.message, nonRetryable: true, details: [details] });
 }
 
-/** For clients: the gateway error a workflow failed with, or a 503 when Temporal itself failed. */
+/**
+ * For clients: the gateway error a workflow failed with, or a 503 when Temporal itself failed or
+ * the run was ended from outside (an operator, its execution timeout).
+ */
 export function fromWorkflowFailure(err: unknown): GatewayError {
   if (err instanceof GatewayError) return err;
   for (let e: any = err; e; e = e.cause) {
@@ -31,8 +34,18 @@ export function fromWorkflowFailure(err: unknown): GatewayError {
       if (d.status === 429) return new RateLimitedError(e.message, d.retryAfterSeconds ?? 1, d.metadata);
       return errorFromStatus(d.status ?? 500, e.message, d.metadata ?? null);
     }
+    if (e instanceof TimeoutFailure) return new ServiceUnavailableError('The run did not finish in time; try again');
+  }
+  if (wasStopped(err)) {
+    return new ServiceUnavailableError('The run was stopped before it answered (terminated or cancelled in Temporal); try again');
   }
   return isOrchestrationUnavailable(err) ? orchestrationUnavailable() : new InternalError('Internal server error');
+}
+
+/** A run ended from outside: terminated or cancelled (an operator, the Web UI, the CLI). */
+export function wasStopped(err: unknown): boolean {
+  for (let e: any = err; e; e = e.cause) if (e instanceof TerminatedFailure || e instanceof CancelledFailure) return true;
+  return false;
 }
 
 /** Temporal did not answer a call (down, frozen, unreachable): the client may try again. */

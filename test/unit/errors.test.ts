@@ -2,7 +2,9 @@
 import { expect } from 'chai';
 import { errorFromStatus, errorTypeOf, statusSummary } from '../../infrastructure/errors';
 import { sizeText } from '../../infrastructure/errors/sizes';
-import { ServiceError } from '@temporalio/client';
+import { ServiceError, WorkflowFailedError } from '@temporalio/client';
+import { CancelledFailure, TerminatedFailure, TimeoutFailure, TimeoutType } from '@temporalio/common';
+import { fromWorkflowFailure, wasStopped } from '../../infrastructure/temporal/failures';
 import { normalize } from '../../api/errors';
 
 describe('error names', () => {
@@ -51,5 +53,22 @@ describe('errors as HTTP answers', () => {
     const frozen = new ServiceError('Failed to signal Workflow', { cause: Object.assign(new Error('Timeout expired'), { code: 4 }) });
     expect(normalize(frozen)).to.include({ status: 503, message: 'The orchestration service is unavailable; try again' });
     expect(normalize(new Error('something else'))).to.include({ status: 500, message: 'Internal server error' });
+  });
+});
+
+describe('workflow failures read back for clients', () => {
+  const failed = (cause: Error) => new WorkflowFailedError('Workflow execution failed', cause, 'NON_RETRYABLE_FAILURE' as never);
+  it('a run stopped from outside or timed out is a 503 saying which, not a 500', () => {
+    for (const cause of [new TerminatedFailure('an operator'), new CancelledFailure('an operator')]) {
+      const err = fromWorkflowFailure(failed(cause));
+      expect(err.status, cause.name).to.equal(503);
+      expect(err.message).to.equal('The run was stopped before it answered (terminated or cancelled in Temporal); try again');
+      expect(wasStopped(failed(cause))).to.equal(true);
+    }
+    const timedOut = fromWorkflowFailure(failed(new TimeoutFailure('timed out', undefined, TimeoutType.START_TO_CLOSE)));
+    expect([timedOut.status, timedOut.message]).to.deep.equal([503, 'The run did not finish in time; try again']);
+    expect(wasStopped(failed(new TimeoutFailure('timed out', undefined, TimeoutType.START_TO_CLOSE)))).to.equal(false);
+    // Anything else unexplained stays a 500.
+    expect(fromWorkflowFailure(failed(new Error('a bug'))).status).to.equal(500);
   });
 });
