@@ -3,7 +3,7 @@
 // persisted, then long-poll answered) that `handle.result()` takes. The server path stays as the
 // fallback and carries every failure.
 import type { WorkflowHandle } from '@temporalio/client';
-import type { DecisionResult } from '../../domain/decisions/service';
+import type { DecisionResult } from '../../activities';
 import { wasStopped } from './failures';
 
 type Settlement = { ok: true; result: DecisionResult } | { ok: false };
