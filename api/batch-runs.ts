@@ -92,8 +92,9 @@ export class BatchRuns {
 
   /**
    * A new run for a stored batch: the document is there (nothing to wait for), the last run's
-   * activities are given time to stop first, and a batch that was being cancelled is cancelled. Started only where no run ended by itself: one that did has
-   * closed the batch, which stays as it is.
+   * activities are given time to stop first, and a batch that was being cancelled is cancelled.
+   * Started only where no run ended by itself: one that did has closed the batch, which stays as
+   * it is.
    */
   private async again(b: BatchDoc, cancel: boolean): Promise<RunState> {
     let modelId = b.model; // a model taken out of the catalog since: as the client named it

@@ -5,8 +5,8 @@
 // (BatchRuns.recover): its finished lines keep their results, and its webhook is posted.
 //
 // A look is two visibility queries, each read from Temporal's index by status and close time: it
-// reads the runs stopped that way since the last look, however many batches have run. Several workers looking at once do no harm: a
-// batch gets one new run.
+// reads the runs stopped that way since the last look, however many batches have run. Several
+// workers looking at once do no harm: a batch gets one new run.
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client } from '@temporalio/client';
 import type { Store } from '../infrastructure/store';

@@ -56,8 +56,9 @@ export interface BatchWorkflowInput {
   /**
    * A run started for a stored batch whose last run is gone or was stopped (BatchRuns). That run's
    * chunk activities may still be running: each learns its run is gone only from the answer to its
-   * next heartbeat, sent at most every 0.8 × the heartbeat timeout. This run waits that timeout
-   * first, so no line is called twice and no paid call's result is thrown away by the close.
+   * next heartbeat (sent every second by our workers, and within the heartbeat timeout by any live
+   * one). This run waits that timeout first, so no line is called twice and no paid call's result
+   * is thrown away by the close.
    */
   followsLostRun?: boolean;
 }
