@@ -56,7 +56,7 @@ async function lookOnce(store: Store, client: Client, runs: BatchRuns, logger: L
       if (state === 'cancelled') {
         logger.info(
           { batch_id: b._id, workspace_id: b.workspace_id, run_status: run.status.name },
-          'batch closed cancelled: its run was stopped in Temporal',
+          'batch being closed cancelled: its run was stopped in Temporal',
         );
       }
     }
