@@ -2,7 +2,9 @@
 // Such a run ends without closing its batch, which would stay open for good: no run is left to
 // expire or close it, and nothing tells its client. Each worker process looks, every minute, at the
 // batch runs Temporal closed that way since its last look, and closes each such batch cancelled
-// (BatchRuns.recover): its finished lines keep their results, and its webhook is posted.
+// (BatchRuns.recover): its finished lines keep their results, and its webhook is posted. A batch
+// already closed, whose run was stopped while it retried the webhook, has that delivery recorded
+// as given up.
 //
 // A look is two visibility queries, each read from Temporal's index by status and close time: it
 // reads the runs stopped that way since the last look, however many batches have run. Several
@@ -12,7 +14,7 @@ import type { Client } from '@temporalio/client';
 import type { Store } from '../infrastructure/store';
 import type { Logger } from '../infrastructure/log';
 import type { BatchRuns } from '../api/batch-runs';
-import { readBatch, type BatchStatus } from '../domain/batches/store';
+import { readBatch, recordWebhookOutcome, type BatchDoc, type BatchStatus } from '../domain/batches/store';
 import { batchWorkflow } from '../workflows/batch';
 
 const OPEN: ReadonlySet<BatchStatus> = new Set(['validating', 'in_progress', 'finalizing', 'cancelling']);
@@ -51,7 +53,14 @@ async function lookOnce(store: Store, client: Client, runs: BatchRuns, logger: L
     for await (const run of client.workflow.list({ query })) {
       if (signal.aborted) return;
       const b = await readBatch(store, run.workflowId);
-      if (!b || !OPEN.has(b.status)) continue;
+      if (!b) continue;
+      if (!OPEN.has(b.status)) {
+        // Closed, and stopped while it retried its webhook: its record says the delivery was given
+        // up, rather than nothing for good.
+        if (b.callback_url && !b.webhook)
+          await recordWebhookOutcome(store, b._id, await stoppedDelivery(client, run.workflowId, run.runId));
+        continue;
+      }
       const state = await runs.recover(b);
       if (state === 'cancelled') {
         logger.info(
@@ -61,4 +70,13 @@ async function lookOnce(store: Store, client: Client, runs: BatchRuns, logger: L
       }
     }
   }
+}
+
+/** A webhook delivery cut short by its run's stop: the attempts that run made, none of which was taken. */
+async function stoppedDelivery(client: Client, workflowId: string, runId: string): Promise<NonNullable<BatchDoc['webhook']>> {
+  const history = await client.workflow.getHandle(workflowId, runId).fetchHistory();
+  const attempts = (history.events ?? []).filter(
+    (e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'deliverBatchWebhook',
+  ).length;
+  return { status: 'failed', attempts, last_status: null, last_error: 'the delivery was stopped in Temporal before a receiver took it' };
 }

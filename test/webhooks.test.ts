@@ -65,7 +65,7 @@ async function until<T>(what: string, f: () => Promise<T | undefined> | T | unde
 
 describe('batch completion webhooks', function () {
   this.timeout(90_000);
-  const rx = receiver({ '/flaky': [500, 500, 200], '/slow': ['hang', 200], '/down': [500], '/moved': [302] });
+  const rx = receiver({ '/flaky': [500, 500, 200], '/slow': ['hang', 200], '/down': [500], '/moved': [302], '/stopped': [500] });
   let base: string;
   let gw: TestGateway;
   let t: Tenant;
@@ -157,6 +157,41 @@ describe('batch completion webhooks', function () {
     expect(b.webhook).to.deep.include({ status: 'failed', last_status: 500, last_error: 'HTTP 500' });
     expect(b.webhook.attempts).to.be.at.least(2);
     expect(rx.received.filter((x) => x.path === '/down')).to.have.length(b.webhook.attempts);
+  });
+
+  it('a batch whose run an operator stops while it retries the webhook has the delivery recorded as given up (before: no record for good)', async () => {
+    const watching = await startTestGateway({
+      env: { WEBHOOKS_ALLOW_PRIVATE_URLS: 'true', WEBHOOK_TIMEOUT_MS: '400', BATCH_STOPPED_RUNS_EVERY_MS: '300' },
+      tune: (c) => (c.webhooks.firstRetryMs = 100), // and the default window of a day: it keeps retrying
+    });
+    const connection = await Connection.connect({ address: stack.temporalAddress });
+    try {
+      const tenant = await createTenant(watching.store, 5);
+      const r = await createWith(`${base}/stopped`, tenant.inferenceKey, watching);
+      expect(r.status, JSON.stringify(r.body)).to.equal(202);
+      await until('two failed attempts', () => (rx.received.filter((x) => x.path === '/stopped').length >= 2 ? true : undefined));
+      expect((await call(`${watching.url}/api/v1/batches/${r.body.id}`, { key: tenant.inferenceKey })).body).to.include({
+        status: 'completed',
+        webhook: null,
+      });
+      await new Client({ connection }).workflow.getHandle(r.body.id).terminate('an operator');
+      const b = await until('the delivery recorded', async () => {
+        const got = (await call(`${watching.url}/api/v1/batches/${r.body.id}`, { key: tenant.inferenceKey })).body;
+        return got.webhook ? got : undefined;
+      });
+      expect(b.status).to.equal('completed');
+      expect(b.webhook).to.deep.include({
+        status: 'failed',
+        last_status: null,
+        last_error: 'the delivery was stopped in Temporal before a receiver took it',
+      });
+      // The attempts its run made: those received, and one the stop may have cut before it was sent.
+      const sent = rx.received.filter((x) => x.path === '/stopped').length;
+      expect(b.webhook.attempts).to.be.within(Math.max(sent, 2), sent + 1);
+    } finally {
+      await connection.close();
+      await watching.stop();
+    }
   });
 
   it('does not follow redirects: a 3xx is a failed attempt', async () => {

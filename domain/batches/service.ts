@@ -19,12 +19,11 @@ import type { SpendAdmission } from '../accounts/spend-admission';
 import { roundUsd } from '../catalog/usd';
 import {
   abandonBatch,
-  batches,
   dropUnpublished,
   readNewBatch,
-  packed,
   readBatch,
   writeStatus,
+  recordWebhookOutcome,
   batchView,
   type BatchDoc,
   type BatchStatus,
@@ -364,8 +363,8 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       return webhooks.sender.send({ url: b.callback_url, secret, id: `msg_${batchId}`, body, timeoutMs: webhooks.timeoutMs });
     },
 
-    async recordWebhookOutcome(batchId: string, outcome: NonNullable<BatchDoc['webhook']>): Promise<void> {
-      await batches(store).updateOne({ _id: batchId }, { $set: packed({ webhook: outcome }) });
+    recordWebhookOutcome(batchId: string, outcome: NonNullable<BatchDoc['webhook']>): Promise<void> {
+      return recordWebhookOutcome(store, batchId, outcome);
     },
 
     async setStatus(batchId: string, status: BatchStatus): Promise<void> {

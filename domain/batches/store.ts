@@ -68,8 +68,8 @@ export function newBatchId(now = Date.now()): string {
 export type BatchRef = Pick<BatchDoc, '_id'>;
 
 /**
- * The batch documents as stored. Read them with `readBatch`/`readBatches` and write them with
- * `packed`: the fields in PACKED are stored as the JSON text of their value.
+ * The batch documents as stored. Read them with `readBatch`/`readBatches` and write them through
+ * this module (which stores the fields in PACKED as the JSON text of their value).
  */
 export function batches(store: Store): Collection<BatchDoc> {
   return store.db.collection<BatchDoc>('batches');
@@ -85,7 +85,7 @@ export function batches(store: Store): Collection<BatchDoc> {
 const PACKED = ['chunk_starts', 'meta', 'validation', 'provider_only', 'usage', 'error', 'final_counts', 'webhook'] as const;
 
 /** `doc` (a whole batch document, or fields to `$set`) as stored. */
-export function packed<T extends Partial<BatchDoc>>(doc: T): T {
+function packed<T extends Partial<BatchDoc>>(doc: T): T {
   const out: Record<string, unknown> = { ...doc };
   for (const k of PACKED) if (out[k] !== undefined && out[k] !== null) out[k] = toJsonText(out[k]);
   return out as T;
@@ -95,6 +95,11 @@ function unpacked(stored: BatchDoc): BatchDoc {
   const out: Record<string, unknown> = stored;
   for (const k of PACKED) if (typeof out[k] === 'string') out[k] = fromJsonText(out[k] as string);
   return stored;
+}
+
+/** How a closed batch's webhook went (delivered, or given up), once it has. */
+export async function recordWebhookOutcome(store: Store, batchId: string, outcome: NonNullable<BatchDoc['webhook']>): Promise<void> {
+  await batches(store).updateOne({ _id: batchId }, { $set: packed({ webhook: outcome }) });
 }
 
 /** A batch document by id, whatever its workspace. */
