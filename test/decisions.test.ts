@@ -547,15 +547,17 @@ for (const mode of ['inline', 'workflow'] as const)
           const { Connection, Client, WorkflowNotFoundError } = await import('@temporalio/client');
           const connection = await Connection.connect({ address: stack.temporalAddress });
           try {
-            const described = new Client({ connection }).workflow.getHandle(r.body.id).describe();
+            const handle = new Client({ connection }).workflow.getHandle(r.body.id);
             if (mode === 'inline') {
-              await described.then(
+              await handle.describe().then(
                 () => expect.fail('no workflow should exist'),
                 (err) => expect(err).to.be.instanceOf(WorkflowNotFoundError),
               );
               return;
             }
-            const d = await described;
+            // The answer leaves as soon as the activity has it; the run's completion is recorded just after.
+            expect(await handle.result()).to.deep.include({ id: r.body.id });
+            const d = await handle.describe();
             expect(d.type).to.equal(decisionWorkflow.name);
             expect(d.status.name).to.equal('COMPLETED');
             // One line for the Web UI's list: what, for whom; no caller text.

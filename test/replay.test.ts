@@ -93,6 +93,7 @@ describe('workflow replay', () => {
         body: { model: 'jev-1.13', state: 'x', questions: { q: { type: 'noul', instructions: 'ok?' } } },
       });
       expect(decision.status).to.equal(200);
+      await client.workflow.getHandle(decision.body.id).result(); // answered before its completion is recorded
       await save('decision', decision.body.id);
     } finally {
       await connection.close();
