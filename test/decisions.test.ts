@@ -637,20 +637,25 @@ describe('decision models in the default catalog', () => {
   });
 });
 
+/** A catalog with `test/dec-<name>`: jev-1.13 on a sandbox provider of its own answering after `latencyMs`. */
+function slowDecisionCatalog(name: string, latencyMs: number): string {
+  return writeTestCatalog(`decision-${name}`, (base) => {
+    const native = base.providers.find((p) => p.slug === 'sandbox-systemone');
+    base.providers.push({ ...native, slug: `${name}-systemone`, base_url: `\${SANDBOX_URL}/~dec${name}=1,latency=${latencyMs}/systemone` });
+    const jev = base.models.find((m) => m.id === 'typesafe/jev-1.13');
+    base.models.push({
+      ...jev,
+      id: `test/dec-${name}`,
+      family: `test/dec-${name}`,
+      endpoints: [{ ...jev.endpoints[0], provider: `${name}-systemone` }],
+    });
+  });
+}
+
 describe('decisions as workflows under one workspace’s flood', function () {
   this.timeout(60_000);
   it('leave another workspace a quarter of the slots: its decision starts at once, not behind the flood', async () => {
-    const catalogPath = writeTestCatalog('decision-flood', (base) => {
-      const native = base.providers.find((p) => p.slug === 'sandbox-systemone');
-      base.providers.push({ ...native, slug: 'flood-systemone', base_url: '${SANDBOX_URL}/~decflood=1,latency=1000/systemone' });
-      const jev = base.models.find((m) => m.id === 'typesafe/jev-1.13');
-      base.models.push({
-        ...jev,
-        id: 'test/dec-flood',
-        family: 'test/dec-flood',
-        endpoints: [{ ...jev.endpoints[0], provider: 'flood-systemone' }],
-      });
-    });
+    const catalogPath = slowDecisionCatalog('flood', 1000);
     // 4 decisions at once per process: one workspace may run 3.
     const gw = await startTestGateway({
       env: { CATALOG_PATH: catalogPath, DECISIONS_EXECUTION: 'workflow', DECISION_WORKFLOW_CONCURRENCY: '4' },
@@ -730,17 +735,7 @@ describe('decisions as workflows stopped in Temporal', function () {
   let t: Tenant;
   let connection: Connection;
   before(async () => {
-    const catalogPath = writeTestCatalog('decision-stopped', (base) => {
-      const native = base.providers.find((p) => p.slug === 'sandbox-systemone');
-      base.providers.push({ ...native, slug: 'stopped-systemone', base_url: '${SANDBOX_URL}/~decstopped=1,latency=3000/systemone' });
-      const jev = base.models.find((m) => m.id === 'typesafe/jev-1.13');
-      base.models.push({
-        ...jev,
-        id: 'test/dec-stopped',
-        family: 'test/dec-stopped',
-        endpoints: [{ ...jev.endpoints[0], provider: 'stopped-systemone' }],
-      });
-    });
+    const catalogPath = slowDecisionCatalog('stopped', 3000);
     gw = await startTestGateway({ env: { CATALOG_PATH: catalogPath, DECISIONS_EXECUTION: 'workflow' } });
     t = await createTenant(gw.store, 5);
     connection = await Connection.connect({ address: stack.temporalAddress });
