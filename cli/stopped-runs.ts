@@ -57,8 +57,9 @@ async function lookOnce(store: Store, client: Client, runs: BatchRuns, logger: L
       if (!OPEN.has(b.status)) {
         // Closed, and stopped while it retried its webhook: its record says the delivery was given
         // up, rather than nothing for good.
-        if (b.callback_url && !b.webhook)
+        if (b.callback_url && !b.webhook && (await isLatestRun(client, run.workflowId, run.runId))) {
           await recordWebhookOutcome(store, b._id, await stoppedDelivery(client, run.workflowId, run.runId));
+        }
         continue;
       }
       const state = await runs.recover(b);
@@ -70,6 +71,14 @@ async function lookOnce(store: Store, client: Client, runs: BatchRuns, logger: L
       }
     }
   }
+}
+
+/**
+ * Whether the stopped run is the batch's last: a later run (the one that closed a stopped batch
+ * cancelled) may be delivering its webhook now, and records the outcome itself.
+ */
+async function isLatestRun(client: Client, workflowId: string, runId: string): Promise<boolean> {
+  return (await client.workflow.getHandle(workflowId).describe()).runId === runId;
 }
 
 /** A webhook delivery cut short by its run's stop: the attempts that run made, none of which was taken. */

@@ -2,6 +2,8 @@
 // document is stored after that: a visible batch always has a workflow, and a workflow whose batch
 // is never stored (the API failed or died in between, or the start's answer was lost) runs nothing.
 import { spawn } from 'node:child_process';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { expect } from 'chai';
 import { Client, Connection, WorkflowClient, WorkflowNotFoundError } from '@temporalio/client';
@@ -84,7 +86,7 @@ describe('batch creation: the workflow first, the batch visible last', function 
     });
     // A batch whose document does not come is given up after 1.5 s here (10 minutes in production).
     gw = await startTestGateway({
-      env: { CATALOG_PATH: catalog },
+      env: { CATALOG_PATH: catalog, WEBHOOKS_ALLOW_PRIVATE_URLS: 'true' },
       tune: (c) => {
         c.batches.createdWithinMs = 1_500;
         c.batches.temporalWithinMs = 2_000; // 10 s in production
@@ -155,13 +157,14 @@ describe('batch creation: the workflow first, the batch visible last', function 
   }
 
   /** A batch of `n` lines created through the API, custom_ids `<tag><i>`. */
-  const createLines = (n: number, tag: string, model = SLOW) =>
+  const createLines = (n: number, tag: string, model = SLOW, callback_url?: string) =>
     call(`${gw.url}/api/v1/batches`, {
       key: t.inferenceKey,
       body: {
         endpoint: '/v1/chat/completions',
         model,
         requests: Array.from({ length: n }, (_, i) => ({ custom_id: `${tag}${i}`, body: JSON.parse(line(i).body) })),
+        ...(callback_url && { callback_url }),
       },
     });
   /** Waits until at least `n` lines of a batch are done. */
@@ -467,22 +470,31 @@ describe('batch creation: the workflow first, the batch visible last', function 
     expect((await providerCalls('creationslow=1')) - slowCalls).to.be.within(24, 25);
   });
 
-  it("batches whose runs an operator terminated or cancelled in Temporal are closed cancelled by a worker's next look: every line has a result, the finished ones billed once, nothing run after (before: in_progress for good)", async () => {
+  it("batches whose runs an operator terminated or cancelled in Temporal are closed cancelled by a worker's next look: every line has a result, the finished ones billed once, nothing run after, the closing run's webhook left to it (before: in_progress for good)", async () => {
     const watching = await startTestGateway({
       env: {
         CATALOG_PATH: gw.config.catalogPath,
         MONGODB_DATABASE: gw.config.mongo.database,
         BATCH_STOPPED_RUNS_EVERY_MS: '300',
         BATCH_HEARTBEAT_TIMEOUT_MS: String(gw.config.batches.heartbeatTimeoutMs),
+        WEBHOOKS_ALLOW_PRIVATE_URLS: 'true',
       },
     });
     const stoppedCalls = await providerCalls('creationstopped=1');
+    // A receiver that refuses every delivery: the closing run keeps retrying its webhook.
+    const refusing = http.createServer((_req, res) => res.writeHead(500).end());
+    await new Promise<void>((r) => refusing.listen(0, '127.0.0.1', r));
+    const callback = `http://127.0.0.1:${(refusing.address() as AddressInfo).port}/hook`;
     try {
-      const terminated = await createLines(20, 'tt');
+      const terminated = await createLines(20, 'tt', SLOW, callback);
       const cancelled = await createLines(20, 'tc', STOPPED);
       expect([terminated.status, cancelled.status], JSON.stringify([terminated.body, cancelled.body])).to.deep.equal([202, 202]);
       await untilCompleted(terminated.body.id, 1);
       await untilCompleted(cancelled.body.id, 1);
+      const stoppedRuns = [
+        (await client.workflow.getHandle(terminated.body.id).describe()).runId,
+        (await client.workflow.getHandle(cancelled.body.id).describe()).runId,
+      ];
       await client.workflow.getHandle(terminated.body.id).terminate('an operator');
       await client.workflow.getHandle(cancelled.body.id).cancel();
       for (const id of [terminated.body.id, cancelled.body.id]) {
@@ -495,15 +507,24 @@ describe('batch creation: the workflow first, the batch visible last', function 
         expect(b.results.filter((x: any) => x.error?.type === 'batch_cancelled')).to.have.length(20 - completed);
         expect(await storedUsage(gw.store, { batch_id: id })).to.have.length(completed);
         // Closed by a new run, the watching worker's.
-        expect(await client.workflow.getHandle(id).result()).to.equal('cancelled');
+        expect((await client.workflow.getHandle(id).describe()).runId).to.not.be.oneOf(stoppedRuns);
         if (id === cancelled.body.id) {
           // Every line its provider was called for is billed, but the one in flight when the
           // stopped run's chunk learned it was stopped: the close waited for that chunk.
           expect((await providerCalls('creationstopped=1')) - stoppedCalls).to.be.within(completed, completed + 1);
         }
       }
+      expect(await client.workflow.getHandle(cancelled.body.id).result()).to.equal('cancelled');
+      // The closing run retries its webhook meanwhile: later looks, which still see the stopped
+      // run, leave its delivery to it rather than record it as stopped.
+      const closing = client.workflow.getHandle(terminated.body.id);
+      await new Promise((r) => setTimeout(r, 1_000));
+      expect((await closing.describe()).status.name).to.equal('RUNNING');
+      expect((await call(`${gw.url}/api/v1/batches/${terminated.body.id}`, { key: t.inferenceKey })).body.webhook).to.equal(null);
+      await closing.terminate('the test is over');
     } finally {
       await watching.stop();
+      refusing.close();
     }
   });
 
