@@ -12,9 +12,8 @@ import type { Logger } from '../infrastructure/log';
 import type { BatchRuns, RunState } from '../api/batch-runs';
 import { answeredWithin } from '../infrastructure/temporal/failures';
 import { listWorkspaces } from '../domain/accounts/workspaces';
-import { listBatches, type BatchStatus } from '../domain/batches/store';
-
-const OPEN: BatchStatus[] = ['validating', 'in_progress', 'finalizing', 'cancelling'];
+import { listBatches } from '../domain/batches/store';
+import { OPEN_STATUSES } from '../domain/batches/schema';
 const PAGE = 100;
 
 export interface Recovered {
@@ -37,7 +36,7 @@ export async function recoverBatches(
   const workspaces = opts.workspace ? [opts.workspace] : (await listWorkspaces(store)).map((w) => w._id);
   for (const workspaceId of workspaces) {
     for (let after: string | undefined; !opts.signal?.aborted;) {
-      const page = await listBatches(store, workspaceId, { after, statuses: OPEN, limit: PAGE });
+      const page = await listBatches(store, workspaceId, { after, statuses: OPEN_STATUSES, limit: PAGE });
       for (const b of page.slice(0, PAGE)) {
         if (opts.signal?.aborted) break;
         out.checked++;

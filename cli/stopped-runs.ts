@@ -14,10 +14,14 @@ import type { Client } from '@temporalio/client';
 import type { Store } from '../infrastructure/store';
 import type { Logger } from '../infrastructure/log';
 import type { BatchRuns } from '../api/batch-runs';
-import { readBatch, recordWebhookOutcome, type BatchDoc, type BatchStatus } from '../domain/batches/store';
+import { readBatch, recordWebhookOutcome, type BatchDoc } from '../domain/batches/store';
+import { OPEN_STATUSES } from '../domain/batches/schema';
+import type { Activities } from '../activities';
 import { batchWorkflow } from '../workflows/batch';
 
-const OPEN: ReadonlySet<BatchStatus> = new Set(['validating', 'in_progress', 'finalizing', 'cancelling']);
+const OPEN: ReadonlySet<string> = new Set(OPEN_STATUSES);
+/** The activity of one webhook delivery attempt, as the workflow's history names it. */
+const DELIVERY: keyof Activities = 'deliverBatchWebhook';
 /** How far back a worker's first look goes: a run stopped while no worker ran is still found. */
 const FIRST_LOOK_BACK_MS = 24 * 3_600_000;
 /** Each look starts this long before the last one began: a run's close reaches visibility a little late. */
@@ -84,8 +88,6 @@ async function isLatestRun(client: Client, workflowId: string, runId: string): P
 /** A webhook delivery cut short by its run's stop: the attempts that run made, none of which was taken. */
 async function stoppedDelivery(client: Client, workflowId: string, runId: string): Promise<NonNullable<BatchDoc['webhook']>> {
   const history = await client.workflow.getHandle(workflowId, runId).fetchHistory();
-  const attempts = (history.events ?? []).filter(
-    (e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'deliverBatchWebhook',
-  ).length;
+  const attempts = (history.events ?? []).filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === DELIVERY).length;
   return { status: 'failed', attempts, last_status: null, last_error: 'the delivery was stopped in Temporal before a receiver took it' };
 }

@@ -596,11 +596,18 @@ describe('batch creation: the workflow first, the batch visible last', function 
       );
       expect((await states()).map((d) => d._id).sort()).to.deep.equal([`${gw.config.temporal.namespace}:an-earlier-id`, current].sort());
 
-      // The next start on the same state recovers nothing.
-      const third = await start();
-      await until(async () => third.said().some((l) => l.includes('workers polling')));
-      await new Promise((r) => setTimeout(r, 300));
-      expect(third.said().join('\n')).to.not.include("Temporal's state is new");
+      // The next start on the same state recovers nothing: its check, awaited to its end.
+      const third = capturingLogger();
+      await recoverIfTemporalIsNew(
+        prepared,
+        client,
+        new BatchRuns(client, second.gateway.config, Catalog.fromFile(gw.config.catalogPath, gw.config.catalogEnv)),
+        second.gateway.config,
+        third.logger,
+        new AbortController().signal,
+      );
+      expect(third.lines.map((l) => String(l.msg)).join('\n')).to.not.include("Temporal's state is new");
+      expect((await states()).map((d) => d._id).sort()).to.deep.equal([`${gw.config.temporal.namespace}:an-earlier-id`, current].sort());
     } finally {
       for (const g of started) await g.stop();
       await prepared.db.dropDatabase();

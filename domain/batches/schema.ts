@@ -14,6 +14,11 @@ export const BATCH_STATUSES = [
   'cancelled',
 ] as const;
 export const TERMINAL_STATUSES = ['completed', 'failed', 'expired', 'cancelled'] as const;
+/** A batch in one of these has work or a close still ahead of it: a run of its workflow should exist. */
+export const OPEN_STATUSES = BATCH_STATUSES.filter(
+  (s): s is Exclude<(typeof BATCH_STATUSES)[number], (typeof TERMINAL_STATUSES)[number]> =>
+    !(TERMINAL_STATUSES as readonly string[]).includes(s),
+);
 
 export const CreateBatchBody = Type.Object(
   {
