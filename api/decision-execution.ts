@@ -8,7 +8,7 @@
 // Both raise the same gateway errors (the workflow mode reads them back with `fromWorkflowFailure`).
 import { WorkflowNotFoundError, type Client, type WorkflowHandle } from '@temporalio/client';
 import type { Decide, DecisionJob, DecisionResult } from '../domain/decisions/service';
-import type { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
+import { DECISION_RUN_TIMEOUT_MS, type DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
 import { ownerShare, Semaphore } from '../infrastructure/concurrency/semaphore';
 import { ServiceUnavailableError } from '../infrastructure/errors';
 import { fromWorkflowFailure } from '../infrastructure/temporal/failures';
@@ -51,7 +51,7 @@ export function workflowExecution(temporal: Client, handoff: DecisionHandoff, ta
           workflowId: job.generationId,
           taskQueue,
           requestEagerStart: true,
-          workflowExecutionTimeout: '3 minutes',
+          workflowExecutionTimeout: DECISION_RUN_TIMEOUT_MS,
           // What the Web UI lists for this run; ids only, never the caller's text.
           staticSummary: `decision · ${job.request.model} · ${Object.keys(job.request.questions).length} question(s) · workspace ${job.workspaceId} · key ${job.keyId}`,
           args: [job],

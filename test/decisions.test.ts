@@ -8,6 +8,8 @@ import { fromJsonText } from '../infrastructure/store/json-text';
 import { usageDetails } from '../domain/accounts/usage-ledger';
 import { decisionWorkflow } from '../workflows/decision';
 import { questions, state } from './decision-sample';
+import { DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
+import type { DecisionResult } from '../domain/decisions/service';
 import { stack } from './fixture';
 import {
   call,
@@ -637,11 +639,17 @@ describe('decision models in the default catalog', () => {
   });
 });
 
-/** A catalog with `test/dec-<name>`: jev-1.13 on a sandbox provider of its own answering after `latencyMs`. */
-function slowDecisionCatalog(name: string, latencyMs: number): string {
+/** Calls the sandbox has had whose fault spec holds `tag`. */
+const providerCalls = async (tag: string) =>
+  Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
+    .filter(([k]) => k.includes(tag))
+    .reduce((a, [, n]) => a + n, 0);
+
+/** A catalog with `test/dec-<name>`: jev-1.13 on a sandbox provider of its own with `faults` (devstack/sandbox/server.ts). */
+function faultyDecisionCatalog(name: string, faults: string): string {
   return writeTestCatalog(`decision-${name}`, (base) => {
     const native = base.providers.find((p) => p.slug === 'sandbox-systemone');
-    base.providers.push({ ...native, slug: `${name}-systemone`, base_url: `\${SANDBOX_URL}/~dec${name}=1,latency=${latencyMs}/systemone` });
+    base.providers.push({ ...native, slug: `${name}-systemone`, base_url: `\${SANDBOX_URL}/~dec${name}=1,${faults}/systemone` });
     const jev = base.models.find((m) => m.id === 'typesafe/jev-1.13');
     base.models.push({
       ...jev,
@@ -655,7 +663,7 @@ function slowDecisionCatalog(name: string, latencyMs: number): string {
 describe('decisions as workflows under one workspace’s flood', function () {
   this.timeout(60_000);
   it('leave another workspace a quarter of the slots: its decision starts at once, not behind the flood', async () => {
-    const catalogPath = slowDecisionCatalog('flood', 1000);
+    const catalogPath = faultyDecisionCatalog('flood', 'latency=1000');
     // 4 decisions at once per process: one workspace may run 3.
     const gw = await startTestGateway({
       env: { CATALOG_PATH: catalogPath, DECISIONS_EXECUTION: 'workflow', DECISION_WORKFLOW_CONCURRENCY: '4' },
@@ -735,7 +743,7 @@ describe('decisions as workflows stopped in Temporal', function () {
   let t: Tenant;
   let connection: Connection;
   before(async () => {
-    const catalogPath = slowDecisionCatalog('stopped', 3000);
+    const catalogPath = faultyDecisionCatalog('stopped', 'latency=3000');
     gw = await startTestGateway({ env: { CATALOG_PATH: catalogPath, DECISIONS_EXECUTION: 'workflow' } });
     t = await createTenant(gw.store, 5);
     connection = await Connection.connect({ address: stack.temporalAddress });
@@ -775,4 +783,44 @@ describe('decisions as workflows stopped in Temporal', function () {
       }
     });
   }
+});
+
+describe('decisions as workflows stopped between two attempts', function () {
+  this.timeout(60_000);
+  it('a run stopped after a failed attempt is a 503, and its next attempt does not run: the provider is not called, nothing is billed (before: called and billed after the 503)', async () => {
+    const gw = await startTestGateway({
+      env: { CATALOG_PATH: faultyDecisionCatalog('retried', 'latency=300'), DECISIONS_EXECUTION: 'workflow' },
+    });
+    const connection = await Connection.connect({ address: stack.temporalAddress });
+    const decide = DecisionHandoff.prototype.decide;
+    let stopped: string | null = null;
+    // The first attempt fails as a store that does not answer would (a retryable failure: the local
+    // activity is tried again 200 ms later), and an operator terminates the run right then.
+    DecisionHandoff.prototype.decide = function (this: DecisionHandoff, generationId: string, attempt: () => Promise<DecisionResult>) {
+      return decide.call(this, generationId, async () => {
+        if (stopped) return attempt();
+        stopped = generationId;
+        await new Client({ connection }).workflow.getHandle(generationId).terminate('an operator');
+        throw new Error('the store did not answer');
+      });
+    };
+    try {
+      const t = await createTenant(gw.store, 5);
+      const r = await call(`${gw.url}/api/v1/systemone`, {
+        key: t.inferenceKey,
+        body: { model: 'test/dec-retried', state: 'stopped between attempts', questions: { q: { type: 'noul', instructions: 'ok?' } } },
+      });
+      expect(r.status, JSON.stringify(r.body)).to.equal(503);
+      expect(r.body.error.message).to.match(/stopped/);
+      expect(stopped).to.be.a('string');
+      // Past the retry's 200 ms and its 300 ms call.
+      await new Promise((res) => setTimeout(res, 1500));
+      expect(await providerCalls('decretried=1')).to.equal(0);
+      expect(await storedUsage(gw.store, { _id: stopped! })).to.have.length(0);
+    } finally {
+      DecisionHandoff.prototype.decide = decide;
+      await connection.close();
+      await gw.stop();
+    }
+  });
 });
