@@ -20,7 +20,7 @@ export type RunState = 'running' | 'started' | 'ended' | 'cancelled';
 export class BatchRuns {
   constructor(
     private readonly client: Client,
-    private readonly config: Pick<Config, 'batches' | 'webhooks'> & { temporal: Pick<Config['temporal'], 'taskQueue'> },
+    private readonly config: Pick<Config, 'batches' | 'webhooks'> & { temporal: Pick<Config['temporal'], 'taskQueue' | 'answerWithinMs'> },
     /** Names a new run's model as the first run did: the catalog's id, not the alias a client wrote. */
     private readonly catalog: Pick<Catalog, 'resolve'>,
   ) {}
@@ -36,9 +36,9 @@ export class BatchRuns {
     });
   }
 
-  /** A call to Temporal, or the 503 of an unavailable orchestration once it has not answered within 10 s (`temporalWithinMs`). */
+  /** A call to Temporal, or the 503 of an unavailable orchestration once it has not answered within 10 s (`temporal.answerWithinMs`). */
   private within<T>(call: Promise<T>): Promise<T> {
-    return answeredWithin(call, this.config.batches.temporalWithinMs);
+    return answeredWithin(call, this.config.temporal.answerWithinMs);
   }
 
   /** Starts a new batch's workflow, before the batch is stored (see the create route). */

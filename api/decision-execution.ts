@@ -11,7 +11,7 @@ import type { Decide, DecisionJob, DecisionResult } from '../domain/decisions/se
 import { DECISION_RUN_TIMEOUT_MS, type DecisionHandoff } from '../infrastructure/temporal/decision-handoff';
 import { ownerShare, Semaphore } from '../infrastructure/concurrency/semaphore';
 import { ServiceUnavailableError } from '../infrastructure/errors';
-import { fromWorkflowFailure } from '../infrastructure/temporal/failures';
+import { answeredWithin, fromWorkflowFailure, orchestrationUnavailable } from '../infrastructure/temporal/failures';
 import { decisionWorkflow } from '../workflows/decision';
 
 type DecisionExecutionMode = 'inline' | 'workflow';
@@ -26,12 +26,16 @@ export function inlineExecution(decide: Decide): DecisionExecution {
 }
 
 /**
- * @param maxInFlight decisions this process runs as workflows at once; the rest wait in line. Past
+ * `maxInFlight`: decisions this process runs as workflows at once; the rest wait in line. Past
  *   the worker's free slots an eager start falls back to the server's task matching, several times
  *   slower, and the dev server's throughput falls as its load grows: queueing here keeps every
  *   start eager and the throughput at its peak instead of collapsing under concurrency.
  */
-export function workflowExecution(temporal: Client, handoff: DecisionHandoff, taskQueue: string, maxInFlight: number): DecisionExecution {
+export function workflowExecution(
+  temporal: Client,
+  handoff: DecisionHandoff,
+  { taskQueue, maxInFlight, answerWithinMs }: { taskQueue: string; maxInFlight: number; answerWithinMs: number },
+): DecisionExecution {
   // One workspace runs at most three quarters of them: a flood of one workspace's decisions leaves
   // the others a quarter to start theirs at once, instead of waiting behind the whole flood.
   const slots = new Semaphore(maxInFlight, ownerShare(maxInFlight));
@@ -46,18 +50,23 @@ export function workflowExecution(temporal: Client, handoff: DecisionHandoff, ta
         signal,
         onAbort: () => new ServiceUnavailableError('Decision was cancelled before it started'),
       });
+      // A server that does not take the start in time (frozen, overloaded) is a 503, not a wait for
+      // as long as it stays so; a start that lands later begins too late to decide (the workflow).
       const start = () =>
-        temporal.workflow.start(decisionWorkflow, {
-          workflowId: job.generationId,
-          taskQueue,
-          requestEagerStart: true,
-          workflowExecutionTimeout: DECISION_RUN_TIMEOUT_MS,
-          // What the Web UI lists for this run; ids only, never the caller's text.
-          staticSummary: `decision · ${job.request.model} · ${Object.keys(job.request.questions).length} question(s) · workspace ${job.workspaceId} · key ${job.keyId}`,
-          args: [job],
-        });
+        answeredWithin(
+          temporal.workflow.start(decisionWorkflow, {
+            workflowId: job.generationId,
+            taskQueue,
+            requestEagerStart: true,
+            workflowExecutionTimeout: DECISION_RUN_TIMEOUT_MS,
+            // What the Web UI lists for this run; ids only, never the caller's text.
+            staticSummary: `decision · ${job.request.model} · ${Object.keys(job.request.questions).length} question(s) · workspace ${job.workspaceId} · key ${job.keyId}`,
+            args: [job, { startBy: Date.now() + answerWithinMs }],
+          }),
+          answerWithinMs,
+        );
       try {
-        return await handoff.execute(job.generationId, () => startOrFind(temporal, job.generationId, start));
+        return await handoff.execute(job.generationId, () => startOrFind(temporal, job.generationId, start, answerWithinMs));
       } catch (err) {
         throw fromWorkflowFailure(err);
       } finally {
@@ -71,21 +80,24 @@ export function workflowExecution(temporal: Client, handoff: DecisionHandoff, ta
  * Starts a decision's workflow. A start that failed may still have reached the server, with only
  * its answer lost (a slow server, a dropped connection): then the run decides, and bills, all the
  * same. So its result is asked of the server; only a run the server does not have is a failed start.
+ * A server that does not answer that question in time either is a 503.
  */
 async function startOrFind(
   temporal: Client,
   workflowId: string,
   start: () => Promise<WorkflowHandle & { readonly eagerlyStarted: boolean }>,
+  answerWithinMs: number,
 ): Promise<Pick<WorkflowHandle, 'result'> & { readonly eagerlyStarted: boolean }> {
   try {
     return await start();
-  } catch (err) {
+  } catch {
     const handle = temporal.workflow.getHandle(workflowId);
     try {
-      await handle.describe();
+      await answeredWithin(handle.describe(), answerWithinMs);
     } catch (found) {
       if (found instanceof WorkflowNotFoundError) throw new ServiceUnavailableError('The decision could not be started; try again');
-      throw err;
+      // The server cannot say (down, frozen): the run may exist, but one that begins late decides nothing.
+      throw orchestrationUnavailable();
     }
     return { result: () => handle.result(), eagerlyStarted: false };
   }

@@ -86,10 +86,7 @@ export async function recoverIfTemporalIsNew(
 ): Promise<void> {
   const namespace = config.temporal.namespace;
   try {
-    const { namespaceInfo } = await answeredWithin(
-      client.workflowService.describeNamespace({ namespace }),
-      config.batches.temporalWithinMs,
-    );
+    const { namespaceInfo } = await answeredWithin(client.workflowService.describeNamespace({ namespace }), config.temporal.answerWithinMs);
     if (!namespaceInfo?.id) return;
     const states = store.db.collection<TemporalStateDoc>('temporal_states');
     const current = `${namespace}:${namespaceInfo.id}`;

@@ -183,7 +183,11 @@ export async function runApiRole(
   const usage = core.usage;
   const decisions =
     config.decisions.execution === 'workflow'
-      ? workflowExecution(client, handoff, config.temporal.taskQueue, config.decisions.workflowConcurrency)
+      ? workflowExecution(client, handoff, {
+          taskQueue: config.temporal.taskQueue,
+          maxInFlight: config.decisions.workflowConcurrency,
+          answerWithinMs: config.temporal.answerWithinMs,
+        })
       : inlineExecution(inlineDecisions);
   const batchBodies = new BatchBodyReader({
     maxDepth: config.http.bodyMaxDepth,

@@ -89,7 +89,7 @@ describe('batch creation: the workflow first, the batch visible last', function 
       env: { CATALOG_PATH: catalog, WEBHOOKS_ALLOW_PRIVATE_URLS: 'true' },
       tune: (c) => {
         c.batches.createdWithinMs = 1_500;
-        c.batches.temporalWithinMs = 2_000; // 10 s in production
+        c.temporal.answerWithinMs = 2_000; // 10 s in production
         // Its worker looks for runs stopped in Temporal once, at start: the runs this file stops are
         // left to what each test checks (the test of that look starts a gateway of its own).
         c.batches.stoppedRunsEveryMs = 3_600_000;

@@ -696,7 +696,8 @@ describe('decisions as workflows whose start does not answer', function () {
   let t: Tenant;
   const body = { model: 'jev-1.13', state: 'lost', questions: { q: { type: 'noul', instructions: 'ok?' } } };
   before(async () => {
-    gw = await startTestGateway({ env: { DECISIONS_EXECUTION: 'workflow' } });
+    // A start or a describe unanswered for 1.5 s is given up (10 s in production).
+    gw = await startTestGateway({ env: { DECISIONS_EXECUTION: 'workflow' }, tune: (c) => (c.temporal.answerWithinMs = 1_500) });
     t = await createTenant(gw.store, 5);
   });
   after(async () => {
@@ -725,6 +726,63 @@ describe('decisions as workflows whose start does not answer', function () {
     expect(r.body.id).to.equal(id);
     expect(r.body.answers.q).to.include({ type: 'noul' });
     expect(await storedUsage(gw.store, { _id: id! })).to.have.length(1);
+  });
+
+  it('a start the server takes only after 1.5 s (a frozen server) is a 503 at 1.5 s, and the run it starts then decides nothing (before: the request waited as long as the server was frozen)', async () => {
+    const before = await storedUsage(gw.store, { workspace_id: t.workspaceId });
+    const start = WorkflowClient.prototype.start;
+    let landed: Promise<string> | null = null;
+    WorkflowClient.prototype.start = function (this: WorkflowClient, ...args: Parameters<typeof start>) {
+      WorkflowClient.prototype.start = start;
+      const late = new Promise((res) => setTimeout(res, 2_500)).then(() => start.apply(this, args));
+      landed = late.then((h) => h.workflowId);
+      return late;
+    } as typeof start;
+    const began = Date.now();
+    try {
+      const r = await call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body });
+      expect(r.status, JSON.stringify(r.body)).to.equal(503);
+      // Not found when asked (it had not landed): a start that failed.
+      expect(r.body.error.message).to.equal('The decision could not be started; try again');
+      expect(Date.now() - began).to.be.within(1_400, 2_400);
+    } finally {
+      WorkflowClient.prototype.start = start;
+    }
+    const id = await landed!;
+    // The run began after its start was due, and refused itself (not this process's refusal of its attempt).
+    const connection = await Connection.connect({ address: stack.temporalAddress });
+    try {
+      const failure = await new Client({ connection }).workflow
+        .getHandle(id)
+        .result()
+        .then(
+          () => null,
+          (e: Error & { cause?: Error }) => e.cause?.message,
+        );
+      expect(failure).to.equal('The decision could not be started in time; try again');
+    } finally {
+      await connection.close();
+    }
+    expect(await storedUsage(gw.store, { workspace_id: t.workspaceId })).to.have.length(before.length);
+  });
+
+  it('a lost start the server is then not asked about in time is a 503 at the bound, not a wait as long as the server is frozen', async () => {
+    const getHandle = WorkflowClient.prototype.getHandle;
+    WorkflowClient.prototype.getHandle = function (this: WorkflowClient, ...args: Parameters<typeof getHandle>) {
+      WorkflowClient.prototype.getHandle = getHandle;
+      const handle = getHandle.apply(this, args);
+      const describe = handle.describe.bind(handle);
+      return { ...handle, describe: () => new Promise((res) => setTimeout(res, 2_500)).then(describe) };
+    } as typeof getHandle;
+    const began = Date.now();
+    try {
+      const { result: r } = await withLostStart(false, () => call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body }));
+      expect(r.status, JSON.stringify(r.body)).to.equal(503);
+      expect(r.body.error.message).to.equal('The orchestration service is unavailable; try again');
+      expect(Date.now() - began).to.be.within(1_400, 2_400);
+    } finally {
+      WorkflowClient.prototype.getHandle = getHandle;
+    }
   });
 
   it('a start that never reached the server is a 503, and nothing is billed', async () => {

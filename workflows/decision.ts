@@ -1,4 +1,4 @@
-import { proxyLocalActivities } from '@temporalio/workflow';
+import { ApplicationFailure, proxyLocalActivities } from '@temporalio/workflow';
 import type { Activities, DecisionJob, DecisionResult } from '../activities';
 import { GATEWAY_ERROR_TYPE } from './shared';
 
@@ -9,10 +9,28 @@ const { evaluateDecision } = proxyLocalActivities<Activities>({
   retry: { maximumAttempts: 3, initialInterval: '200 ms', nonRetryableErrorTypes: [GATEWAY_ERROR_TYPE] },
 });
 
+/** How the API started the run. */
+export interface DecisionRun {
+  /**
+   * When the API stops waiting for the start to be taken (epoch ms). A run whose first task comes
+   * later began after its client was answered 503 (a frozen or overloaded server): it decides nothing.
+   */
+  startBy?: number;
+}
+
 /**
  * One decision request (workflow id = its generation id): evaluate, record usage, answer. The
  * activity hands its result to the HTTP handler in its own process (infrastructure/temporal/decision-handoff).
  */
-export async function decisionWorkflow(job: DecisionJob): Promise<DecisionResult> {
+export async function decisionWorkflow(job: DecisionJob, run: DecisionRun = {}): Promise<DecisionResult> {
+  // The workflow's clock is its task's start, as the server recorded it.
+  if (run.startBy !== undefined && Date.now() > run.startBy) {
+    throw ApplicationFailure.create({
+      type: GATEWAY_ERROR_TYPE,
+      nonRetryable: true,
+      message: 'The decision could not be started in time; try again',
+      details: [{ status: 503, metadata: null }],
+    });
+  }
   return evaluateDecision(job);
 }

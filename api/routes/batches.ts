@@ -169,7 +169,7 @@ export function batchRoutes({
 
   /**
    * Starts a new batch's workflow. When the start fails, or does not answer within
-   * `temporalWithinMs`, the batch is given up: a start that reached Temporal all the same (its answer
+   * `temporal.answerWithinMs`, the batch is given up: a start that reached Temporal all the same (its answer
    * lost, or late) then runs nothing.
    */
   async function startWorkflow(ctx: Parameters<AnyRoute['handler']>[0], doc: BatchDoc, modelId: string): Promise<void> {

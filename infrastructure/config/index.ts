@@ -155,6 +155,13 @@ export function loadConfig(env: Env = process.env) {
       taskQueue: read(env, 'TEMPORAL_TASK_QUEUE') ?? 'gateway',
       embeddedPort: port(env, 'TEMPORAL_PORT', 7233),
       uiPort: port(env, 'TEMPORAL_UI_PORT', 8233),
+      /**
+       * How long the API waits for Temporal to take a start or a cancel (the SDK sets no deadline of
+       * its own: a frozen server held the request for as long as it was frozen). A batch's start that
+       * lands later meets the batch given up, and runs nothing; a decision's begins too late, and
+       * decides nothing; a cancel that lands later cancels, as the client's retry would.
+       */
+      answerWithinMs: 10_000,
     },
     sandbox: {
       port: sandboxPort,
@@ -295,12 +302,6 @@ export function loadConfig(env: Env = process.env) {
        * batch takes.
        */
       createdWithinMs: 10 * 60_000,
-      /**
-       * How long the API waits for Temporal to take a batch's start or cancel (the client's own wait
-       * is 30 s). A start that lands later meets the batch given up, and runs nothing; a cancel that
-       * lands later cancels, as the client's retry would.
-       */
-      temporalWithinMs: 10_000,
       /** How often each worker looks for batches whose run an operator stopped in Temporal, to close them cancelled. */
       stoppedRunsEveryMs: positiveInt(env, 'BATCH_STOPPED_RUNS_EVERY_MS', 60_000, 100),
     },
