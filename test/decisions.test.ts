@@ -639,6 +639,46 @@ describe('decision models in the default catalog', () => {
   });
 });
 
+describe('decisions on chat models: what one request may send upstream', () => {
+  it('a state sent once per question is bounded by BODY_LIMIT in all: 413 over it, with nothing called or billed; native models and requests within it are answered', async () => {
+    // jev-chat-1's providers, tagged so that this test's calls can be counted.
+    const catalogPath = writeTestCatalog('decision-fanout', (base) => {
+      for (const p of base.providers)
+        if (p.slug === 'sandbox-alpha' || p.slug === 'sandbox-beta') p.base_url = '${SANDBOX_URL}/~decfanout=1/openai/v1';
+    });
+    const gw = await startTestGateway({ withWorker: false, env: { CATALOG_PATH: catalogPath, BODY_LIMIT: '64kb' } });
+    try {
+      const t = await createTenant(gw.store, 5);
+      const state = 'x'.repeat(20_000);
+      const asked = (model: string, n: number) =>
+        call(`${gw.url}/api/v1/systemone`, {
+          key: t.inferenceKey,
+          body: {
+            model,
+            state,
+            questions: Object.fromEntries(Array.from({ length: n }, (_, i) => [`q${i}`, { type: 'noul', instructions: `${i}?` }])),
+          },
+        });
+      const over = await asked('jev-chat-1', 4);
+      expect(over.status, JSON.stringify(over.body)).to.equal(413);
+      expect(over.body.error.message).to.equal(
+        'state: typesafe/jev-chat-1 is asked once per question, so its 20000-byte state would be sent 4 times (80000 bytes), more than the limit of 65536; send fewer questions per request or a smaller state',
+      );
+      expect(await providerCalls('decfanout=1')).to.equal(0);
+      expect(await storedUsage(gw.store, { workspace_id: t.workspaceId })).to.have.length(0);
+
+      const within = await asked('jev-chat-1', 3);
+      expect(within.status, JSON.stringify(within.body)).to.equal(200);
+      expect(Object.keys(within.body.answers)).to.have.length(3);
+      expect(await providerCalls('decfanout=1')).to.equal(3);
+      // A native endpoint is sent the state once, whatever the number of questions.
+      expect((await asked('jev-1.13', 4)).status).to.equal(200);
+    } finally {
+      await gw.stop();
+    }
+  });
+});
+
 /** Calls the sandbox has had whose fault spec holds `tag`. */
 const providerCalls = async (tag: string) =>
   Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)

@@ -32,6 +32,8 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
         const { estimate } = admitDecision(upstreams.catalog, request, {
           requestBytes: ctx.request.length,
           maxStateBytes: limits.maxStateBytes,
+          // What one request may carry is what one decision may send upstream in all.
+          maxPromptBytes: config.http.bodyLimitBytes,
         });
         const settings = await workspaces.settings(workspaceId);
         const generationId = newGenerationId('gen-dec-');

@@ -1,6 +1,7 @@
 // Evaluates one decision request against the catalog: native System One endpoints answer all
 // questions in one call; chat endpoints answer one question per call, in parallel, from label
 // log-probabilities. Returns answers, usage and cost; recording usage is the caller's job.
+import type { CatalogModel } from '../catalog';
 import type { Upstreams } from '../routing/upstreams';
 import { invoke } from '../routing/upstreams';
 import { servesOperation } from '../routing/engine';
@@ -37,7 +38,7 @@ export async function evaluate(
     signal: opts.signal,
     session: opts.session,
   };
-  const native = model.endpoints.some((e) => servesOperation(e, 'systemone'));
+  const native = answeredNatively(model);
 
   if (native) {
     const r = await invoke(up, { ...common, operation: 'systemone', body: { state: request.state, questions: request.questions } });
@@ -68,6 +69,11 @@ export async function evaluate(
     cost: roundUsd(results.reduce((s, x) => s + x.r.cost, 0)),
     labelMass: Object.fromEntries(results.map((x) => [x.name, x.labelMass])),
   };
+}
+
+/** A model with a native System One endpoint is asked once for every question; one without, once per question on its chat endpoints. */
+export function answeredNatively(model: CatalogModel): boolean {
+  return model.endpoints.some((e) => servesOperation(e, 'systemone'));
 }
 
 /**
