@@ -85,6 +85,8 @@ async function startCore(config: Config, logger: Logger, addr: Addresses, withWo
       : null,
     allowPrivate: config.webhooks.allowPrivateUrls,
     count: (destination, outcome, n) => metrics.traceSpans.inc({ destination, outcome }, n),
+    maxContentQueued: config.traces.contentQueueBytes,
+    omitted: (destination) => metrics.traceContentOmitted.inc({ destination }),
   });
   const sender = createWebhookSender(config.webhooks.allowPrivateUrls);
   // Read by calls, batch lines and the presets API alike: a version never changes once written. A

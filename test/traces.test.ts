@@ -24,7 +24,8 @@ function valueOf(v: any): unknown {
   return undefined;
 }
 
-async function otlpReceiver() {
+/** `held`: each export is answered only once it settles (a slow destination); its spans are recorded as they arrive. */
+async function otlpReceiver(held?: Promise<void>) {
   const batches: Received[] = [];
   const server = http.createServer(async (req, res) => {
     const chunks: Buffer[] = [];
@@ -41,6 +42,7 @@ async function otlpReceiver() {
       ),
     );
     batches.push({ headers: req.headers, spans });
+    await held;
     res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -230,7 +232,13 @@ describe('trace broadcast over OTLP/HTTP', function () {
 
   it('a workspace that sent no span lately is forgotten and its exporter closed; its next span reads its destinations again', async () => {
     let now = Date.now();
-    const bc = new Broadcaster(gw.store, { global: null, allowPrivate: true, idleMs: 60_000, now: () => now });
+    const bc = new Broadcaster(gw.store, {
+      global: null,
+      allowPrivate: true,
+      maxContentQueued: gw.config.traces.contentQueueBytes,
+      idleMs: 60_000,
+      now: () => now,
+    });
     const generation = (workspaceId: string, id: string): Generation => ({
       workspaceId,
       id,
@@ -269,5 +277,63 @@ describe('trace broadcast over OTLP/HTTP', function () {
     await team.spanOf('gen-forgotten-2');
     expect([...held()!.sinks.values()][0].sink).to.not.equal(sink);
     await bc.close();
+  });
+});
+
+describe('trace content waiting for slow destinations', function () {
+  this.timeout(60_000);
+  it('is bounded per process (TRACE_CONTENT_QUEUE_BYTES): past it spans go without prompt and answer, saying so and counted; content goes along again once sent', async () => {
+    let release!: () => void;
+    const slow = await otlpReceiver(new Promise<void>((r) => (release = r)));
+    const gw = await startTestGateway({ env: { WEBHOOKS_ALLOW_PRIVATE_URLS: 'true', TRACE_CONTENT_QUEUE_BYTES: '250kb' } });
+    try {
+      const t = await createTenant(gw.store, 10);
+      const added = await call(`${gw.url}/api/v1/trace-destinations`, {
+        key: t.managementKey,
+        body: { endpoint: slow.url, include_content: true },
+      });
+      expect(added.status, JSON.stringify(added.body)).to.equal(201);
+      const chat = async (i: number) => {
+        const r = await call(`${gw.url}/api/v1/chat/completions`, {
+          key: t.inferenceKey,
+          body: { model: 'sandbox/chat-1', messages: [{ role: 'user', content: `${i}`.repeat(100_000) }], max_tokens: 3 },
+        });
+        expect(r.status, JSON.stringify(r.body)).to.equal(200);
+        return r.body.id as string;
+      };
+      // 100 KB of prompt each: the first two fit in 250 KB; the destination holds them meanwhile.
+      const ids = [];
+      for (let i = 0; i < 5; i++) ids.push(await chat(i));
+      const spans = await Promise.all(ids.map((id) => slow.spanOf(id)));
+      expect(spans.map((x) => typeof x.attributes['gen_ai.input.messages'])).to.deep.equal([
+        'string',
+        'string',
+        'undefined',
+        'undefined',
+        'undefined',
+      ]);
+      expect(JSON.parse(spans[1].attributes['gen_ai.input.messages'] as string).messages[0].content).to.have.length(100_000);
+      for (const x of spans.slice(2)) {
+        expect(x.attributes).to.include({ 'gateway.content_omitted': 'content_backlog', 'gen_ai.operation.name': 'chat' });
+        expect(x.attributes).to.not.have.property('gen_ai.output.messages');
+      }
+      const metric = async (re: RegExp) => Number(re.exec(await (await fetch(`${gw.url}/metrics`)).text())?.[1] ?? 0);
+      expect(await metric(/gateway_trace_content_omitted_total\{destination="workspace"\} (\d+)/)).to.equal(3);
+      // Once the destination has taken them, there is room again.
+      release();
+      for (
+        const until = Date.now() + 15_000;
+        (await metric(/gateway_trace_spans_total\{destination="workspace",outcome="exported"\} (\d+)/)) < 5;
+      ) {
+        if (Date.now() > until) throw new Error('the held spans were not exported');
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      const again = await slow.spanOf(await chat(5));
+      expect(JSON.parse(again.attributes['gen_ai.input.messages'] as string).messages[0].content).to.have.length(100_000);
+    } finally {
+      release();
+      await gw.stop();
+      await slow.close();
+    }
   });
 });

@@ -7,7 +7,7 @@ import type { Store } from '../../infrastructure/store';
 import { TraceDestination, type SpanOutcome, type SpanRecord } from '../../infrastructure/tracing';
 import { guardedLookup } from '../webhooks/address';
 import { listDestinations, type TraceDestinationDoc } from './destinations';
-import { generationSpan, type Generation } from './span';
+import { contentOmitted, contentSize, generationSpan, type Generation } from './span';
 import { RecentlyUsed } from '../../infrastructure/concurrency/recently-used';
 
 export type { Generation } from './span';
@@ -18,6 +18,12 @@ export interface BroadcastOptions {
   allowPrivate: boolean;
   /** Told what happened to spans: `global` or `workspace` destinations. */
   count?: (destination: 'global' | 'workspace', outcome: SpanOutcome, spans: number) => void;
+  /**
+   * Characters of prompts and answers this process may hold queued for destinations, all of them
+   * together; past it a span goes without them (`gateway.content_omitted`), and `omitted` is told.
+   */
+  maxContentQueued: number;
+  omitted?: (destination: 'global' | 'workspace') => void;
   /** How long a workspace's list of destinations is trusted. */
   cacheMs?: number;
   /** How long a workspace's destinations are kept unused (tests; see RecentlyUsed). */
@@ -41,8 +47,27 @@ interface Cached {
   sinks: Map<string, { key: string; sink: TraceDestination }>;
 }
 
+/** A generation's span in the forms destinations take, each built once, on first need. */
+class SpanForms {
+  private plainSpan: SpanRecord | undefined;
+  private fullSpan: SpanRecord | undefined;
+  private omittedSpan: SpanRecord | undefined;
+  constructor(private readonly g: Generation) {}
+  get plain(): SpanRecord {
+    return (this.plainSpan ??= generationSpan(this.g, false));
+  }
+  get full(): SpanRecord {
+    return (this.fullSpan ??= generationSpan(this.g, true));
+  }
+  get omitted(): SpanRecord {
+    return (this.omittedSpan ??= contentOmitted(this.plain));
+  }
+}
+
 export class Broadcaster {
   private readonly global: { sink: TraceDestination; includeContent: boolean } | null;
+  /** Characters of content in spans queued for any destination of this process. */
+  private contentQueued = 0;
   /** Workspaces sending spans lately; one left unused is forgotten, its exporters closed (their spans sent). */
   private readonly cache: RecentlyUsed<Cached>;
   private readonly cacheMs: number;
@@ -61,22 +86,31 @@ export class Broadcaster {
 
   /** Queues the generation's span for every destination; returns at once. */
   generation(g: Generation): void {
-    if (this.global?.sink.accepts()) this.global.sink.emit(generationSpan(g, this.global.includeContent));
+    const forms = new SpanForms(g);
+    if (this.global?.sink.accepts()) this.send(this.global.sink, this.global.includeContent, forms, 'global');
     const c = this.destinationsOf(g.workspaceId);
-    if (c.listed) return this.emit(c.listed, g);
+    if (c.listed) return this.emit(c.listed, forms);
     c.reading.then(
-      (listed) => this.emit(listed, g),
+      (listed) => this.emit(listed, forms),
       () => this.o.count?.('workspace', 'dropped', 1), // the list could not be read: counted, never thrown
     );
   }
 
-  private emit(listed: Listed[], g: Generation): void {
-    let plain: SpanRecord | null = null;
-    let full: SpanRecord | null = null;
-    for (const d of listed) {
-      if (!d.sink.accepts()) continue;
-      d.sink.emit(d.includeContent ? (full ??= generationSpan(g, true)) : (plain ??= generationSpan(g, false)));
+  private emit(listed: Listed[], forms: SpanForms): void {
+    for (const d of listed) if (d.sink.accepts()) this.send(d.sink, d.includeContent, forms, 'workspace');
+  }
+
+  /** Queues the span in the form the destination takes, its content only while there is room for it. */
+  private send(sink: TraceDestination, includeContent: boolean, forms: SpanForms, destination: 'global' | 'workspace'): void {
+    if (!includeContent) return sink.emit(forms.plain);
+    // Full already: the content is not even serialised.
+    const size = this.contentQueued < this.o.maxContentQueued ? contentSize(forms.full) : Infinity;
+    if (this.contentQueued + size > this.o.maxContentQueued) {
+      this.o.omitted?.(destination);
+      return sink.emit(forms.omitted);
     }
+    this.contentQueued += size;
+    sink.emit(forms.full, () => (this.contentQueued -= size));
   }
 
   /** The workspace's destinations, read again in the background once the cache period has passed. */

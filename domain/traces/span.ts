@@ -68,8 +68,8 @@ export function generationSpan(g: Generation, withContent: boolean): SpanRecord 
   for (const [k, v] of Object.entries(t)) if (!MAPPED.has(k) && v !== null && v !== undefined) attributes[`gateway.trace.${k}`] = scalar(v);
   if (withContent && g.content) {
     const { input, output } = g.content();
-    attributes['gen_ai.input.messages'] = JSON.stringify(input);
-    attributes['gen_ai.output.messages'] = JSON.stringify(output);
+    attributes[CONTENT_ATTRIBUTES[0]] = JSON.stringify(input);
+    attributes[CONTENT_ATTRIBUTES[1]] = JSON.stringify(output);
   }
   const name =
     (typeof t.span_name === 'string' && t.span_name) ||
@@ -84,6 +84,23 @@ export function generationSpan(g: Generation, withContent: boolean): SpanRecord 
     attributes,
     error: g.error ?? null,
   };
+}
+
+const CONTENT_ATTRIBUTES = ['gen_ai.input.messages', 'gen_ai.output.messages'] as const;
+
+/** The characters of the prompt and answer a span carries (0 without them). */
+export function contentSize(s: SpanRecord): number {
+  let n = 0;
+  for (const key of CONTENT_ATTRIBUTES) {
+    const v = s.attributes[key];
+    if (typeof v === 'string') n += v.length;
+  }
+  return n;
+}
+
+/** A span without content for a destination that asked for it, saying why: too much content was waiting to be sent. */
+export function contentOmitted(plain: SpanRecord): SpanRecord {
+  return { ...plain, attributes: { ...plain.attributes, 'gateway.content_omitted': 'content_backlog' } };
 }
 
 /** Why an answer ended, in any of the answer formats (null when it does not say). */

@@ -362,6 +362,13 @@ function tracesConfig(env: Env) {
     endpoint,
     headers: { ...otlpHeaders(env, 'OTEL_EXPORTER_OTLP_HEADERS'), ...otlpHeaders(env, 'OTEL_EXPORTER_OTLP_TRACES_HEADERS') },
     includeContent: oneOf(env, 'OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT', ['true', 'false'] as const, 'false') === 'true',
+    /**
+     * Prompts and answers a process holds queued for all trace destinations together; past it
+     * spans go without them. Spans wait in each destination's queue (2,048 at most), and a slow
+     * destination takes 256 every 5 s: with prompts of megabytes, one workspace within its
+     * body-rate limit had the process hold 2.5 GB.
+     */
+    contentQueueBytes: bytes(env, 'TRACE_CONTENT_QUEUE_BYTES', 64 * 1024 ** 2),
   };
 }
 

@@ -71,6 +71,12 @@ export class Metrics implements UpstreamObserver {
     labelNames: ['outcome'] as const,
     registers: [this.registry],
   });
+  readonly traceContentOmitted = new Counter({
+    name: 'gateway_trace_content_omitted_total',
+    help: 'Spans sent without their prompt and answer to a destination that asked for them, because the process held its bound of content waiting to be sent (TRACE_CONTENT_QUEUE_BYTES), by destination (global or workspace)',
+    labelNames: ['destination'] as const,
+    registers: [this.registry],
+  });
   readonly traceSpans = new Counter({
     name: 'gateway_trace_spans_total',
     help: 'Generation spans by destination (global or workspace) and outcome: exported, failed (the destination refused or was unreachable) or dropped (its queue was full)',

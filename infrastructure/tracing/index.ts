@@ -50,11 +50,11 @@ class ChosenIds implements IdGenerator {
 class CountingExporter implements SpanExporter {
   constructor(
     private readonly inner: SpanExporter,
-    private readonly settled: (outcome: SpanOutcome, spans: number) => void,
+    private readonly settled: (outcome: SpanOutcome, spans: ReadableSpan[]) => void,
   ) {}
   export(spans: ReadableSpan[], done: Parameters<SpanExporter['export']>[1]): void {
     this.inner.export(spans, (result) => {
-      this.settled(result.code === 0 ? 'exported' : 'failed', spans.length);
+      this.settled(result.code === 0 ? 'exported' : 'failed', spans);
       done(result);
     });
   }
@@ -73,6 +73,8 @@ export class TraceDestination {
   /** Spans handed to the processor and not yet exported or failed. */
   private pending = 0;
   private readonly maxQueue: number;
+  /** What to tell once a span has left (exported or failed), by its span id. */
+  private readonly onSettled = new Map<string, () => void>();
 
   constructor(private readonly o: DestinationOptions) {
     this.maxQueue = o.maxQueue ?? 2048;
@@ -83,9 +85,10 @@ export class TraceDestination {
         timeoutMillis: 5_000,
         ...(o.lookup && { httpAgentOptions: { lookup: o.lookup } }),
       }),
-      (outcome, n) => {
-        this.pending -= n;
-        o.count(outcome, n);
+      (outcome, spans) => {
+        this.pending -= spans.length;
+        o.count(outcome, spans.length);
+        for (const span of spans) this.settle(span.spanContext().spanId);
       },
     );
     this.provider = new TracerProvider({
@@ -108,8 +111,11 @@ export class TraceDestination {
     return false;
   }
 
-  /** Queues the span (after `accepts`); never waits on the destination. */
-  emit(s: SpanRecord): void {
+  /**
+   * Queues the span (after `accepts`); never waits on the destination. `settled` is told once the
+   * span has left the queue, exported or failed (or the destination is closed).
+   */
+  emit(s: SpanRecord, settled?: () => void): void {
     this.pending++;
     const parent = s.parentSpanId
       ? trace.setSpanContext(context.active(), {
@@ -122,7 +128,15 @@ export class TraceDestination {
     this.ids.next = s.traceId; // read synchronously by startSpan when there is no parent
     const span = this.tracer.startSpan(s.name, { startTime: s.startMs, attributes: s.attributes, root: !s.parentSpanId }, parent);
     if (s.error) span.setStatus({ code: 2, message: s.error });
+    if (settled) this.onSettled.set(span.spanContext().spanId, settled);
     span.end(s.endMs);
+  }
+
+  private settle(spanId: string): void {
+    const settled = this.onSettled.get(spanId);
+    if (!settled) return;
+    this.onSettled.delete(spanId);
+    settled();
   }
 
   async flush(): Promise<void> {
@@ -131,5 +145,7 @@ export class TraceDestination {
 
   async close(): Promise<void> {
     await this.provider.shutdown().catch(() => undefined);
+    // Whatever the shutdown did not send is gone with this destination.
+    for (const spanId of [...this.onSettled.keys()]) this.settle(spanId);
   }
 }
