@@ -7,7 +7,18 @@ import { CONFIG_KEYS, configOf } from '../domain/presets/overlap';
 import { MAX_PRESETS, addPresetVersion, listPresets, type VersionView } from '../domain/presets/store';
 import { PresetOrder } from '../domain/presets/list-order';
 import { KeptVersions } from '../domain/presets/kept-versions';
-import { call, createTenant, startTestGateway, type Tenant, type TestGateway } from './helpers';
+import {
+  call,
+  createTenant,
+  startTestGateway,
+  storedRecord,
+  waitForStatus,
+  writeTestCatalog,
+  type Tenant,
+  type TestGateway,
+} from './helpers';
+import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
+import { usageDetails } from '../domain/accounts/usage-ledger';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 const ISO = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
@@ -441,11 +452,11 @@ describe('presets', () => {
       const kept = new KeptVersions();
       const lookup = presetLookup(gw.store, tenant.workspaceId, kept);
       await add('first');
-      for (let i = 0; i < 3; i++) expect((await lookup('kept')).system_prompt).to.equal('first');
+      for (let i = 0; i < 3; i++) expect((await lookup('kept')).version.system_prompt).to.equal('first');
       expect(whole.n, 'three calls, one whole read').to.equal(1);
       await add('second');
-      expect((await lookup('kept')).system_prompt).to.equal('second');
-      expect((await lookup('kept')).system_prompt).to.equal('second');
+      expect((await lookup('kept')).version.system_prompt).to.equal('second');
+      expect((await lookup('kept')).version.system_prompt).to.equal('second');
       expect(whole.n).to.equal(2);
       // Without a process's versions kept, every call reads its version whole.
       const unkept = presetLookup(gw.store, tenant.workspaceId);
@@ -547,8 +558,8 @@ describe('presets', () => {
         },
         system_prompt: 'Be kind.',
       } as unknown as VersionView;
-      const lookup = async () => version;
-      const chat = await withPreset(
+      const lookup = async () => ({ version, chars: 123 });
+      const { body: chat, addedChars } = await withPreset(
         {
           model: '@preset/x',
           temperature: 0.9,
@@ -562,6 +573,7 @@ describe('presets', () => {
         lookup,
       );
       expect(chat).to.deep.include({ model: 'sandbox/chat-1', temperature: 0.9, max_tokens: 50 });
+      expect(addedChars, 'what the preset adds to the prompt').to.equal(123);
       expect(chat.messages).to.deep.equal([
         { role: 'system', content: 'Be kind.' },
         { role: 'user', content: 'hi' },
@@ -571,25 +583,32 @@ describe('presets', () => {
         ['b', undefined],
         ['c', undefined],
       ]);
-      const messages = await withPreset({ model: 'other/model@preset/x', system: 'And brief.', messages: [] }, 'messages', lookup);
+      const { body: messages } = await withPreset(
+        { model: 'other/model@preset/x', system: 'And brief.', messages: [] },
+        'messages',
+        lookup,
+      );
       expect(messages.model).to.equal('other/model');
       expect(messages.system).to.deep.equal([
         { type: 'text', text: 'Be kind.' },
         { type: 'text', text: 'And brief.' },
       ]);
-      expect(await withPreset({ preset: 'x', input: 'q' }, 'responses', lookup)).to.deep.include({
+      expect((await withPreset({ preset: 'x', input: 'q' }, 'responses', lookup)).body).to.deep.include({
         instructions: 'Be kind.',
         model: 'sandbox/chat-1',
       });
       // The preset's output cap (max_tokens here) is max_output_tokens in the Responses shape, unless the request sets one.
-      const capped = await withPreset({ preset: 'x', input: 'q' }, 'responses', lookup);
+      const { body: capped } = await withPreset({ preset: 'x', input: 'q' }, 'responses', lookup);
       expect(capped).to.include({ max_output_tokens: 50 }).and.not.have.property('max_tokens');
-      expect(await withPreset({ preset: 'x', input: 'q', max_output_tokens: 9 }, 'responses', lookup)).to.include({ max_output_tokens: 9 });
+      expect((await withPreset({ preset: 'x', input: 'q', max_output_tokens: 9 }, 'responses', lookup)).body).to.include({
+        max_output_tokens: 9,
+      });
       // A decision borrows the model and provider preferences only.
-      expect(await withPreset({ preset: 'x', state: 's' }, 'decision', lookup))
-        .to.include({ model: 'sandbox/chat-1', state: 's' })
-        .and.not.have.any.keys('max_tokens', 'tools', 'temperature');
-      const modelless = async () => ({ config: {}, system_prompt: null }) as unknown as VersionView;
+      const decision = await withPreset({ preset: 'x', state: 's' }, 'decision', lookup);
+      expect(decision.body).to.include({ model: 'sandbox/chat-1', state: 's' }).and.not.have.any.keys('max_tokens', 'tools', 'temperature');
+      expect(decision.addedChars, 'nothing of the preset goes upstream').to.equal(0);
+      expect((await withPreset({ model: 'sandbox/chat-1', messages: [] }, 'chat', lookup)).addedChars).to.equal(0);
+      const modelless = async () => ({ version: { config: {}, system_prompt: null } as unknown as VersionView, chars: 2 });
       const refused = await withPreset({ model: '@preset/x', state: 's' }, 'decision', modelless).catch((e) => e);
       expect(refused).to.include({ status: 400 });
       expect(refused.message).to.match(/preset "x" names no model/);
@@ -643,5 +662,124 @@ describe('presets', () => {
     const versions = await sdk.presets.listVersions({ slug: 'sdk-preset' });
     const vpage = (versions as any).result ?? versions;
     expect(vpage.totalCount).to.equal(1);
+  });
+});
+
+describe("a preset's prompt counts as the call's own", function () {
+  this.timeout(60_000);
+  const PROMPT_CHARS = 400_000; // 100,000 tokens as the sandbox counts them (4 characters a token); held as 133,000
+  let gw: TestGateway;
+  before(async () => {
+    // $1 per million tokens in and out; answers streamed one word every 200 ms.
+    const catalog = writeTestCatalog('preset-cost', (c) => {
+      c.providers.push(providerEntry('presetcost', '${SANDBOX_URL}/~presetcost=1,chunk_delay=200,max_words=30/openai/v1'));
+      c.models.push(
+        modelEntry('test/preset-cost', [endpointEntry('presetcost', 1, { supported_parameters: ['max_tokens'] })], {
+          context_length: 1_000_000,
+        }),
+      );
+    });
+    gw = await startTestGateway({ env: { CATALOG_PATH: catalog } });
+  });
+  after(async () => {
+    await gw.stop();
+  });
+
+  /** A tenant with a preset whose system prompt is PROMPT_CHARS long. */
+  async function withBigPreset(credits: number, on = gw): Promise<Tenant> {
+    const t = await createTenant(on.store, credits);
+    const created = await call(`${on.url}/api/v1/presets/big/chat/completions`, {
+      key: t.managementKey,
+      body: { model: 'test/preset-cost', messages: [{ role: 'system', content: 'p'.repeat(PROMPT_CHARS) }] },
+    });
+    expect(created.status, JSON.stringify(created.body)).to.equal(200);
+    return t;
+  }
+  const small = { model: '@preset/big', messages: [{ role: 'user', content: 'hi' }], max_tokens: 3 };
+
+  it("is held before the call: concurrent calls naming it overspend the workspace's credit by one estimate at most (before: each held as a 20-byte prompt, $0.60 spent of $0.25)", async () => {
+    const t = await withBigPreset(0.25);
+    const rs = await Promise.all(
+      Array.from({ length: 6 }, () => call(`${gw.url}/api/v1/chat/completions`, { key: t.inferenceKey, body: small })),
+    );
+    const statuses = rs.map((r) => r.status);
+    expect(statuses).to.include(200);
+    expect(statuses).to.include(402);
+    expect(rs.find((r) => r.status === 200)!.body.usage.prompt_tokens).to.be.at.least(PROMPT_CHARS / 4);
+    await gw.usage.flushed();
+    const credits = await call(`${gw.url}/api/v1/credits`, { key: t.inferenceKey });
+    // A call's estimate: one token per 3 characters of its prompt, the preset's included, at $1 a million.
+    expect(credits.body.data.balance).to.be.at.least(-(PROMPT_CHARS + 200) / 3 / 1e6);
+  });
+
+  it('is held by each batch line naming it: the batch overspends by one estimate at most (before: every line held as its own small body)', async () => {
+    const t = await withBigPreset(0.25);
+    const created = await call(`${gw.url}/api/v1/batches`, {
+      key: t.inferenceKey,
+      body: {
+        endpoint: '/v1/chat/completions',
+        model: 'test/preset-cost',
+        requests: Array.from({ length: 6 }, (_, i) => ({
+          custom_id: `l${i}`,
+          body: { preset: 'big', messages: [{ role: 'user', content: `${i}` }], max_tokens: 3 },
+        })),
+      },
+    });
+    expect(created.status, JSON.stringify(created.body)).to.equal(202);
+    const done = await waitForStatus(gw.url, t.inferenceKey, created.body.id, ['completed']);
+    const codes = done.results.map(
+      (r: { response?: { status_code: number }; error?: { code: number } }) => r.response?.status_code ?? r.error?.code,
+    );
+    expect(codes).to.include(200);
+    expect(codes).to.include(402);
+    const credits = await call(`${gw.url}/api/v1/credits`, { key: t.inferenceKey });
+    expect(credits.body.data.balance).to.be.at.least(-(PROMPT_CHARS + 200) / 3 / 1e6);
+  });
+
+  it('is billed for a stream its client leaves before the provider counted the prompt (before: 33 prompt tokens)', async () => {
+    const t = await withBigPreset(5);
+    const ac = new AbortController();
+    const res = await fetch(`${gw.url}/api/v1/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${t.inferenceKey}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ ...small, max_tokens: 30, stream: true }),
+      signal: ac.signal,
+    });
+    expect(res.status).to.equal(200);
+    const id = res.headers.get('x-generation-id')!;
+    await res.body!.getReader().read(); // the first words, then the client goes
+    ac.abort();
+    let record = null;
+    for (let i = 0; i < 100 && !record; i++) {
+      await gw.usage.flushed();
+      record = await storedRecord(gw.store, id);
+      if (!record) await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(record, 'usage record').to.not.equal(null);
+    expect(usageDetails(record!)?.ending).to.equal('client_closed');
+    expect(record!.input_tokens).to.be.at.least(PROMPT_CHARS / 4);
+  });
+
+  it('counts against BODY_BYTES_PER_MINUTE with each call naming it (before: a 9 MB preset named by tiny bodies sent 64 MB/s upstream past a 10 MB/s limit)', async () => {
+    // 1 MB a minute: the preset's creation counts 6 of its 16 units of 64 KB, each call naming it 6 more.
+    const limited = await startTestGateway({ env: { CATALOG_PATH: gw.config.catalogPath, BODY_BYTES_PER_MINUTE: '1mb' } });
+    try {
+      const t = await withBigPreset(5, limited);
+      const first = await call(`${limited.url}/api/v1/chat/completions`, { key: t.inferenceKey, body: small });
+      expect(first.status, JSON.stringify(first.body)).to.equal(200);
+      const second = await call(`${limited.url}/api/v1/chat/completions`, { key: t.inferenceKey, body: small });
+      expect(second.status, JSON.stringify(second.body)).to.equal(429);
+      expect(second.body.error.message).to.equal(
+        'Request body rate limit exceeded: 1 MB of request bodies per 60s for this workspace, over all its keys',
+      );
+      // A call without the preset, of a small body, is not counted.
+      const plain = await call(`${limited.url}/api/v1/chat/completions`, {
+        key: t.inferenceKey,
+        body: { ...small, model: 'test/preset-cost' },
+      });
+      expect(plain.status, JSON.stringify(plain.body)).to.equal(200);
+    } finally {
+      await limited.stop();
+    }
   });
 });

@@ -28,7 +28,7 @@ export function decisionRoutes({ config, store, decisions, upstreams, workspaces
       handler: async (ctx, { body: given }) => {
         const meta = requestMeta(ctx, given);
         const { workspaceId, keyId } = authOf(ctx);
-        const request = (await withPreset(given, 'decision', presetLookup(store, workspaceId, presetVersions))) as DecisionsRequest;
+        const request = (await withPreset(given, 'decision', presetLookup(store, workspaceId, presetVersions))).body as DecisionsRequest;
         const { estimate } = admitDecision(upstreams.catalog, request, {
           requestBytes: ctx.request.length,
           maxStateBytes: limits.maxStateBytes,

@@ -15,6 +15,7 @@ import {
   ResponsesRequest,
 } from '../../domain/completions/schema';
 import { authOf } from '../auth';
+import { admitBodyBytes, LIMIT_UNIT_BYTES } from '../rate-limit';
 import { EventStream } from '../event-stream';
 import { requestMeta } from '../request-meta';
 import { requestSignal } from '../request-signal';
@@ -39,6 +40,10 @@ export function inferenceRoutes(deps: AppDeps): AnyRoute[] {
         signal,
         log: ctx.state.log,
       });
+      // A preset's config and system prompt are parsed and sent upstream with every call naming it:
+      // as much work as a body of that size, so they count as one (a 9 MB preset named by tiny
+      // bodies sent 64 MB/s of prompts past the 10 MB/s the limit allows).
+      if (call.presetChars >= LIMIT_UNIT_BYTES) await admitBodyBytes(deps.bodyBytes, workspaceId, call.presetChars);
       if (call.plan.stream) {
         await completions.stream(call, () => new EventStream(ctx, { 'x-generation-id': call.generationId }, keepAliveMs, stallMs));
       } else {

@@ -81,8 +81,9 @@ export class LineRunner {
 
   async run(line: InputLine): Promise<LineOutcome> {
     let body: Record<string, unknown>;
+    let presetChars: number;
     try {
-      body = await withPreset(lineBody(line), this.operation, this.preset);
+      ({ body, addedChars: presetChars } = await withPreset(lineBody(line), this.operation, this.preset));
     } catch (err) {
       // A preset that is missing (or another workspace's) fails this line alone, never the chunk.
       if (err instanceof GatewayError && err.status < 500) return { result: this.failure(line, err.status, err.message) };
@@ -94,7 +95,7 @@ export class LineRunner {
     let hold: Hold;
     try {
       // A line has no client waiting on it: it waits for credit held by other lines as long as it takes.
-      hold = await this.o.credits.hold(batch.workspace_id, this.estimate(line, body), signal, Infinity);
+      hold = await this.o.credits.hold(batch.workspace_id, this.estimate(line, body, presetChars), signal, Infinity);
     } catch (err) {
       signal.throwIfAborted(); // the chunk was cancelled: the activity reports that
       // Credit ran out: this line is not sent, and says why; later lines are admitted again once credits are added.
@@ -142,13 +143,13 @@ export class LineRunner {
     });
   }
 
-  /** What the line may cost, as a synchronous call of the same body would hold. */
-  private estimate(line: InputLine, body: Record<string, unknown>): number {
+  /** What the line may cost, as a synchronous call of the same body would hold: its preset's prompt included. */
+  private estimate(line: InputLine, body: Record<string, unknown>, presetChars: number): number {
     const cap = body.max_completion_tokens ?? body.max_tokens ?? body.max_output_tokens;
     return estimateCompletionCost(
       [this.target.model],
       this.operation,
-      Buffer.byteLength(line.body),
+      Buffer.byteLength(line.body) + presetChars,
       Number.isInteger(cap) ? (cap as number) : null,
     );
   }

@@ -59,6 +59,10 @@ export interface CompletionRequest {
 
 /** A request made ready to run: its preset applied, its plan made, its generation id given. */
 export interface Call extends CompletionRequest {
+  /** What its preset added to the prompt (its config and system prompt), 0 without one. */
+  presetChars: number;
+  /** The request's size and its preset's: what estimates of its prompt tokens rest on. */
+  promptBytes: number;
   plan: InferencePlan;
   generationId: string;
   workspace: { only?: string[]; ignore?: string[] };
@@ -118,17 +122,19 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
   const admitted = (call: Call, work: () => Promise<number>) =>
     workspaces.billed(
       call.workspaceId,
-      estimateCompletionCost(call.plan.models, call.operation, call.requestBytes, call.plan.maxOutputTokens),
+      estimateCompletionCost(call.plan.models, call.operation, call.promptBytes, call.plan.maxOutputTokens),
       call.signal,
       work,
     );
 
   async function prepare(req: CompletionRequest): Promise<Call> {
-    const body = await withPreset(req.body, req.operation, presetLookup(store, req.workspaceId, presetVersions));
+    const { body, addedChars } = await withPreset(req.body, req.operation, presetLookup(store, req.workspaceId, presetVersions));
     const plan = planInference(upstreams.catalog, body, req.operation);
     const settings = await workspaces.settings(req.workspaceId);
     return {
       ...req,
+      presetChars: addedChars,
+      promptBytes: req.requestBytes + addedChars,
       plan,
       generationId: newGenerationId(),
       workspace: settings,
@@ -189,7 +195,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     const checkpoints = usage.checkpoints();
     let checkpointAt = -Infinity;
     const checkpoint = () => {
-      const u = tally.usage(promptTokensEstimate(call.requestBytes));
+      const u = tally.usage(promptTokensEstimate(call.promptBytes));
       if (!u.output_tokens) return;
       const details = { stream: true, ending: 'gateway_stopped', attempts: opened.attempts.length + 1 };
       checkpoints!.save(recordOf(call, endpoint, u, costOf(endpoint, u), details));
@@ -214,7 +220,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     }
 
     const ending: Ending = call.signal.aborted ? 'client_closed' : tally.finished && !tally.upstreamError ? 'completed' : 'upstream_failed';
-    const u = tally.usage(promptTokensEstimate(call.requestBytes));
+    const u = tally.usage(promptTokensEstimate(call.promptBytes));
     const cost = costOf(endpoint, u);
     upstreams.stats.record(endpoint.key, {
       ok: ending !== 'upstream_failed',

@@ -5,7 +5,7 @@
 import type { KeptVersions } from './kept-versions';
 import { BadRequestError } from '../../infrastructure/errors';
 import type { Store } from '../../infrastructure/store';
-import { getPreset, type VersionView } from './store';
+import { getDesignatedVersion, type VersionView } from './store';
 
 type Body = Record<string, any>;
 export type ApplyFormat = 'chat' | 'messages' | 'responses' | 'decision' | 'embeddings';
@@ -39,24 +39,30 @@ export function mergeTools(presetTools: Body[] | undefined, requestTools: Body[]
 
 const CAP_NAMES: Partial<Record<ApplyFormat, string>> = { chat: 'max_tokens', messages: 'max_tokens', responses: 'max_output_tokens' };
 
-/** Finds a preset's designated version by slug (one workspace's; a batch chunk caches it). */
-export type PresetLookup = (slug: string) => Promise<VersionView>;
+/** Finds a preset's designated version by slug, with its size (one workspace's; a batch chunk caches it). */
+export type PresetLookup = (slug: string) => Promise<{ version: VersionView; chars: number }>;
 
 export const presetLookup =
   (store: Store, workspaceId: string, kept?: KeptVersions): PresetLookup =>
-  async (slug) =>
-    (await getPreset(store, workspaceId, slug, kept)).designated_version;
+  (slug) =>
+    getDesignatedVersion(store, workspaceId, slug, kept);
 
-/** The body with the preset it names applied, or the body itself if it names none: how every capability uses presets. */
-export async function withPreset(body: Body, format: ApplyFormat, lookup: PresetLookup): Promise<Body> {
+/**
+ * The body with the preset it names applied, or the body itself if it names none: how every
+ * capability uses presets. `addedChars` is what the preset added to what goes upstream (its config
+ * and system prompt; nothing for a decision, which takes only its model and provider preferences):
+ * what the call may cost, and what the process spends on it, grow with it as with the body's own size.
+ */
+export async function withPreset(body: Body, format: ApplyFormat, lookup: PresetLookup): Promise<{ body: Body; addedChars: number }> {
   const ref = presetReference(body);
-  if (!ref) return body;
-  const out = applyPreset(body, await lookup(ref.slug), format);
+  if (!ref) return { body, addedChars: 0 };
+  const { version, chars } = await lookup(ref.slug);
+  const out = applyPreset(body, version, format);
   const fallbacks = (Array.isArray(out.models) && out.models.length) || (Array.isArray(out.fallbacks) && out.fallbacks.length);
   if (typeof out.model !== 'string' && !fallbacks) {
     throw new BadRequestError(`model: preset "${ref.slug}" names no model; give one as <model>@preset/${ref.slug}`);
   }
-  return out;
+  return { body: out, addedChars: format === 'decision' ? 0 : chars };
 }
 
 function applyPreset(body: Body, version: VersionView, format: ApplyFormat): Body {

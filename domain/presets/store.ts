@@ -244,12 +244,33 @@ export async function getPreset(
   slug: string,
   kept?: KeptVersions,
 ): Promise<PresetView & { designated_version: VersionView }> {
+  const { preset, designated } = await readDesignated(store, workspaceId, slug, kept);
+  return presetView(preset, designated);
+}
+
+/** A preset's designated version as a call applies it, and what it weighs (its config's and system prompt's characters). */
+export async function getDesignatedVersion(
+  store: Store,
+  workspaceId: string,
+  slug: string,
+  kept?: KeptVersions,
+): Promise<{ version: VersionView; chars: number }> {
+  const { designated } = await readDesignated(store, workspaceId, slug, kept);
+  return { version: versionView(designated), chars: versionChars(designated) };
+}
+
+async function readDesignated(
+  store: Store,
+  workspaceId: string,
+  slug: string,
+  kept?: KeptVersions,
+): Promise<{ preset: PresetDoc; designated: PresetVersionDoc }> {
   const presetId = presetIdOf(workspaceId, slug);
   const preset = await store.presets.findOne({ _id: presetId });
   const newest = preset && (await newestNumber(store, presetId, preset));
-  const [latest] = newest ? await versionsById(store, [versionIdOf(presetId, newest)], kept) : [];
-  if (!preset || !latest) throw new NotFoundError(`Preset "${slug}" not found`);
-  return presetView(preset, latest);
+  const [designated] = newest ? await versionsById(store, [versionIdOf(presetId, newest)], kept) : [];
+  if (!preset || !designated) throw new NotFoundError(`Preset "${slug}" not found`);
+  return { preset, designated };
 }
 
 /**
