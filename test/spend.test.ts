@@ -10,6 +10,7 @@ import { Catalog } from '../domain/catalog';
 import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, uniqueName, usageRecord, waitForStatus, writeTestCatalog, storedUsage } from './helpers';
+import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 
 const question = { q: { type: 'noul', instructions: 'Is this a complaint?' } };
 
@@ -428,6 +429,43 @@ describe('credits under concurrent calls and batches', () => {
     } finally {
       await second.stop();
       await first.stop();
+    }
+  });
+});
+
+describe("a chat call's n answers", () => {
+  // $1 per million tokens in and out; every answer 1,000 words long, so n=100 with max_tokens 1,000 costs ~$0.10.
+  const catalog = () =>
+    writeTestCatalog('n-choices', (c) => {
+      c.providers.push(providerEntry('nchoices', '${SANDBOX_URL}/~nchoices=1,max_words=1000/openai/v1'));
+      c.models.push(
+        modelEntry('test/n-choices', [endpointEntry('nchoices', 1, { supported_parameters: ['max_tokens'] })], { context_length: 100_000 }),
+      );
+    });
+  const body = { model: 'test/n-choices', messages: [{ role: 'user', content: 'hi' }], max_tokens: 1000, n: 100 };
+  /** One estimate: 100 answers of up to 1,000 tokens, and the prompt, at $1 a million. */
+  const ESTIMATE = 0.1001;
+
+  it('are each held for: concurrent calls asking for 100 answers overspend by one estimate at most (before: each held as one answer, $0.60 spent of $0.25)', async function () {
+    this.timeout(60_000);
+    const gw = await startTestGateway({ withWorker: false, env: { CATALOG_PATH: catalog() } });
+    try {
+      const t = await createTenant(gw.store, 0.25);
+      const refused = await call(`${gw.url}/api/v1/chat/completions`, { key: t.inferenceKey, body: { ...body, n: 129 } });
+      expect(refused.status).to.equal(400);
+      expect(refused.body.error.message).to.equal('n: must be <= 128');
+      const rs = await Promise.all(
+        Array.from({ length: 6 }, () => call(`${gw.url}/api/v1/chat/completions`, { key: t.inferenceKey, body })),
+      );
+      const answered = rs.find((r) => r.status === 200)!;
+      expect(answered.body.choices).to.have.length(100);
+      expect(answered.body.usage.completion_tokens).to.equal(100_000);
+      expect(rs.map((r) => r.status)).to.include(402);
+      await gw.usage.flushed();
+      const spent = (await storedUsage(gw.store, { workspace_id: t.workspaceId })).reduce((x, u) => x + u.cost, 0);
+      expect(spent).to.be.at.most(0.25 + ESTIMATE + 1e-9);
+    } finally {
+      await gw.stop();
     }
   });
 });

@@ -162,13 +162,16 @@ function chatAnswer(
   promptTokens: number,
   completionTokens: number,
 ): Json {
+  // `n` answers, each billed (the same one n times: it is the request's answer).
+  const n = Number.isInteger(body.n) && body.n > 1 ? Math.min(body.n, 128) : 1;
+  const output = completionTokens * n;
   return {
     id: `chatcmpl-${hash.slice(0, 24)}`,
     object: 'chat.completion',
     created: CREATED,
     model: body.model,
-    choices: [{ index: 0, message, logprobs, finish_reason: finish }],
-    usage: { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens },
+    choices: Array.from({ length: n }, (_, index) => ({ index, message, logprobs, finish_reason: finish })),
+    usage: { prompt_tokens: promptTokens, completion_tokens: output, total_tokens: promptTokens + output },
   };
 }
 

@@ -19,6 +19,8 @@ export function estimateCompletionCost(
   operation: InferenceOperation,
   requestBytes: number,
   maxOutputTokens: number | null,
+  /** Answers generated, each up to the output allowed (a chat call's `n`). */
+  choices = 1,
 ): number {
   const input = Math.ceil(requestBytes / 3);
   let most = 0;
@@ -30,7 +32,7 @@ export function estimateCompletionCost(
         operation === 'embeddings'
           ? 0
           : Math.max(0, Math.min(maxOutputTokens ?? limit, limit, m.context_length - Math.min(input, m.context_length)));
-      most = Math.max(most, costOf(e, { input_tokens: input, output_tokens: output }));
+      most = Math.max(most, costOf(e, { input_tokens: input, output_tokens: output * choices }));
     }
   return most;
 }

@@ -51,6 +51,8 @@ export interface InferencePlan {
   includeUsage: boolean;
   /** The output tokens the request allows, if it says. */
   maxOutputTokens: number | null;
+  /** Answers the provider generates (and bills) for it: a chat call's `n` (other formats have one; batch lines take n=1 only). */
+  choices: number;
 }
 
 /**
@@ -92,5 +94,6 @@ export function planInference(catalog: Catalog, body: Body, operation: Inference
     stream: body.stream === true,
     includeUsage: body.stream_options?.include_usage === true || body.usage?.include === true,
     maxOutputTokens: Number.isInteger(maxOut) ? maxOut : null,
+    choices: operation === 'chat' && Number.isInteger(body.n) && body.n > 1 ? body.n : 1,
   };
 }

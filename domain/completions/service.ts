@@ -122,7 +122,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
   const admitted = (call: Call, work: () => Promise<number>) =>
     workspaces.billed(
       call.workspaceId,
-      estimateCompletionCost(call.plan.models, call.operation, call.promptBytes, call.plan.maxOutputTokens),
+      estimateCompletionCost(call.plan.models, call.operation, call.promptBytes, call.plan.maxOutputTokens, call.plan.choices),
       call.signal,
       work,
     );

@@ -252,6 +252,9 @@ export const ChatBody = Type.Object(
     messages: Type.Optional(Type.Array(ChatMessage)),
     max_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
     max_completion_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
+    n: Type.Optional(
+      Type.Integer({ minimum: 1, maximum: 128, description: 'Choices to generate; the provider bills each, and the call holds for each' }),
+    ),
   },
   { additionalProperties: true },
 );
