@@ -469,3 +469,33 @@ describe("a chat call's n answers", () => {
     }
   });
 });
+
+describe('images named by URL', () => {
+  it('are held for at what a provider may count for them: concurrent calls overspend by one estimate at most (before: held by their bytes, $0.51 spent of $0.25)', async function () {
+    this.timeout(60_000);
+    // $1 per million tokens; the sandbox counts each image as 85 tokens, so 1,000 images cost $0.085 a call.
+    const catalog = writeTestCatalog('images', (c) => {
+      c.providers.push(providerEntry('images', '${SANDBOX_URL}/~images=1/openai/v1'));
+      c.models.push(
+        modelEntry('test/images', [endpointEntry('images', 1, { supported_parameters: ['max_tokens'] })], { context_length: 200_000 }),
+      );
+    });
+    const gw = await startTestGateway({ withWorker: false, env: { CATALOG_PATH: catalog } });
+    try {
+      const t = await createTenant(gw.store, 0.25);
+      const content = Array.from({ length: 1_000 }, (_, i) => ({ type: 'image_url', image_url: { url: `https://img.example/${i}.png` } }));
+      const body = { model: 'test/images', messages: [{ role: 'user', content }], max_tokens: 5 };
+      const rs = await Promise.all(
+        Array.from({ length: 6 }, () => call(`${gw.url}/api/v1/chat/completions`, { key: t.inferenceKey, body })),
+      );
+      expect(rs.find((r) => r.status === 200)!.body.usage.prompt_tokens).to.be.at.least(85_000);
+      expect(rs.map((r) => r.status)).to.include(402);
+      await gw.usage.flushed();
+      const spent = (await storedUsage(gw.store, { workspace_id: t.workspaceId })).reduce((x, u) => x + u.cost, 0);
+      // One estimate: the model's whole context (1,000 images of up to 2,500 tokens do not fit in less).
+      expect(spent).to.be.at.most(0.25 + 0.2 + 1e-9);
+    } finally {
+      await gw.stop();
+    }
+  });
+});

@@ -6,6 +6,7 @@ import type { KeptVersions } from '../presets/kept-versions';
 import { errorTypeOf, GatewayError, PaymentRequiredError, RateLimitedError } from '../../infrastructure/errors';
 import type { Hold, SpendAdmission } from '../accounts/spend-admission';
 import { estimateCompletionCost } from '../completions/estimate';
+import { referencedMedia } from '../completions/media';
 import { invoke, sessionKey, type Upstreams } from '../routing/upstreams';
 import type { Broadcaster } from '../traces/broadcast';
 import { finishReasonOf } from '../traces/span';
@@ -149,7 +150,7 @@ export class LineRunner {
     return estimateCompletionCost(
       [this.target.model],
       this.operation,
-      Buffer.byteLength(line.body) + presetChars,
+      { bytes: Buffer.byteLength(line.body) + presetChars, media: referencedMedia(body) },
       Number.isInteger(cap) ? (cap as number) : null,
     );
   }

@@ -3,37 +3,53 @@
 // reported its prompt tokens (about 4 bytes a token).
 //
 // The hold is meant to be at least the real cost, and no more than the call could really cost: one
-// token per 3 bytes of prompt, the priciest endpoint the call could fall back to, and as output the
-// least of what the request allows, what that endpoint can produce, and what the model's context
-// leaves after the prompt. An estimate far above any real cost refuses calls a workspace can pay for.
+// token per 3 bytes of prompt, plus what images and documents named by reference may count, at most
+// the model's context; the priciest endpoint the call could fall back to; and as output the least of
+// what the request allows, what that endpoint can produce, and what the model's context leaves after
+// the prompt, for each answer asked for. An estimate far above any real cost refuses calls a
+// workspace can pay for.
 import type { CatalogModel } from '../catalog';
 import { costOf } from '../catalog/usd';
 import { servesOperation } from '../routing/engine';
 import type { InferenceOperation } from './formats';
+import type { ReferencedMedia } from './media';
 
 /** Output allowed when neither the request nor the endpoint says. */
 const DEFAULT_MAX_OUTPUT = 4096;
 
+/**
+ * The most one image a provider fetches is counted as: OpenAI's patch-based models reach ~2,490
+ * tokens (1,536 patches × 1.62), Anthropic's ~1,600 (1.15 megapixels).
+ */
+const IMAGE_TOKENS = 2_500;
+
+export interface PromptSize {
+  /** The request's size, its preset's included. */
+  bytes: number;
+  /** What it names by reference: an image counts IMAGE_TOKENS; a document (a PDF of any length) the whole context. */
+  media?: ReferencedMedia;
+}
+
 export function estimateCompletionCost(
   models: CatalogModel[],
   operation: InferenceOperation,
-  requestBytes: number,
+  prompt: PromptSize,
   maxOutputTokens: number | null,
   /** Answers generated, each up to the output allowed (a chat call's `n`). */
   choices = 1,
 ): number {
-  const input = Math.ceil(requestBytes / 3);
+  const named = Math.ceil(prompt.bytes / 3) + (prompt.media?.images ?? 0) * IMAGE_TOKENS;
   let most = 0;
-  for (const m of models)
+  for (const m of models) {
+    // No prompt is billed beyond the context it must fit in.
+    const input = prompt.media?.documents ? m.context_length : Math.min(named, m.context_length);
     for (const e of m.endpoints) {
       if (!servesOperation(e, operation)) continue;
       const limit = e.entry.max_completion_tokens ?? DEFAULT_MAX_OUTPUT;
-      const output =
-        operation === 'embeddings'
-          ? 0
-          : Math.max(0, Math.min(maxOutputTokens ?? limit, limit, m.context_length - Math.min(input, m.context_length)));
+      const output = operation === 'embeddings' ? 0 : Math.max(0, Math.min(maxOutputTokens ?? limit, limit, m.context_length - input));
       most = Math.max(most, costOf(e, { input_tokens: input, output_tokens: output * choices }));
     }
+  }
   return most;
 }
 

@@ -21,7 +21,8 @@ import type { RequestMeta } from '../accounts/attribution';
 import type { SpendAdmission } from '../accounts/spend-admission';
 import { finishBody, STREAM_FORMATS, StreamTally, type InferenceOperation, type Served, type StreamingOperation } from './formats';
 import { planInference, type InferencePlan } from './request';
-import { estimateCompletionCost, promptTokensEstimate } from './estimate';
+import { estimateCompletionCost, promptTokensEstimate, type PromptSize } from './estimate';
+import { referencedMedia } from './media';
 import { complete, openStream, type OpenedStream } from './execute';
 
 type Body = Record<string, any>;
@@ -61,8 +62,8 @@ export interface CompletionRequest {
 export interface Call extends CompletionRequest {
   /** What its preset added to the prompt (its config and system prompt), 0 without one. */
   presetChars: number;
-  /** The request's size and its preset's: what estimates of its prompt tokens rest on. */
-  promptBytes: number;
+  /** What estimates of its prompt tokens rest on: the request's size and its preset's, and the media it names. */
+  prompt: Required<PromptSize>;
   plan: InferencePlan;
   generationId: string;
   workspace: { only?: string[]; ignore?: string[] };
@@ -122,7 +123,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
   const admitted = (call: Call, work: () => Promise<number>) =>
     workspaces.billed(
       call.workspaceId,
-      estimateCompletionCost(call.plan.models, call.operation, call.promptBytes, call.plan.maxOutputTokens, call.plan.choices),
+      estimateCompletionCost(call.plan.models, call.operation, call.prompt, call.plan.maxOutputTokens, call.plan.choices),
       call.signal,
       work,
     );
@@ -134,7 +135,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     return {
       ...req,
       presetChars: addedChars,
-      promptBytes: req.requestBytes + addedChars,
+      prompt: { bytes: req.requestBytes + addedChars, media: referencedMedia(plan.upstreamBody) },
       plan,
       generationId: newGenerationId(),
       workspace: settings,
@@ -195,7 +196,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     const checkpoints = usage.checkpoints();
     let checkpointAt = -Infinity;
     const checkpoint = () => {
-      const u = tally.usage(promptTokensEstimate(call.promptBytes));
+      const u = tally.usage(promptTokensEstimate(call.prompt.bytes));
       if (!u.output_tokens) return;
       const details = { stream: true, ending: 'gateway_stopped', attempts: opened.attempts.length + 1 };
       checkpoints!.save(recordOf(call, endpoint, u, costOf(endpoint, u), details));
@@ -220,7 +221,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     }
 
     const ending: Ending = call.signal.aborted ? 'client_closed' : tally.finished && !tally.upstreamError ? 'completed' : 'upstream_failed';
-    const u = tally.usage(promptTokensEstimate(call.promptBytes));
+    const u = tally.usage(promptTokensEstimate(call.prompt.bytes));
     const cost = costOf(endpoint, u);
     upstreams.stats.record(endpoint.key, {
       ok: ending !== 'upstream_failed',

@@ -1,0 +1,50 @@
+// Images and documents a request names by reference (a URL or a file id) rather than carrying: the
+// provider fetches them and bills their tokens, which the body's own size does not show (a part of
+// 60 bytes naming an image the provider counts as hundreds or thousands of tokens). Images carried
+// inline (data: URLs, base64) are counted by their bytes like any other content.
+type Part = Record<string, any>;
+
+export interface ReferencedMedia {
+  images: number;
+  documents: number;
+}
+
+const byReference = (url: unknown) => typeof url === 'string' && !url.startsWith('data:');
+
+function classify(p: Part, into: ReferencedMedia): void {
+  switch (p.type) {
+    case 'image_url': // OpenAI chat
+      if (byReference(typeof p.image_url === 'string' ? p.image_url : p.image_url?.url)) into.images++;
+      return;
+    case 'input_image': // OpenAI responses
+      if (byReference(p.image_url) || typeof p.file_id === 'string') into.images++;
+      return;
+    case 'image': // Anthropic messages
+      if (p.source?.type === 'url' || p.source?.type === 'file') into.images++;
+      return;
+    case 'document':
+      if (p.source?.type === 'url' || p.source?.type === 'file') into.documents++;
+      return;
+    case 'input_file':
+      if (byReference(p.file_url) || typeof p.file_id === 'string') into.documents++;
+      return;
+    case 'file': // OpenAI chat
+      if (typeof p.file?.file_id === 'string') into.documents++;
+      return;
+    case 'tool_result': // Anthropic: a tool's result may hold images and documents too
+      if (Array.isArray(p.content)) for (const q of p.content) if (q && typeof q === 'object') classify(q, into);
+  }
+}
+
+/** What the request names by reference, in the messages (chat, messages) or input items (responses) it sends. */
+export function referencedMedia(body: Record<string, any>): ReferencedMedia {
+  const found = { images: 0, documents: 0 };
+  const turns = Array.isArray(body.messages) ? body.messages : Array.isArray(body.input) ? body.input : [];
+  for (const turn of turns) {
+    if (!turn || typeof turn !== 'object') continue;
+    // A responses input item may be a part itself, or a message holding parts.
+    if (typeof turn.type === 'string' && turn.type !== 'message') classify(turn, found);
+    if (Array.isArray(turn.content)) for (const p of turn.content) if (p && typeof p === 'object') classify(p, found);
+  }
+  return found;
+}

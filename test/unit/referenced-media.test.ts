@@ -1,0 +1,74 @@
+// Images and documents a request names by reference, and what the hold counts for them
+// (domain/completions/media.ts, estimate.ts): the body's bytes do not show what the provider bills.
+import { expect } from 'chai';
+import { referencedMedia } from '../../domain/completions/media';
+import { estimateCompletionCost } from '../../domain/completions/estimate';
+import type { CatalogModel } from '../../domain/catalog';
+
+describe('media named by reference', () => {
+  it('counts images and documents named by URL or file id in each format; inline ones are counted by their bytes instead', () => {
+    const chat = {
+      messages: [
+        { role: 'system', content: 'be brief' },
+        {
+          role: 'user',
+          content: [
+            { type: 'text', text: 'look' },
+            { type: 'image_url', image_url: { url: 'https://img.example/a.png' } },
+            { type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA' } },
+            { type: 'file', file: { file_id: 'file-1' } },
+            { type: 'file', file: { file_data: 'data:application/pdf;base64,AAAA' } },
+          ],
+        },
+      ],
+    };
+    expect(referencedMedia(chat)).to.deep.equal({ images: 1, documents: 1 });
+    const messages = {
+      messages: [
+        {
+          role: 'user',
+          content: [
+            { type: 'image', source: { type: 'url', url: 'https://img.example/b.png' } },
+            { type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AAAA' } },
+            { type: 'document', source: { type: 'url', url: 'https://docs.example/c.pdf' } },
+            { type: 'tool_result', tool_use_id: 't', content: [{ type: 'image', source: { type: 'file', file_id: 'f' } }] },
+          ],
+        },
+      ],
+    };
+    expect(referencedMedia(messages)).to.deep.equal({ images: 2, documents: 1 });
+    const responses = {
+      input: [
+        { type: 'input_image', image_url: 'https://img.example/d.png' },
+        {
+          role: 'user',
+          content: [
+            { type: 'input_image', file_id: 'file-2' },
+            { type: 'input_image', image_url: 'data:image/png;base64,AAAA' },
+            { type: 'input_file', file_url: 'https://docs.example/e.pdf' },
+          ],
+        },
+      ],
+    };
+    expect(referencedMedia(responses)).to.deep.equal({ images: 2, documents: 1 });
+    expect(referencedMedia({ input: 'just text' })).to.deep.equal({ images: 0, documents: 0 });
+  });
+
+  it('holds an image at 2,500 tokens, a document at the whole context, and no prompt beyond the context', () => {
+    const model = { kind: 'chat', context_length: 100_000 } as unknown as CatalogModel;
+    (model as { endpoints: unknown[] }).endpoints = [
+      {
+        model,
+        operations: ['chat'],
+        provider: { adapter: 'openai' },
+        entry: { pricing: { prompt: 1, completion: 1 }, max_completion_tokens: 10 },
+      },
+    ];
+    const cost = (bytes: number, images = 0, documents = 0) =>
+      estimateCompletionCost([model], 'chat', { bytes, media: { images, documents } }, 10);
+    expect(cost(3_000)).to.be.closeTo((1_000 + 10) / 1e6, 1e-12);
+    expect(cost(3_000, 4)).to.be.closeTo((1_000 + 4 * 2_500 + 10) / 1e6, 1e-12);
+    expect(cost(3_000, 0, 1)).to.be.closeTo(100_000 / 1e6, 1e-12); // the context, and no room left for output
+    expect(cost(3_000, 1_000)).to.be.closeTo(100_000 / 1e6, 1e-12);
+  });
+});
