@@ -11,6 +11,7 @@ import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
 import { stack } from './fixture';
 import { call, createTenant, startTestGateway, uniqueName, usageRecord, waitForStatus, writeTestCatalog, storedUsage } from './helpers';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
+import { costOf } from '../domain/catalog/usd';
 
 const question = { q: { type: 'noul', instructions: 'Is this a complaint?' } };
 
@@ -497,5 +498,82 @@ describe('images named by URL', () => {
     } finally {
       await gw.stop();
     }
+  });
+});
+
+describe('prompt tokens a provider reads from or writes to its cache', () => {
+  it('are billed at the catalog’s cache prices, counted in the prompt tokens; streamed or not (before: not billed at all)', async function () {
+    this.timeout(60_000);
+    // An Anthropic-format provider: $1 per million prompt tokens, $2 to write to the cache, $0.10 to read from it.
+    const catalog = writeTestCatalog('cache-prices', (c) => {
+      c.providers.push(providerEntry('cacheprices', '${SANDBOX_URL}/~cacheprices=1/anthropic', { adapter: 'anthropic' }));
+      c.models.push(
+        modelEntry('test/cached', [
+          endpointEntry('cacheprices', 1, {
+            supported_parameters: ['max_tokens'],
+            pricing: { prompt: 1, completion: 1, cache_write: 2, cache_read: 0.1 } as never,
+          }),
+        ]),
+      );
+    });
+    const gw = await startTestGateway({ withWorker: false, env: { CATALOG_PATH: catalog } });
+    try {
+      const t = await createTenant(gw.store, 5);
+      const system = [{ type: 'text', text: `${'policy '.repeat(4_000)}${uniqueName('v')}`, cache_control: { type: 'ephemeral' } }];
+      const ask = (stream = false) =>
+        call(`${gw.url}/api/v1/messages`, {
+          key: t.inferenceKey,
+          body: { model: 'test/cached', system, messages: [{ role: 'user', content: 'hi' }], max_tokens: 5, stream },
+        });
+      const billed = async (id: string) => {
+        await gw.usage.flushed();
+        return (await storedUsage(gw.store, { _id: id }))[0];
+      };
+      const costOfUsage = (u: {
+        input_tokens: number;
+        cache_creation_input_tokens: number;
+        cache_read_input_tokens: number;
+        output_tokens: number;
+      }) => (u.input_tokens + 2 * u.cache_creation_input_tokens + 0.1 * u.cache_read_input_tokens + u.output_tokens) / 1e6;
+
+      const first = await ask();
+      expect(first.status, JSON.stringify(first.body)).to.equal(200);
+      const written = first.body.usage.cache_creation_input_tokens;
+      expect(written).to.be.at.least(4_000);
+      const one = await billed(first.body.id);
+      expect(one.input_tokens).to.equal(first.body.usage.input_tokens + written);
+      expect(one.cost).to.be.closeTo(costOfUsage(first.body.usage), 1e-9);
+      expect(first.body.usage.cost).to.be.closeTo(one.cost, 1e-9);
+
+      const second = await ask();
+      expect(second.body.usage.cache_read_input_tokens).to.equal(written);
+      expect((await billed(second.body.id)).cost).to.be.closeTo(costOfUsage(second.body.usage), 1e-9);
+
+      // Streamed: the counts arrive in message_start, the cost with message_delta.
+      const streamed = await ask(true);
+      const events = String(streamed.body)
+        .split('\n')
+        .filter((l) => l.startsWith('data: '))
+        .map((l) => JSON.parse(l.slice(6)));
+      const id = events.find((e) => e.type === 'message_start').message.id;
+      const usage = {
+        ...events.find((e) => e.type === 'message_start').message.usage,
+        ...events.find((e) => e.type === 'message_delta').usage,
+      };
+      expect(usage.cache_read_input_tokens).to.equal(written);
+      const record = await billed(id);
+      expect(record.input_tokens).to.equal(usage.input_tokens + written);
+      expect(record.cost).to.be.closeTo(costOfUsage(usage), 1e-9);
+    } finally {
+      await gw.stop();
+    }
+  });
+
+  it('without cache prices in the catalog: reads at the prompt price, writes at 1.25 times it', () => {
+    const e = { entry: { pricing: { prompt: 2, completion: 4 } } };
+    expect(costOf(e, { input_tokens: 1_000, output_tokens: 10, cache_read_tokens: 600, cache_write_tokens: 300 })).to.be.closeTo(
+      (100 * 2 + 600 * 2 + 300 * 2.5 + 10 * 4) / 1e6,
+      1e-12,
+    );
   });
 });

@@ -239,11 +239,42 @@ function message(body: Json, maxWords: number): Json {
     content,
     stop_reason: MESSAGES_STOP[outcome.stop],
     stop_sequence: outcome.stopSequence,
-    usage: {
-      input_tokens:
-        countTokens(textOf(body.system ?? '') + body.messages.map((m: Json) => textOf(m.content)).join('\n')) + 85 * view.images,
-      output_tokens: said.split(' ').length,
-    },
+    usage: messagesUsage(
+      body,
+      countTokens(textOf(body.system ?? '') + body.messages.map((m: Json) => textOf(m.content)).join('\n')) + 85 * view.images,
+      said.split(' ').length,
+    ),
+  };
+}
+
+/** Prompt prefixes marked with cache_control, as Anthropic's prompt cache holds them (here for good, up to 10,000). */
+const cachedPrefixes = new Set<string>();
+
+/**
+ * Usage as Anthropic reports it: the prompt up to its last block marked `cache_control` is written to
+ * the cache the first time and read from it after, and counted apart from input_tokens.
+ */
+function messagesUsage(body: Json, promptTokens: number, outputTokens: number): Json {
+  const blocks: Json[] = [
+    ...(Array.isArray(body.system) ? body.system : []),
+    ...body.messages.flatMap((m: Json) => (Array.isArray(m.content) ? m.content : [{ type: 'text', text: textOf(m.content) }])),
+  ];
+  const last = blocks.map((b) => Boolean(b?.cache_control)).lastIndexOf(true);
+  let cached = 0;
+  let written = false;
+  if (last >= 0) {
+    const prefix = blocks.slice(0, last + 1);
+    cached = Math.min(promptTokens, countTokens(prefix.map((b) => textOf(b.text ?? b.content ?? '')).join('\n')));
+    const key = hashOf(prefix);
+    written = !cachedPrefixes.has(key);
+    if (cachedPrefixes.size >= 10_000) cachedPrefixes.clear();
+    cachedPrefixes.add(key);
+  }
+  return {
+    input_tokens: promptTokens - cached,
+    cache_creation_input_tokens: written ? cached : 0,
+    cache_read_input_tokens: written ? 0 : cached,
+    output_tokens: outputTokens,
   };
 }
 

@@ -56,7 +56,7 @@ function* messages(full: Json): Generator<SseEvent> {
       content: [],
       stop_reason: null,
       stop_sequence: null,
-      usage: { input_tokens: full.usage.input_tokens, output_tokens: 1 },
+      usage: { ...full.usage, output_tokens: 1 },
     },
   });
   yield ev('ping', {});

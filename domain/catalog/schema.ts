@@ -35,6 +35,18 @@ const Pricing = Type.Object(
     prompt: Type.Number({ minimum: 0, description: 'USD per million prompt tokens' }),
     completion: Type.Number({ minimum: 0, description: 'USD per million completion tokens' }),
     request: Type.Optional(Type.Number({ minimum: 0, description: 'USD per request' })),
+    cache_read: Type.Optional(
+      Type.Number({
+        minimum: 0,
+        description: 'USD per million prompt tokens read from the provider’s prompt cache (default: the prompt price)',
+      }),
+    ),
+    cache_write: Type.Optional(
+      Type.Number({
+        minimum: 0,
+        description: 'USD per million prompt tokens written to it (default: 1.25 × the prompt price, Anthropic’s 5-minute write)',
+      }),
+    ),
     image: Type.Optional(Type.Number({ minimum: 0 })),
     audio: Type.Optional(Type.Number({ minimum: 0 })),
   },

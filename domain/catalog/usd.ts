@@ -5,9 +5,24 @@ export function roundUsd(n: number): number {
   return Math.round(n * 1e10) / 1e10;
 }
 
-/** USD for a call: tokens at the endpoint's per-million prices, plus its per-request price. */
-export function costOf(e: { entry: { pricing: { prompt: number; completion: number; request?: number } } }, usage: Usage): number {
+/** What a provider charges for a prompt token written to its cache, unless the catalog says: Anthropic's 5-minute write. */
+const CACHE_WRITE_OF_PROMPT = 1.25;
+
+/**
+ * USD for a call: tokens at the endpoint's per-million prices (prompt tokens read from or written
+ * to the provider's cache at its cache prices), plus its per-request price.
+ */
+export function costOf(
+  e: { entry: { pricing: { prompt: number; completion: number; request?: number; cache_read?: number; cache_write?: number } } },
+  usage: Usage,
+): number {
   const p = e.entry.pricing;
-  const usd = (usage.input_tokens * p.prompt + usage.output_tokens * p.completion) / 1e6 + (p.request ?? 0);
+  const read = usage.cache_read_tokens ?? 0;
+  const write = usage.cache_write_tokens ?? 0;
+  const prompt =
+    (usage.input_tokens - read - write) * p.prompt +
+    read * (p.cache_read ?? p.prompt) +
+    write * (p.cache_write ?? CACHE_WRITE_OF_PROMPT * p.prompt);
+  const usd = (prompt + usage.output_tokens * p.completion) / 1e6 + (p.request ?? 0);
   return roundUsd(usd);
 }

@@ -6,6 +6,7 @@
 import type { EventSourceMessage } from 'eventsource-parser';
 import type { GatewayError } from '../../infrastructure/errors';
 import { openai } from '../../infrastructure/providers/formats/openai';
+import { anthropicUsage } from '../../infrastructure/providers/formats/anthropic';
 import type { Usage } from '../../infrastructure/providers/formats';
 import { jsonObject } from '../../infrastructure/providers/formats/format';
 
@@ -23,7 +24,11 @@ export interface Served {
 
 /** What a stream has shown so far: what the upstream reported, and what it produced. */
 export class StreamTally {
+  /** Every prompt token the upstream reported, cached ones included. */
   input: number | null = null;
+  /** Of them, read from and written to the provider's prompt cache. */
+  cacheRead = 0;
+  cacheWrite = 0;
   output: number | null = null;
   /** Events carrying output (about one token each), for billing a stream the upstream never totalled. */
   produced = 0;
@@ -34,12 +39,21 @@ export class StreamTally {
   /** Responses events are numbered; an error event we add continues the numbering. */
   sequence = -1;
 
+  /** What the upstream reported of the prompt. */
+  prompt(u: Usage): void {
+    this.input = u.input_tokens;
+    this.cacheRead = u.cache_read_tokens ?? 0;
+    this.cacheWrite = u.cache_write_tokens ?? 0;
+  }
+
   /** Usage to bill: what the upstream reported when it finished, else what it produced. */
   usage(inputEstimate: number): Usage {
     const reported = this.finished && this.output !== null;
     return {
       input_tokens: this.input ?? inputEstimate,
       output_tokens: reported ? this.output! : Math.max(this.output ?? 0, this.produced),
+      ...(this.input !== null && this.cacheRead && { cache_read_tokens: this.cacheRead }),
+      ...(this.input !== null && this.cacheWrite && { cache_write_tokens: this.cacheWrite }),
     };
   }
 }
@@ -94,7 +108,7 @@ const chat: StreamFormat = {
     }
     if (chunk.usage) {
       const u = openai.usageOf('chat', chunk);
-      tally.input = u.input_tokens;
+      tally.prompt(u);
       tally.output = u.output_tokens;
       if (!opts.includeUsage) {
         if (!choices.length) return null; // the usage-only chunk the client did not ask for
@@ -134,14 +148,18 @@ const messages: StreamFormat = {
     if (type === 'message_start' && data.message) {
       Object.assign(data.message, { id: served.id, model: served.model, provider: served.provider });
       const u = data.message.usage ?? {};
-      if (Number.isFinite(u.input_tokens)) tally.input = u.input_tokens;
+      if (Number.isFinite(u.input_tokens)) tally.prompt(anthropicUsage(u));
       if (Number.isFinite(u.output_tokens)) tally.output = u.output_tokens;
     } else if (type === 'content_block_delta') {
       tally.produced++;
     } else if (type === 'message_delta' && data.usage) {
-      if (Number.isFinite(data.usage.input_tokens)) tally.input = data.usage.input_tokens;
+      // Cumulative counts; the cache's, when left out, are those message_start gave.
+      if (Number.isFinite(data.usage.input_tokens))
+        tally.prompt(
+          anthropicUsage({ cache_read_input_tokens: tally.cacheRead, cache_creation_input_tokens: tally.cacheWrite, ...data.usage }),
+        );
       if (Number.isFinite(data.usage.output_tokens)) tally.output = data.usage.output_tokens;
-      data.usage.cost = opts.cost({ input_tokens: tally.input ?? 0, output_tokens: tally.output ?? 0 });
+      data.usage.cost = opts.cost({ ...tally.usage(0), output_tokens: tally.output ?? 0 });
     } else if (type === 'message_stop') {
       tally.finished = true;
     } else if (type === 'error') {
@@ -165,7 +183,7 @@ const responses: StreamFormat = {
       Object.assign(data.response, { id: served.id, model: served.model, provider: served.provider });
       if (data.response.usage) {
         const u = openai.usageOf('responses', data.response);
-        tally.input = u.input_tokens;
+        tally.prompt(u);
         tally.output = u.output_tokens;
         data.response.usage = { ...data.response.usage, cost: opts.cost(u) };
       }

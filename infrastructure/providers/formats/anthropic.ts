@@ -1,5 +1,5 @@
 // Anthropic Messages providers: `x-api-key` auth with a pinned API version, typed stream events.
-import type { ProviderFormat } from './format';
+import type { ProviderFormat, Usage } from './format';
 import { eventJson, failureFrom, tokens } from './format';
 import { UpstreamFailure } from '../failure';
 
@@ -10,9 +10,10 @@ export const anthropic: ProviderFormat = {
 
   streamBody: (_operation, body) => ({ ...body, stream: true }),
 
+  // Anthropic's input_tokens leave out what was read from or written to the prompt cache, which it
+  // bills apart (reads at a tenth of the prompt price, writes at 1.25 or 2 times it).
   usageOf(_operation, body) {
-    const u = body?.usage ?? {};
-    return { input_tokens: tokens(u.input_tokens), output_tokens: tokens(u.output_tokens) };
+    return anthropicUsage(body?.usage ?? {});
   },
 
   failureOf(status, body, provider, retryAfterMs) {
@@ -30,3 +31,15 @@ export const anthropic: ProviderFormat = {
     return new UpstreamFailure(overloaded ? 'overloaded' : 'http', provider, message, overloaded ? 529 : 502);
   },
 };
+
+/** An Anthropic usage object as the gateway bills it: every prompt token in input_tokens, the cached ones also apart. */
+export function anthropicUsage(u: Record<string, any>): Usage {
+  const read = tokens(u.cache_read_input_tokens);
+  const write = tokens(u.cache_creation_input_tokens);
+  return {
+    input_tokens: tokens(u.input_tokens) + read + write,
+    output_tokens: tokens(u.output_tokens),
+    ...(read && { cache_read_tokens: read }),
+    ...(write && { cache_write_tokens: write }),
+  };
+}

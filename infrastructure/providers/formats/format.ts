@@ -8,8 +8,13 @@ import { UpstreamFailure } from '../failure';
 export type Operation = 'chat' | 'responses' | 'embeddings' | 'messages' | 'systemone';
 
 export interface Usage {
+  /** Every prompt token, those read from or written to the provider's prompt cache included. */
   input_tokens: number;
   output_tokens: number;
+  /** Of input_tokens, those read from the provider's prompt cache (priced apart; Anthropic reports them apart). */
+  cache_read_tokens?: number;
+  /** Of input_tokens, those written to it. */
+  cache_write_tokens?: number;
 }
 
 type Json = Record<string, any>;

@@ -16,11 +16,18 @@ export const openai: ProviderFormat = {
     return out;
   },
 
+  // Cached prompt tokens are counted in the prompt's and reported apart, priced at the endpoint's
+  // cache_read price when the catalog gives one.
   usageOf(operation, body) {
     const u = body?.usage ?? {};
-    if (operation === 'chat') return { input_tokens: tokens(u.prompt_tokens), output_tokens: tokens(u.completion_tokens) };
     if (operation === 'embeddings') return { input_tokens: tokens(u.prompt_tokens ?? u.total_tokens), output_tokens: 0 };
-    return { input_tokens: tokens(u.input_tokens), output_tokens: tokens(u.output_tokens) };
+    const chat = operation === 'chat';
+    const cached = tokens(chat ? u.prompt_tokens_details?.cached_tokens : u.input_tokens_details?.cached_tokens);
+    return {
+      input_tokens: tokens(chat ? u.prompt_tokens : u.input_tokens),
+      output_tokens: tokens(chat ? u.completion_tokens : u.output_tokens),
+      ...(cached && { cache_read_tokens: cached }),
+    };
   },
 
   failureOf(status, body, provider, retryAfterMs) {
