@@ -434,70 +434,64 @@ describe('credits under concurrent calls and batches', () => {
   });
 });
 
-describe("a chat call's n answers", () => {
-  // $1 per million tokens in and out; every answer 1,000 words long, so n=100 with max_tokens 1,000 costs ~$0.10.
-  const catalog = () =>
-    writeTestCatalog('n-choices', (c) => {
-      c.providers.push(providerEntry('nchoices', '${SANDBOX_URL}/~nchoices=1,max_words=1000/openai/v1'));
-      c.models.push(
-        modelEntry('test/n-choices', [endpointEntry('nchoices', 1, { supported_parameters: ['max_tokens'] })], { context_length: 100_000 }),
-      );
-    });
-  const body = { model: 'test/n-choices', messages: [{ role: 'user', content: 'hi' }], max_tokens: 1000, n: 100 };
-  /** One estimate: 100 answers of up to 1,000 tokens, and the prompt, at $1 a million. */
-  const ESTIMATE = 0.1001;
+/**
+ * Six concurrent chat calls of `body` from a workspace with $0.25, on `test/<name>`: $1 per million
+ * tokens in and out, on a sandbox provider with `faults`. `first` runs before them.
+ */
+async function sixCallsOnAQuarter(
+  name: string,
+  faults: string,
+  body: Record<string, unknown>,
+  first?: (url: string, key: string) => Promise<void>,
+): Promise<{ answers: Awaited<ReturnType<typeof call>>[]; spent: number }> {
+  const catalog = writeTestCatalog(name, (c) => {
+    c.providers.push(providerEntry(name, `\${SANDBOX_URL}/~${faults}/openai/v1`));
+    c.models.push(
+      modelEntry(`test/${name}`, [endpointEntry(name, 1, { supported_parameters: ['max_tokens'] })], { context_length: 200_000 }),
+    );
+  });
+  const gw = await startTestGateway({ withWorker: false, env: { CATALOG_PATH: catalog } });
+  try {
+    const t = await createTenant(gw.store, 0.25);
+    await first?.(gw.url, t.inferenceKey);
+    const asked = { ...body, model: `test/${name}` };
+    const answers = await Promise.all(
+      Array.from({ length: 6 }, () => call(`${gw.url}/api/v1/chat/completions`, { key: t.inferenceKey, body: asked })),
+    );
+    await gw.usage.flushed();
+    const spent = (await storedUsage(gw.store, { workspace_id: t.workspaceId })).reduce((x, u) => x + u.cost, 0);
+    return { answers, spent };
+  } finally {
+    await gw.stop();
+  }
+}
 
-  it('are each held for: concurrent calls asking for 100 answers overspend by one estimate at most (before: each held as one answer, $0.60 spent of $0.25)', async function () {
-    this.timeout(60_000);
-    const gw = await startTestGateway({ withWorker: false, env: { CATALOG_PATH: catalog() } });
-    try {
-      const t = await createTenant(gw.store, 0.25);
-      const refused = await call(`${gw.url}/api/v1/chat/completions`, { key: t.inferenceKey, body: { ...body, n: 129 } });
+describe('what a call asks a provider for beyond its bytes', function () {
+  this.timeout(60_000);
+
+  it("a chat call's n answers are each held for: concurrent calls asking for 100 overspend by one estimate at most (before: each held as one answer, $0.60 spent of $0.25)", async () => {
+    // Every answer 1,000 words long: n=100 with max_tokens 1,000 costs ~$0.10, and so does its estimate.
+    const body = { messages: [{ role: 'user', content: 'hi' }], max_tokens: 1000, n: 100 };
+    const { answers, spent } = await sixCallsOnAQuarter('nchoices', 'nchoices=1,max_words=1000', body, async (url, key) => {
+      const refused = await call(`${url}/api/v1/chat/completions`, { key, body: { ...body, model: 'test/nchoices', n: 129 } });
       expect(refused.status).to.equal(400);
       expect(refused.body.error.message).to.equal('n: must be <= 128');
-      const rs = await Promise.all(
-        Array.from({ length: 6 }, () => call(`${gw.url}/api/v1/chat/completions`, { key: t.inferenceKey, body })),
-      );
-      const answered = rs.find((r) => r.status === 200)!;
-      expect(answered.body.choices).to.have.length(100);
-      expect(answered.body.usage.completion_tokens).to.equal(100_000);
-      expect(rs.map((r) => r.status)).to.include(402);
-      await gw.usage.flushed();
-      const spent = (await storedUsage(gw.store, { workspace_id: t.workspaceId })).reduce((x, u) => x + u.cost, 0);
-      expect(spent).to.be.at.most(0.25 + ESTIMATE + 1e-9);
-    } finally {
-      await gw.stop();
-    }
-  });
-});
-
-describe('images named by URL', () => {
-  it('are held for at what a provider may count for them: concurrent calls overspend by one estimate at most (before: held by their bytes, $0.51 spent of $0.25)', async function () {
-    this.timeout(60_000);
-    // $1 per million tokens; the sandbox counts each image as 85 tokens, so 1,000 images cost $0.085 a call.
-    const catalog = writeTestCatalog('images', (c) => {
-      c.providers.push(providerEntry('images', '${SANDBOX_URL}/~images=1/openai/v1'));
-      c.models.push(
-        modelEntry('test/images', [endpointEntry('images', 1, { supported_parameters: ['max_tokens'] })], { context_length: 200_000 }),
-      );
     });
-    const gw = await startTestGateway({ withWorker: false, env: { CATALOG_PATH: catalog } });
-    try {
-      const t = await createTenant(gw.store, 0.25);
-      const content = Array.from({ length: 1_000 }, (_, i) => ({ type: 'image_url', image_url: { url: `https://img.example/${i}.png` } }));
-      const body = { model: 'test/images', messages: [{ role: 'user', content }], max_tokens: 5 };
-      const rs = await Promise.all(
-        Array.from({ length: 6 }, () => call(`${gw.url}/api/v1/chat/completions`, { key: t.inferenceKey, body })),
-      );
-      expect(rs.find((r) => r.status === 200)!.body.usage.prompt_tokens).to.be.at.least(85_000);
-      expect(rs.map((r) => r.status)).to.include(402);
-      await gw.usage.flushed();
-      const spent = (await storedUsage(gw.store, { workspace_id: t.workspaceId })).reduce((x, u) => x + u.cost, 0);
-      // One estimate: the model's whole context (1,000 images of up to 2,500 tokens do not fit in less).
-      expect(spent).to.be.at.most(0.25 + 0.2 + 1e-9);
-    } finally {
-      await gw.stop();
-    }
+    const answered = answers.find((r) => r.status === 200)!;
+    expect(answered.body.choices).to.have.length(100);
+    expect(answered.body.usage.completion_tokens).to.equal(100_000);
+    expect(answers.map((r) => r.status)).to.include(402);
+    expect(spent).to.be.at.most(0.25 + 0.1001 + 1e-9);
+  });
+
+  it('images named by URL are held for at what a provider may count for them: concurrent calls overspend by one estimate at most (before: held by their bytes, $0.51 spent of $0.25)', async () => {
+    // The sandbox counts each image as 85 tokens: 1,000 images cost $0.085 a call.
+    const content = Array.from({ length: 1_000 }, (_, i) => ({ type: 'image_url', image_url: { url: `https://img.example/${i}.png` } }));
+    const { answers, spent } = await sixCallsOnAQuarter('images', 'images=1', { messages: [{ role: 'user', content }], max_tokens: 5 });
+    expect(answers.find((r) => r.status === 200)!.body.usage.prompt_tokens).to.be.at.least(85_000);
+    expect(answers.map((r) => r.status)).to.include(402);
+    // One estimate: the model's whole context (1,000 images of up to 2,500 tokens do not fit in less).
+    expect(spent).to.be.at.most(0.25 + 0.2 + 1e-9);
   });
 });
 
