@@ -17,8 +17,9 @@ export function costOf(
   usage: Usage,
 ): number {
   const p = e.entry.pricing;
-  const read = usage.cache_read_tokens ?? 0;
-  const write = usage.cache_write_tokens ?? 0;
+  // Parts of the prompt, never more than it (a provider's counts are not trusted to add up).
+  const read = Math.min(usage.cache_read_tokens ?? 0, usage.input_tokens);
+  const write = Math.min(usage.cache_write_tokens ?? 0, usage.input_tokens - read);
   const prompt =
     (usage.input_tokens - read - write) * p.prompt +
     read * (p.cache_read ?? p.prompt) +
