@@ -137,7 +137,7 @@ describe('inference routes', function () {
       const upstream = await direct(MESSAGES, { ...body, model: 'good-claude-model' });
       expect(r).to.include({ type: 'message', role: 'assistant', model: 'test/good-20260301', provider: 'good-claude' });
       expect(r.content).to.deep.equal(upstream.content);
-      expect(r.usage).to.include(upstream.usage);
+      expect(r.usage).to.deep.include(upstream.usage);
       expect((await generation(r.id)).tokens_completion).to.equal(upstream.usage.output_tokens);
     });
 

@@ -505,7 +505,7 @@ describe('prompt tokens a provider reads from or writes to its cache', () => {
         modelEntry('test/cached', [
           endpointEntry('cacheprices', 1, {
             supported_parameters: ['max_tokens'],
-            pricing: { prompt: 1, completion: 1, cache_write: 2, cache_read: 0.1 } as never,
+            pricing: { prompt: 1, completion: 1, cache_write: 2, cache_write_1h: 3, cache_read: 0.1 } as never,
           }),
         ]),
       );
@@ -558,16 +558,70 @@ describe('prompt tokens a provider reads from or writes to its cache', () => {
       const record = await billed(id);
       expect(record.input_tokens).to.equal(usage.input_tokens + written);
       expect(record.cost).to.be.closeTo(costOfUsage(usage), 1e-9);
+
+      // Written to the 1-hour cache: at its own price.
+      const hourly = [{ ...system[0], text: `${system[0].text} hourly`, cache_control: { type: 'ephemeral', ttl: '1h' } }];
+      const hour = await call(`${gw.url}/api/v1/messages`, {
+        key: t.inferenceKey,
+        body: { model: 'test/cached', system: hourly, messages: [{ role: 'user', content: 'hi' }], max_tokens: 5 },
+      });
+      expect(hour.body.usage.cache_creation.ephemeral_1h_input_tokens).to.be.at.least(4_000);
+      const u = hour.body.usage;
+      expect((await billed(hour.body.id)).cost).to.be.closeTo(
+        (u.input_tokens + 3 * u.cache_creation_input_tokens + u.output_tokens) / 1e6,
+        1e-9,
+      );
+
+      // A chat-format stream served by this Anthropic provider: its translated usage names what was
+      // written (cache_write_tokens) beside what was read, and the cost follows both.
+      const chatSystem = [{ type: 'text', text: `${system[0].text} chat`, cache_control: { type: 'ephemeral' } }];
+      const chatStream = async () => {
+        const r = await call(`${gw.url}/api/v1/chat/completions`, {
+          key: t.inferenceKey,
+          body: {
+            model: 'test/cached',
+            messages: [
+              { role: 'system', content: chatSystem },
+              { role: 'user', content: 'hi' },
+            ],
+            max_tokens: 5,
+            stream: true,
+            stream_options: { include_usage: true },
+          },
+        });
+        const chunks = String(r.body)
+          .split('\n')
+          .filter((l) => l.startsWith('data: {'))
+          .map((l) => JSON.parse(l.slice(6)));
+        const last = chunks.find((c) => c.usage);
+        return { id: chunks[0].id as string, usage: last.usage };
+      };
+      const chatCost = (u: {
+        prompt_tokens: number;
+        completion_tokens: number;
+        prompt_tokens_details: { cached_tokens: number; cache_write_tokens?: number };
+      }) => {
+        const read = u.prompt_tokens_details.cached_tokens;
+        const write = u.prompt_tokens_details.cache_write_tokens ?? 0;
+        return (u.prompt_tokens - read - write + 2 * write + 0.1 * read + u.completion_tokens) / 1e6;
+      };
+      const wrote = await chatStream();
+      expect(wrote.usage.prompt_tokens_details.cache_write_tokens).to.be.at.least(4_000);
+      expect((await billed(wrote.id)).cost).to.be.closeTo(chatCost(wrote.usage), 1e-9);
+      const read = await chatStream();
+      expect(read.usage.prompt_tokens_details.cached_tokens).to.equal(wrote.usage.prompt_tokens_details.cache_write_tokens);
+      expect((await billed(read.id)).cost).to.be.closeTo(chatCost(read.usage), 1e-9);
     } finally {
       await gw.stop();
     }
   });
 
-  it('without cache prices in the catalog: reads at the prompt price, writes at 1.25 times it', () => {
+  it('without cache prices in the catalog: reads at the prompt price, writes at 1.25 times it, 1-hour writes at 2 times', () => {
     const e = { entry: { pricing: { prompt: 2, completion: 4 } } };
-    expect(costOf(e, { input_tokens: 1_000, output_tokens: 10, cache_read_tokens: 600, cache_write_tokens: 300 })).to.be.closeTo(
-      (100 * 2 + 600 * 2 + 300 * 2.5 + 10 * 4) / 1e6,
-      1e-12,
-    );
+    expect(
+      costOf(e, { input_tokens: 1_000, output_tokens: 10, cache_read_tokens: 600, cache_write_tokens: 300, cache_write_1h_tokens: 100 }),
+    ).to.be.closeTo((100 * 2 + 600 * 2 + 200 * 2.5 + 100 * 4 + 10 * 4) / 1e6, 1e-12);
+    // Counts that do not add up are taken as parts of the prompt, never more.
+    expect(costOf(e, { input_tokens: 100, output_tokens: 0, cache_read_tokens: 600 })).to.be.closeTo((100 * 2) / 1e6, 1e-12);
   });
 });

@@ -262,6 +262,7 @@ function messagesUsage(body: Json, promptTokens: number, outputTokens: number): 
   const last = blocks.map((b) => Boolean(b?.cache_control)).lastIndexOf(true);
   let cached = 0;
   let written = false;
+  const hour = last >= 0 && blocks[last].cache_control?.ttl === '1h';
   if (last >= 0) {
     const prefix = blocks.slice(0, last + 1);
     cached = Math.min(promptTokens, countTokens(prefix.map((b) => textOf(b.text ?? b.content ?? '')).join('\n')));
@@ -273,6 +274,7 @@ function messagesUsage(body: Json, promptTokens: number, outputTokens: number): 
   return {
     input_tokens: promptTokens - cached,
     cache_creation_input_tokens: written ? cached : 0,
+    cache_creation: { ephemeral_5m_input_tokens: written && !hour ? cached : 0, ephemeral_1h_input_tokens: written && hour ? cached : 0 },
     cache_read_input_tokens: written ? 0 : cached,
     output_tokens: outputTokens,
   };

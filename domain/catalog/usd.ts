@@ -5,25 +5,33 @@ export function roundUsd(n: number): number {
   return Math.round(n * 1e10) / 1e10;
 }
 
-/** What a provider charges for a prompt token written to its cache, unless the catalog says: Anthropic's 5-minute write. */
+/** What a provider charges for a prompt token written to its cache, unless the catalog says: Anthropic's 5-minute write, */
 const CACHE_WRITE_OF_PROMPT = 1.25;
+/** and its 1-hour write. */
+const CACHE_WRITE_1H_OF_PROMPT = 2;
 
 /**
  * USD for a call: tokens at the endpoint's per-million prices (prompt tokens read from or written
  * to the provider's cache at its cache prices), plus its per-request price.
  */
 export function costOf(
-  e: { entry: { pricing: { prompt: number; completion: number; request?: number; cache_read?: number; cache_write?: number } } },
+  e: {
+    entry: {
+      pricing: { prompt: number; completion: number; request?: number; cache_read?: number; cache_write?: number; cache_write_1h?: number };
+    };
+  },
   usage: Usage,
 ): number {
   const p = e.entry.pricing;
   // Parts of the prompt, never more than it (a provider's counts are not trusted to add up).
   const read = Math.min(usage.cache_read_tokens ?? 0, usage.input_tokens);
   const write = Math.min(usage.cache_write_tokens ?? 0, usage.input_tokens - read);
+  const hour = Math.min(usage.cache_write_1h_tokens ?? 0, write);
   const prompt =
     (usage.input_tokens - read - write) * p.prompt +
     read * (p.cache_read ?? p.prompt) +
-    write * (p.cache_write ?? CACHE_WRITE_OF_PROMPT * p.prompt);
+    (write - hour) * (p.cache_write ?? CACHE_WRITE_OF_PROMPT * p.prompt) +
+    hour * (p.cache_write_1h ?? CACHE_WRITE_1H_OF_PROMPT * p.prompt);
   const usd = (prompt + usage.output_tokens * p.completion) / 1e6 + (p.request ?? 0);
   return roundUsd(usd);
 }

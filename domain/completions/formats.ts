@@ -29,6 +29,7 @@ export class StreamTally {
   /** Of them, read from and written to the provider's prompt cache. */
   cacheRead = 0;
   cacheWrite = 0;
+  cacheWrite1h = 0;
   output: number | null = null;
   /** Events carrying output (about one token each), for billing a stream the upstream never totalled. */
   produced = 0;
@@ -44,6 +45,7 @@ export class StreamTally {
     this.input = u.input_tokens;
     this.cacheRead = u.cache_read_tokens ?? 0;
     this.cacheWrite = u.cache_write_tokens ?? 0;
+    this.cacheWrite1h = u.cache_write_1h_tokens ?? 0;
   }
 
   /** Usage to bill: what the upstream reported when it finished, else what it produced. */
@@ -54,6 +56,7 @@ export class StreamTally {
       output_tokens: reported ? this.output! : Math.max(this.output ?? 0, this.produced),
       ...(this.input !== null && this.cacheRead && { cache_read_tokens: this.cacheRead }),
       ...(this.input !== null && this.cacheWrite && { cache_write_tokens: this.cacheWrite }),
+      ...(this.input !== null && this.cacheWrite1h && { cache_write_1h_tokens: this.cacheWrite1h }),
     };
   }
 }
@@ -156,7 +159,12 @@ const messages: StreamFormat = {
       // Cumulative counts; the cache's, when left out, are those message_start gave.
       if (Number.isFinite(data.usage.input_tokens))
         tally.prompt(
-          anthropicUsage({ cache_read_input_tokens: tally.cacheRead, cache_creation_input_tokens: tally.cacheWrite, ...data.usage }),
+          anthropicUsage({
+            cache_read_input_tokens: tally.cacheRead,
+            cache_creation_input_tokens: tally.cacheWrite,
+            cache_creation: { ephemeral_1h_input_tokens: tally.cacheWrite1h },
+            ...data.usage,
+          }),
         );
       if (Number.isFinite(data.usage.output_tokens)) tally.output = data.usage.output_tokens;
       data.usage.cost = opts.cost({ ...tally.usage(0), output_tokens: tally.output ?? 0 });

@@ -11,7 +11,7 @@ export const anthropic: ProviderFormat = {
   streamBody: (_operation, body) => ({ ...body, stream: true }),
 
   // Anthropic's input_tokens leave out what was read from or written to the prompt cache, which it
-  // bills apart (reads at a tenth of the prompt price, writes at 1.25 or 2 times it).
+  // bills apart (reads at a tenth of the prompt price, writes at 1.25 times it, or 2 for its 1-hour cache).
   usageOf(_operation, body) {
     return anthropicUsage(body?.usage ?? {});
   },
@@ -36,10 +36,12 @@ export const anthropic: ProviderFormat = {
 export function anthropicUsage(u: Record<string, any>): Usage {
   const read = tokens(u.cache_read_input_tokens);
   const write = tokens(u.cache_creation_input_tokens);
+  const hour = Math.min(write, tokens(u.cache_creation?.ephemeral_1h_input_tokens));
   return {
     input_tokens: tokens(u.input_tokens) + read + write,
     output_tokens: tokens(u.output_tokens),
     ...(read && { cache_read_tokens: read }),
     ...(write && { cache_write_tokens: write }),
+    ...(hour && { cache_write_1h_tokens: hour }),
   };
 }

@@ -15,6 +15,8 @@ export interface Usage {
   cache_read_tokens?: number;
   /** Of input_tokens, those written to it. */
   cache_write_tokens?: number;
+  /** Of cache_write_tokens, those written for an hour (Anthropic's 1-hour cache, priced higher). */
+  cache_write_1h_tokens?: number;
 }
 
 type Json = Record<string, any>;

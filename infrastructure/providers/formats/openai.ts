@@ -22,11 +22,15 @@ export const openai: ProviderFormat = {
     const u = body?.usage ?? {};
     if (operation === 'embeddings') return { input_tokens: tokens(u.prompt_tokens ?? u.total_tokens), output_tokens: 0 };
     const chat = operation === 'chat';
-    const cached = tokens(chat ? u.prompt_tokens_details?.cached_tokens : u.input_tokens_details?.cached_tokens);
+    const details = (chat ? u.prompt_tokens_details : u.input_tokens_details) ?? {};
+    const cached = tokens(details.cached_tokens);
+    // Written to a cache: what an Anthropic provider's answer, translated to this format, says it wrote.
+    const written = tokens(details.cache_write_tokens);
     return {
       input_tokens: tokens(chat ? u.prompt_tokens : u.input_tokens),
       output_tokens: tokens(chat ? u.completion_tokens : u.output_tokens),
       ...(cached && { cache_read_tokens: cached }),
+      ...(written && { cache_write_tokens: written }),
     };
   },
 
