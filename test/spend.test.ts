@@ -9,7 +9,17 @@ import { estimateDecisionCost } from '../domain/decisions/estimate';
 import { Catalog } from '../domain/catalog';
 import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
 import { stack } from './fixture';
-import { call, createTenant, startTestGateway, uniqueName, usageRecord, waitForStatus, writeTestCatalog, storedUsage } from './helpers';
+import {
+  call,
+  createTenant,
+  startTestGateway,
+  uniqueName,
+  usageRecord,
+  waitForStatus,
+  writeTestCatalog,
+  storedUsage,
+  type TestGateway,
+} from './helpers';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { costOf } from '../domain/catalog/usd';
 
@@ -623,5 +633,69 @@ describe('prompt tokens a provider reads from or writes to its cache', () => {
     ).to.be.closeTo((100 * 2 + 600 * 2 + 200 * 2.5 + 100 * 4 + 10 * 4) / 1e6, 1e-12);
     // Counts that do not add up are taken as parts of the prompt, never more.
     expect(costOf(e, { input_tokens: 100, output_tokens: 0, cache_read_tokens: 600 })).to.be.closeTo((100 * 2) / 1e6, 1e-12);
+  });
+});
+
+describe('web searches a provider runs for a call', function () {
+  this.timeout(60_000);
+  let gw: TestGateway;
+  before(async () => {
+    // $1 per million tokens and $0.01 a search, on an Anthropic-format and an OpenAI-format provider.
+    const pricing = { prompt: 1, completion: 1, web_search: 0.01 } as never;
+    const catalog = writeTestCatalog('web-search', (c) => {
+      c.providers.push(providerEntry('searchmsg', '${SANDBOX_URL}/~searchmsg=1/anthropic', { adapter: 'anthropic' }));
+      c.providers.push(providerEntry('searchresp', '${SANDBOX_URL}/~searchresp=1/openai/v1'));
+      c.models.push(modelEntry('test/search-msg', [endpointEntry('searchmsg', 1, { supported_parameters: ['max_tokens'], pricing })]));
+      c.models.push(modelEntry('test/search-resp', [endpointEntry('searchresp', 1, { supported_parameters: ['max_tokens'], pricing })]));
+    });
+    gw = await startTestGateway({ withWorker: false, env: { CATALOG_PATH: catalog } });
+  });
+  after(async () => {
+    await gw.stop();
+  });
+  const billed = async (id: string) => {
+    await gw.usage.flushed();
+    return (await storedUsage(gw.store, { _id: id }))[0];
+  };
+  const search = { type: 'web_search_20250305', name: 'web_search', max_uses: 3 };
+  const messagesBody = { model: 'test/search-msg', messages: [{ role: 'user', content: 'news?' }], max_tokens: 5, tools: [search] };
+
+  it('are billed at the endpoint’s per-search price, as each format reports them, streamed or not (before: not billed)', async () => {
+    const t = await createTenant(gw.store, 5);
+    const tokensCost = (input: number, output: number) => (input + output) / 1e6;
+    const m = await call(`${gw.url}/api/v1/messages`, { key: t.inferenceKey, body: messagesBody });
+    expect(m.status, JSON.stringify(m.body)).to.equal(200);
+    expect(m.body.usage.server_tool_use).to.deep.equal({ web_search_requests: 1 });
+    expect((await billed(m.body.id)).cost).to.be.closeTo(tokensCost(m.body.usage.input_tokens, m.body.usage.output_tokens) + 0.01, 1e-9);
+
+    const streamed = await call(`${gw.url}/api/v1/messages`, { key: t.inferenceKey, body: { ...messagesBody, stream: true } });
+    const events = String(streamed.body)
+      .split('\n')
+      .filter((l) => l.startsWith('data: '))
+      .map((l) => JSON.parse(l.slice(6)));
+    const start = events.find((e) => e.type === 'message_start').message;
+    const delta = events.find((e) => e.type === 'message_delta').usage;
+    expect((await billed(start.id)).cost).to.be.closeTo(tokensCost(start.usage.input_tokens, delta.output_tokens) + 0.01, 1e-9);
+
+    const r = await call(`${gw.url}/api/v1/responses`, {
+      key: t.inferenceKey,
+      body: { model: 'test/search-resp', input: 'news?', max_output_tokens: 5, tools: [{ type: 'web_search_preview' }] },
+    });
+    expect(r.status, JSON.stringify(r.body)).to.equal(200);
+    expect(r.body.output.map((o: { type: string }) => o.type)).to.deep.equal(['web_search_call', 'message']);
+    expect((await billed(r.body.id)).cost).to.be.closeTo(tokensCost(r.body.usage.input_tokens, r.body.usage.output_tokens) + 0.01, 1e-9);
+  });
+
+  it('are held for, up to the tools’ max_uses: concurrent calls overspend by one estimate at most (before: $0.06 spent of $0.02)', async () => {
+    const t = await createTenant(gw.store, 0.02);
+    const rs = await Promise.all(
+      Array.from({ length: 6 }, () => call(`${gw.url}/api/v1/messages`, { key: t.inferenceKey, body: messagesBody })),
+    );
+    expect(rs.map((r) => r.status)).to.include(200);
+    expect(rs.map((r) => r.status)).to.include(402);
+    await gw.usage.flushed();
+    const spent = (await storedUsage(gw.store, { workspace_id: t.workspaceId })).reduce((x, u) => x + u.cost, 0);
+    // One estimate: three searches and the call's tokens.
+    expect(spent).to.be.at.most(0.02 + 0.03 + 0.001);
   });
 });

@@ -110,6 +110,9 @@ export function chatView(body: Json): ConversationView {
   };
 }
 
+/** A tool the provider runs itself (web search), billed per use: each such tool is used once here. */
+export const isServerTool = (t: Json): boolean => typeof t?.type === 'string' && t.type.startsWith('web_search');
+
 /** An Anthropic Messages request's view. */
 export function messagesView(body: Json): ConversationView {
   const messages: Json[] = body.messages;
@@ -122,7 +125,8 @@ export function messagesView(body: Json): ConversationView {
     lastUserText: textOfParts(lastUser?.content ?? ''),
     toolResult: result ? textOfParts(result.content) : null,
     images: messages.reduce((n, m) => n + partsOf(m.content).filter((b) => b.type === 'image').length, 0),
-    tools: (body.tools ?? []).map((t: Json) => ({ name: t.name, schema: t.input_schema })),
+    // Server tools (web search) are run by the provider, not called by the model's answer.
+    tools: (body.tools ?? []).filter((t: Json) => !isServerTool(t)).map((t: Json) => ({ name: t.name, schema: t.input_schema })),
     toolChoice: !choice ? 'auto' : choice.type === 'tool' ? choice.name : choice.type === 'any' ? 'required' : choice.type,
     stops: Array.isArray(body.stop_sequences) ? body.stop_sequences : [],
     maxTokens: Number(body.max_tokens),

@@ -16,7 +16,7 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { countTokens, distribution, hashOf, optionLogprobs, seeded, sentence, textOf } from './generate';
-import { CHAT_FINISH, chatView, decide, MESSAGES_STOP, messagesView } from './conversation';
+import { CHAT_FINISH, chatView, decide, isServerTool, MESSAGES_STOP, messagesView } from './conversation';
 import { encodeEvent, STREAMERS } from './stream';
 
 type Json = Record<string, any>;
@@ -188,6 +188,10 @@ function response(body: Json, maxWords: number): Json {
     status: 'completed',
     model: body.model,
     output: [
+      // Each web search tool runs once, listed before the answer as OpenAI lists its searches.
+      ...(body.tools ?? [])
+        .filter(isServerTool)
+        .map((_: Json, i: number) => ({ type: 'web_search_call', id: `ws_${hash.slice(0, 20)}${i}`, status: 'completed' })),
       {
         type: 'message',
         id: `msg_${hash.slice(24, 48)}`,
@@ -271,7 +275,9 @@ function messagesUsage(body: Json, promptTokens: number, outputTokens: number): 
     if (cachedPrefixes.size >= 10_000) cachedPrefixes.clear();
     cachedPrefixes.add(key);
   }
+  const searches = (body.tools ?? []).filter(isServerTool).length;
   return {
+    ...(searches && { server_tool_use: { web_search_requests: searches } }),
     input_tokens: promptTokens - cached,
     cache_creation_input_tokens: written ? cached : 0,
     cache_creation: { ephemeral_5m_input_tokens: written && !hour ? cached : 0, ephemeral_1h_input_tokens: written && hour ? cached : 0 },

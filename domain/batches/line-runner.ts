@@ -7,6 +7,7 @@ import { errorTypeOf, GatewayError, PaymentRequiredError, RateLimitedError } fro
 import type { Hold, SpendAdmission } from '../accounts/spend-admission';
 import { estimateCompletionCost } from '../completions/estimate';
 import { referencedMedia } from '../completions/media';
+import { webSearchesAllowed } from '../completions/server-tools';
 import { invoke, sessionKey, type Upstreams } from '../routing/upstreams';
 import type { Broadcaster } from '../traces/broadcast';
 import { finishReasonOf } from '../traces/span';
@@ -150,7 +151,7 @@ export class LineRunner {
     return estimateCompletionCost(
       [this.target.model],
       this.operation,
-      { bytes: Buffer.byteLength(line.body) + presetChars, media: referencedMedia(body) },
+      { bytes: Buffer.byteLength(line.body) + presetChars, media: referencedMedia(body), searches: webSearchesAllowed(body) },
       Number.isInteger(cap) ? (cap as number) : null,
     );
   }

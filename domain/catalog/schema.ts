@@ -47,6 +47,9 @@ const Pricing = Type.Object(
         description: 'USD per million prompt tokens written to it (default: 1.25 × the prompt price, Anthropic’s 5-minute write)',
       }),
     ),
+    web_search: Type.Optional(
+      Type.Number({ minimum: 0, description: 'USD per web search the provider runs for a call (its server-side search tool)' }),
+    ),
     cache_write_1h: Type.Optional(
       Type.Number({ minimum: 0, description: 'USD per million prompt tokens written to its 1-hour cache (default: 2 × the prompt price)' }),
     ),

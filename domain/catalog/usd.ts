@@ -12,12 +12,21 @@ const CACHE_WRITE_1H_OF_PROMPT = 2;
 
 /**
  * USD for a call: tokens at the endpoint's per-million prices (prompt tokens read from or written
- * to the provider's cache at its cache prices), plus its per-request price.
+ * to the provider's cache at its cache prices), plus its per-request price and its per-search price
+ * for each web search the provider ran.
  */
 export function costOf(
   e: {
     entry: {
-      pricing: { prompt: number; completion: number; request?: number; cache_read?: number; cache_write?: number; cache_write_1h?: number };
+      pricing: {
+        prompt: number;
+        completion: number;
+        request?: number;
+        cache_read?: number;
+        cache_write?: number;
+        cache_write_1h?: number;
+        web_search?: number;
+      };
     };
   },
   usage: Usage,
@@ -32,6 +41,6 @@ export function costOf(
     read * (p.cache_read ?? p.prompt) +
     (write - hour) * (p.cache_write ?? CACHE_WRITE_OF_PROMPT * p.prompt) +
     hour * (p.cache_write_1h ?? CACHE_WRITE_1H_OF_PROMPT * p.prompt);
-  const usd = (prompt + usage.output_tokens * p.completion) / 1e6 + (p.request ?? 0);
+  const usd = (prompt + usage.output_tokens * p.completion) / 1e6 + (p.request ?? 0) + (usage.web_searches ?? 0) * (p.web_search ?? 0);
   return roundUsd(usd);
 }

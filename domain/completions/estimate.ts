@@ -28,6 +28,8 @@ export interface PromptSize {
   bytes: number;
   /** What it names by reference: an image counts IMAGE_TOKENS; a document (a PDF of any length) the whole context. */
   media?: ReferencedMedia;
+  /** The web searches its tools let the provider run, each at the endpoint's per-search price. */
+  searches?: number;
 }
 
 export function estimateCompletionCost(
@@ -47,7 +49,7 @@ export function estimateCompletionCost(
       if (!servesOperation(e, operation)) continue;
       const limit = e.entry.max_completion_tokens ?? DEFAULT_MAX_OUTPUT;
       const output = operation === 'embeddings' ? 0 : Math.max(0, Math.min(maxOutputTokens ?? limit, limit, m.context_length - input));
-      most = Math.max(most, costOf(e, { input_tokens: input, output_tokens: output * choices }));
+      most = Math.max(most, costOf(e, { input_tokens: input, output_tokens: output * choices, web_searches: prompt.searches ?? 0 }));
     }
   }
   return most;

@@ -30,6 +30,8 @@ export class StreamTally {
   cacheRead = 0;
   cacheWrite = 0;
   cacheWrite1h = 0;
+  /** Web searches the upstream reported running. */
+  webSearches = 0;
   output: number | null = null;
   /** Events carrying output (about one token each), for billing a stream the upstream never totalled. */
   produced = 0;
@@ -46,6 +48,7 @@ export class StreamTally {
     this.cacheRead = u.cache_read_tokens ?? 0;
     this.cacheWrite = u.cache_write_tokens ?? 0;
     this.cacheWrite1h = u.cache_write_1h_tokens ?? 0;
+    this.webSearches = u.web_searches ?? this.webSearches;
   }
 
   /** Usage to bill: what the upstream reported when it finished, else what it produced. */
@@ -57,6 +60,7 @@ export class StreamTally {
       ...(this.input !== null && this.cacheRead && { cache_read_tokens: this.cacheRead }),
       ...(this.input !== null && this.cacheWrite && { cache_write_tokens: this.cacheWrite }),
       ...(this.input !== null && this.cacheWrite1h && { cache_write_1h_tokens: this.cacheWrite1h }),
+      ...(this.webSearches && { web_searches: this.webSearches }),
     };
   }
 }
@@ -163,10 +167,13 @@ const messages: StreamFormat = {
             cache_read_input_tokens: tally.cacheRead,
             cache_creation_input_tokens: tally.cacheWrite,
             cache_creation: { ephemeral_1h_input_tokens: tally.cacheWrite1h },
+            server_tool_use: { web_search_requests: tally.webSearches },
             ...data.usage,
           }),
         );
       if (Number.isFinite(data.usage.output_tokens)) tally.output = data.usage.output_tokens;
+      const searches = data.usage.server_tool_use?.web_search_requests;
+      if (Number.isFinite(searches)) tally.webSearches = searches;
       data.usage.cost = opts.cost({ ...tally.usage(0), output_tokens: tally.output ?? 0 });
     } else if (type === 'message_stop') {
       tally.finished = true;

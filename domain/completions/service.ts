@@ -23,6 +23,7 @@ import { finishBody, STREAM_FORMATS, StreamTally, type InferenceOperation, type 
 import { planInference, type InferencePlan } from './request';
 import { estimateCompletionCost, promptTokensEstimate, type PromptSize } from './estimate';
 import { referencedMedia } from './media';
+import { webSearchesAllowed } from './server-tools';
 import { complete, openStream, type OpenedStream } from './execute';
 
 type Body = Record<string, any>;
@@ -135,7 +136,11 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     return {
       ...req,
       presetChars: addedChars,
-      prompt: { bytes: req.requestBytes + addedChars, media: referencedMedia(plan.upstreamBody) },
+      prompt: {
+        bytes: req.requestBytes + addedChars,
+        media: referencedMedia(plan.upstreamBody),
+        searches: webSearchesAllowed(plan.upstreamBody),
+      },
       plan,
       generationId: newGenerationId(),
       workspace: settings,

@@ -37,11 +37,13 @@ export function anthropicUsage(u: Record<string, any>): Usage {
   const read = tokens(u.cache_read_input_tokens);
   const write = tokens(u.cache_creation_input_tokens);
   const hour = Math.min(write, tokens(u.cache_creation?.ephemeral_1h_input_tokens));
+  const searches = tokens(u.server_tool_use?.web_search_requests);
   return {
     input_tokens: tokens(u.input_tokens) + read + write,
     output_tokens: tokens(u.output_tokens),
     ...(read && { cache_read_tokens: read }),
     ...(write && { cache_write_tokens: write }),
     ...(hour && { cache_write_1h_tokens: hour }),
+    ...(searches && { web_searches: searches }),
   };
 }

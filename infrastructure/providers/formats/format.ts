@@ -17,6 +17,8 @@ export interface Usage {
   cache_write_tokens?: number;
   /** Of cache_write_tokens, those written for an hour (Anthropic's 1-hour cache, priced higher). */
   cache_write_1h_tokens?: number;
+  /** Web searches the provider ran for the call, billed per search. */
+  web_searches?: number;
 }
 
 type Json = Record<string, any>;

@@ -26,11 +26,15 @@ export const openai: ProviderFormat = {
     const cached = tokens(details.cached_tokens);
     // Written to a cache: what an Anthropic provider's answer, translated to this format, says it wrote.
     const written = tokens(details.cache_write_tokens);
+    // A Responses answer lists each web search it ran among its output items.
+    const searches =
+      !chat && Array.isArray(body.output) ? body.output.filter((o: { type?: string }) => o?.type === 'web_search_call').length : 0;
     return {
       input_tokens: tokens(chat ? u.prompt_tokens : u.input_tokens),
       output_tokens: tokens(chat ? u.completion_tokens : u.output_tokens),
       ...(cached && { cache_read_tokens: cached }),
       ...(written && { cache_write_tokens: written }),
+      ...(searches && { web_searches: searches }),
     };
   },
 
