@@ -42,8 +42,8 @@ export class StreamTally {
   /** Responses events are numbered; an error event we add continues the numbering. */
   sequence = -1;
 
-  /** What the upstream reported of the prompt. */
-  prompt(u: Usage): void {
+  /** What the upstream reported, output aside: the prompt, its cached parts, web searches. */
+  reported(u: Usage): void {
     this.input = u.input_tokens;
     this.cacheRead = u.cache_read_tokens ?? 0;
     this.cacheWrite = u.cache_write_tokens ?? 0;
@@ -115,7 +115,7 @@ const chat: StreamFormat = {
     }
     if (chunk.usage) {
       const u = openai.usageOf('chat', chunk);
-      tally.prompt(u);
+      tally.reported(u);
       tally.output = u.output_tokens;
       if (!opts.includeUsage) {
         if (!choices.length) return null; // the usage-only chunk the client did not ask for
@@ -155,14 +155,14 @@ const messages: StreamFormat = {
     if (type === 'message_start' && data.message) {
       Object.assign(data.message, { id: served.id, model: served.model, provider: served.provider });
       const u = data.message.usage ?? {};
-      if (Number.isFinite(u.input_tokens)) tally.prompt(anthropicUsage(u));
+      if (Number.isFinite(u.input_tokens)) tally.reported(anthropicUsage(u));
       if (Number.isFinite(u.output_tokens)) tally.output = u.output_tokens;
     } else if (type === 'content_block_delta') {
       tally.produced++;
     } else if (type === 'message_delta' && data.usage) {
       // Cumulative counts; the cache's, when left out, are those message_start gave.
       if (Number.isFinite(data.usage.input_tokens))
-        tally.prompt(
+        tally.reported(
           anthropicUsage({
             cache_read_input_tokens: tally.cacheRead,
             cache_creation_input_tokens: tally.cacheWrite,
@@ -198,7 +198,7 @@ const responses: StreamFormat = {
       Object.assign(data.response, { id: served.id, model: served.model, provider: served.provider });
       if (data.response.usage) {
         const u = openai.usageOf('responses', data.response);
-        tally.prompt(u);
+        tally.reported(u);
         tally.output = u.output_tokens;
         data.response.usage = { ...data.response.usage, cost: opts.cost(u) };
       }
