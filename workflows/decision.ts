@@ -1,6 +1,6 @@
-import { ApplicationFailure, proxyLocalActivities } from '@temporalio/workflow';
+import { proxyLocalActivities } from '@temporalio/workflow';
 import type { Activities, DecisionJob, DecisionResult } from '../activities';
-import { GATEWAY_ERROR_TYPE } from './shared';
+import { GATEWAY_ERROR_TYPE, gatewayFailure } from './shared';
 
 // A local activity: it runs in the worker that took the workflow task, with no extra round trip
 // through the server, which is what keeps a synchronous decision fast.
@@ -25,12 +25,7 @@ export interface DecisionRun {
 export async function decisionWorkflow(job: DecisionJob, run: DecisionRun = {}): Promise<DecisionResult> {
   // The workflow's clock is its task's start, as the server recorded it.
   if (run.startBy !== undefined && Date.now() > run.startBy) {
-    throw ApplicationFailure.create({
-      type: GATEWAY_ERROR_TYPE,
-      nonRetryable: true,
-      message: 'The decision could not be started in time; try again',
-      details: [{ status: 503, metadata: null }],
-    });
+    throw gatewayFailure('The decision could not be started in time; try again', { status: 503, metadata: null });
   }
   return evaluateDecision(job);
 }

@@ -1,9 +1,21 @@
 // Names shared by workflows, the worker and clients. Importable from workflow code (no I/O).
-import { defineSearchAttributeKey } from '@temporalio/common';
+import { ApplicationFailure, defineSearchAttributeKey } from '@temporalio/common';
 import { defineQuery } from '@temporalio/workflow';
 
 /** The ApplicationFailure type of a gateway error: never retried, turned back into its HTTP status by the API. */
 export const GATEWAY_ERROR_TYPE = 'GatewayError';
+
+/** What a gateway error's failure carries, for the API to answer with (infrastructure/temporal/failures.ts). */
+export interface GatewayFailureDetails {
+  status: number;
+  metadata: Record<string, unknown> | null;
+  retryAfterSeconds?: number;
+}
+
+/** A gateway error as it crosses Temporal, from an activity or from workflow code. */
+export function gatewayFailure(message: string, details: GatewayFailureDetails): ApplicationFailure {
+  return ApplicationFailure.create({ type: GATEWAY_ERROR_TYPE, message, nonRetryable: true, details: [details] });
+}
 
 /** The ApplicationFailure type of a batch that was never created (its document never stored): its workflow ends. */
 export const BATCH_NOT_CREATED = 'BatchNotCreated';

@@ -167,7 +167,6 @@ const messages: StreamFormat = {
             cache_read_input_tokens: tally.cacheRead,
             cache_creation_input_tokens: tally.cacheWrite,
             cache_creation: { ephemeral_1h_input_tokens: tally.cacheWrite1h },
-            server_tool_use: { web_search_requests: tally.webSearches },
             ...data.usage,
           }),
         );

@@ -3,23 +3,16 @@
 import { ApplicationFailure, CancelledFailure, TerminatedFailure, TimeoutFailure } from '@temporalio/common';
 import { errorFromStatus, GatewayError, InternalError, RateLimitedError, ServiceUnavailableError } from '../errors';
 
-import { GATEWAY_ERROR_TYPE } from '../../workflows/shared';
-
-interface Details {
-  status: number;
-  metadata: Record<string, unknown> | null;
-  retryAfterSeconds?: number;
-}
+import { GATEWAY_ERROR_TYPE, gatewayFailure, type GatewayFailureDetails } from '../../workflows/shared';
 
 /** For activities: gateway errors become final failures; anything else stays retryable. */
 export function toActivityFailure(err: unknown): unknown {
   if (!(err instanceof GatewayError)) return err;
-  const details: Details = {
+  return gatewayFailure(err.message, {
     status: err.status,
     metadata: err.metadata,
     ...(err instanceof RateLimitedError ? { retryAfterSeconds: err.retryAfterSeconds } : {}),
-  };
-  return ApplicationFailure.create({ type: GATEWAY_ERROR_TYPE, message: err.message, nonRetryable: true, details: [details] });
+  });
 }
 
 /**
@@ -30,7 +23,7 @@ export function fromWorkflowFailure(err: unknown): GatewayError {
   if (err instanceof GatewayError) return err;
   for (let e: any = err; e; e = e.cause) {
     if (e instanceof ApplicationFailure && e.type === GATEWAY_ERROR_TYPE) {
-      const d = (e.details?.[0] ?? {}) as Details;
+      const d = (e.details?.[0] ?? {}) as GatewayFailureDetails;
       if (d.status === 429) return new RateLimitedError(e.message, d.retryAfterSeconds ?? 1, d.metadata);
       return errorFromStatus(d.status ?? 500, e.message, d.metadata ?? null);
     }
