@@ -65,8 +65,17 @@ describe('gateway batches (CLI)', function () {
           timeout_ms: 30_000,
         }),
       );
-      const endpoint = endpointEntry('cli-slow', 0.01, { pricing: { prompt: 0.01, completion: 0 }, supported_parameters: ['dimensions'] });
-      c.models.push(modelEntry('test/cli-slow', [endpoint], { kind: 'embedding', released: '20260301' }));
+      // Slower still, for a batch that must still run when a cancel arrives from a CLI process started after it.
+      c.providers.push(
+        providerEntry('cli-slowest', `\${SANDBOX_URL}/~run=${uniqueName('cli')},latency=60000/openai/v1`, {
+          max_concurrency: 100,
+          timeout_ms: 90_000,
+        }),
+      );
+      for (const slug of ['cli-slow', 'cli-slowest']) {
+        const endpoint = endpointEntry(slug, 0.01, { pricing: { prompt: 0.01, completion: 0 }, supported_parameters: ['dimensions'] });
+        c.models.push(modelEntry(`test/${slug}`, [endpoint], { kind: 'embedding', released: '20260301' }));
+      }
     });
     gw = await startTestGateway({ env: { CATALOG_PATH: catalog } });
     t = await createTenant(gw.store, 50);
@@ -130,7 +139,7 @@ describe('gateway batches (CLI)', function () {
 
   it('exit codes: 1 when the batch does not complete (cancelled), 2 without a key, 1 naming the API error or the bad line', async () => {
     const file = linesFile(dir, 'slow.jsonl', 5);
-    const created = await runCli(['batches', 'create', '--file', file, '--endpoint', '/v1/embeddings', '--model', 'test/cli-slow'], env);
+    const created = await runCli(['batches', 'create', '--file', file, '--endpoint', '/v1/embeddings', '--model', 'test/cli-slowest'], env);
     const id = created.stdout.trim();
     const cancelled = await runCli(['batches', 'cancel', id], env);
     expect(cancelled.code, cancelled.stderr).to.equal(0);

@@ -18,8 +18,10 @@ import {
   waitForStatus,
   writeTestCatalog,
   storedUsage,
+  storedRecord,
   type TestGateway,
 } from './helpers';
+import { usageDetails } from '../domain/accounts/usage-ledger';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { costOf } from '../domain/catalog/usd';
 
@@ -503,6 +505,44 @@ describe('what a call asks a provider for beyond its bytes', function () {
     // One estimate: the model's whole context (1,000 images of up to 2,500 tokens do not fit in less).
     expect(spent).to.be.at.most(0.25 + 0.2 + 1e-9);
   });
+
+  it('images named by URL in a stream its client leaves before the provider counted the prompt are billed as the hold counts them (before: by their bytes, 198 prompt tokens for 10 images)', async () => {
+    const catalog = writeTestCatalog('images-left', (c) => {
+      c.providers.push(providerEntry('imagesleft', '${SANDBOX_URL}/~images=1,max_words=200,chunk_delay=20/openai/v1'));
+      c.models.push(
+        modelEntry('test/images-left', [endpointEntry('imagesleft', 1, { supported_parameters: ['max_tokens'] })], {
+          context_length: 200_000,
+        }),
+      );
+    });
+    const gw = await startTestGateway({ withWorker: false, env: { CATALOG_PATH: catalog } });
+    try {
+      const t = await createTenant(gw.store, 5);
+      const content = Array.from({ length: 10 }, (_, i) => ({ type: 'image_url', image_url: { url: `https://img.example/${i}.png` } }));
+      const ac = new AbortController();
+      const res = await fetch(`${gw.url}/api/v1/chat/completions`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${t.inferenceKey}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'test/images-left', messages: [{ role: 'user', content }], max_tokens: 200, stream: true }),
+        signal: ac.signal,
+      });
+      expect(res.status).to.equal(200);
+      const id = res.headers.get('x-generation-id')!;
+      await res.body!.getReader().read(); // the first words, then the client goes
+      ac.abort();
+      let record = null;
+      for (let i = 0; i < 100 && !record; i++) {
+        await gw.usage.flushed();
+        record = await storedRecord(gw.store, id);
+        if (!record) await new Promise((r) => setTimeout(r, 100));
+      }
+      expect(record, 'usage record').to.not.equal(null);
+      expect(usageDetails(record!)?.ending).to.equal('client_closed');
+      expect(record!.input_tokens).to.be.at.least(10 * 2_500);
+    } finally {
+      await gw.stop();
+    }
+  });
 });
 
 describe('prompt tokens a provider reads from or writes to its cache', () => {
@@ -584,7 +624,7 @@ describe('prompt tokens a provider reads from or writes to its cache', () => {
 
       // A chat-format stream served by this Anthropic provider: its translated usage names what was
       // written (cache_write_tokens) beside what was read, and the cost follows both.
-      const chatSystem = [{ type: 'text', text: `${system[0].text} chat`, cache_control: { type: 'ephemeral' } }];
+      const chatSystem = [{ type: 'text', text: `${system[0].text} chat`, cache_control: { type: 'ephemeral' } as Record<string, string> }];
       const chatStream = async () => {
         const r = await call(`${gw.url}/api/v1/chat/completions`, {
           key: t.inferenceKey,
@@ -609,11 +649,12 @@ describe('prompt tokens a provider reads from or writes to its cache', () => {
       const chatCost = (u: {
         prompt_tokens: number;
         completion_tokens: number;
-        prompt_tokens_details: { cached_tokens: number; cache_write_tokens?: number };
+        prompt_tokens_details: { cached_tokens: number; cache_write_tokens?: number; cache_write_1h_tokens?: number };
       }) => {
         const read = u.prompt_tokens_details.cached_tokens;
         const write = u.prompt_tokens_details.cache_write_tokens ?? 0;
-        return (u.prompt_tokens - read - write + 2 * write + 0.1 * read + u.completion_tokens) / 1e6;
+        const hour = u.prompt_tokens_details.cache_write_1h_tokens ?? 0;
+        return (u.prompt_tokens - read - write + 2 * (write - hour) + 3 * hour + 0.1 * read + u.completion_tokens) / 1e6;
       };
       const wrote = await chatStream();
       expect(wrote.usage.prompt_tokens_details.cache_write_tokens).to.be.at.least(4_000);
@@ -621,6 +662,12 @@ describe('prompt tokens a provider reads from or writes to its cache', () => {
       const read = await chatStream();
       expect(read.usage.prompt_tokens_details.cached_tokens).to.equal(wrote.usage.prompt_tokens_details.cache_write_tokens);
       expect((await billed(read.id)).cost).to.be.closeTo(chatCost(read.usage), 1e-9);
+      // Written to the 1-hour cache through the chat format: named apart, at its own price (before: at the 5-minute price).
+      chatSystem[0] = { ...chatSystem[0], text: `${chatSystem[0].text} hourly`, cache_control: { type: 'ephemeral', ttl: '1h' } };
+      const chatHour = await chatStream();
+      const hourWritten = chatHour.usage.prompt_tokens_details.cache_write_1h_tokens;
+      expect(hourWritten).to.be.at.least(4_000).and.equal(chatHour.usage.prompt_tokens_details.cache_write_tokens);
+      expect((await billed(chatHour.id)).cost).to.be.closeTo(chatCost(chatHour.usage), 1e-9);
     } finally {
       await gw.stop();
     }

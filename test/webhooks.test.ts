@@ -89,7 +89,8 @@ describe('batch completion webhooks', function () {
     gw = await startTestGateway({
       env: {
         WEBHOOKS_ALLOW_PRIVATE_URLS: 'true',
-        WEBHOOK_RETRY_WINDOW_MS: '1500',
+        // Room for three attempts 100 and 200 ms apart even when Temporal schedules each slowly (a loaded machine).
+        WEBHOOK_RETRY_WINDOW_MS: '4000',
         WEBHOOK_TIMEOUT_MS: '400',
       },
       tune: (c) => (c.webhooks.firstRetryMs = 100),

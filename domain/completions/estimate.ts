@@ -1,6 +1,6 @@
-// Token counts worked out from a request's size, for the two times the gateway has no count from
-// the provider: the hold before a call and the bill for a call cut short before the provider
-// reported its prompt tokens (about 4 bytes a token).
+// Token counts worked out from a request's size and what it names, for the two times the gateway
+// has no count from the provider: the hold before a call and the bill for a call cut short before
+// the provider reported its prompt tokens (about 4 bytes a token for text).
 //
 // The hold is meant to be at least the real cost, and no more than the call could really cost: one
 // token per 3 bytes of prompt, plus what images and documents named by reference may count, at most
@@ -40,11 +40,9 @@ export function estimateCompletionCost(
   /** Answers generated, each up to the output allowed (a chat call's `n`). */
   choices = 1,
 ): number {
-  const named = Math.ceil(prompt.bytes / 3) + (prompt.media?.images ?? 0) * IMAGE_TOKENS;
   let most = 0;
   for (const m of models) {
-    // No prompt is billed beyond the context it must fit in.
-    const input = prompt.media?.documents ? m.context_length : Math.min(named, m.context_length);
+    const input = promptTokens(prompt, m.context_length, 3);
     for (const e of m.endpoints) {
       if (!servesOperation(e, operation)) continue;
       const limit = e.entry.max_completion_tokens ?? DEFAULT_MAX_OUTPUT;
@@ -55,6 +53,16 @@ export function estimateCompletionCost(
   return most;
 }
 
-export function promptTokensEstimate(requestBytes: number): number {
-  return Math.ceil(requestBytes / 4);
+/**
+ * The prompt tokens billed for a stream cut short before the provider counted them: its text at
+ * about 4 bytes a token, and what it names by reference as the hold counts it.
+ */
+export function promptTokensEstimate(prompt: PromptSize, contextLength: number): number {
+  return promptTokens(prompt, contextLength, 4);
+}
+
+/** No prompt counts beyond the context it must fit in. */
+function promptTokens(prompt: PromptSize, contextLength: number, bytesPerToken: number): number {
+  if (prompt.media?.documents) return contextLength;
+  return Math.min(contextLength, Math.ceil(prompt.bytes / bytesPerToken) + (prompt.media?.images ?? 0) * IMAGE_TOKENS);
 }

@@ -201,7 +201,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     const checkpoints = usage.checkpoints();
     let checkpointAt = -Infinity;
     const checkpoint = () => {
-      const u = tally.usage(promptTokensEstimate(call.prompt.bytes));
+      const u = tally.usage(promptTokensEstimate(call.prompt, endpoint.model.context_length));
       if (!u.output_tokens) return;
       const details = { stream: true, ending: 'gateway_stopped', attempts: opened.attempts.length + 1 };
       checkpoints!.save(recordOf(call, endpoint, u, costOf(endpoint, u), details));
@@ -226,7 +226,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     }
 
     const ending: Ending = call.signal.aborted ? 'client_closed' : tally.finished && !tally.upstreamError ? 'completed' : 'upstream_failed';
-    const u = tally.usage(promptTokensEstimate(call.prompt.bytes));
+    const u = tally.usage(promptTokensEstimate(call.prompt, endpoint.model.context_length));
     const cost = costOf(endpoint, u);
     upstreams.stats.record(endpoint.key, {
       ok: ending !== 'upstream_failed',

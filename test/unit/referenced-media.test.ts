@@ -2,7 +2,7 @@
 // (domain/completions/media.ts, estimate.ts): the body's bytes do not show what the provider bills.
 import { expect } from 'chai';
 import { referencedMedia } from '../../domain/completions/media';
-import { estimateCompletionCost } from '../../domain/completions/estimate';
+import { estimateCompletionCost, promptTokensEstimate } from '../../domain/completions/estimate';
 import type { CatalogModel } from '../../domain/catalog';
 
 describe('media named by reference', () => {
@@ -70,5 +70,14 @@ describe('media named by reference', () => {
     expect(cost(3_000, 4)).to.be.closeTo((1_000 + 4 * 2_500 + 10) / 1e6, 1e-12);
     expect(cost(3_000, 0, 1)).to.be.closeTo(100_000 / 1e6, 1e-12); // the context, and no room left for output
     expect(cost(3_000, 1_000)).to.be.closeTo(100_000 / 1e6, 1e-12);
+  });
+
+  it('bills a stream cut short before the provider counted its prompt for its text at 4 bytes a token and its media as the hold counts them', () => {
+    const tokens = (bytes: number, images = 0, documents = 0) => promptTokensEstimate({ bytes, media: { images, documents } }, 100_000);
+    expect(tokens(4_000)).to.equal(1_000);
+    expect(tokens(4_000, 4)).to.equal(1_000 + 4 * 2_500);
+    expect(tokens(4_000, 0, 1)).to.equal(100_000);
+    expect(tokens(4_000, 1_000)).to.equal(100_000);
+    expect(promptTokensEstimate({ bytes: 4_000 }, 100_000)).to.equal(1_000);
   });
 });

@@ -24,8 +24,10 @@ export const openai: ProviderFormat = {
     const chat = operation === 'chat';
     const details = (chat ? u.prompt_tokens_details : u.input_tokens_details) ?? {};
     const cached = tokens(details.cached_tokens);
-    // Written to a cache: what an Anthropic provider's answer, translated to this format, says it wrote.
+    // Written to a cache (and of that, to the 1-hour cache): what an Anthropic provider's answer,
+    // translated to this format, says it wrote.
     const written = tokens(details.cache_write_tokens);
+    const hour = Math.min(written, tokens(details.cache_write_1h_tokens));
     // A Responses answer lists each web search it ran among its output items.
     const searches =
       !chat && Array.isArray(body.output) ? body.output.filter((o: { type?: string }) => o?.type === 'web_search_call').length : 0;
@@ -34,6 +36,7 @@ export const openai: ProviderFormat = {
       output_tokens: tokens(chat ? u.completion_tokens : u.output_tokens),
       ...(cached && { cache_read_tokens: cached }),
       ...(written && { cache_write_tokens: written }),
+      ...(hour && { cache_write_1h_tokens: hour }),
       ...(searches && { web_searches: searches }),
     };
   },

@@ -287,18 +287,24 @@ export function messagesAnswerToChat(msg: Json): Json {
 
 /**
  * Messages usage in Chat Completions terms: prompt tokens include those read from and written to the
- * cache; the written ones are named too (`cache_write_tokens`, as OpenRouter does), since they cost more.
+ * cache; the written ones are named too (`cache_write_tokens`, as OpenRouter does), since they cost
+ * more, and of them those written to the 1-hour cache (`cache_write_1h_tokens`, ours), which cost more still.
  */
 export function chatUsageOf(u: Json): Json {
   const cached = u.cache_read_input_tokens ?? 0;
   const written = u.cache_creation_input_tokens ?? 0;
+  const hour = u.cache_creation?.ephemeral_1h_input_tokens ?? 0;
   const prompt = (u.input_tokens ?? 0) + cached + written;
   const completion = u.output_tokens ?? 0;
   return {
     prompt_tokens: prompt,
     completion_tokens: completion,
     total_tokens: prompt + completion,
-    prompt_tokens_details: { cached_tokens: cached, ...(written && { cache_write_tokens: written }) },
+    prompt_tokens_details: {
+      cached_tokens: cached,
+      ...(written && { cache_write_tokens: written }),
+      ...(hour && { cache_write_1h_tokens: hour }),
+    },
   };
 }
 
