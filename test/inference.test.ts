@@ -15,6 +15,7 @@ import {
   type Tenant,
   type TestGateway,
   storedUsage,
+  waitForStatus,
 } from './helpers';
 import { parseSse, streamCall } from './inference-helpers';
 
@@ -602,6 +603,44 @@ describe('inference routes', function () {
       expect(unknown.body.error.message).to.match(/nope\/never/);
       const wrongKind = await post('/embeddings', { model: 'test/good', input: 'x' });
       expect(wrongKind.status).to.equal(404);
+    });
+
+    it('previous_response_id and conversation: a 400 saying the gateway keeps none, streamed or not, in a preset or a batch line; the provider is not called (before: answered without the history); null names none', async () => {
+      const spec = `run=${run}`;
+      const before = await sandboxCount('_calls', spec, RESPONSES);
+      const why = 'the gateway keeps no conversations (it is stateless): send the whole conversation in input';
+      for (const [field, value] of [
+        ['previous_response_id', 'resp_abc'],
+        ['conversation', { id: 'conv_1' }],
+        ['previous_response_id', ''],
+      ] as const)
+        for (const stream of [false, true]) {
+          const r = await post('/responses', { model: 'test/good', input: 'and then?', [field]: value, stream });
+          expect(r.status, JSON.stringify(r.body)).to.equal(400);
+          expect(r.body.error.message).to.equal(`${field}: is not accepted: ${why}`);
+        }
+      // null names none: answered.
+      const none = await post('/responses', { model: 'test/good', input: 'hi', previous_response_id: null, conversation: null });
+      expect(none.status, JSON.stringify(none.body)).to.equal(200);
+      const preset = await call(url(`/presets/${uniqueName('p')}/responses`), {
+        key: t.managementKey,
+        body: { model: 'test/good', previous_response_id: 'resp_abc' },
+      });
+      expect(preset.status, JSON.stringify(preset.body)).to.equal(400);
+      expect(preset.body.error.message).to.include(`previous_response_id: is not accepted: ${why}`);
+      const batch = await call(url('/batches'), {
+        key: t.inferenceKey,
+        body: {
+          endpoint: '/v1/responses',
+          model: 'test/good',
+          requests: [{ custom_id: 'a', body: { input: 'and then?', previous_response_id: 'resp_abc' } }],
+        },
+      });
+      expect(batch.status, JSON.stringify(batch.body)).to.equal(202);
+      const failed = await waitForStatus(gw.url, t.inferenceKey, batch.body.id, ['completed', 'failed']);
+      expect(failed.status).to.equal('failed');
+      expect(failed.error.message).to.include(`a (previous_response_id: is not accepted: ${why})`);
+      expect(await sandboxCount('_calls', spec, RESPONSES)).to.equal(before + 1);
     });
 
     it('401 without a key or with a wrong one, 403 for a management operation, 402 without credits, in the envelope, streamed or not', async () => {

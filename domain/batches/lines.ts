@@ -4,6 +4,7 @@
 import { Type, type TSchema } from '@sinclair/typebox';
 import { compileBody, type Validator } from '../../infrastructure/validation/index';
 import { EmbeddingsInput } from '../completions/schema';
+import { statelessResponses } from '../presets/schema';
 import { attributionFields } from '../../infrastructure/validation/types';
 import { BadRequestError } from '../../infrastructure/errors';
 import type { Operation } from '../catalog';
@@ -27,6 +28,7 @@ const SCHEMAS: Record<BatchEndpoint, TSchema> = {
   '/v1/responses': Type.Object(
     {
       ...attributionFields,
+      ...statelessResponses,
       input: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.Unknown(), { minItems: 1 })]),
       stream: NoStream,
       max_output_tokens: Type.Optional(Type.Integer({ minimum: 1 })),

@@ -259,9 +259,22 @@ export const ChatBody = Type.Object(
   { additionalProperties: true },
 );
 
+/**
+ * A provider's stored response or conversation cannot be named: answers carry the gateway's ids,
+ * never the provider's, and a provider that never saw the id would answer without the history.
+ */
+const NotKept = Type.Optional(
+  // Anything but null (null names no conversation, as some clients send it).
+  Type.Not(Type.Not(Type.Null()), {
+    description: 'the gateway keeps no conversations (it is stateless): send the whole conversation in input',
+  }),
+);
+export const statelessResponses = { previous_response_id: NotKept, conversation: NotKept };
+
 export const ResponsesBody = Type.Object(
   {
     ...sharedInferenceFields,
+    ...statelessResponses,
     input: Type.Optional(Type.Unknown()),
     instructions: Type.Optional(Nullable(Type.String())),
     max_output_tokens: Type.Optional(Type.Integer({ minimum: 1 })),

@@ -100,6 +100,11 @@ function describe(e: ErrorObject, root: string): { field: string; message: strin
         message: tags.length ? `must be one of ${tags.join(', ')}` : 'is not a known type',
       };
     }
+    case 'not': // a field refused whatever its value: its description says why
+      return {
+        field: fieldPath(e.instancePath) || root,
+        message: `is not accepted: ${(e.parentSchema as { description?: string })?.description ?? 'never allowed here'}`,
+      };
     case 'enum':
       return {
         field: fieldPath(e.instancePath) || root,

@@ -56,7 +56,6 @@ function contentOf(content: unknown, field: string): string | Json[] {
 }
 
 export function responsesRequestToChat(body: Json, dropped: string[]): Json {
-  if (body.previous_response_id) refuse('previous_response_id', 'a stored conversation');
   const messages: Json[] = [];
   if (typeof body.instructions === 'string' && body.instructions) messages.push({ role: 'system', content: body.instructions });
   const items: Json[] = typeof body.input === 'string' ? [{ role: 'user', content: body.input }] : body.input;
