@@ -512,6 +512,81 @@ describe('presets', () => {
     expect(version.body.data.designated_version.version).to.equal(2);
   });
 
+  describe('deletion', () => {
+    const del = (slug: string, key: string) => call(`${gw.url}/api/v1/presets/${slug}`, { method: 'DELETE', key });
+    const storedBytes = async (key: string) => (await get('/storage', key)).body.data.stored_bytes as number;
+
+    it("removes the preset, its versions and its listing, gives their size back to the storage quota, and calls naming it are a 404; management keys only, the workspace's own only", async () => {
+      const tenant = await createTenant(gw.store, 5);
+      const before = await storedBytes(tenant.inferenceKey);
+      for (let i = 0; i < 3; i++)
+        expect(
+          (await post('gone', { model: 'sandbox/chat-1', system: `v${i} ${'s'.repeat(10_000)}` }, 'messages', tenant.managementKey)).status,
+        ).to.equal(200);
+      await post('stays', { model: 'sandbox/chat-1' }, 'messages', tenant.managementKey);
+      const presetId = (await get('/presets/gone', tenant.inferenceKey)).body.data.id;
+      expect(await storedBytes(tenant.inferenceKey)).to.be.above(before + 30_000);
+      const chat = { model: 'sandbox/chat-1', preset: 'gone', messages: [{ role: 'user', content: 'hi' }], max_tokens: 3 };
+      expect((await call(`${gw.url}/api/v1/chat/completions`, { key: tenant.inferenceKey, body: chat })).status).to.equal(200);
+
+      expect((await del('gone', tenant.inferenceKey)).status).to.equal(403);
+      const other = await createTenant(gw.store);
+      expect((await del('gone', other.managementKey)).status).to.equal(404);
+
+      const deleted = await del('gone', tenant.managementKey);
+      expect(deleted.status, JSON.stringify(deleted.body)).to.equal(200);
+      expect(deleted.body).to.deep.equal({ data: { id: presetId, slug: 'gone', deleted: true } });
+      expect((await get('/presets/gone', tenant.inferenceKey)).status).to.equal(404);
+      expect((await get('/presets/gone/versions', tenant.inferenceKey)).status).to.equal(404);
+      expect((await get('/presets/gone/versions/1', tenant.inferenceKey)).status).to.equal(404);
+      const listed = await get('/presets', tenant.inferenceKey);
+      expect(listed.body.data.map((p: { slug: string }) => p.slug)).to.deep.equal(['stays']);
+      expect(listed.body.total_count).to.equal(1);
+      const refused = await call(`${gw.url}/api/v1/chat/completions`, { key: tenant.inferenceKey, body: chat });
+      expect(refused.status).to.equal(404);
+      expect(refused.body.error.message).to.equal('Preset "gone" not found');
+      expect(await gw.store.presetVersions.countDocuments({ preset_id: presetId })).to.equal(0);
+      expect(await gw.store.presets.countDocuments({ _id: presetId })).to.equal(0);
+      expect(await storedBytes(tenant.inferenceKey)).to.be.below(before + 1_000); // 'stays' is all that is left
+      expect((await del('gone', tenant.managementKey)).status).to.equal(404);
+    });
+
+    it('its slug may be created again, from version 1, under new version ids: a process that kept the old version 1 applies the new one', async () => {
+      const tenant = await createTenant(gw.store);
+      const lookup = presetLookup(gw.store, tenant.workspaceId, new KeptVersions());
+      await post('again', { model: 'sandbox/chat-1', system: 'old' }, 'messages', tenant.managementKey);
+      const old = await lookup('again');
+      expect(old.version.system_prompt).to.equal('old');
+      expect((await del('again', tenant.managementKey)).status).to.equal(200);
+      const gone = await lookup('again').then(
+        () => null,
+        (err: Error) => err,
+      );
+      expect(gone?.message).to.equal('Preset "again" not found');
+      const created = await post('again', { model: 'sandbox/chat-1', system: 'new' }, 'messages', tenant.managementKey);
+      expect(created.body.data.designated_version.version).to.equal(1);
+      expect(created.body.data.designated_version.id).to.not.equal(old.version.id);
+      expect((await lookup('again')).version.system_prompt).to.equal('new');
+      const versions = await get('/presets/again/versions', tenant.inferenceKey);
+      expect(versions.body.data.map((v: VersionView) => [v.version, v.system_prompt])).to.deep.equal([[1, 'new']]);
+    });
+
+    it('versions written while the preset is deleted leave nothing behind: afterwards its versions are exactly those listed', async () => {
+      const tenant = await createTenant(gw.store);
+      for (let i = 0; i < 30; i++) await post('raced', { model: 'sandbox/chat-1', max_tokens: i + 1 }, 'messages', tenant.managementKey);
+      const presetId = (await get('/presets/raced', tenant.inferenceKey)).body.data.id;
+      const writes = Array.from({ length: 8 }, (_, i) =>
+        post('raced', { model: 'sandbox/chat-1', max_tokens: 100 + i }, 'messages', tenant.managementKey),
+      );
+      const deleted = await del('raced', tenant.managementKey);
+      expect(deleted.status).to.equal(200);
+      for (const w of await Promise.all(writes)) expect([200, 409]).to.include(w.status);
+      const listed = await get('/presets/raced/versions?limit=100', tenant.inferenceKey);
+      const stored = await gw.store.presetVersions.countDocuments({ preset_id: presetId });
+      expect(stored).to.equal(listed.status === 404 ? 0 : listed.body.total_count);
+    });
+  });
+
   it('concurrent writers: contiguous version numbers, no lost or doubled version, losers get 409', async () => {
     const tenant = await createTenant(gw.store);
     await post('busy', { model: 'sandbox/chat-1', max_tokens: 1 }, 'messages', tenant.managementKey);

@@ -63,7 +63,7 @@ describe('storage quota', () => {
     expect(refused.status).to.equal(402);
     // Sizes as they are: a quota of 40,000 bytes read "0.0 MB" before.
     expect(refused.body.error.message).to.equal(
-      `This workspace stores ${sizeText(withPreset)} of batch inputs, preset versions and keys, of the 39.1 KB it may store, and this needs ${sizeText(sizeOf(second))} more: delete batches it no longer needs`,
+      `This workspace stores ${sizeText(withPreset)} of batch inputs, preset versions and keys, of the 39.1 KB it may store, and this needs ${sizeText(sizeOf(second))} more: delete batches or presets it no longer needs`,
     );
     expect(refused.body.error.message).to.match(/stores \d+(\.\d+)? KB .* needs \d+(\.\d+)? KB more/);
     expect(refused.body.error.metadata).to.deep.equal({ stored_bytes: withPreset, adding_bytes: sizeOf(second), quota_bytes: QUOTA });

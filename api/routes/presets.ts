@@ -2,7 +2,7 @@
 // read by any key of the workspace.
 import { Type, type TSchema } from '@sinclair/typebox';
 import { ErrorEnvelope } from '../../infrastructure/validation/types';
-import { addPresetVersion, getPreset, getVersion, listPresets, listVersions } from '../../domain/presets/store';
+import { addPresetVersion, deletePreset, getPreset, getVersion, listPresets, listVersions } from '../../domain/presets/store';
 import { PresetOrder } from '../../domain/presets/list-order';
 import { configOf, systemPromptOf, type PresetFormat } from '../../domain/presets/overlap';
 import { modelNamesOf } from '../../domain/completions/request';
@@ -91,6 +91,24 @@ export function presetRoutes({ store, presetVersions: versions, storage }: AppDe
       responses: { 200: { description: 'The preset', schema: Created } },
       handler: async (ctx, { params }) => {
         ctx.body = { data: await getPreset(store, authOf(ctx).workspaceId, params.slug, versions) };
+      },
+    }),
+    defineRoute({
+      method: 'delete',
+      path: '/presets/:slug',
+      tag: 'Presets',
+      auth: 'management',
+      params: SlugParams,
+      summary: 'Delete a preset with all its versions (its slug may be created again, from version 1)',
+      responses: {
+        200: {
+          description: 'Deleted: calls naming it are a 404 from now on',
+          schema: Type.Object({ data: Type.Object({ id: Type.String(), slug: Type.String(), deleted: Type.Literal(true) }) }),
+        },
+      },
+      handler: async (ctx, { params }) => {
+        const { id } = await deletePreset(store, authOf(ctx).workspaceId, params.slug, storage);
+        ctx.body = { data: { id, slug: params.slug, deleted: true } };
       },
     }),
     defineRoute({

@@ -1,6 +1,6 @@
 // What a workspace keeps stored of what its clients send, and its quota (WORKSPACE_STORAGE_BYTES):
 // batch inputs (kept until the batch is deleted; their bodies' and custom ids' bytes), preset
-// versions (kept for good; their config's and system prompt's characters) and API keys (kept for
+// versions (kept until the preset is deleted; their config's and system prompt's characters) and API keys (kept for
 // good, revoked ones too; KEY_STORED_BYTES each). Within its
 // rate limits one workspace could store 200 MB a batch, 60 batches a minute: the database's disk,
 // which every workspace shares, full within the hour.
@@ -94,7 +94,7 @@ export class StorageQuota {
   check(held: number, adding: number): void {
     if (held + adding <= this.quotaBytes) return;
     throw new PaymentRequiredError(
-      `This workspace stores ${sizeText(held)} of batch inputs, preset versions and keys, of the ${sizeText(this.quotaBytes)} it may store, and this needs ${sizeText(adding)} more: delete batches it no longer needs`,
+      `This workspace stores ${sizeText(held)} of batch inputs, preset versions and keys, of the ${sizeText(this.quotaBytes)} it may store, and this needs ${sizeText(adding)} more: delete batches or presets it no longer needs`,
       { stored_bytes: held, adding_bytes: adding, quota_bytes: this.quotaBytes },
     );
   }

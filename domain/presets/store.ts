@@ -1,7 +1,9 @@
-// Presets and their versions. Ids are name-based UUIDs (of workspace + slug, of preset + version
-// number), so concurrent writers race on `_id`, the one thing every MongoDB-compatible store
+// Presets and their versions. Ids are name-based UUIDs (of workspace + slug, of preset + its life +
+// version number), so concurrent writers race on `_id`, the one thing every MongoDB-compatible store
 // makes atomic: two creations of one slug become one preset, and two writers of version n+1
-// produce one version n+1 and a 409 for the loser. The designated version is the newest.
+// produce one version n+1 and a 409 for the loser. The designated version is the newest. A deleted
+// preset's slug may be created again: a new life, whose versions are numbered from 1 again under
+// new ids.
 //
 // Every read is by `_id` (FerretDB reads nothing else from an index): versions are numbered without
 // gaps, so the newest is found by probing version ids forward from the preset's `latest`, a hint
@@ -10,7 +12,7 @@
 import { fromJsonText, toJsonText } from '../../infrastructure/store/json-text';
 import { markPresetsChanged, type ListedPreset, type PresetOrder } from './list-order';
 import { versionChars, type KeptVersions } from './kept-versions';
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { BadRequestError, ConflictError, NotFoundError } from '../../infrastructure/errors';
 import type { StorageQuota } from '../accounts/storage-quota';
 import {
@@ -43,8 +45,12 @@ function nameUuid(name: string): string {
 
 /** A preset's id: the same workspace and slug always name the same preset. */
 const presetIdOf = (workspaceId: string, slug: string) => nameUuid(`${workspaceId}/${slug}`);
+/** What names a preset's versions: its id and, for presets that have one, its life. */
+type PresetLife = Pick<PresetDoc, '_id' | 'life'>;
+
 /** A version's id: two writers of one version number collide on it. */
-const versionIdOf = (presetId: string, version: number) => nameUuid(`${presetId}#${version}`);
+const versionIdOf = (preset: PresetLife, version: number) =>
+  nameUuid(preset.life ? `${preset._id}/${preset.life}#${version}` : `${preset._id}#${version}`);
 
 export interface PresetView {
   id: string;
@@ -105,8 +111,8 @@ function presetView(p: PresetDoc, designated: PresetVersionDoc): PresetView & { 
 /** Version ids read per probe. */
 const PROBE = 16;
 
-const versionIds = (presetId: string, from: number, count: number) =>
-  Array.from({ length: count }, (_, i) => versionIdOf(presetId, from + i));
+const versionIds = (preset: PresetLife, from: number, count: number) =>
+  Array.from({ length: count }, (_, i) => versionIdOf(preset, from + i));
 
 /**
  * The newest version number of each preset. Its `latest` hint is raised only once a version is
@@ -114,25 +120,27 @@ const versionIds = (presetId: string, from: number, count: number) =>
  * for an id it does not find, where reading the hinted version (even with a projection, which it
  * applies after reading the document) cost it the whole config: ~0.2 s for one of 9.5 MB.
  */
-async function newestNumbers(store: Store, presets: { id: string; hint: number }[]): Promise<Map<string, number>> {
-  const newest = new Map(presets.filter((p) => p.hint > 0).map((p) => [p.id, p.hint]));
-  let probing = presets.map((p) => ({ id: p.id, from: p.hint + 1, width: 2 }));
+async function newestNumbers(store: Store, presets: (PresetLife & { latest?: number })[]): Promise<Map<string, number>> {
+  const newest = new Map(presets.filter((p) => p.latest).map((p) => [p._id, p.latest!]));
+  let probing = presets.map((p) => ({ preset: p, from: (p.latest ?? 0) + 1, width: 2 }));
   while (probing.length) {
-    const ids = probing.flatMap((p) => versionIds(p.id, p.from, p.width));
+    const ids = probing.flatMap((p) => versionIds(p.preset, p.from, p.width));
     const found = await store.presetVersions.find({ _id: { $in: ids } }, { projection: { preset_id: 1, version: 1 } }).toArray();
     const counts = new Map<string, number>();
     for (const v of found) {
       counts.set(v.preset_id, (counts.get(v.preset_id) ?? 0) + 1);
       newest.set(v.preset_id, Math.max(newest.get(v.preset_id) ?? 0, v.version));
     }
-    probing = probing.filter((p) => counts.get(p.id) === p.width).map((p) => ({ id: p.id, from: p.from + p.width, width: PROBE }));
+    probing = probing
+      .filter((p) => counts.get(p.preset._id) === p.width)
+      .map((p) => ({ preset: p.preset, from: p.from + p.width, width: PROBE }));
   }
   return newest;
 }
 
 /** The newest version number of one preset (undefined before its first), from its `latest` hint. */
-const newestNumber = async (store: Store, presetId: string, preset: PresetDoc | null): Promise<number | undefined> =>
-  (await newestNumbers(store, [{ id: presetId, hint: preset?.latest ?? 0 }])).get(presetId);
+const newestNumber = async (store: Store, preset: PresetDoc): Promise<number | undefined> =>
+  (await newestNumbers(store, [preset])).get(preset._id);
 
 /**
  * Characters of configs and system prompts a page of versions or presets holds: past them the page
@@ -195,6 +203,7 @@ export async function addPresetVersion(
       creator_user_id: input.creator,
       created_at: now,
       updated_at: now,
+      life: randomBytes(8).toString('hex'),
     };
     try {
       await store.presets.insertOne(doc);
@@ -204,9 +213,9 @@ export async function addPresetVersion(
       preset = await store.presets.findOne({ _id: presetId }); // created a moment ago by another writer
     }
   }
-  const next = ((await newestNumber(store, presetId, preset)) ?? 0) + 1;
+  const next = ((await newestNumber(store, preset!)) ?? 0) + 1;
   const version: PresetVersionDoc = {
-    _id: versionIdOf(presetId, next),
+    _id: versionIdOf(preset!, next),
     preset_id: presetId,
     workspace_id: input.workspaceId,
     version: next,
@@ -227,13 +236,18 @@ export async function addPresetVersion(
     throw err;
   }
   await storage?.add(input.workspaceId, size);
-  await Promise.all([
+  const [raised] = await Promise.all([
     store.presets.updateOne({ _id: presetId }, { $max: { latest: next, updated_at: now } }),
     workspaceList(store, 'workspace_presets').updateOne(
       { _id: `${input.workspaceId}:${presetId}` },
       { $max: { updated_at: now }, $set: { slug: input.slug } },
     ),
   ]);
+  if (raised.matchedCount === 0) {
+    // The preset was deleted while this version was written: the version goes with it.
+    if ((await store.presetVersions.deleteOne({ _id: version._id })).deletedCount) await storage?.add(input.workspaceId, -size);
+    throw new ConflictError(`Preset "${input.slug}" was deleted while this version was written. Please try again.`, { slug: input.slug });
+  }
   await markPresetsChanged(store, input.workspaceId); // after the entry: see list-order.ts
   return presetView(preset!, version);
 }
@@ -265,10 +279,9 @@ async function readDesignated(
   slug: string,
   kept?: KeptVersions,
 ): Promise<{ preset: PresetDoc; designated: PresetVersionDoc }> {
-  const presetId = presetIdOf(workspaceId, slug);
-  const preset = await store.presets.findOne({ _id: presetId });
-  const newest = preset && (await newestNumber(store, presetId, preset));
-  const [designated] = newest ? await versionsById(store, [versionIdOf(presetId, newest)], kept) : [];
+  const preset = await store.presets.findOne({ _id: presetIdOf(workspaceId, slug) });
+  const newest = preset && (await newestNumber(store, preset));
+  const [designated] = newest ? await versionsById(store, [versionIdOf(preset, newest)], kept) : [];
   if (!preset || !designated) throw new NotFoundError(`Preset "${slug}" not found`);
   return { preset, designated };
 }
@@ -304,14 +317,11 @@ export async function listPresets(
   const presets = ids.length ? await store.presets.find({ _id: { $in: ids }, workspace_id: workspaceId }).toArray() : [];
   const byId = new Map(presets.map((p) => [p._id, p]));
   const listed = ids.flatMap((id) => byId.get(id) ?? []);
-  const numbers = await newestNumbers(
-    store,
-    listed.map((p) => ({ id: p._id, hint: p.latest ?? 0 })),
-  );
+  const numbers = await newestNumbers(store, listed);
   const versioned = listed.filter((p) => numbers.has(p._id)); // a preset whose first version is not written yet is left out
   const designated = await versionsById(
     store,
-    versioned.map((p) => versionIdOf(p._id, numbers.get(p._id)!)),
+    versioned.map((p) => versionIdOf(p, numbers.get(p._id)!)),
     versions,
     PAGE_CHARS,
   );
@@ -336,11 +346,8 @@ async function readOrder(store: Store, workspaceId: string): Promise<ListedPrese
     // A preset stored before `updated_at` was kept (or whose first version has not raised `latest`
     // yet) is placed by its newest version's time, read without its config (which may be megabytes).
     const undated = presets.filter((p) => !(p.latest && p.updated_at));
-    const undatedNumbers = await newestNumbers(
-      store,
-      undated.map((p) => ({ id: p._id, hint: p.latest ?? 0 })),
-    );
-    const undatedIds = [...undatedNumbers].map(([id, n]) => versionIdOf(id, n));
+    const undatedNumbers = await newestNumbers(store, undated);
+    const undatedIds = undated.flatMap((p) => (undatedNumbers.has(p._id) ? [versionIdOf(p, undatedNumbers.get(p._id)!)] : []));
     const newestOfUndated = new Map(
       (undatedIds.length
         ? await store.presetVersions.find({ _id: { $in: undatedIds } }, { projection: { preset_id: 1, created_at: 1 } }).toArray()
@@ -368,12 +375,11 @@ async function readOrder(store: Store, workspaceId: string): Promise<ListedPrese
 }
 
 export async function listVersions(store: Store, workspaceId: string, slug: string, offset: number, limit: number, kept?: KeptVersions) {
-  const presetId = presetIdOf(workspaceId, slug);
-  const preset = await store.presets.findOne({ _id: presetId });
-  const total = preset && (await newestNumber(store, presetId, preset));
+  const preset = await store.presets.findOne({ _id: presetIdOf(workspaceId, slug) });
+  const total = preset && (await newestNumber(store, preset));
   if (!total) throw new NotFoundError(`Preset "${slug}" not found`);
   const count = Math.max(0, Math.min(limit, total - offset));
-  const page = await versionsById(store, versionIds(presetId, offset + 1, count), kept, PAGE_CHARS);
+  const page = await versionsById(store, versionIds(preset, offset + 1, count), kept, PAGE_CHARS);
   return { data: page.map(versionView), total_count: total };
 }
 
@@ -384,8 +390,40 @@ export async function getVersion(
   version: number,
   kept?: KeptVersions,
 ): Promise<VersionView> {
-  const presetId = presetIdOf(workspaceId, slug);
-  const [v] = await versionsById(store, [versionIdOf(presetId, version)], kept);
+  const preset = await store.presets.findOne({ _id: presetIdOf(workspaceId, slug) });
+  const [v] = preset ? await versionsById(store, [versionIdOf(preset, version)], kept) : [];
   if (!v || v.workspace_id !== workspaceId) throw new NotFoundError(`Version ${version} of preset "${slug}" not found`);
   return versionView(v);
+}
+
+/**
+ * Deletes a preset and every version of it, giving their size back to the workspace's storage
+ * quota. Its versions go first, one at a time (each may be megabytes; the newest last, so the
+ * preset applies until it is gone), then its entry in the workspace's list, then the preset: a
+ * deletion cut short (a process stopped) leaves the preset in place, and asking again finishes it.
+ * A version another writer adds meanwhile goes too (looked for once the preset is gone; the writer
+ * also removes it when it finds the preset gone).
+ */
+export async function deletePreset(store: Store, workspaceId: string, slug: string, storage?: StorageQuota): Promise<{ id: string }> {
+  const preset = await store.presets.findOne({ _id: presetIdOf(workspaceId, slug) });
+  if (!preset) throw new NotFoundError(`Preset "${slug}" not found`);
+  let freed = 0;
+  const remove = async (ids: string[]) => {
+    for (const id of ids) {
+      const gone = await store.presetVersions.findOneAndDelete({ _id: id });
+      if (gone) freed += versionChars(gone);
+    }
+  };
+  try {
+    const newest = (await newestNumber(store, preset)) ?? 0;
+    await remove(versionIds(preset, 1, newest));
+    await workspaceList(store, 'workspace_presets').deleteOne({ _id: `${workspaceId}:${preset._id}` });
+    await markPresetsChanged(store, workspaceId);
+    await store.presets.deleteOne({ _id: preset._id });
+    const late = (await newestNumbers(store, [{ _id: preset._id, life: preset.life, latest: newest }])).get(preset._id) ?? newest;
+    if (late > newest) await remove(versionIds(preset, newest + 1, late - newest));
+  } finally {
+    if (freed) await storage?.add(workspaceId, -freed);
+  }
+  return { id: preset._id };
 }

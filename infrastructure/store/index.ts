@@ -99,6 +99,12 @@ export interface PresetDoc extends Document {
   latest?: number;
   /** When its newest version was added, raised with `latest` (what the list is ordered by, without reading versions). */
   updated_at?: Date;
+  /**
+   * Random, set when the preset is created: its versions' ids are named by it, so a slug deleted and
+   * created again never reuses a version id (which processes keep, as a version never changes).
+   * Absent on presets created before deletion existed.
+   */
+  life?: string;
 }
 
 export interface PresetVersionDoc extends Document {
