@@ -353,7 +353,7 @@ describe('batches', () => {
       expect(done.status).to.equal('failed');
       expect(done.error.message)
         .to.include('4 request line(s) are invalid')
-        .and.include('streams (stream: must be equal to constant)')
+        .and.include('streams (stream: must be false (batches do not stream))')
         .and.include('no-messages (messages: is required)')
         .and.include(`big-trace (trace: must NOT be longer than ${TRACE_MAX_JSON_LENGTH} characters as JSON)`)
         .and.include('long-session (session_id: must NOT have more than 256 characters)');

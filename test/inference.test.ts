@@ -620,7 +620,13 @@ describe('inference routes', function () {
           expect(r.body.error.message).to.equal(`${field}: is not accepted: ${why}`);
         }
       // null names none: answered.
-      const none = await post('/responses', { model: 'test/good', input: 'hi', previous_response_id: null, conversation: null });
+      const none = await post('/responses', {
+        model: 'test/good',
+        input: 'hi',
+        previous_response_id: null,
+        conversation: null,
+        provider: { only: ['good'] }, // the endpoint counted below
+      });
       expect(none.status, JSON.stringify(none.body)).to.equal(200);
       const preset = await call(url(`/presets/${uniqueName('p')}/responses`), {
         key: t.managementKey,
@@ -641,6 +647,35 @@ describe('inference routes', function () {
       expect(failed.status).to.equal('failed');
       expect(failed.error.message).to.include(`a (previous_response_id: is not accepted: ${why})`);
       expect(await sandboxCount('_calls', spec, RESPONSES)).to.equal(before + 1);
+    });
+
+    it('background responses: a 400, streamed or not, in a batch line too; the provider is not called (before: answered queued, billed $0, while the provider runs and bills it)', async () => {
+      const spec = `run=${run}`;
+      const before = await sandboxCount('_calls', spec, RESPONSES);
+      for (const stream of [false, true]) {
+        // On the OpenAI-format endpoint, which would take it (a translation to Messages drops it).
+        const r = await post('/responses', {
+          model: 'test/good',
+          input: 'write a novel',
+          background: true,
+          stream,
+          provider: { only: ['good'] },
+        });
+        expect(r.status, JSON.stringify(r.body)).to.equal(400);
+        expect(r.body.error.message).to.equal(
+          'background: must be false (the gateway answers a response once it is done and keeps none to fetch later)',
+        );
+      }
+      const batch = await call(url('/batches'), {
+        key: t.inferenceKey,
+        body: { endpoint: '/v1/responses', model: 'test/good', requests: [{ custom_id: 'a', body: { input: 'x', background: true } }] },
+      });
+      const failed = await waitForStatus(gw.url, t.inferenceKey, batch.body.id, ['completed', 'failed']);
+      expect(failed.error.message).to.include('a (background: must be false');
+      expect(await sandboxCount('_calls', spec, RESPONSES)).to.equal(before);
+      const foreground = await post('/responses', { model: 'test/good', input: 'hi', background: false });
+      expect(foreground.status).to.equal(200);
+      expect(foreground.body.status).to.equal('completed');
     });
 
     it('401 without a key or with a wrong one, 403 for a management operation, 402 without credits, in the envelope, streamed or not', async () => {

@@ -200,7 +200,7 @@ describe('presets', () => {
       ['session_id over 256', { ...base, session_id: 's'.repeat(257) }, 'session_id: must NOT have more than 256 characters'],
       ['user over 256', { ...base, user: 'u'.repeat(257) }, 'user: must NOT have more than 256 characters'],
       ['trace not an object', { ...base, trace: [] }, 'trace: must be object'],
-      ['cache control type', { ...base, cache_control: { type: 'persistent' } }, 'cache_control.type: must be equal to constant'],
+      ['cache control type', { ...base, cache_control: { type: 'persistent' } }, 'cache_control.type: must be "ephemeral"'],
       [
         'four fallbacks',
         { ...base, fallbacks: [{ model: 'a' }, { model: 'b' }, { model: 'c' }, { model: 'd' }] },
@@ -220,7 +220,7 @@ describe('presets', () => {
         { ...base, output_config: { effort: 'extreme' } },
         'output_config.effort: must be one of "low", "medium", "high", "xhigh", "max"',
       ],
-      ['output format', { ...base, output_config: { format: { type: 'text' } } }, 'output_config.format.type: must be equal to constant'],
+      ['output format', { ...base, output_config: { format: { type: 'text' } } }, 'output_config.format.type: must be "json_schema"'],
       [
         'an unknown plugin',
         { ...base, plugins: [{ id: 'teleport' }] },

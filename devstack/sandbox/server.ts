@@ -181,6 +181,18 @@ function response(body: Json, maxWords: number): Json {
   const text = sentence(seeded(hash), Math.max(1, Math.min(Number(body.max_output_tokens ?? maxWords), maxWords)));
   const input = countTokens(textOf(body.instructions ?? '') + textOf(body.input));
   const output = text.split(' ').length;
+  // As OpenAI answers a background response: queued, no output or usage yet (the answer, and its
+  // bill, come later to whoever fetches it by id).
+  if (body.background === true && body.stream !== true)
+    return {
+      id: `resp_${hash.slice(0, 24)}`,
+      object: 'response',
+      created_at: CREATED,
+      status: 'queued',
+      model: body.model,
+      output: [],
+      usage: null,
+    };
   return {
     id: `resp_${hash.slice(0, 24)}`,
     object: 'response',

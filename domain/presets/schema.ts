@@ -269,7 +269,15 @@ const NotKept = Type.Optional(
     description: 'the gateway keeps no conversations (it is stateless): send the whole conversation in input',
   }),
 );
-export const statelessResponses = { previous_response_id: NotKept, conversation: NotKept };
+export const statelessResponses = {
+  previous_response_id: NotKept,
+  conversation: NotKept,
+  // A background response is answered queued and fetched by id later: the gateway would bill nothing
+  // for what the provider then bills, and its client could not fetch it.
+  background: Type.Optional(
+    Type.Literal(false, { description: 'the gateway answers a response once it is done and keeps none to fetch later' }),
+  ),
+};
 
 export const ResponsesBody = Type.Object(
   {

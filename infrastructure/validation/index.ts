@@ -100,6 +100,11 @@ function describe(e: ErrorObject, root: string): { field: string; message: strin
         message: tags.length ? `must be one of ${tags.join(', ')}` : 'is not a known type',
       };
     }
+    case 'const': {
+      const description = (e.parentSchema as { description?: string })?.description;
+      const allowed = JSON.stringify((e.params as { allowedValue: unknown }).allowedValue);
+      return { field: fieldPath(e.instancePath) || root, message: `must be ${allowed}${description ? ` (${description})` : ''}` };
+    }
     case 'not': // a field refused whatever its value: its description says why
       return {
         field: fieldPath(e.instancePath) || root,
