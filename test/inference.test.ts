@@ -678,6 +678,51 @@ describe('inference routes', function () {
       expect(foreground.body.status).to.equal('completed');
     });
 
+    it("settings billed above the catalog's prices (priority processing, fast mode) are a 400, from a preset or a batch line too; the provider is not called (before: billed at the standard price)", async () => {
+      const spec = `run=${run}`;
+      const counted = async () =>
+        (await sandboxCount('_calls', spec, CHAT)) +
+        (await sandboxCount('_calls', spec, RESPONSES)) +
+        (await sandboxCount('_calls', spec, MESSAGES));
+      const before = await counted();
+      const tier =
+        'service_tier: "priority" is billed by providers above the catalog\'s prices, which this gateway does not bill; leave it out, or use "auto", "default" or "flex"';
+      const fast =
+        'speed: "fast" is billed by providers above the catalog\'s prices, which this gateway does not bill; leave it out, or use "standard"';
+      const user = [{ role: 'user', content: 'hi' }];
+      for (const stream of [false, true])
+        for (const [path, body, message] of [
+          ['/chat/completions', { model: 'test/good', messages: user, service_tier: 'priority', stream }, tier],
+          ['/responses', { model: 'test/good', input: 'hi', service_tier: 'priority', stream }, tier],
+          ['/messages', { model: 'test/good', messages: user, max_tokens: 5, speed: 'fast', stream }, fast],
+        ] as const) {
+          const r = await post(path, body);
+          expect(r.status, `${path} ${JSON.stringify(r.body)}`).to.equal(400);
+          expect(r.body.error.message).to.equal(message);
+        }
+      // A preset may store fast mode (the preset interface allows it); a call naming it is refused.
+      const slug = uniqueName('fast');
+      const preset = await call(url(`/presets/${slug}/messages`), { key: t.managementKey, body: { model: 'test/good', speed: 'fast' } });
+      expect(preset.status, JSON.stringify(preset.body)).to.equal(200);
+      const viaPreset = await post('/messages', { model: `@preset/${slug}`, messages: user, max_tokens: 5 });
+      expect(viaPreset.status).to.equal(400);
+      expect(viaPreset.body.error.message).to.equal(fast);
+      const batch = await call(url('/batches'), {
+        key: t.inferenceKey,
+        body: {
+          endpoint: '/v1/chat/completions',
+          model: 'test/good',
+          requests: [{ custom_id: 'p', body: { messages: user, service_tier: 'priority' } }],
+        },
+      });
+      const done = await waitForStatus(gw.url, t.inferenceKey, batch.body.id, ['completed', 'failed']);
+      expect(done.results[0].error).to.deep.include({ code: 400, message: tier });
+      expect(await counted()).to.equal(before);
+      // The standard settings are served.
+      expect((await post('/chat/completions', { model: 'test/good', messages: user, service_tier: 'flex' })).status).to.equal(200);
+      expect((await post('/messages', { model: 'test/good', messages: user, max_tokens: 5, speed: 'standard' })).status).to.equal(200);
+    });
+
     it('401 without a key or with a wrong one, 403 for a management operation, 402 without credits, in the envelope, streamed or not', async () => {
       const body = { model: 'test/good', messages: [{ role: 'user', content: 'x' }], stream: true };
       const none = await call(url('/chat/completions'), { body });

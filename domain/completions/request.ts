@@ -71,7 +71,28 @@ export function modelNamesOf(body: Body): string[] {
   return names;
 }
 
+/**
+ * Settings a provider bills above the catalog's prices, which the gateway's bill would not show:
+ * OpenAI's priority processing (about twice the standard price) and Anthropic's fast mode (two to
+ * six times). Refused after a preset is applied, for calls and batch lines alike (a preset may
+ * store them, as the preset interface allows).
+ */
+const PREMIUM: Partial<Record<InferenceOperation, { field: string; value: string; instead: string }>> = {
+  chat: { field: 'service_tier', value: 'priority', instead: 'leave it out, or use "auto", "default" or "flex"' },
+  responses: { field: 'service_tier', value: 'priority', instead: 'leave it out, or use "auto", "default" or "flex"' },
+  messages: { field: 'speed', value: 'fast', instead: 'leave it out, or use "standard"' },
+};
+
+export function refusePremiumSettings(body: Body, operation: InferenceOperation): void {
+  const premium = PREMIUM[operation];
+  if (premium && body[premium.field] === premium.value)
+    throw new BadRequestError(
+      `${premium.field}: "${premium.value}" is billed by providers above the catalog's prices, which this gateway does not bill; ${premium.instead}`,
+    );
+}
+
 export function planInference(catalog: Catalog, body: Body, operation: InferenceOperation): InferencePlan {
+  refusePremiumSettings(body, operation);
   const names = modelNamesOf(body);
   const primary = catalog.resolve(names[0]);
   const models = [primary.model];
