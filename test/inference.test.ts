@@ -678,7 +678,7 @@ describe('inference routes', function () {
       expect(foreground.body.status).to.equal('completed');
     });
 
-    it("settings billed above the catalog's prices (priority processing, fast mode) are a 400, from a preset or a batch line too; the provider is not called (before: billed at the standard price)", async () => {
+    it("settings billed above the catalog's prices (priority processing, fast mode) and server tools it gives no price for are a 400, from a preset or a batch line too; the provider is not called (before: billed at the standard price, the tools not at all)", async () => {
       const spec = `run=${run}`;
       const counted = async () =>
         (await sandboxCount('_calls', spec, CHAT)) +
@@ -700,6 +700,30 @@ describe('inference routes', function () {
           expect(r.status, `${path} ${JSON.stringify(r.body)}`).to.equal(400);
           expect(r.body.error.message).to.equal(message);
         }
+      const unpriced = (i: number, type: string) =>
+        `tools[${i}].type: "${type}" runs on the provider at a price the catalog does not give, which this gateway does not bill`;
+      for (const [path, body, message] of [
+        [
+          '/responses',
+          { model: 'test/good', input: 'hi', tools: [{ type: 'code_interpreter', container: { type: 'auto' } }] },
+          unpriced(0, 'code_interpreter'),
+        ],
+        [
+          '/responses',
+          { model: 'test/good', input: 'hi', tools: [{ type: 'web_search' }, { type: 'file_search', vector_store_ids: ['vs_1'] }] },
+          unpriced(1, 'file_search'),
+        ],
+        ['/responses', { model: 'test/good', input: 'hi', tools: [{ type: 'image_generation' }] }, unpriced(0, 'image_generation')],
+        [
+          '/messages',
+          { model: 'test/good', messages: user, max_tokens: 5, tools: [{ type: 'code_execution_20250825', name: 'code_execution' }] },
+          unpriced(0, 'code_execution_20250825'),
+        ],
+      ] as const) {
+        const r = await post(path, body);
+        expect(r.status, `${path} ${JSON.stringify(r.body)}`).to.equal(400);
+        expect(r.body.error.message).to.equal(message);
+      }
       // A preset may store fast mode (the preset interface allows it); a call naming it is refused.
       const slug = uniqueName('fast');
       const preset = await call(url(`/presets/${slug}/messages`), { key: t.managementKey, body: { model: 'test/good', speed: 'fast' } });
@@ -712,11 +736,15 @@ describe('inference routes', function () {
         body: {
           endpoint: '/v1/chat/completions',
           model: 'test/good',
-          requests: [{ custom_id: 'p', body: { messages: user, service_tier: 'priority' } }],
+          requests: [
+            { custom_id: 'p', body: { messages: user, service_tier: 'priority' } },
+            { custom_id: 'i', body: { messages: user, tools: [{ type: 'image_generation' }] } },
+          ],
         },
       });
       const done = await waitForStatus(gw.url, t.inferenceKey, batch.body.id, ['completed', 'failed']);
       expect(done.results[0].error).to.deep.include({ code: 400, message: tier });
+      expect(done.results[1].error).to.deep.include({ code: 400, message: unpriced(0, 'image_generation') });
       expect(await counted()).to.equal(before);
       // The standard settings are served.
       expect((await post('/chat/completions', { model: 'test/good', messages: user, service_tier: 'flex' })).status).to.equal(200);

@@ -12,7 +12,7 @@ import { invoke, sessionKey, type Upstreams } from '../routing/upstreams';
 import type { Broadcaster } from '../traces/broadcast';
 import { finishReasonOf } from '../traces/span';
 import { presetLookup, withPreset, type PresetLookup } from '../presets/apply';
-import { refusePremiumSettings, upstreamBodyOf } from '../completions/request';
+import { refuseUnbilled, upstreamBodyOf } from '../completions/request';
 import type { Store } from '../../infrastructure/store';
 import { OPERATION_OF } from './lines';
 import { failedResult, lineGenerationId, type ResultDoc } from './results';
@@ -86,10 +86,10 @@ export class LineRunner {
     let presetChars: number;
     try {
       ({ body, addedChars: presetChars } = await withPreset(lineBody(line), this.operation, this.preset));
-      refusePremiumSettings(body, this.operation);
+      refuseUnbilled(body, this.operation);
     } catch (err) {
-      // A preset that is missing (or another workspace's), or a setting billed above the catalog's
-      // prices, fails this line alone, never the chunk.
+      // A preset that is missing (or another workspace's), or what a provider would bill beyond the
+      // catalog's prices, fails this line alone, never the chunk.
       if (err instanceof GatewayError && err.status < 500) return { result: this.failure(line, err.status, err.message) };
       throw err;
     }

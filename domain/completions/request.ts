@@ -5,6 +5,7 @@ import type { Catalog, CatalogModel, ModelVariant } from '../catalog';
 import { BadRequestError } from '../../infrastructure/errors';
 import type { ProviderPreferences } from '../routing/preferences';
 import type { InferenceOperation } from './formats';
+import { refuseUnpricedTools } from './server-tools';
 
 type Body = Record<string, any>;
 
@@ -75,7 +76,7 @@ export function modelNamesOf(body: Body): string[] {
  * Settings a provider bills above the catalog's prices, which the gateway's bill would not show:
  * OpenAI's priority processing (about twice the standard price) and Anthropic's fast mode (two to
  * six times). Refused after a preset is applied, for calls and batch lines alike (a preset may
- * store them, as the preset interface allows).
+ * store them, as the preset interface allows), as are unpriced server tools (server-tools.ts).
  */
 const PREMIUM: Partial<Record<InferenceOperation, { field: string; value: string; instead: string }>> = {
   chat: { field: 'service_tier', value: 'priority', instead: 'leave it out, or use "auto", "default" or "flex"' },
@@ -83,7 +84,9 @@ const PREMIUM: Partial<Record<InferenceOperation, { field: string; value: string
   messages: { field: 'speed', value: 'fast', instead: 'leave it out, or use "standard"' },
 };
 
-export function refusePremiumSettings(body: Body, operation: InferenceOperation): void {
+/** A 400 for what a provider would bill beyond the catalog's prices: a premium setting or an unpriced server tool. */
+export function refuseUnbilled(body: Body, operation: InferenceOperation): void {
+  refuseUnpricedTools(body);
   const premium = PREMIUM[operation];
   if (premium && body[premium.field] === premium.value)
     throw new BadRequestError(
@@ -92,7 +95,7 @@ export function refusePremiumSettings(body: Body, operation: InferenceOperation)
 }
 
 export function planInference(catalog: Catalog, body: Body, operation: InferenceOperation): InferencePlan {
-  refusePremiumSettings(body, operation);
+  refuseUnbilled(body, operation);
   const names = modelNamesOf(body);
   const primary = catalog.resolve(names[0]);
   const models = [primary.model];
