@@ -171,13 +171,16 @@ describe('gateway batches (CLI)', function () {
     const created = await runCli(['batches', 'create', '--file', file, '--endpoint', '/v1/embeddings', '--model', 'test/cli-slow'], env);
     expect(created.code, created.stderr).to.equal(0);
     const id = created.stdout.trim();
-    // In front of the gateway: forwards, except while `mode` says to answer 503 or drop the connection.
-    let mode: 'forward' | '503' | 'drop' = 'forward';
+    // In front of the gateway: forwards, except for the next faults of `outage` (one a request, so
+    // the watch meets each however long it takes to start), or every request while `down`.
+    let outage: ('503' | 'drop')[] = [];
+    let down = false;
     let failed = 0;
     const front = http.createServer((req, res) => {
-      if (mode !== 'forward') {
+      const fault = down ? '503' : outage.shift();
+      if (fault) {
         failed++;
-        if (mode === 'drop') return req.socket.destroy();
+        if (fault === 'drop') return req.socket.destroy();
         res.writeHead(503, { 'content-type': 'application/json', 'retry-after': '1' });
         return res.end(JSON.stringify({ error: { code: 503, message: 'The database is unavailable right now; try again shortly' } }));
       }
@@ -190,17 +193,15 @@ describe('gateway batches (CLI)', function () {
     await new Promise<void>((r) => front.listen(0, '127.0.0.1', r));
     const frontUrl = `http://127.0.0.1:${(front.address() as AddressInfo).port}`;
     try {
-      mode = '503';
-      setTimeout(() => (mode = 'drop'), 1_200);
-      setTimeout(() => (mode = 'forward'), 2_000);
+      outage = ['503', '503', 'drop', 'drop'];
       const watched = await runCli(['batches', 'watch', id, '--interval', '100'], { ...env, GATEWAY_URL: frontUrl });
       expect(watched.code, watched.stderr).to.equal(0);
       expect(watched.stdout.trim().split('\n').at(-1)).to.include('completed').and.include('5/5');
-      expect(failed).to.be.at.least(3);
+      expect(failed).to.equal(4);
       expect(watched.stderr).to.include('503: The database is unavailable right now; try again shortly; trying again in 1s');
       expect(watched.stderr).to.include('cannot reach the gateway');
 
-      mode = '503';
+      down = true;
       const started = Date.now();
       const gaveUp = await runCli(['batches', 'watch', id, '--interval', '100', '--patience', '2'], { ...env, GATEWAY_URL: frontUrl });
       expect(gaveUp.code).to.equal(1);

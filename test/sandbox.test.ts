@@ -65,6 +65,15 @@ describe('sandbox provider', () => {
     expect(anthropic.body).to.deep.equal({ type: 'error', error: { type: 'overloaded_error', message: 'sandbox: injected overload' } });
   });
 
+  it('answers a background response queued, with no output or usage, as OpenAI does (what the gateway refuses background for)', async () => {
+    const r = await post('/openai/v1/responses', { model: 'm', input: 'write a novel', background: true });
+    expect(r.status).to.equal(200);
+    expect(r.body).to.deep.include({ object: 'response', status: 'queued', output: [], usage: null });
+    const now = await post('/openai/v1/responses', { model: 'm', input: 'write a novel' });
+    expect(now.body.status).to.equal('completed');
+    expect(now.body.usage.output_tokens).to.be.above(0);
+  });
+
   it('fails only the first calls with fail_first, counted per fault spec', async () => {
     const path = `/~case=${Date.now()},status=500,fail_first=2/openai/v1/responses`;
     const statuses = [];
