@@ -14,7 +14,7 @@ import { fromStoredUsage, type StoredUsageDoc } from '../infrastructure/store/us
 import { createWorkspace } from '../domain/accounts/workspaces';
 import { createKey } from '../domain/accounts/keys';
 import { grantCredits } from '../domain/accounts/credits';
-import { UsageLedger, usageRecordOf, type UsageRecord } from '../domain/accounts/usage-ledger';
+import { UsageLedger, usageDetails, usageRecordOf, type UsageRecord } from '../domain/accounts/usage-ledger';
 import { SpendAdmission } from '../domain/accounts/spend-admission';
 import { createActivities } from '../activities';
 import type { Upstreams } from '../domain/routing/upstreams';
@@ -274,6 +274,33 @@ export async function storedUsage(store: Store, filter: Filter<StoredUsageDoc>):
 export async function storedRecord(store: Store, id: string): Promise<UsageDoc | null> {
   const [doc] = await storedUsage(store, { _id: id });
   return doc ?? null;
+}
+
+/**
+ * A chat stream whose client reads its first words and goes: the usage record it is billed, once
+ * stored (its ending `client_closed`, checked).
+ */
+export async function streamLeftEarly(gw: TestGateway, key: string, body: Record<string, unknown>): Promise<UsageDoc> {
+  const ac = new AbortController();
+  const res = await fetch(`${gw.url}/api/v1/chat/completions`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ ...body, stream: true }),
+    signal: ac.signal,
+  });
+  expect(res.status).to.equal(200);
+  const id = res.headers.get('x-generation-id')!;
+  await res.body!.getReader().read();
+  ac.abort();
+  let record = null;
+  for (let i = 0; i < 100 && !record; i++) {
+    await gw.usage.flushed();
+    record = await storedRecord(gw.store, id);
+    if (!record) await new Promise((r) => setTimeout(r, 100));
+  }
+  expect(record, 'usage record').to.not.equal(null);
+  expect(usageDetails(record!)?.ending).to.equal('client_closed');
+  return record!;
 }
 
 /** The activity functions as a process builds them, on the test's own store and upstream clients. */

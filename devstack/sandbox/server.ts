@@ -181,24 +181,13 @@ function response(body: Json, maxWords: number): Json {
   const text = sentence(seeded(hash), Math.max(1, Math.min(Number(body.max_output_tokens ?? maxWords), maxWords)));
   const input = countTokens(textOf(body.instructions ?? '') + textOf(body.input));
   const output = text.split(' ').length;
+  const head = { id: `resp_${hash.slice(0, 24)}`, object: 'response', created_at: CREATED, model: body.model };
   // As OpenAI answers a background response: queued, no output or usage yet (the answer, and its
   // bill, come later to whoever fetches it by id).
-  if (body.background === true && body.stream !== true)
-    return {
-      id: `resp_${hash.slice(0, 24)}`,
-      object: 'response',
-      created_at: CREATED,
-      status: 'queued',
-      model: body.model,
-      output: [],
-      usage: null,
-    };
+  if (body.background === true && body.stream !== true) return { ...head, status: 'queued', output: [], usage: null };
   return {
-    id: `resp_${hash.slice(0, 24)}`,
-    object: 'response',
-    created_at: CREATED,
+    ...head,
     status: 'completed',
-    model: body.model,
     output: [
       // Each web search tool runs once, listed before the answer as OpenAI lists its searches.
       ...(body.tools ?? [])
