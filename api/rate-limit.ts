@@ -25,8 +25,9 @@ export function rateLimit(deps: AppDeps): Koa.Middleware {
     const key = await deps.rateLimiter.take(keyId);
     // A request the key's limit refuses takes nothing of its workspace's.
     const workspace = key.allowed ? await deps.workspaceRequests.take(`requests:${workspaceId}`) : null;
-    // The headers tell the limit that binds first.
-    const d = workspace && workspace.remaining < key.remaining ? workspace : key;
+    // The headers tell the limit that binds first; a workspace decision the database did not answer
+    // in time (admitted unchecked, its remaining unknown) binds nothing the key's does not.
+    const d = workspace && !workspace.unchecked && workspace.remaining < key.remaining ? workspace : key;
     ctx.set('X-RateLimit-Limit', String(d.limit));
     ctx.set('X-RateLimit-Remaining', String(d.remaining));
     ctx.set('X-RateLimit-Reset', String(d.resetAt));

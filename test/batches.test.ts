@@ -917,8 +917,8 @@ describe('batches', () => {
           body: { endpoint: '/v1/chat/completions', model: 'test/batch-slow', requests: Array.from({ length: 60 }, (_, i) => chatLine(i)) },
         });
         expect(r.status).to.equal(202);
-        // Let some lines finish, then kill the worker without warning.
-        for (let i = 0; i < 100; i++) {
+        // Let some lines finish (a worker process may take seconds to start on a loaded machine), then kill it without warning.
+        for (let i = 0; i < 600; i++) {
           const b = await call(`${api.url}/api/v1/batches/${r.body.id}`, { key: tenant.inferenceKey });
           if (b.body.request_counts.completed >= 8) break;
           await new Promise((res) => setTimeout(res, 100));

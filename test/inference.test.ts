@@ -89,6 +89,13 @@ describe('inference routes', function () {
         model('test/pair', [endpoint('good', 1), endpoint('good2', 2)]),
         model('test/big', [{ ...endpoint('big'), pricing: { prompt: 0.01, completion: 0.01 } }]),
         model('test/bloated', [endpoint('bloated', 0.1), endpoint('padded', 1)]),
+        // Standard endpoints, and one per provider tier at its own prices (twice, and six times).
+        model('test/tiered', [
+          endpoint('good', 1),
+          { ...endpoint('good', 2), variant: 'priority', service_tier: 'priority' } as ReturnType<typeof endpoint>,
+          endpoint('good-claude', 1),
+          { ...endpoint('good-claude', 6), variant: 'fast', service_tier: 'fast' } as ReturnType<typeof endpoint>,
+        ]),
       );
     });
     gw = await startTestGateway({
@@ -678,7 +685,7 @@ describe('inference routes', function () {
       expect(foreground.body.status).to.equal('completed');
     });
 
-    it("settings billed above the catalog's prices (priority processing, fast mode) and server tools it gives no price for are a 400, from a preset or a batch line too; the provider is not called (before: billed at the standard price, the tools not at all)", async () => {
+    it('a provider tier (priority processing, fast mode) the catalog lists no endpoint for, and server tools it gives no price for, are a 400, from a preset or a batch line too; the provider is not called (before: billed at the standard price, the tools not at all)', async () => {
       const spec = `run=${run}`;
       const counted = async () =>
         (await sandboxCount('_calls', spec, CHAT)) +
@@ -686,9 +693,9 @@ describe('inference routes', function () {
         (await sandboxCount('_calls', spec, MESSAGES));
       const before = await counted();
       const tier =
-        'service_tier: "priority" is billed by providers above the catalog\'s prices, which this gateway does not bill; leave it out, or use "auto", "default" or "flex"';
+        'service_tier: "priority" is billed by providers above their standard prices, and no endpoint of test/good is listed for it at its own';
       const fast =
-        'speed: "fast" is billed by providers above the catalog\'s prices, which this gateway does not bill; leave it out, or use "standard"';
+        'speed: "fast" is billed by providers above their standard prices, and no endpoint of test/good is listed for it at its own';
       const user = [{ role: 'user', content: 'hi' }];
       for (const stream of [false, true])
         for (const [path, body, message] of [
@@ -749,6 +756,69 @@ describe('inference routes', function () {
       // The standard settings are served.
       expect((await post('/chat/completions', { model: 'test/good', messages: user, service_tier: 'flex' })).status).to.equal(200);
       expect((await post('/messages', { model: 'test/good', messages: user, max_tokens: 5, speed: 'standard' })).status).to.equal(200);
+    });
+
+    it('a provider tier the catalog lists endpoints for goes to them only, billed at their prices; other calls never do; streamed, and in batch lines too', async () => {
+      const user = [{ role: 'user', content: 'hi' }];
+      /** The price multiple an answer was billed at: endpoint() prices completions at 4 times prompts. */
+      const multiple = (u: {
+        cost: number;
+        prompt_tokens?: number;
+        completion_tokens?: number;
+        input_tokens?: number;
+        output_tokens?: number;
+      }) => Math.round((u.cost * 1e6) / ((u.prompt_tokens ?? u.input_tokens)! + 4 * (u.completion_tokens ?? u.output_tokens)!));
+      for (let i = 0; i < 4; i++) {
+        const standard = await post('/chat/completions', { model: 'test/tiered', messages: user, max_tokens: 5 });
+        expect(multiple(standard.body.usage), 'standard').to.equal(1);
+      }
+      const priority = await post('/chat/completions', { model: 'test/tiered', messages: user, max_tokens: 5, service_tier: 'priority' });
+      expect(priority.status, JSON.stringify(priority.body)).to.equal(200);
+      expect(priority.body.provider).to.equal('good');
+      expect(multiple(priority.body.usage)).to.equal(2);
+      const viaResponses = await post('/responses', { model: 'test/tiered', input: 'hi', max_output_tokens: 5, service_tier: 'priority' });
+      expect(multiple(viaResponses.body.usage)).to.equal(2);
+      const fast = await post('/messages', { model: 'test/tiered', messages: user, max_tokens: 5, speed: 'fast' });
+      expect(fast.status, JSON.stringify(fast.body)).to.equal(200);
+      expect(fast.body.provider).to.equal('good-claude');
+      expect(multiple(fast.body.usage)).to.equal(6);
+      // Streamed: the usage chunk's cost, and the record billed.
+      const streamed = await streamCall(url('/chat/completions'), t.inferenceKey, {
+        model: 'test/tiered',
+        messages: user,
+        max_tokens: 5,
+        service_tier: 'priority',
+        stream: true,
+        stream_options: { include_usage: true },
+      });
+      const withUsage = streamed.events.find((e) => e.json?.usage);
+      expect(multiple(withUsage!.json.usage)).to.equal(2);
+      // The endpoints' listing names their tiers.
+      const listed = (await call(url('/models/test/tiered/endpoints'), { key: t.inferenceKey })).body.data.endpoints;
+      expect(listed.map((e: { tag: string; service_tier: string | null }) => [e.tag, e.service_tier]).sort()).to.deep.equal([
+        ['good', null],
+        ['good-claude', null],
+        ['good-claude/fast', 'fast'],
+        ['good/priority', 'priority'],
+      ]);
+      // A batch line asking for the tier is served and billed at it.
+      const batch = await call(url('/batches'), {
+        key: t.inferenceKey,
+        body: {
+          endpoint: '/v1/chat/completions',
+          model: 'test/tiered',
+          requests: [
+            { custom_id: 'p', body: { messages: user, max_tokens: 5, service_tier: 'priority' } },
+            { custom_id: 's', body: { messages: user, max_tokens: 5 } },
+          ],
+        },
+      });
+      const done = await waitForStatus(gw.url, t.inferenceKey, batch.body.id, ['completed', 'failed']);
+      expect(done.request_counts).to.deep.equal({ total: 2, completed: 2, failed: 0 });
+      await gw.usage.flushed();
+      const records = await storedUsage(gw.store, { batch_id: batch.body.id });
+      const billed = records.map((u) => multiple({ cost: u.cost, input_tokens: u.input_tokens, output_tokens: u.output_tokens }));
+      expect(billed.sort()).to.deep.equal([1, 2]);
     });
 
     it('401 without a key or with a wrong one, 403 for a management operation, 402 without credits, in the envelope, streamed or not', async () => {

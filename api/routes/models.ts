@@ -52,6 +52,7 @@ function endpointView(e: Endpoint, s: EndpointStat | undefined, windowMs: number
     quantization: e.entry.quantization,
     max_completion_tokens: e.entry.max_completion_tokens ?? null,
     supported_parameters: e.entry.supported_parameters,
+    service_tier: e.entry.service_tier ?? null,
     data_collection: e.provider.collects_data ? 'allow' : 'deny',
     zdr: e.provider.zdr,
     max_concurrency_per_process: e.provider.max_concurrency,

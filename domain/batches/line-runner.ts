@@ -12,7 +12,7 @@ import { invoke, sessionKey, type Upstreams } from '../routing/upstreams';
 import type { Broadcaster } from '../traces/broadcast';
 import { finishReasonOf } from '../traces/span';
 import { presetLookup, withPreset, type PresetLookup } from '../presets/apply';
-import { refuseUnbilled, upstreamBodyOf } from '../completions/request';
+import { checkBilled, upstreamBodyOf } from '../completions/request';
 import type { Store } from '../../infrastructure/store';
 import { OPERATION_OF } from './lines';
 import { failedResult, lineGenerationId, type ResultDoc } from './results';
@@ -84,9 +84,10 @@ export class LineRunner {
   async run(line: InputLine): Promise<LineOutcome> {
     let body: Record<string, unknown>;
     let presetChars: number;
+    let tier: string | null;
     try {
       ({ body, addedChars: presetChars } = await withPreset(lineBody(line), this.operation, this.preset));
-      refuseUnbilled(body, this.operation);
+      tier = checkBilled([this.target.model], body, this.operation);
     } catch (err) {
       // A preset that is missing (or another workspace's), or what a provider would bill beyond the
       // catalog's prices, fails this line alone, never the chunk.
@@ -99,7 +100,7 @@ export class LineRunner {
     let hold: Hold;
     try {
       // A line has no client waiting on it: it waits for credit held by other lines as long as it takes.
-      hold = await this.o.credits.hold(batch.workspace_id, this.estimate(line, body, presetChars), signal, Infinity);
+      hold = await this.o.credits.hold(batch.workspace_id, this.estimate(line, body, presetChars, tier), signal, Infinity);
     } catch (err) {
       signal.throwIfAborted(); // the chunk was cancelled: the activity reports that
       // Credit ran out: this line is not sent, and says why; later lines are admitted again once credits are added.
@@ -110,7 +111,7 @@ export class LineRunner {
       // A line's own session id, else the session of the request that created the batch.
       const sessionId = typeof body.session_id === 'string' && body.session_id ? body.session_id : batch.meta.session_id;
       const startedAt = Date.now();
-      const result = await this.call(line, upstreamBody, sessionKey(batch.workspace_id, sessionId));
+      const result = await this.call(line, upstreamBody, tier, sessionKey(batch.workspace_id, sessionId));
       this.broadcast(body, sessionId, result, startedAt);
       if (!result.ok || !result.usage) return { result };
       return { result, stored: hold.settleUnstored(result.usage.cost) };
@@ -148,17 +149,24 @@ export class LineRunner {
   }
 
   /** What the line may cost, as a synchronous call of the same body would hold: its preset's prompt included. */
-  private estimate(line: InputLine, body: Record<string, unknown>, presetChars: number): number {
+  private estimate(line: InputLine, body: Record<string, unknown>, presetChars: number, tier: string | null): number {
     const cap = body.max_completion_tokens ?? body.max_tokens ?? body.max_output_tokens;
     return estimateCompletionCost(
       [this.target.model],
       this.operation,
       { bytes: Buffer.byteLength(line.body) + presetChars, media: referencedMedia(body), searches: webSearchesAllowed(body) },
       Number.isInteger(cap) ? (cap as number) : null,
+      1,
+      tier,
     );
   }
 
-  private async call(line: InputLine, upstreamBody: Record<string, unknown>, session: string | undefined): Promise<ResultDoc> {
+  private async call(
+    line: InputLine,
+    upstreamBody: Record<string, unknown>,
+    tier: string | null,
+    session: string | undefined,
+  ): Promise<ResultDoc> {
     const { batch, signal } = this.o;
     const id = lineGenerationId(batch._id, line.line);
     let unreachableSince: number | null = null;
@@ -168,6 +176,7 @@ export class LineRunner {
           workspaceId: batch.workspace_id,
           models: [this.target.model],
           variant: this.target.variant,
+          tier,
           operation: this.operation,
           preferences: batch.provider_only ? { only: batch.provider_only } : undefined,
           workspace: this.o.workspace,

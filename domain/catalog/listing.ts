@@ -33,6 +33,7 @@ export const EndpointView = Type.Object({
   quantization: Type.String(),
   max_completion_tokens: Type.Union([Type.Integer(), Type.Null()]),
   supported_parameters: Type.Array(Type.String()),
+  service_tier: Type.Union([Type.String(), Type.Null()], { description: 'The provider tier it serves; null: the standard one' }),
   data_collection: Type.String(),
   zdr: Type.Boolean(),
   max_concurrency_per_process: Type.Integer({

@@ -69,6 +69,13 @@ export const EndpointEntry = Type.Object(
     quantization: Quantization,
     supported_parameters: Type.Array(Type.String()),
     max_completion_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
+    service_tier: Type.Optional(
+      Type.String({
+        minLength: 1,
+        description:
+          'The provider tier this endpoint serves, at its own prices ("priority": OpenAI\'s priority processing, asked for with service_tier; "fast": Anthropic\'s fast mode, asked for with speed). Calls asking for a tier go only to endpoints of that tier, and other calls never do',
+      }),
+    ),
   },
   { additionalProperties: false },
 );

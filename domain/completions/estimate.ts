@@ -39,12 +39,14 @@ export function estimateCompletionCost(
   maxOutputTokens: number | null,
   /** Answers generated, each up to the output allowed (a chat call's `n`). */
   choices = 1,
+  /** The provider tier asked for: only its endpoints may serve the call (null: the standard ones). */
+  tier: string | null = null,
 ): number {
   let most = 0;
   for (const m of models) {
     const input = promptTokens(prompt, m.context_length, 3);
     for (const e of m.endpoints) {
-      if (!servesOperation(e, operation)) continue;
+      if (!servesOperation(e, operation) || (e.entry.service_tier ?? null) !== tier) continue;
       const limit = e.entry.max_completion_tokens ?? DEFAULT_MAX_OUTPUT;
       const output = operation === 'embeddings' ? 0 : Math.max(0, Math.min(maxOutputTokens ?? limit, limit, m.context_length - input));
       most = Math.max(most, costOf(e, { input_tokens: input, output_tokens: output * choices, web_searches: prompt.searches ?? 0 }));

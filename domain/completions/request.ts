@@ -6,6 +6,7 @@ import { BadRequestError } from '../../infrastructure/errors';
 import type { ProviderPreferences } from '../routing/preferences';
 import type { InferenceOperation } from './formats';
 import { refuseUnpricedTools } from './server-tools';
+import { servesOperation } from '../routing/engine';
 
 type Body = Record<string, any>;
 
@@ -54,6 +55,8 @@ export interface InferencePlan {
   maxOutputTokens: number | null;
   /** Answers the provider generates (and bills) for it: a chat call's `n` (other formats have one; batch lines take n=1 only). */
   choices: number;
+  /** The provider tier asked for (null: the standard one): only endpoints of that tier serve the call. */
+  tier: string | null;
 }
 
 /**
@@ -73,29 +76,40 @@ export function modelNamesOf(body: Body): string[] {
 }
 
 /**
- * Settings a provider bills above the catalog's prices, which the gateway's bill would not show:
- * OpenAI's priority processing (about twice the standard price) and Anthropic's fast mode (two to
- * six times). Refused after a preset is applied, for calls and batch lines alike (a preset may
- * store them, as the preset interface allows), as are unpriced server tools (server-tools.ts).
+ * Tiers a provider bills above its standard prices, and how a call asks for them: OpenAI's priority
+ * processing (about twice the standard price) and Anthropic's fast mode (two to six times). A call
+ * asking for one goes only to endpoints the catalog lists for that tier, at their prices; one the
+ * catalog lists none for is refused. Read once a preset is applied (a preset may store them).
  */
-const PREMIUM: Partial<Record<InferenceOperation, { field: string; value: string; instead: string }>> = {
-  chat: { field: 'service_tier', value: 'priority', instead: 'leave it out, or use "auto", "default" or "flex"' },
-  responses: { field: 'service_tier', value: 'priority', instead: 'leave it out, or use "auto", "default" or "flex"' },
-  messages: { field: 'speed', value: 'fast', instead: 'leave it out, or use "standard"' },
+const TIER_SETTINGS: Partial<Record<InferenceOperation, { field: string; value: string }>> = {
+  chat: { field: 'service_tier', value: 'priority' },
+  responses: { field: 'service_tier', value: 'priority' },
+  messages: { field: 'speed', value: 'fast' },
 };
 
-/** A 400 for what a provider would bill beyond the catalog's prices: a premium setting or an unpriced server tool. */
-export function refuseUnbilled(body: Body, operation: InferenceOperation): void {
+/** The provider tier a call asks for (null: the standard one). */
+function tierOf(body: Body, operation: InferenceOperation): string | null {
+  const setting = TIER_SETTINGS[operation];
+  return setting && body[setting.field] === setting.value ? setting.value : null;
+}
+
+/**
+ * A 400 for what a provider would bill beyond the catalog's prices: a tier no endpoint of the
+ * models is listed for, or an unpriced server tool. Returns the tier asked for.
+ */
+export function checkBilled(models: CatalogModel[], body: Body, operation: InferenceOperation): string | null {
   refuseUnpricedTools(body);
-  const premium = PREMIUM[operation];
-  if (premium && body[premium.field] === premium.value)
+  const tier = tierOf(body, operation);
+  if (tier && !models.some((m) => m.endpoints.some((e) => e.entry.service_tier === tier && servesOperation(e, operation)))) {
+    const { field } = TIER_SETTINGS[operation]!;
     throw new BadRequestError(
-      `${premium.field}: "${premium.value}" is billed by providers above the catalog's prices, which this gateway does not bill; ${premium.instead}`,
+      `${field}: "${tier}" is billed by providers above their standard prices, and no endpoint of ${models.map((m) => m.id).join(', ')} is listed for it at its own`,
     );
+  }
+  return tier;
 }
 
 export function planInference(catalog: Catalog, body: Body, operation: InferenceOperation): InferencePlan {
-  refuseUnbilled(body, operation);
   const names = modelNamesOf(body);
   const primary = catalog.resolve(names[0]);
   const models = [primary.model];
@@ -107,6 +121,7 @@ export function planInference(catalog: Catalog, body: Body, operation: Inference
     throw new BadRequestError('max_tokens: is required (in the request or its preset)');
   }
 
+  const tier = checkBilled(models, body, operation);
   const upstreamBody = upstreamBodyOf(body);
   const maxOut = body.max_completion_tokens ?? body.max_tokens ?? body.max_output_tokens;
   return {
@@ -119,5 +134,6 @@ export function planInference(catalog: Catalog, body: Body, operation: Inference
     includeUsage: body.stream_options?.include_usage === true || body.usage?.include === true,
     maxOutputTokens: Number.isInteger(maxOut) ? maxOut : null,
     choices: operation === 'chat' && Number.isInteger(body.n) && body.n > 1 ? body.n : 1,
+    tier,
   };
 }

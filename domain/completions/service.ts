@@ -124,7 +124,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
   const admitted = (call: Call, work: () => Promise<number>) =>
     workspaces.billed(
       call.workspaceId,
-      estimateCompletionCost(call.plan.models, call.operation, call.prompt, call.plan.maxOutputTokens, call.plan.choices),
+      estimateCompletionCost(call.plan.models, call.operation, call.prompt, call.plan.maxOutputTokens, call.plan.choices, call.plan.tier),
       call.signal,
       work,
     );

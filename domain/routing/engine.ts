@@ -32,6 +32,8 @@ export interface RouteInput {
   /** Names of the parameters the request supplies, for `require_parameters`. */
   parameters?: string[];
   variant?: ModelVariant;
+  /** The provider tier asked for (checkBilled): only endpoints of that tier serve it; none, only standard ones. */
+  tier?: string | null;
   /**
    * A sticky-routing key (the workspace's session id): where the router may choose, calls with one
    * key go to the same endpoint while it is healthy, in every process, and move together when not.
@@ -83,7 +85,8 @@ type Filter = [name: string, keep: (e: Endpoint) => boolean];
 function filters(input: RouteInput): Filter[] {
   const prefs = input.preferences ?? {};
   const ws = input.workspace ?? {};
-  const out: Filter[] = [];
+  // An endpoint of a tier serves the calls that ask for it, at its prices, and only those.
+  const out: Filter[] = [['service_tier', (e) => (e.entry.service_tier ?? null) === (input.tier ?? null)]];
   // `only` lists are ceilings: an endpoint must be allowed by every list that is given.
   const onlyLists = [prefs.only, ws.only].filter((l): l is string[] => Array.isArray(l));
   if (onlyLists.length) out.push(['only', (e) => onlyLists.every((l) => l.some((s) => matchesSlug(s, e)))]);

@@ -52,6 +52,8 @@ export interface InvokeRequest {
   workspaceId?: string;
   models: CatalogModel[];
   variant?: ModelVariant;
+  /** The provider tier asked for (engine.ts). */
+  tier?: string | null;
   operation: Operation;
   preferences?: ProviderPreferences;
   workspace?: { only?: string[]; ignore?: string[] };
@@ -81,6 +83,7 @@ export function routeFor(up: Upstreams, req: InvokeRequest): RoutePlan {
   return planRoute({
     models: req.models,
     variant: req.variant,
+    tier: req.tier,
     operation: req.operation,
     preferences: req.preferences,
     workspace: req.workspace,
