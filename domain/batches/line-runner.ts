@@ -5,9 +5,7 @@
 import type { KeptVersions } from '../presets/kept-versions';
 import { errorTypeOf, GatewayError, PaymentRequiredError, RateLimitedError } from '../../infrastructure/errors';
 import type { Hold, SpendAdmission } from '../accounts/spend-admission';
-import { estimateCompletionCost } from '../completions/estimate';
-import { referencedMedia } from '../completions/media';
-import { webSearchesAllowed } from '../completions/server-tools';
+import { estimateCompletionCost, promptSizeOf } from '../completions/estimate';
 import { invoke, sessionKey, type Upstreams } from '../routing/upstreams';
 import type { Broadcaster } from '../traces/broadcast';
 import { finishReasonOf } from '../traces/span';
@@ -154,7 +152,7 @@ export class LineRunner {
     return estimateCompletionCost(
       [this.target.model],
       this.operation,
-      { bytes: Buffer.byteLength(line.body) + presetChars, media: referencedMedia(body), searches: webSearchesAllowed(body) },
+      promptSizeOf(body, Buffer.byteLength(line.body) + presetChars),
       Number.isInteger(cap) ? (cap as number) : null,
       1,
       tier,

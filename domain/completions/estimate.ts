@@ -10,9 +10,10 @@
 // workspace can pay for.
 import type { CatalogModel } from '../catalog';
 import { costOf } from '../catalog/usd';
-import { servesOperation } from '../routing/engine';
+import { servesOperation, servesTier } from '../routing/engine';
 import type { InferenceOperation } from './formats';
-import type { ReferencedMedia } from './media';
+import { referencedMedia, type ReferencedMedia } from './media';
+import { webSearchesAllowed } from './server-tools';
 
 /** Output allowed when neither the request nor the endpoint says. */
 const DEFAULT_MAX_OUTPUT = 4096;
@@ -32,6 +33,11 @@ export interface PromptSize {
   searches?: number;
 }
 
+/** What the estimates of a call (or batch line) of `body`, `bytes` long with its preset, rest on. */
+export function promptSizeOf(body: Record<string, any>, bytes: number): Required<PromptSize> {
+  return { bytes, media: referencedMedia(body), searches: webSearchesAllowed(body) };
+}
+
 export function estimateCompletionCost(
   models: CatalogModel[],
   operation: InferenceOperation,
@@ -46,7 +52,7 @@ export function estimateCompletionCost(
   for (const m of models) {
     const input = promptTokens(prompt, m.context_length, 3);
     for (const e of m.endpoints) {
-      if (!servesOperation(e, operation) || (e.entry.service_tier ?? null) !== tier) continue;
+      if (!servesOperation(e, operation) || !servesTier(e, tier)) continue;
       const limit = e.entry.max_completion_tokens ?? DEFAULT_MAX_OUTPUT;
       const output = operation === 'embeddings' ? 0 : Math.max(0, Math.min(maxOutputTokens ?? limit, limit, m.context_length - input));
       most = Math.max(most, costOf(e, { input_tokens: input, output_tokens: output * choices, web_searches: prompt.searches ?? 0 }));

@@ -6,7 +6,7 @@ import { BadRequestError } from '../../infrastructure/errors';
 import type { ProviderPreferences } from '../routing/preferences';
 import type { InferenceOperation } from './formats';
 import { refuseUnpricedTools } from './server-tools';
-import { servesOperation } from '../routing/engine';
+import { servesOperation, servesTier } from '../routing/engine';
 
 type Body = Record<string, any>;
 
@@ -100,7 +100,7 @@ function tierOf(body: Body, operation: InferenceOperation): string | null {
 export function checkBilled(models: CatalogModel[], body: Body, operation: InferenceOperation): string | null {
   refuseUnpricedTools(body);
   const tier = tierOf(body, operation);
-  if (tier && !models.some((m) => m.endpoints.some((e) => e.entry.service_tier === tier && servesOperation(e, operation)))) {
+  if (tier && !models.some((m) => m.endpoints.some((e) => servesTier(e, tier) && servesOperation(e, operation)))) {
     const { field } = TIER_SETTINGS[operation]!;
     throw new BadRequestError(
       `${field}: "${tier}" is billed by providers above their standard prices, and no endpoint of ${models.map((m) => m.id).join(', ')} is listed for it at its own`,

@@ -21,9 +21,7 @@ import type { RequestMeta } from '../accounts/attribution';
 import type { SpendAdmission } from '../accounts/spend-admission';
 import { finishBody, STREAM_FORMATS, StreamTally, type InferenceOperation, type Served, type StreamingOperation } from './formats';
 import { planInference, type InferencePlan } from './request';
-import { estimateCompletionCost, promptTokensEstimate, type PromptSize } from './estimate';
-import { referencedMedia } from './media';
-import { webSearchesAllowed } from './server-tools';
+import { estimateCompletionCost, promptSizeOf, promptTokensEstimate, type PromptSize } from './estimate';
 import { complete, openStream, type OpenedStream } from './execute';
 
 type Body = Record<string, any>;
@@ -136,11 +134,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     return {
       ...req,
       presetChars: addedChars,
-      prompt: {
-        bytes: req.requestBytes + addedChars,
-        media: referencedMedia(plan.upstreamBody),
-        searches: webSearchesAllowed(plan.upstreamBody),
-      },
+      prompt: promptSizeOf(plan.upstreamBody, req.requestBytes + addedChars),
       plan,
       generationId: newGenerationId(),
       workspace: settings,

@@ -80,13 +80,18 @@ export function servesOperation(e: Endpoint, operation: Operation): boolean {
   return e.operations.includes(operation) || (e.model.kind === 'chat' && Boolean(translationFor(e.provider.adapter, operation)));
 }
 
+/** Whether the endpoint serves the provider tier asked for (null: the standard one, served by endpoints of no tier). */
+export function servesTier(e: Endpoint, tier: string | null | undefined): boolean {
+  return (e.entry.service_tier ?? null) === (tier ?? null);
+}
+
 type Filter = [name: string, keep: (e: Endpoint) => boolean];
 
 function filters(input: RouteInput): Filter[] {
   const prefs = input.preferences ?? {};
   const ws = input.workspace ?? {};
   // An endpoint of a tier serves the calls that ask for it, at its prices, and only those.
-  const out: Filter[] = [['service_tier', (e) => (e.entry.service_tier ?? null) === (input.tier ?? null)]];
+  const out: Filter[] = [['service_tier', (e) => servesTier(e, input.tier)]];
   // `only` lists are ceilings: an endpoint must be allowed by every list that is given.
   const onlyLists = [prefs.only, ws.only].filter((l): l is string[] => Array.isArray(l));
   if (onlyLists.length) out.push(['only', (e) => onlyLists.every((l) => l.some((s) => matchesSlug(s, e)))]);
