@@ -4,6 +4,7 @@ import http from 'node:http';
 import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { expect } from 'chai';
+import { Agent, request } from 'undici';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { Store } from '../infrastructure/store';
 import type { ManagedProcess } from '../devstack/processes';
@@ -119,21 +120,38 @@ for (const layout of LAYOUTS)
       await proxy?.close();
     });
 
-    /** 100 calls of one session, alternating between the two processes (a body session id, or the header). */
+    /**
+     * 100 calls of one session, alternating between the two processes (a body session id, or the
+     * header). Each call opens a connection of its own: with one shared port the kernel deals
+     * connections, not calls, and a few kept-alive connections could all land on one process.
+     */
     async function providersOf(session: string, calls = 100): Promise<string[]> {
       const providers: string[] = [];
       for (let i = 0; i < calls; i += 10) {
-        const batch = Array.from({ length: 10 }, (_, j) => {
+        const connections = new Agent({ pipelining: 0 });
+        const batch = Array.from({ length: 10 }, async (_, j) => {
           const n = i + j;
           const body = { model: 'sticky/chat', messages: [{ role: 'user', content: `call ${n}` }], max_tokens: 5 };
-          return call(`${apis[n % 2].url}/api/v1/chat/completions`, {
-            key: t.inferenceKey,
-            ...(n % 3 ? { body: { ...body, session_id: session } } : { body, headers: { 'x-session-id': session } }),
+          const r = await request(`${apis[n % 2].url}/api/v1/chat/completions`, {
+            method: 'POST',
+            dispatcher: connections,
+            reset: true,
+            headers: {
+              authorization: `Bearer ${t.inferenceKey}`,
+              'content-type': 'application/json',
+              ...(n % 3 ? {} : { 'x-session-id': session }),
+            },
+            body: JSON.stringify(n % 3 ? { ...body, session_id: session } : body),
           });
+          return { status: r.statusCode, body: (await r.body.json()) as any };
         });
-        for (const r of await Promise.all(batch)) {
-          expect(r.status, JSON.stringify(r.body)).to.equal(200);
-          providers.push(r.body.provider);
+        try {
+          for (const r of await Promise.all(batch)) {
+            expect(r.status, JSON.stringify(r.body)).to.equal(200);
+            providers.push(r.body.provider);
+          }
+        } finally {
+          await connections.close();
         }
       }
       return providers;
