@@ -653,6 +653,19 @@ describe('prompt tokens a provider reads from or writes to its cache', () => {
       const hourWritten = chatHour.usage.prompt_tokens_details.cache_write_1h_tokens;
       expect(hourWritten).to.be.at.least(4_000).and.equal(chatHour.usage.prompt_tokens_details.cache_write_tokens);
       expect((await billed(chatHour.id)).cost).to.be.closeTo(chatCost(chatHour.usage), 1e-9);
+
+      // GET /generation shows what each was billed for besides plain prompt and completion tokens.
+      const generation = async (gid: string) =>
+        (await call(`${gw.url}/api/v1/generation?id=${encodeURIComponent(gid)}`, { key: t.inferenceKey })).body.data;
+      expect(await generation(first.body.id)).to.deep.include({
+        tokens_prompt: first.body.usage.input_tokens + written,
+        tokens_cache_read: 0,
+        tokens_cache_write: written,
+        tokens_cache_write_1h: 0,
+        web_searches: 0,
+      });
+      expect(await generation(id)).to.deep.include({ tokens_cache_read: written, tokens_cache_write: 0 });
+      expect(await generation(chatHour.id)).to.deep.include({ tokens_cache_write: hourWritten, tokens_cache_write_1h: hourWritten });
     } finally {
       await gw.stop();
     }
@@ -679,8 +692,17 @@ describe('web searches a provider runs for a call', function () {
       c.providers.push(providerEntry('searchresp', '${SANDBOX_URL}/~searchresp=1/openai/v1'));
       c.models.push(modelEntry('test/search-msg', [endpointEntry('searchmsg', 1, { supported_parameters: ['max_tokens'], pricing })]));
       c.models.push(modelEntry('test/search-resp', [endpointEntry('searchresp', 1, { supported_parameters: ['max_tokens'], pricing })]));
+      // Chat on OpenAI's search models: one endpoint gives a search price, a cheaper one does not.
+      c.providers.push(providerEntry('searchchat', '${SANDBOX_URL}/openai/v1'), providerEntry('nosearch', '${SANDBOX_URL}/openai/v1'));
+      c.models.push(
+        modelEntry('test/search-chat', [
+          endpointEntry('searchchat', 1, { supported_parameters: ['max_tokens'], pricing }),
+          endpointEntry('nosearch', 1, { supported_parameters: ['max_tokens'], pricing: { prompt: 0.5, completion: 0.5 } as never }),
+        ]),
+        modelEntry('test/search-unpriced', [endpointEntry('nosearch', 1, { supported_parameters: ['max_tokens'] })]),
+      );
     });
-    gw = await startTestGateway({ withWorker: false, env: { CATALOG_PATH: catalog } });
+    gw = await startTestGateway({ withWorker: true, env: { CATALOG_PATH: catalog } });
   });
   after(async () => {
     await gw.stop();
@@ -690,6 +712,12 @@ describe('web searches a provider runs for a call', function () {
     return (await storedUsage(gw.store, { _id: id }))[0];
   };
   const search = { type: 'web_search_20250305', name: 'web_search', max_uses: 3 };
+  /** The searches a generation was billed for, as GET /generation shows them. */
+  const searchesOf = async (t: { inferenceKey: string }, id: string) => {
+    const g = await call(`${gw.url}/api/v1/generation?id=${encodeURIComponent(id)}`, { key: t.inferenceKey });
+    expect(g.status, JSON.stringify(g.body)).to.equal(200);
+    return g.body.data.web_searches;
+  };
   const messagesBody = { model: 'test/search-msg', messages: [{ role: 'user', content: 'news?' }], max_tokens: 5, tools: [search] };
 
   it('are billed at the endpoint’s per-search price, as each format reports them, streamed or not (before: not billed)', async () => {
@@ -699,6 +727,7 @@ describe('web searches a provider runs for a call', function () {
     expect(m.status, JSON.stringify(m.body)).to.equal(200);
     expect(m.body.usage.server_tool_use).to.deep.equal({ web_search_requests: 1 });
     expect((await billed(m.body.id)).cost).to.be.closeTo(tokensCost(m.body.usage.input_tokens, m.body.usage.output_tokens) + 0.01, 1e-9);
+    expect(await searchesOf(t, m.body.id)).to.equal(1);
 
     const streamed = await call(`${gw.url}/api/v1/messages`, { key: t.inferenceKey, body: { ...messagesBody, stream: true } });
     const events = String(streamed.body)
@@ -716,6 +745,89 @@ describe('web searches a provider runs for a call', function () {
     expect(r.status, JSON.stringify(r.body)).to.equal(200);
     expect(r.body.output.map((o: { type: string }) => o.type)).to.deep.equal(['web_search_call', 'message']);
     expect((await billed(r.body.id)).cost).to.be.closeTo(tokensCost(r.body.usage.input_tokens, r.body.usage.output_tokens) + 0.01, 1e-9);
+  });
+
+  it('web_search_options on a chat call goes only to an endpoint with a search price and is billed one search per call, streamed or not, and in batch lines (before: the cheaper endpoint, no search billed)', async () => {
+    const t = await createTenant(gw.store, 5);
+    const chatBody = { model: 'test/search-chat', messages: [{ role: 'user', content: 'news?' }], max_tokens: 5 };
+    // Sorted by price: without the search filter the cheaper endpoint would serve it.
+    const searching = { ...chatBody, web_search_options: { search_context_size: 'low' }, provider: { sort: 'price' } };
+    const tokensCost = (u: { prompt_tokens: number; completion_tokens: number }) => (u.prompt_tokens + u.completion_tokens) / 1e6;
+
+    const c = await call(`${gw.url}/api/v1/chat/completions`, { key: t.inferenceKey, body: searching });
+    expect(c.status, JSON.stringify(c.body)).to.equal(200);
+    expect(c.body.provider).to.equal('searchchat');
+    expect(c.body.usage.cost).to.be.closeTo(tokensCost(c.body.usage) + 0.01, 1e-9);
+    expect((await billed(c.body.id)).cost).to.be.closeTo(tokensCost(c.body.usage) + 0.01, 1e-9);
+    expect(await searchesOf(t, c.body.id)).to.equal(1);
+
+    // Streamed: the cost the client is shown and the one billed both have the search.
+    const streamed = await call(`${gw.url}/api/v1/chat/completions`, {
+      key: t.inferenceKey,
+      body: { ...searching, stream: true, stream_options: { include_usage: true } },
+    });
+    const chunks = String(streamed.body)
+      .split('\n')
+      .filter((l) => l.startsWith('data: {'))
+      .map((l) => JSON.parse(l.slice(6)));
+    const last = chunks.find((x) => x.usage);
+    expect(last.provider).to.equal('searchchat');
+    expect(last.usage.cost).to.be.closeTo(tokensCost(last.usage) + 0.01, 1e-9);
+    expect((await billed(last.id)).cost).to.be.closeTo(tokensCost(last.usage) + 0.01, 1e-9);
+    expect(await searchesOf(t, last.id)).to.equal(1);
+
+    // Without it (or with null, as some clients send), the cheaper endpoint may serve, and no search is billed.
+    for (const body of [chatBody, { ...chatBody, web_search_options: null }]) {
+      const plain = await call(`${gw.url}/api/v1/chat/completions`, {
+        key: t.inferenceKey,
+        body: { ...body, provider: { sort: 'price' } },
+      });
+      expect(plain.status, JSON.stringify(plain.body)).to.equal(200);
+      expect(plain.body.provider).to.equal('nosearch');
+      expect((await billed(plain.body.id)).cost).to.be.closeTo(tokensCost(plain.body.usage) / 2, 1e-9);
+      expect(await searchesOf(t, plain.body.id)).to.equal(0);
+    }
+
+    // A batch line: the same endpoint and the same bill.
+    const batch = await call(`${gw.url}/api/v1/batches`, {
+      key: t.inferenceKey,
+      body: {
+        endpoint: '/v1/chat/completions',
+        model: 'test/search-chat',
+        requests: [{ custom_id: 's', body: { messages: chatBody.messages, max_tokens: 5, web_search_options: {} } }],
+      },
+    });
+    expect(batch.status, JSON.stringify(batch.body)).to.equal(202);
+    const done = await waitForStatus(gw.url, t.inferenceKey, batch.body.id, ['completed', 'failed']);
+    expect(done.request_counts).to.include({ completed: 1, failed: 0 });
+    await gw.usage.flushed();
+    const [line] = await storedUsage(gw.store, { batch_id: batch.body.id });
+    expect(line.provider).to.equal('searchchat');
+    expect(line.cost).to.be.closeTo((line.input_tokens + line.output_tokens) / 1e6 + 0.01, 1e-9);
+    expect(await searchesOf(t, line._id)).to.equal(1);
+  });
+
+  it('a call that may search, on models no endpoint of which gives a search price, is a 400 naming the field; the provider is not called (before: searches billed $0)', async () => {
+    const t = await createTenant(gw.store, 5);
+    const messages = [{ role: 'user', content: 'news?' }];
+    const refused = (field: string) =>
+      `${field}: web searches are billed by providers per search, and no endpoint of test/search-unpriced is given a price for them`;
+    for (const [path, body, field] of [
+      ['/chat/completions', { model: 'test/search-unpriced', messages, web_search_options: {} }, 'web_search_options'],
+      ['/chat/completions', { model: 'test/search-unpriced', messages, web_search_options: {}, stream: true }, 'web_search_options'],
+      [
+        '/responses',
+        { model: 'test/search-unpriced', input: 'news?', tools: [{ type: 'function', name: 'f' }, { type: 'web_search' }] },
+        'tools[1]',
+      ],
+      ['/messages', { model: 'test/search-unpriced', messages, max_tokens: 5, tools: [search] }, 'tools[0]'],
+    ] as const) {
+      const r = await call(`${gw.url}/api/v1${path}`, { key: t.inferenceKey, body });
+      expect(r.status, `${path} ${JSON.stringify(r.body)}`).to.equal(400);
+      expect(r.body.error.message).to.equal(refused(field));
+    }
+    await gw.usage.flushed();
+    expect(await storedUsage(gw.store, { workspace_id: t.workspaceId })).to.deep.equal([]);
   });
 
   it('are held for, up to the tools’ max_uses: concurrent calls overspend by one estimate at most (before: $0.06 spent of $0.02)', async () => {

@@ -3,6 +3,7 @@
 import { Type } from '@sinclair/typebox';
 import { createKey, KEY_STORED_BYTES, keyOfWorkspace, keysPage, publicKey, revokeKey } from '../../domain/accounts/keys';
 import { NotFoundError } from '../../infrastructure/errors';
+import { usageDetails, type BilledExtra } from '../../domain/accounts/usage-ledger';
 import { authOf } from '../auth';
 import { admitListPage } from '../rate-limit';
 import { defineRoute, type AnyRoute } from '../route';
@@ -149,6 +150,8 @@ export function accountRoutes({ store, rateLimiter, workspaceRequests, listPages
       handler: async (ctx, { query }) => {
         const doc = await usage.generation(authOf(ctx).workspaceId, query.id);
         if (!doc) throw new NotFoundError(`Generation ${query.id} not found`);
+        const details = usageDetails(doc) ?? {};
+        const count = (k: BilledExtra) => (Number.isInteger(details[k]) ? (details[k] as number) : 0);
         ctx.body = {
           data: {
             id: doc._id,
@@ -156,6 +159,10 @@ export function accountRoutes({ store, rateLimiter, workspaceRequests, listPages
             provider_name: doc.provider,
             tokens_prompt: doc.input_tokens,
             tokens_completion: doc.output_tokens,
+            tokens_cache_read: count('cache_read_tokens'),
+            tokens_cache_write: count('cache_write_tokens'),
+            tokens_cache_write_1h: count('cache_write_1h_tokens'),
+            web_searches: count('web_searches'),
             total_cost: doc.cost,
             created_at: doc.created_at.toISOString(),
             session_id: doc.session_id ?? null,

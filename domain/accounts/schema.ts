@@ -71,6 +71,12 @@ export const Generation = Type.Object({
     provider_name: Type.Union([Type.String(), Type.Null()]),
     tokens_prompt: Type.Integer(),
     tokens_completion: Type.Integer(),
+    tokens_cache_read: Type.Integer({
+      description: 'Of tokens_prompt, read from the provider’s prompt cache (billed at its cache_read price)',
+    }),
+    tokens_cache_write: Type.Integer({ description: 'Of tokens_prompt, written to it (billed at its cache_write price)' }),
+    tokens_cache_write_1h: Type.Integer({ description: 'Of tokens_cache_write, written to its 1-hour cache (billed at cache_write_1h)' }),
+    web_searches: Type.Integer({ description: 'Web searches the provider ran for the call (billed at its web_search price)' }),
     total_cost: Type.Number(),
     created_at: Timestamp,
     session_id: Type.Union([Type.String(), Type.Null()]),

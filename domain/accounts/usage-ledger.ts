@@ -19,6 +19,7 @@ import { fromStoredUsage, toStoredUsage } from '../../infrastructure/store/usage
 import { journalLine, takeCheckpointMark, type Segment, type UsageJournal } from './usage-journal';
 import { TotalsWriter } from './usage-totals';
 import type { RequestMeta } from './attribution';
+import type { Usage } from '../../infrastructure/providers/formats';
 
 /** A usage record as billing code builds it: the caller's trace as an object; stored with its writer's stamp. */
 export type UsageRecord = Omit<UsageFields, 'created_at' | 'trace' | 'details' | 'writer' | 'group'> & {
@@ -365,6 +366,16 @@ export class UsageLedger {
  * A billed call's usage record, the one place its fields are laid out: who called, what served it,
  * what it used and cost, and the attribution its request carried.
  */
+/** What a call was billed for besides its prompt and completion tokens at their prices (kept in its record's details), if anything. */
+function beyondTokens(u: Usage): Partial<Record<BilledExtra, number>> | null {
+  let out: Partial<Record<BilledExtra, number>> | null = null;
+  for (const k of BILLED_EXTRAS) if (u[k]) (out ??= {})[k] = u[k];
+  return out;
+}
+
+const BILLED_EXTRAS = ['cache_read_tokens', 'cache_write_tokens', 'cache_write_1h_tokens', 'web_searches'] as const;
+export type BilledExtra = (typeof BILLED_EXTRAS)[number];
+
 export function usageRecordOf(
   call: {
     generationId: string;
@@ -374,9 +385,11 @@ export function usageRecordOf(
     meta: Pick<RequestMeta, 'session_id' | 'user' | 'app'> & { trace?: RequestMeta['trace'] };
     batchId?: string | null;
   },
-  served: { model: string; provider: string | null; usage: { input_tokens: number; output_tokens: number }; cost: number },
+  served: { model: string; provider: string | null; usage: Usage; cost: number },
   details?: Record<string, unknown>,
 ): UsageRecord {
+  const billed = beyondTokens(served.usage);
+  if (billed) details = { ...details, ...billed };
   return {
     _id: call.generationId,
     workspace_id: call.workspaceId,

@@ -11,6 +11,7 @@ import type { Broadcaster } from '../traces/broadcast';
 import { finishReasonOf } from '../traces/span';
 import { presetLookup, withPreset, type PresetLookup } from '../presets/apply';
 import { checkBilled, upstreamBodyOf } from '../completions/request';
+import type { PricedExtras } from '../routing/engine';
 import type { Store } from '../../infrastructure/store';
 import { OPERATION_OF } from './lines';
 import { failedResult, lineGenerationId, type ResultDoc } from './results';
@@ -82,10 +83,10 @@ export class LineRunner {
   async run(line: InputLine): Promise<LineOutcome> {
     let body: Record<string, unknown>;
     let presetChars: number;
-    let tier: string | null;
+    let extras: PricedExtras;
     try {
       ({ body, addedChars: presetChars } = await withPreset(lineBody(line), this.operation, this.preset));
-      tier = checkBilled([this.target.model], body, this.operation);
+      extras = checkBilled([this.target.model], body, this.operation);
     } catch (err) {
       // A preset that is missing (or another workspace's), or what a provider would bill beyond the
       // catalog's prices, fails this line alone, never the chunk.
@@ -98,7 +99,7 @@ export class LineRunner {
     let hold: Hold;
     try {
       // A line has no client waiting on it: it waits for credit held by other lines as long as it takes.
-      hold = await this.o.credits.hold(batch.workspace_id, this.estimate(line, body, presetChars, tier), signal, Infinity);
+      hold = await this.o.credits.hold(batch.workspace_id, this.estimate(line, body, presetChars, extras), signal, Infinity);
     } catch (err) {
       signal.throwIfAborted(); // the chunk was cancelled: the activity reports that
       // Credit ran out: this line is not sent, and says why; later lines are admitted again once credits are added.
@@ -109,7 +110,7 @@ export class LineRunner {
       // A line's own session id, else the session of the request that created the batch.
       const sessionId = typeof body.session_id === 'string' && body.session_id ? body.session_id : batch.meta.session_id;
       const startedAt = Date.now();
-      const result = await this.call(line, upstreamBody, tier, sessionKey(batch.workspace_id, sessionId));
+      const result = await this.call(line, upstreamBody, extras, sessionKey(batch.workspace_id, sessionId));
       this.broadcast(body, sessionId, result, startedAt);
       if (!result.ok || !result.usage) return { result };
       return { result, stored: hold.settleUnstored(result.usage.cost) };
@@ -147,7 +148,7 @@ export class LineRunner {
   }
 
   /** What the line may cost, as a synchronous call of the same body would hold: its preset's prompt included. */
-  private estimate(line: InputLine, body: Record<string, unknown>, presetChars: number, tier: string | null): number {
+  private estimate(line: InputLine, body: Record<string, unknown>, presetChars: number, extras: PricedExtras): number {
     const cap = body.max_completion_tokens ?? body.max_tokens ?? body.max_output_tokens;
     return estimateCompletionCost(
       [this.target.model],
@@ -155,14 +156,14 @@ export class LineRunner {
       promptSizeOf(body, Buffer.byteLength(line.body) + presetChars),
       Number.isInteger(cap) ? (cap as number) : null,
       1,
-      tier,
+      extras,
     );
   }
 
   private async call(
     line: InputLine,
     upstreamBody: Record<string, unknown>,
-    tier: string | null,
+    extras: PricedExtras,
     session: string | undefined,
   ): Promise<ResultDoc> {
     const { batch, signal } = this.o;
@@ -174,7 +175,7 @@ export class LineRunner {
           workspaceId: batch.workspace_id,
           models: [this.target.model],
           variant: this.target.variant,
-          tier,
+          extras,
           operation: this.operation,
           preferences: batch.provider_only ? { only: batch.provider_only } : undefined,
           workspace: this.o.workspace,

@@ -10,7 +10,7 @@
 // workspace can pay for.
 import type { CatalogModel } from '../catalog';
 import { costOf } from '../catalog/usd';
-import { servesOperation, servesTier } from '../routing/engine';
+import { servesExtras, servesOperation, type PricedExtras } from '../routing/engine';
 import type { InferenceOperation } from './formats';
 import { referencedMedia, type ReferencedMedia } from './media';
 import { webSearchesAllowed } from './server-tools';
@@ -45,14 +45,14 @@ export function estimateCompletionCost(
   maxOutputTokens: number | null,
   /** Answers generated, each up to the output allowed (a chat call's `n`). */
   choices = 1,
-  /** The provider tier asked for: only its endpoints may serve the call (null: the standard ones). */
-  tier: string | null = null,
+  /** What it asks for beyond tokens (a tier, web searches): only endpoints priced for it may serve the call. */
+  extras?: PricedExtras,
 ): number {
   let most = 0;
   for (const m of models) {
     const input = promptTokens(prompt, m.context_length, 3);
     for (const e of m.endpoints) {
-      if (!servesOperation(e, operation) || !servesTier(e, tier)) continue;
+      if (!servesOperation(e, operation) || !servesExtras(e, extras)) continue;
       const limit = e.entry.max_completion_tokens ?? DEFAULT_MAX_OUTPUT;
       const output = operation === 'embeddings' ? 0 : Math.max(0, Math.min(maxOutputTokens ?? limit, limit, m.context_length - input));
       most = Math.max(most, costOf(e, { input_tokens: input, output_tokens: output * choices, web_searches: prompt.searches ?? 0 }));

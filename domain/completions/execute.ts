@@ -27,7 +27,7 @@ function requestOf(operation: InferenceOperation, plan: InferencePlan, ctx: Call
     workspaceId: ctx.workspaceId,
     models: plan.models,
     variant: plan.variant,
-    tier: plan.tier,
+    extras: plan.extras,
     operation,
     preferences: plan.preferences,
     workspace: ctx.workspace,

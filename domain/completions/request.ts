@@ -1,12 +1,12 @@
 // From what a client sent to what the gateway does: the preset applied, the models to try in order
 // (`model`, then `models`/`fallbacks`), the routing preferences, the body the provider gets (without
 // the gateway's own fields) and the parameters it supplies (for `require_parameters`).
-import type { Catalog, CatalogModel, ModelVariant } from '../catalog';
+import type { Catalog, CatalogModel, Endpoint, ModelVariant } from '../catalog';
 import { BadRequestError } from '../../infrastructure/errors';
 import type { ProviderPreferences } from '../routing/preferences';
 import type { InferenceOperation } from './formats';
-import { refuseUnpricedTools } from './server-tools';
-import { servesOperation, servesTier } from '../routing/engine';
+import { refuseUnpricedTools, searchField } from './server-tools';
+import { servesExtras, servesOperation, servesTier, type PricedExtras } from '../routing/engine';
 
 type Body = Record<string, any>;
 
@@ -55,8 +55,8 @@ export interface InferencePlan {
   maxOutputTokens: number | null;
   /** Answers the provider generates (and bills) for it: a chat call's `n` (other formats have one; batch lines take n=1 only). */
   choices: number;
-  /** The provider tier asked for (null: the standard one): only endpoints of that tier serve the call. */
-  tier: string | null;
+  /** What it asks for that a provider bills beyond tokens (a tier, web searches): only endpoints priced for it serve the call. */
+  extras: PricedExtras;
 }
 
 /**
@@ -94,19 +94,29 @@ function tierOf(body: Body, operation: InferenceOperation): string | null {
 }
 
 /**
- * A 400 for what a provider would bill beyond the catalog's prices: a tier no endpoint of the
- * models is listed for, or an unpriced server tool. Returns the tier asked for.
+ * A 400 for what a provider would bill beyond the catalog's prices: an unpriced server tool, a tier
+ * no endpoint of the models is listed for, or web searches none of the tier's endpoints gives a
+ * price for. Returns what the call asks for beyond tokens.
  */
-export function checkBilled(models: CatalogModel[], body: Body, operation: InferenceOperation): string | null {
+export function checkBilled(models: CatalogModel[], body: Body, operation: InferenceOperation): PricedExtras {
   refuseUnpricedTools(body);
+  const served = (keep: (e: Endpoint) => boolean) => models.some((m) => m.endpoints.some((e) => keep(e) && servesOperation(e, operation)));
+  const names = models.map((m) => m.id).join(', ');
   const tier = tierOf(body, operation);
-  if (tier && !models.some((m) => m.endpoints.some((e) => servesTier(e, tier) && servesOperation(e, operation)))) {
+  if (tier && !served((e) => servesTier(e, tier))) {
     const { field } = TIER_SETTINGS[operation]!;
     throw new BadRequestError(
-      `${field}: "${tier}" is billed by providers above their standard prices, and no endpoint of ${models.map((m) => m.id).join(', ')} is listed for it at its own`,
+      `${field}: "${tier}" is billed by providers above their standard prices, and no endpoint of ${names} is listed for it at its own`,
     );
   }
-  return tier;
+  const search = searchField(body);
+  const extras = { tier, searches: search !== null };
+  if (search && !served((e) => servesExtras(e, extras))) {
+    throw new BadRequestError(
+      `${search}: web searches are billed by providers per search, and no endpoint of ${names}${tier ? ` (${tier})` : ''} is given a price for them`,
+    );
+  }
+  return extras;
 }
 
 export function planInference(catalog: Catalog, body: Body, operation: InferenceOperation): InferencePlan {
@@ -121,7 +131,7 @@ export function planInference(catalog: Catalog, body: Body, operation: Inference
     throw new BadRequestError('max_tokens: is required (in the request or its preset)');
   }
 
-  const tier = checkBilled(models, body, operation);
+  const extras = checkBilled(models, body, operation);
   const upstreamBody = upstreamBodyOf(body);
   const maxOut = body.max_completion_tokens ?? body.max_tokens ?? body.max_output_tokens;
   return {
@@ -134,6 +144,6 @@ export function planInference(catalog: Catalog, body: Body, operation: Inference
     includeUsage: body.stream_options?.include_usage === true || body.usage?.include === true,
     maxOutputTokens: Number.isInteger(maxOut) ? maxOut : null,
     choices: operation === 'chat' && Number.isInteger(body.n) && body.n > 1 ? body.n : 1,
-    tier,
+    extras,
   };
 }

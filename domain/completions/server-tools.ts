@@ -1,7 +1,10 @@
 // Tools the provider runs itself and bills per use, beyond tokens: web search (Anthropic's
-// `web_search_…` tool, OpenAI's `web_search` / `web_search_preview` in the Responses API). How many a
-// call may use is held for before it runs; how many it used comes back in the provider's usage.
-// Other such tools have no price in the catalog, so they are refused rather than given away.
+// `web_search_…` tool, OpenAI's `web_search` / `web_search_preview` in the Responses API, and
+// `web_search_options` on a Chat Completions call to OpenAI's search models, billed one search per
+// call). How many a call may use is held for before it runs; how many it used comes back in the
+// provider's usage, or is the one per call. Such a call goes only to endpoints the catalog gives a
+// search price (domain/routing/engine.ts); other such tools have no price in the catalog, so they
+// are refused rather than given away.
 import { BadRequestError } from '../../infrastructure/errors';
 
 /** Searches held for a web search tool that sets no `max_uses`. */
@@ -29,10 +32,29 @@ export function refuseUnpricedTools(body: Record<string, any>): void {
   });
 }
 
-/** The most web searches the request's tools let the provider run. */
+/** `web_search_options` set on a call: an object (null and absent ask for no search). */
+const asksSearchOptions = (body: Record<string, any>) => typeof body.web_search_options === 'object' && body.web_search_options !== null;
+
+/** The most web searches the request lets the provider run: its tools', and the one of `web_search_options`. */
 export function webSearchesAllowed(body: Record<string, any>): number {
-  if (!Array.isArray(body.tools)) return 0;
-  let n = 0;
-  for (const t of body.tools) if (isWebSearch(t)) n += Number.isInteger(t.max_uses) && t.max_uses > 0 ? t.max_uses : DEFAULT_SEARCHES;
+  let n = asksSearchOptions(body) ? 1 : 0;
+  if (Array.isArray(body.tools))
+    for (const t of body.tools) if (isWebSearch(t)) n += Number.isInteger(t.max_uses) && t.max_uses > 0 ? t.max_uses : DEFAULT_SEARCHES;
   return n;
+}
+
+/** The request field that lets the provider search (for a 400 naming it), when one does. */
+export function searchField(body: Record<string, any>): string | null {
+  if (asksSearchOptions(body)) return 'web_search_options';
+  const i = Array.isArray(body.tools) ? body.tools.findIndex(isWebSearch) : -1;
+  return i < 0 ? null : `tools[${i}]`;
+}
+
+/**
+ * The web searches a provider bills for a call whatever its answer reports: one for a Chat
+ * Completions call that sent `web_search_options` (OpenAI bills its search models per call, and
+ * its usage does not count them). A translation that dropped the field sent no search.
+ */
+export function searchesPerCall(operation: string, body: Record<string, any>, dropped: readonly string[]): number {
+  return operation === 'chat' && asksSearchOptions(body) && !dropped.includes('web_search_options') ? 1 : 0;
 }

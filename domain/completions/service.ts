@@ -23,6 +23,8 @@ import { finishBody, STREAM_FORMATS, StreamTally, type InferenceOperation, type 
 import { planInference, type InferencePlan } from './request';
 import { estimateCompletionCost, promptSizeOf, promptTokensEstimate, type PromptSize } from './estimate';
 import { complete, openStream, type OpenedStream } from './execute';
+import { searchesPerCall } from './server-tools';
+import { withSearchesPerCall } from '../routing/endpoint-call';
 
 type Body = Record<string, any>;
 
@@ -122,7 +124,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
   const admitted = (call: Call, work: () => Promise<number>) =>
     workspaces.billed(
       call.workspaceId,
-      estimateCompletionCost(call.plan.models, call.operation, call.prompt, call.plan.maxOutputTokens, call.plan.choices, call.plan.tier),
+      estimateCompletionCost(call.plan.models, call.operation, call.prompt, call.plan.maxOutputTokens, call.plan.choices, call.plan.extras),
       call.signal,
       work,
     );
@@ -185,9 +187,12 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     }
 
     const { endpoint } = opened;
+    // A search billed per call is billed however the stream ends (the provider ran it first), and is in the cost the client is shown.
+    const perCall = searchesPerCall(call.operation, call.plan.upstreamBody, opened.dropped);
+    tally.webSearches = perCall;
     if (opened.dropped.length) out.setHeader(DROPPED_HEADER, [...opened.dropped].sort().join(','));
     const served: Served = { id: call.generationId, model: endpoint.model.canonicalId, provider: endpoint.provider.slug };
-    const options = { includeUsage: call.plan.includeUsage, cost: (u: Usage) => costOf(endpoint, u) };
+    const options = { includeUsage: call.plan.includeUsage, cost: (u: Usage) => costOf(endpoint, withSearchesPerCall(u, perCall)) };
     /** The stream's last words wait until its usage is recorded. */
     const held: string[] = [];
     let failure: unknown = null;

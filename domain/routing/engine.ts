@@ -32,8 +32,8 @@ export interface RouteInput {
   /** Names of the parameters the request supplies, for `require_parameters`. */
   parameters?: string[];
   variant?: ModelVariant;
-  /** The provider tier asked for (checkBilled): only endpoints of that tier serve it; none, only standard ones. */
-  tier?: string | null;
+  /** What the call asks for that a provider bills beyond tokens (checkBilled): only endpoints priced for it serve it. */
+  extras?: PricedExtras;
   /**
    * A sticky-routing key (the workspace's session id): where the router may choose, calls with one
    * key go to the same endpoint while it is healthy, in every process, and move together when not.
@@ -80,9 +80,24 @@ export function servesOperation(e: Endpoint, operation: Operation): boolean {
   return e.operations.includes(operation) || (e.model.kind === 'chat' && Boolean(translationFor(e.provider.adapter, operation)));
 }
 
-/** Whether the endpoint serves the provider tier asked for (null: the standard one, served by endpoints of no tier). */
+/**
+ * What a call asks a provider for that it bills beyond the catalog's token prices: a provider tier
+ * (null: the standard one) and web searches. Such a call goes only to endpoints the catalog prices
+ * for it, so it is never billed at prices below the provider's.
+ */
+export interface PricedExtras {
+  tier: string | null;
+  searches: boolean;
+}
+
+/** Whether the endpoint serves the tier asked for (null: the standard one, served by endpoints of no tier). */
 export function servesTier(e: Endpoint, tier: string | null | undefined): boolean {
   return (e.entry.service_tier ?? null) === (tier ?? null);
+}
+
+/** Whether the catalog prices the endpoint for the call's extras: its tier (and only that one), and web searches if it may run any. */
+export function servesExtras(e: Endpoint, extras: PricedExtras | undefined): boolean {
+  return servesTier(e, extras?.tier) && (!extras?.searches || e.entry.pricing.web_search !== undefined);
 }
 
 type Filter = [name: string, keep: (e: Endpoint) => boolean];
@@ -91,7 +106,9 @@ function filters(input: RouteInput): Filter[] {
   const prefs = input.preferences ?? {};
   const ws = input.workspace ?? {};
   // An endpoint of a tier serves the calls that ask for it, at its prices, and only those.
-  const out: Filter[] = [['service_tier', (e) => servesTier(e, input.tier)]];
+  const out: Filter[] = [['service_tier', (e) => servesTier(e, input.extras?.tier)]];
+  // A call that may run web searches goes only where the catalog gives their price.
+  if (input.extras?.searches) out.push(['web_search', (e) => servesExtras(e, input.extras)]);
   // `only` lists are ceilings: an endpoint must be allowed by every list that is given.
   const onlyLists = [prefs.only, ws.only].filter((l): l is string[] => Array.isArray(l));
   if (onlyLists.length) out.push(['only', (e) => onlyLists.every((l) => l.some((s) => matchesSlug(s, e)))]);

@@ -10,7 +10,7 @@ import { costOf } from '../catalog/usd';
 import { ProviderHttp } from '../../infrastructure/providers/http';
 import { ProviderLimiter } from '../../infrastructure/providers/limiter';
 import type { Store } from '../../infrastructure/store';
-import { optionsFor, planRoute, type RoutePlan } from './engine';
+import { optionsFor, planRoute, type PricedExtras, type RoutePlan } from './engine';
 import { executePlan, type Attempt } from './execute';
 import { LiveStats } from './stats';
 import { unobserved, type UpstreamObserver } from '../../infrastructure/metrics';
@@ -52,8 +52,8 @@ export interface InvokeRequest {
   workspaceId?: string;
   models: CatalogModel[];
   variant?: ModelVariant;
-  /** The provider tier asked for (engine.ts). */
-  tier?: string | null;
+  /** What the call asks for beyond tokens, which only endpoints priced for it serve (engine.ts). */
+  extras?: PricedExtras;
   operation: Operation;
   preferences?: ProviderPreferences;
   workspace?: { only?: string[]; ignore?: string[] };
@@ -83,7 +83,7 @@ export function routeFor(up: Upstreams, req: InvokeRequest): RoutePlan {
   return planRoute({
     models: req.models,
     variant: req.variant,
-    tier: req.tier,
+    extras: req.extras,
     operation: req.operation,
     preferences: req.preferences,
     workspace: req.workspace,
