@@ -681,7 +681,7 @@ describe('prompt tokens a provider reads from or writes to its cache', () => {
   });
 });
 
-describe('web searches a provider runs for a call', function () {
+describe('web searches a provider runs for a call, and audio it hears and speaks', function () {
   this.timeout(60_000);
   let gw: TestGateway;
   before(async () => {
@@ -700,6 +700,14 @@ describe('web searches a provider runs for a call', function () {
           endpointEntry('nosearch', 1, { supported_parameters: ['max_tokens'], pricing: { prompt: 0.5, completion: 0.5 } as never }),
         ]),
         modelEntry('test/search-unpriced', [endpointEntry('nosearch', 1, { supported_parameters: ['max_tokens'] })]),
+        // Audio: one endpoint gives audio prices (OpenAI's audio models: 16 and 8 times the text ones), a cheaper one does not.
+        modelEntry('test/audio', [
+          endpointEntry('searchchat', 1, {
+            supported_parameters: ['max_tokens'],
+            pricing: { prompt: 2.5, completion: 10, audio: 40, audio_completion: 80 } as never,
+          }),
+          endpointEntry('nosearch', 1, { supported_parameters: ['max_tokens'], pricing: { prompt: 1, completion: 1 } as never }),
+        ]),
       );
     });
     gw = await startTestGateway({ withWorker: true, env: { CATALOG_PATH: catalog } });
@@ -825,6 +833,101 @@ describe('web searches a provider runs for a call', function () {
       const r = await call(`${gw.url}/api/v1${path}`, { key: t.inferenceKey, body });
       expect(r.status, `${path} ${JSON.stringify(r.body)}`).to.equal(400);
       expect(r.body.error.message).to.equal(refused(field));
+    }
+    await gw.usage.flushed();
+    expect(await storedUsage(gw.store, { workspace_id: t.workspaceId })).to.deep.equal([]);
+  });
+
+  it('audio sent or asked for goes only to an endpoint with audio prices and is billed at them, streamed or not, and in batch lines (before: the cheaper endpoint, audio at text prices)', async () => {
+    const t = await createTenant(gw.store, 5);
+    const heard = [
+      {
+        role: 'user',
+        content: [
+          { type: 'text', text: 'what is said?' },
+          { type: 'input_audio', input_audio: { data: 'UklGRg==', format: 'wav' } },
+        ],
+      },
+    ];
+    const text = [{ role: 'user', content: 'say it' }];
+    // Sorted by price: without the audio filter the cheaper endpoint would serve them.
+    const base = { model: 'test/audio', max_tokens: 5, provider: { sort: 'price' } };
+    const costOf = (u: { prompt_tokens: number; completion_tokens: number }, audioIn: number, audioOut: number) =>
+      ((u.prompt_tokens - audioIn) * 2.5 + audioIn * 40 + (u.completion_tokens - audioOut) * 10 + audioOut * 80) / 1e6;
+    const generation = async (id: string) =>
+      (await call(`${gw.url}/api/v1/generation?id=${encodeURIComponent(id)}`, { key: t.inferenceKey })).body.data;
+
+    // Audio heard: 100 of the prompt tokens, at the audio price.
+    const h = await call(`${gw.url}/api/v1/chat/completions`, { key: t.inferenceKey, body: { ...base, messages: heard } });
+    expect(h.status, JSON.stringify(h.body)).to.equal(200);
+    expect(h.body.provider).to.equal('searchchat');
+    expect(h.body.usage.prompt_tokens_details.audio_tokens).to.equal(100);
+    expect((await billed(h.body.id)).cost).to.be.closeTo(costOf(h.body.usage, 100, 0), 1e-9);
+    expect(h.body.usage.cost).to.be.closeTo(costOf(h.body.usage, 100, 0), 1e-9);
+    expect(await generation(h.body.id)).to.deep.include({ tokens_audio_prompt: 100, tokens_audio_completion: 0 });
+
+    // Audio spoken: every output token, at the audio completion price.
+    const spoken = { ...base, messages: text, modalities: ['text', 'audio'], audio: { voice: 'alloy', format: 'wav' } };
+    const s = await call(`${gw.url}/api/v1/chat/completions`, { key: t.inferenceKey, body: spoken });
+    expect(s.status, JSON.stringify(s.body)).to.equal(200);
+    expect(s.body.choices[0].message.audio.transcript).to.be.a('string');
+    const out = s.body.usage.completion_tokens;
+    expect((await billed(s.body.id)).cost).to.be.closeTo(costOf(s.body.usage, 0, out), 1e-9);
+    expect(await generation(s.body.id)).to.deep.include({ tokens_audio_completion: out });
+
+    // Streamed: the cost the client is shown and the one billed.
+    const streamed = await call(`${gw.url}/api/v1/chat/completions`, {
+      key: t.inferenceKey,
+      body: { ...spoken, messages: heard, stream: true, stream_options: { include_usage: true } },
+    });
+    const chunks = String(streamed.body)
+      .split('\n')
+      .filter((l) => l.startsWith('data: {'))
+      .map((l) => JSON.parse(l.slice(6)));
+    expect(chunks.some((c) => c.choices?.[0]?.delta?.audio?.transcript)).to.equal(true);
+    const last = chunks.find((c) => c.usage);
+    const expected = costOf(last.usage, 100, last.usage.completion_tokens);
+    expect(last.usage.cost).to.be.closeTo(expected, 1e-9);
+    expect((await billed(last.id)).cost).to.be.closeTo(expected, 1e-9);
+
+    // A batch line sending audio: the same endpoint and prices.
+    const batch = await call(`${gw.url}/api/v1/batches`, {
+      key: t.inferenceKey,
+      body: {
+        endpoint: '/v1/chat/completions',
+        model: 'test/audio',
+        requests: [{ custom_id: 'a', body: { messages: heard, max_tokens: 5 } }],
+      },
+    });
+    expect(batch.status, JSON.stringify(batch.body)).to.equal(202);
+    const done = await waitForStatus(gw.url, t.inferenceKey, batch.body.id, ['completed', 'failed']);
+    expect(done.request_counts).to.include({ completed: 1, failed: 0 });
+    await gw.usage.flushed();
+    const [line] = await storedUsage(gw.store, { batch_id: batch.body.id });
+    expect(line.provider).to.equal('searchchat');
+    expect(line.cost).to.be.closeTo(((line.input_tokens - 100) * 2.5 + 100 * 40 + line.output_tokens * 10) / 1e6, 1e-9);
+    expect(await generation(line._id)).to.deep.include({ tokens_audio_prompt: 100 });
+  });
+
+  it('audio sent or asked for, on models no endpoint of which gives audio prices, is a 400 naming the field', async () => {
+    const t = await createTenant(gw.store, 5);
+    const refused = (field: string, what: string) =>
+      `${field}: audio ${what} is billed by providers at its own prices, and no endpoint of test/search-unpriced is given a price for them`;
+    const model = 'test/search-unpriced';
+    for (const [body, message] of [
+      [
+        { model, messages: [{ role: 'user', content: [{ type: 'input_audio', input_audio: { data: 'UklGRg==', format: 'wav' } }] }] },
+        refused('messages[0].content[0]', 'sent'),
+      ],
+      [
+        { model, messages: [{ role: 'user', content: 'hi' }], modalities: ['text', 'audio'], stream: true },
+        refused('modalities', 'asked for'),
+      ],
+      [{ model, messages: [{ role: 'user', content: 'hi' }], audio: { voice: 'alloy', format: 'wav' } }, refused('audio', 'asked for')],
+    ] as const) {
+      const r = await call(`${gw.url}/api/v1/chat/completions`, { key: t.inferenceKey, body });
+      expect(r.status, JSON.stringify(r.body)).to.equal(400);
+      expect(r.body.error.message).to.equal(message);
     }
     await gw.usage.flushed();
     expect(await storedUsage(gw.store, { workspace_id: t.workspaceId })).to.deep.equal([]);

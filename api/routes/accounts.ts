@@ -163,6 +163,8 @@ export function accountRoutes({ store, rateLimiter, workspaceRequests, listPages
             tokens_cache_write: count('cache_write_tokens'),
             tokens_cache_write_1h: count('cache_write_1h_tokens'),
             web_searches: count('web_searches'),
+            tokens_audio_prompt: count('audio_input_tokens'),
+            tokens_audio_completion: count('audio_output_tokens'),
             total_cost: doc.cost,
             created_at: doc.created_at.toISOString(),
             session_id: doc.session_id ?? null,

@@ -80,6 +80,8 @@ function errorBody(flavor: Flavor, status: number, type: string, message: string
 }
 
 const CREATED = 1_767_225_600; // fixed, so answers are byte-for-byte repeatable
+/** Prompt tokens an `input_audio` part counts (OpenAI counts about 10 a second of speech). */
+const AUDIO_PART_TOKENS = 100;
 
 function chatCompletion(body: Json, maxWords: number): Json {
   if (!Array.isArray(body.messages) || body.messages.length === 0) throw new HttpFailure(400, 'messages: must be a non-empty array');
@@ -140,14 +142,33 @@ function chatCompletion(body: Json, maxWords: number): Json {
         content: outcome.text.split(' ').map((w) => ({ token: w, logprob: Math.log(0.5 + rand() / 2), bytes: null, top_logprobs: [] })),
       };
     }
+    // Audio, as OpenAI's audio models take and give it: heard parts count AUDIO_PART_TOKENS each, and
+    // a call asking for audio gets its answer spoken (its transcript the text), every output token audio.
+    const heard =
+      body.messages.reduce(
+        (n: number, m: Json) => n + (Array.isArray(m.content) ? m.content : []).filter((p: Json) => p?.type === 'input_audio').length,
+        0,
+      ) * AUDIO_PART_TOKENS;
+    const speaks = Array.isArray(body.modalities) && body.modalities.includes('audio') && typeof message.content === 'string';
+    if (speaks) {
+      const transcript = message.content as string;
+      message.audio = {
+        id: `audio_${hash.slice(0, 20)}`,
+        data: Buffer.from(transcript).toString('base64'),
+        expires_at: CREATED + 3600,
+        transcript,
+      };
+      message.content = null;
+    }
     return chatAnswer(
       body,
       hash,
       message,
       logprobs,
       CHAT_FINISH[outcome.stop],
-      countTokens(promptText) + 85 * view.images,
+      countTokens(promptText) + 85 * view.images + heard,
       completionTokens,
+      { heard, spoken: speaks ? completionTokens : 0 },
     );
   }
   return chatAnswer(body, hash, { role: 'assistant', content }, logprobs, 'stop', countTokens(promptText), completionTokens);
@@ -161,17 +182,23 @@ function chatAnswer(
   finish: string,
   promptTokens: number,
   completionTokens: number,
+  audio: { heard: number; spoken: number } = { heard: 0, spoken: 0 },
 ): Json {
   // `n` answers, each billed (the same one n times: it is the request's answer).
   const n = Number.isInteger(body.n) && body.n > 1 ? Math.min(body.n, 128) : 1;
   const output = completionTokens * n;
+  // Audio is counted in the prompt and completion tokens, and named apart as OpenAI names it.
+  const details = {
+    ...(audio.heard && { prompt_tokens_details: { cached_tokens: 0, audio_tokens: audio.heard } }),
+    ...(audio.spoken && { completion_tokens_details: { reasoning_tokens: 0, audio_tokens: audio.spoken * n } }),
+  };
   return {
     id: `chatcmpl-${hash.slice(0, 24)}`,
     object: 'chat.completion',
     created: CREATED,
     model: body.model,
     choices: Array.from({ length: n }, (_, index) => ({ index, message, logprobs, finish_reason: finish })),
-    usage: { prompt_tokens: promptTokens, completion_tokens: output, total_tokens: promptTokens + output },
+    usage: { prompt_tokens: promptTokens, completion_tokens: output, total_tokens: promptTokens + output, ...details },
   };
 }
 

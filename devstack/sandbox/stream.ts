@@ -36,6 +36,7 @@ function* chat(full: Json, request: Json): Generator<SseEvent> {
   yield chunk({ role: 'assistant', content: '' }, null);
   for (const w of words(message.reasoning ?? '')) yield chunk({ reasoning: w }, null, true);
   for (const w of words(message.content ?? '')) yield chunk({ content: w }, null, true);
+  for (const w of words(message.audio?.transcript ?? '')) yield chunk({ audio: { transcript: w } }, null, true);
   for (const w of words(message.refusal ?? '')) yield chunk({ refusal: w }, null, true);
   for (const [index, tc] of (message.tool_calls ?? []).entries()) {
     yield chunk({ tool_calls: [{ index, id: tc.id, type: 'function', function: { name: tc.function.name, arguments: '' } }] }, null);

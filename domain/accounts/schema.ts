@@ -77,6 +77,8 @@ export const Generation = Type.Object({
     tokens_cache_write: Type.Integer({ description: 'Of tokens_prompt, written to it (billed at its cache_write price)' }),
     tokens_cache_write_1h: Type.Integer({ description: 'Of tokens_cache_write, written to its 1-hour cache (billed at cache_write_1h)' }),
     web_searches: Type.Integer({ description: 'Web searches the provider ran for the call (billed at its web_search price)' }),
+    tokens_audio_prompt: Type.Integer({ description: 'Of tokens_prompt, audio (billed at its audio price)' }),
+    tokens_audio_completion: Type.Integer({ description: 'Of tokens_completion, audio (billed at its audio_completion price)' }),
     total_cost: Type.Number(),
     created_at: Timestamp,
     session_id: Type.Union([Type.String(), Type.Null()]),

@@ -373,7 +373,14 @@ function beyondTokens(u: Usage): Partial<Record<BilledExtra, number>> | null {
   return out;
 }
 
-const BILLED_EXTRAS = ['cache_read_tokens', 'cache_write_tokens', 'cache_write_1h_tokens', 'web_searches'] as const;
+const BILLED_EXTRAS = [
+  'cache_read_tokens',
+  'cache_write_tokens',
+  'cache_write_1h_tokens',
+  'web_searches',
+  'audio_input_tokens',
+  'audio_output_tokens',
+] as const;
 export type BilledExtra = (typeof BILLED_EXTRAS)[number];
 
 export function usageRecordOf(

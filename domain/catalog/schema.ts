@@ -54,7 +54,19 @@ const Pricing = Type.Object(
       Type.Number({ minimum: 0, description: 'USD per million prompt tokens written to its 1-hour cache (default: 2 × the prompt price)' }),
     ),
     image: Type.Optional(Type.Number({ minimum: 0 })),
-    audio: Type.Optional(Type.Number({ minimum: 0 })),
+    audio: Type.Optional(
+      Type.Number({
+        minimum: 0,
+        description: 'USD per million audio prompt tokens (OpenAI’s input_audio); calls sending audio go only to endpoints with this price',
+      }),
+    ),
+    audio_completion: Type.Optional(
+      Type.Number({
+        minimum: 0,
+        description:
+          'USD per million audio completion tokens (OpenAI’s audio output); calls asking for audio go only to endpoints with this price',
+      }),
+    ),
   },
   { additionalProperties: false },
 );

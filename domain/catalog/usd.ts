@@ -12,7 +12,7 @@ const CACHE_WRITE_1H_OF_PROMPT = 2;
 
 /**
  * USD for a call: tokens at the endpoint's per-million prices (prompt tokens read from or written
- * to the provider's cache at its cache prices), plus its per-request price and its per-search price
+ * to the provider's cache at its cache prices, audio tokens at its audio prices), plus its per-request price and its per-search price
  * for each web search the provider ran.
  */
 export function costOf(
@@ -26,6 +26,8 @@ export function costOf(
         cache_write?: number;
         cache_write_1h?: number;
         web_search?: number;
+        audio?: number;
+        audio_completion?: number;
       };
     };
   },
@@ -36,11 +38,15 @@ export function costOf(
   const read = Math.min(usage.cache_read_tokens ?? 0, usage.input_tokens);
   const write = Math.min(usage.cache_write_tokens ?? 0, usage.input_tokens - read);
   const hour = Math.min(usage.cache_write_1h_tokens ?? 0, write);
+  const heard = Math.min(usage.audio_input_tokens ?? 0, usage.input_tokens - read - write);
+  const spoken = Math.min(usage.audio_output_tokens ?? 0, usage.output_tokens);
   const prompt =
-    (usage.input_tokens - read - write) * p.prompt +
+    (usage.input_tokens - read - write - heard) * p.prompt +
+    heard * (p.audio ?? p.prompt) +
     read * (p.cache_read ?? p.prompt) +
     (write - hour) * (p.cache_write ?? CACHE_WRITE_OF_PROMPT * p.prompt) +
     hour * (p.cache_write_1h ?? CACHE_WRITE_1H_OF_PROMPT * p.prompt);
-  const usd = (prompt + usage.output_tokens * p.completion) / 1e6 + (p.request ?? 0) + (usage.web_searches ?? 0) * (p.web_search ?? 0);
+  const completion = (usage.output_tokens - spoken) * p.completion + spoken * (p.audio_completion ?? p.completion);
+  const usd = (prompt + completion) / 1e6 + (p.request ?? 0) + (usage.web_searches ?? 0) * (p.web_search ?? 0);
   return roundUsd(usd);
 }

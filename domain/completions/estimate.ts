@@ -55,7 +55,10 @@ export function estimateCompletionCost(
       if (!servesOperation(e, operation) || !servesExtras(e, extras)) continue;
       const limit = e.entry.max_completion_tokens ?? DEFAULT_MAX_OUTPUT;
       const output = operation === 'embeddings' ? 0 : Math.max(0, Math.min(maxOutputTokens ?? limit, limit, m.context_length - input));
-      most = Math.max(most, costOf(e, { input_tokens: input, output_tokens: output * choices, web_searches: prompt.searches ?? 0 }));
+      const usage = { input_tokens: input, output_tokens: output * choices, web_searches: prompt.searches ?? 0 };
+      // Audio the call sends or asks for may be all of its prompt or output, at the audio prices.
+      const audio = { audio_input_tokens: extras?.audioIn ? input : 0, audio_output_tokens: extras?.audioOut ? output * choices : 0 };
+      most = Math.max(most, costOf(e, usage), costOf(e, { ...usage, ...audio }));
     }
   }
   return most;

@@ -32,6 +32,11 @@ export class StreamTally {
   cacheWrite1h = 0;
   /** Web searches the upstream reported running. */
   webSearches = 0;
+  /** Of the prompt and the output the upstream reported, audio tokens. */
+  audioInput = 0;
+  audioOutput = 0;
+  /** The call asked for audio: output the upstream never totalled is billed as audio. */
+  audioAsked = false;
   output: number | null = null;
   /** Events carrying output (about one token each), for billing a stream the upstream never totalled. */
   produced = 0;
@@ -49,18 +54,24 @@ export class StreamTally {
     this.cacheWrite = u.cache_write_tokens ?? 0;
     this.cacheWrite1h = u.cache_write_1h_tokens ?? 0;
     this.webSearches = u.web_searches ?? this.webSearches;
+    this.audioInput = u.audio_input_tokens ?? 0;
+    this.audioOutput = u.audio_output_tokens ?? 0;
   }
 
   /** Usage to bill: what the upstream reported when it finished, else what it produced. */
   usage(inputEstimate: number): Usage {
     const reported = this.finished && this.output !== null;
+    const output = reported ? this.output! : Math.max(this.output ?? 0, this.produced);
+    const spoken = reported ? this.audioOutput : this.audioAsked ? output : 0;
     return {
       input_tokens: this.input ?? inputEstimate,
-      output_tokens: reported ? this.output! : Math.max(this.output ?? 0, this.produced),
+      output_tokens: output,
       ...(this.input !== null && this.cacheRead && { cache_read_tokens: this.cacheRead }),
       ...(this.input !== null && this.cacheWrite && { cache_write_tokens: this.cacheWrite }),
       ...(this.input !== null && this.cacheWrite1h && { cache_write_1h_tokens: this.cacheWrite1h }),
       ...(this.webSearches && { web_searches: this.webSearches }),
+      ...(this.input !== null && this.audioInput && { audio_input_tokens: this.audioInput }),
+      ...(spoken && { audio_output_tokens: spoken }),
     };
   }
 }
@@ -111,7 +122,7 @@ const chat: StreamFormat = {
     const choices: Json[] = Array.isArray(chunk.choices) ? chunk.choices : [];
     for (const c of choices) {
       const d = c?.delta;
-      if (d && (d.content || d.tool_calls || d.reasoning || d.refusal)) tally.produced++;
+      if (d && (d.content || d.tool_calls || d.reasoning || d.refusal || d.audio)) tally.produced++;
     }
     if (chunk.usage) {
       const u = openai.usageOf('chat', chunk);

@@ -48,3 +48,26 @@ export function referencedMedia(body: Record<string, any>): ReferencedMedia {
   }
   return found;
 }
+
+/**
+ * Where a request sends audio (its first `input_audio` part) and where it asks for audio back
+ * (`modalities` naming it, or `audio`): OpenAI bills audio tokens at many times its text prices, so
+ * such a call goes only to endpoints the catalog gives audio prices. Null where it does not.
+ */
+export function audioFields(body: Record<string, any>): { input: string | null; output: string | null } {
+  let input: string | null = null;
+  const turns = Array.isArray(body.messages) ? body.messages : [];
+  for (let i = 0; i < turns.length && !input; i++) {
+    const parts = turns[i]?.content;
+    if (!Array.isArray(parts)) continue;
+    const j = parts.findIndex((p: Part) => p?.type === 'input_audio');
+    if (j >= 0) input = `messages[${i}].content[${j}]`;
+  }
+  const output =
+    Array.isArray(body.modalities) && body.modalities.includes('audio')
+      ? 'modalities'
+      : typeof body.audio === 'object' && body.audio !== null
+        ? 'audio'
+        : null;
+  return { input, output };
+}

@@ -6,6 +6,7 @@ import { BadRequestError } from '../../infrastructure/errors';
 import type { ProviderPreferences } from '../routing/preferences';
 import type { InferenceOperation } from './formats';
 import { refuseUnpricedTools, searchField } from './server-tools';
+import { audioFields } from './media';
 import { servesExtras, servesOperation, servesTier, type PricedExtras } from '../routing/engine';
 
 type Body = Record<string, any>;
@@ -95,8 +96,8 @@ function tierOf(body: Body, operation: InferenceOperation): string | null {
 
 /**
  * A 400 for what a provider would bill beyond the catalog's prices: an unpriced server tool, a tier
- * no endpoint of the models is listed for, or web searches none of the tier's endpoints gives a
- * price for. Returns what the call asks for beyond tokens.
+ * no endpoint of the models is listed for, or web searches or audio none of the tier's endpoints
+ * gives a price for. Returns what the call asks for beyond tokens.
  */
 export function checkBilled(models: CatalogModel[], body: Body, operation: InferenceOperation): PricedExtras {
   refuseUnpricedTools(body);
@@ -109,12 +110,20 @@ export function checkBilled(models: CatalogModel[], body: Body, operation: Infer
       `${field}: "${tier}" is billed by providers above their standard prices, and no endpoint of ${names} is listed for it at its own`,
     );
   }
+  const ofTier = tier ? ` (${tier})` : '';
   const search = searchField(body);
-  const extras = { tier, searches: search !== null };
-  if (search && !served((e) => servesExtras(e, extras))) {
-    throw new BadRequestError(
-      `${search}: web searches are billed by providers per search, and no endpoint of ${names}${tier ? ` (${tier})` : ''} is given a price for them`,
-    );
+  const audio = audioFields(body);
+  // Each extra is checked with those before it, so the 400 names the first the endpoints cannot all be priced for.
+  const extras: PricedExtras = { tier, searches: false, audioIn: false, audioOut: false };
+  for (const [field, key, what] of [
+    [search, 'searches', 'web searches are billed by providers per search'],
+    [audio.input, 'audioIn', 'audio sent is billed by providers at its own prices'],
+    [audio.output, 'audioOut', 'audio asked for is billed by providers at its own prices'],
+  ] as const) {
+    if (!field) continue;
+    extras[key] = true;
+    if (!served((e) => servesExtras(e, extras)))
+      throw new BadRequestError(`${field}: ${what}, and no endpoint of ${names}${ofTier} is given a price for them`);
   }
   return extras;
 }

@@ -190,6 +190,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     // A search billed per call is billed however the stream ends (the provider ran it first), and is in the cost the client is shown.
     const perCall = searchesPerCall(call.operation, call.plan.upstreamBody, opened.dropped);
     tally.webSearches = perCall;
+    tally.audioAsked = call.plan.extras.audioOut;
     if (opened.dropped.length) out.setHeader(DROPPED_HEADER, [...opened.dropped].sort().join(','));
     const served: Served = { id: call.generationId, model: endpoint.model.canonicalId, provider: endpoint.provider.slug };
     const options = { includeUsage: call.plan.includeUsage, cost: (u: Usage) => costOf(endpoint, withSearchesPerCall(u, perCall)) };

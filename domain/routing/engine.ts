@@ -82,12 +82,14 @@ export function servesOperation(e: Endpoint, operation: Operation): boolean {
 
 /**
  * What a call asks a provider for that it bills beyond the catalog's token prices: a provider tier
- * (null: the standard one) and web searches. Such a call goes only to endpoints the catalog prices
- * for it, so it is never billed at prices below the provider's.
+ * (null: the standard one), web searches, audio heard and spoken. Such a call goes only to
+ * endpoints the catalog prices for it, so it is never billed at prices below the provider's.
  */
 export interface PricedExtras {
   tier: string | null;
   searches: boolean;
+  audioIn: boolean;
+  audioOut: boolean;
 }
 
 /** Whether the endpoint serves the tier asked for (null: the standard one, served by endpoints of no tier). */
@@ -95,9 +97,15 @@ export function servesTier(e: Endpoint, tier: string | null | undefined): boolea
   return (e.entry.service_tier ?? null) === (tier ?? null);
 }
 
-/** Whether the catalog prices the endpoint for the call's extras: its tier (and only that one), and web searches if it may run any. */
+/** Whether the catalog prices the endpoint for the call's extras: its tier (and only that one), and each other extra it asks for. */
 export function servesExtras(e: Endpoint, extras: PricedExtras | undefined): boolean {
-  return servesTier(e, extras?.tier) && (!extras?.searches || e.entry.pricing.web_search !== undefined);
+  if (!servesTier(e, extras?.tier)) return false;
+  const p = e.entry.pricing;
+  return (
+    (!extras?.searches || p.web_search !== undefined) &&
+    (!extras?.audioIn || p.audio !== undefined) &&
+    (!extras?.audioOut || p.audio_completion !== undefined)
+  );
 }
 
 type Filter = [name: string, keep: (e: Endpoint) => boolean];
@@ -107,8 +115,9 @@ function filters(input: RouteInput): Filter[] {
   const ws = input.workspace ?? {};
   // An endpoint of a tier serves the calls that ask for it, at its prices, and only those.
   const out: Filter[] = [['service_tier', (e) => servesTier(e, input.extras?.tier)]];
-  // A call that may run web searches goes only where the catalog gives their price.
-  if (input.extras?.searches) out.push(['web_search', (e) => servesExtras(e, input.extras)]);
+  // A call that may run web searches, or sends or asks for audio, goes only where the catalog gives their prices.
+  const x = input.extras;
+  if (x?.searches || x?.audioIn || x?.audioOut) out.push(['priced_extras', (e) => servesExtras(e, x)]);
   // `only` lists are ceilings: an endpoint must be allowed by every list that is given.
   const onlyLists = [prefs.only, ws.only].filter((l): l is string[] => Array.isArray(l));
   if (onlyLists.length) out.push(['only', (e) => onlyLists.every((l) => l.some((s) => matchesSlug(s, e)))]);

@@ -37,7 +37,10 @@ export const ProviderPreferences = Nullable(
             image: Type.Optional(PriceCap),
             audio: Type.Optional(PriceCap),
           },
-          { additionalProperties: false, description: 'USD per million tokens (prompt, completion), per request, image or audio unit' },
+          {
+            additionalProperties: false,
+            description: 'USD per million tokens (prompt, completion, audio prompt tokens), per request, or per image',
+          },
         ),
       ),
       options: Type.Optional(

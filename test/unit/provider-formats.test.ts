@@ -4,6 +4,7 @@
 import { expect } from 'chai';
 import { FORMAT_NAMES, operationsOf, PROVIDER_FORMATS } from '../../infrastructure/providers/formats';
 import { ProviderEntry } from '../../domain/catalog/schema';
+import { StreamTally } from '../../domain/completions/formats';
 
 const { openai, anthropic, systemone } = PROVIDER_FORMATS;
 const event = (data: unknown, type?: string) => ({ id: undefined, event: type, data: JSON.stringify(data) });
@@ -49,6 +50,30 @@ describe('provider formats', () => {
       output_tokens: 0,
     });
     expect(systemone.usageOf('systemone', {})).to.deep.equal({ input_tokens: 0, output_tokens: 0 });
+    // Audio heard and spoken by a chat call: within the prompt and completion, named apart.
+    expect(
+      openai.usageOf('chat', {
+        usage: {
+          prompt_tokens: 120,
+          completion_tokens: 9,
+          prompt_tokens_details: { audio_tokens: 100 },
+          completion_tokens_details: { audio_tokens: 9 },
+        },
+      }),
+    ).to.deep.equal({ input_tokens: 120, output_tokens: 9, audio_input_tokens: 100, audio_output_tokens: 9 });
+  });
+
+  it('bills a stream that asked for audio and was cut short before its usage for its output as audio', () => {
+    const tally = new StreamTally();
+    tally.produced = 7;
+    expect(tally.usage(50)).to.deep.equal({ input_tokens: 50, output_tokens: 7 });
+    tally.audioAsked = true;
+    expect(tally.usage(50)).to.deep.equal({ input_tokens: 50, output_tokens: 7, audio_output_tokens: 7 });
+    // Once the provider reports, its counts are billed.
+    tally.reported({ input_tokens: 60, output_tokens: 8, audio_input_tokens: 40, audio_output_tokens: 6 });
+    tally.output = 8;
+    tally.finished = true;
+    expect(tally.usage(50)).to.deep.equal({ input_tokens: 60, output_tokens: 8, audio_input_tokens: 40, audio_output_tokens: 6 });
   });
 
   it('classifies error answers: overloaded, rate limited, other, with the provider words', () => {

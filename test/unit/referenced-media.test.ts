@@ -1,7 +1,7 @@
 // Images and documents a request names by reference, and what the hold counts for them
 // (domain/completions/media.ts, estimate.ts): the body's bytes do not show what the provider bills.
 import { expect } from 'chai';
-import { referencedMedia } from '../../domain/completions/media';
+import { audioFields, referencedMedia } from '../../domain/completions/media';
 import { estimateCompletionCost, promptTokensEstimate } from '../../domain/completions/estimate';
 import type { CatalogModel } from '../../domain/catalog';
 
@@ -70,6 +70,47 @@ describe('media named by reference', () => {
     expect(cost(3_000, 4)).to.be.closeTo((1_000 + 4 * 2_500 + 10) / 1e6, 1e-12);
     expect(cost(3_000, 0, 1)).to.be.closeTo(100_000 / 1e6, 1e-12); // the context, and no room left for output
     expect(cost(3_000, 1_000)).to.be.closeTo(100_000 / 1e6, 1e-12);
+  });
+
+  it('holds audio sent or asked for at the audio prices: all of the prompt, all of the output', () => {
+    const model = { kind: 'chat', context_length: 100_000 } as unknown as CatalogModel;
+    (model as { endpoints: unknown[] }).endpoints = [
+      {
+        model,
+        operations: ['chat'],
+        provider: { adapter: 'openai' },
+        entry: { pricing: { prompt: 1, completion: 2, audio: 40, audio_completion: 80 }, max_completion_tokens: 10 },
+      },
+    ];
+    const cost = (audioIn: boolean, audioOut: boolean) =>
+      estimateCompletionCost([model], 'chat', { bytes: 3_000 }, 10, 1, { tier: null, searches: false, audioIn, audioOut });
+    expect(cost(false, false)).to.be.closeTo((1_000 + 20) / 1e6, 1e-12);
+    expect(cost(true, false)).to.be.closeTo((40_000 + 20) / 1e6, 1e-12);
+    expect(cost(true, true)).to.be.closeTo((40_000 + 800) / 1e6, 1e-12);
+  });
+
+  it('finds where a chat request sends audio and where it asks for it back', () => {
+    const part = { type: 'input_audio', input_audio: { data: 'UklGRg==', format: 'wav' } };
+    expect(
+      audioFields({
+        messages: [
+          { role: 'system', content: 'x' },
+          { role: 'user', content: [{ type: 'text', text: 'hi' }, part] },
+        ],
+      }),
+    ).to.deep.equal({
+      input: 'messages[1].content[1]',
+      output: null,
+    });
+    expect(audioFields({ messages: [], modalities: ['text', 'audio'], audio: { voice: 'alloy' } })).to.deep.equal({
+      input: null,
+      output: 'modalities',
+    });
+    expect(audioFields({ messages: [], audio: { voice: 'alloy' } })).to.deep.equal({ input: null, output: 'audio' });
+    expect(audioFields({ messages: [{ role: 'user', content: 'hi' }], modalities: ['text'], audio: null })).to.deep.equal({
+      input: null,
+      output: null,
+    });
   });
 
   it('bills a stream cut short before the provider counted its prompt for its text at 4 bytes a token and its media as the hold counts them', () => {

@@ -19,6 +19,10 @@ export interface Usage {
   cache_write_1h_tokens?: number;
   /** Web searches the provider ran for the call, billed per search. */
   web_searches?: number;
+  /** Of input_tokens, audio (OpenAI's `input_audio` parts), priced apart. */
+  audio_input_tokens?: number;
+  /** Of output_tokens, audio (OpenAI's audio output), priced apart. */
+  audio_output_tokens?: number;
 }
 
 type Json = Record<string, any>;

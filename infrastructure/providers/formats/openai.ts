@@ -31,6 +31,9 @@ export const openai: ProviderFormat = {
     // A Responses answer lists each web search it ran among its output items.
     const searches =
       !chat && Array.isArray(body.output) ? body.output.filter((o: { type?: string }) => o?.type === 'web_search_call').length : 0;
+    // Audio heard and spoken by a chat call, counted in its prompt and completion tokens and reported apart.
+    const audioIn = chat ? tokens(details.audio_tokens) : 0;
+    const audioOut = chat ? tokens(u.completion_tokens_details?.audio_tokens) : 0;
     return {
       input_tokens: tokens(chat ? u.prompt_tokens : u.input_tokens),
       output_tokens: tokens(chat ? u.completion_tokens : u.output_tokens),
@@ -38,6 +41,8 @@ export const openai: ProviderFormat = {
       ...(written && { cache_write_tokens: written }),
       ...(hour && { cache_write_1h_tokens: hour }),
       ...(searches && { web_searches: searches }),
+      ...(audioIn && { audio_input_tokens: audioIn }),
+      ...(audioOut && { audio_output_tokens: audioOut }),
     };
   },
 
