@@ -819,7 +819,7 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
     const t = await createTenant(gw.store, 5);
     const messages = [{ role: 'user', content: 'news?' }];
     const refused = (field: string) =>
-      `${field}: web searches are billed by providers per search, and no endpoint of test/search-unpriced is given a price for them`;
+      `${field}: web searches are billed by providers per search, and no endpoint of test/search-unpriced has a web_search price in the catalog`;
     for (const [path, body, field] of [
       ['/chat/completions', { model: 'test/search-unpriced', messages, web_search_options: {} }, 'web_search_options'],
       ['/chat/completions', { model: 'test/search-unpriced', messages, web_search_options: {}, stream: true }, 'web_search_options'],
@@ -912,7 +912,7 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
   it('audio sent or asked for, on models no endpoint of which gives audio prices, is a 400 naming the field', async () => {
     const t = await createTenant(gw.store, 5);
     const refused = (field: string, what: string) =>
-      `${field}: audio ${what} is billed by providers at its own prices, and no endpoint of test/search-unpriced is given a price for them`;
+      `${field}: audio ${what} is billed by providers at its own prices, and no endpoint of test/search-unpriced has an ${what === 'sent' ? 'audio' : 'audio_completion'} price in the catalog`;
     const model = 'test/search-unpriced';
     for (const [body, message] of [
       [

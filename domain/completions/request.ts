@@ -56,7 +56,7 @@ export interface InferencePlan {
   maxOutputTokens: number | null;
   /** Answers the provider generates (and bills) for it: a chat call's `n` (other formats have one; batch lines take n=1 only). */
   choices: number;
-  /** What it asks for that a provider bills beyond tokens (a tier, web searches): only endpoints priced for it serve the call. */
+  /** What it asks for that a provider bills beyond tokens (a tier, web searches, audio): only endpoints priced for it serve the call. */
   extras: PricedExtras;
 }
 
@@ -115,15 +115,15 @@ export function checkBilled(models: CatalogModel[], body: Body, operation: Infer
   const audio = audioFields(body);
   // Each extra is checked with those before it, so the 400 names the first the endpoints cannot all be priced for.
   const extras: PricedExtras = { tier, searches: false, audioIn: false, audioOut: false };
-  for (const [field, key, what] of [
-    [search, 'searches', 'web searches are billed by providers per search'],
-    [audio.input, 'audioIn', 'audio sent is billed by providers at its own prices'],
-    [audio.output, 'audioOut', 'audio asked for is billed by providers at its own prices'],
+  for (const [field, key, what, price] of [
+    [search, 'searches', 'web searches are billed by providers per search', 'a web_search'],
+    [audio.input, 'audioIn', 'audio sent is billed by providers at its own prices', 'an audio'],
+    [audio.output, 'audioOut', 'audio asked for is billed by providers at its own prices', 'an audio_completion'],
   ] as const) {
     if (!field) continue;
     extras[key] = true;
     if (!served((e) => servesExtras(e, extras)))
-      throw new BadRequestError(`${field}: ${what}, and no endpoint of ${names}${ofTier} is given a price for them`);
+      throw new BadRequestError(`${field}: ${what}, and no endpoint of ${names}${ofTier} has ${price} price in the catalog`);
   }
   return extras;
 }
