@@ -111,7 +111,9 @@ describe('batch create bodies read on a worker thread', () => {
     }
   });
 
-  it('keeps the event loop free while it reads: no turn over 50 ms for a 60 MB body that takes it ~0.5 s in place', async function () {
+  // Judged against the in-place read on the same machine (a garbage collection of the 60 MB body is
+  // a turn too): 57 ms against an in-place 1,320 ms failed a fixed 50 ms bound on a slow machine.
+  it('keeps the event loop free while it reads: no turn over a tenth of what reading a 60 MB body in place holds it (~0.5 s)', async function () {
     this.timeout(60_000);
     const requests = Array.from({ length: 15_000 }, (_, i) => line(i, 'x'.repeat(4_000)));
     const raw = bodyOf(requests);
@@ -132,7 +134,7 @@ describe('batch create bodies read on a worker thread', () => {
       clearInterval(ticker);
     }
     expect(inPlace, 'reading in place holds the event loop').to.be.above(150);
-    expect(longest, `longest turn while read on the worker (in place: ${inPlace.toFixed(0)} ms)`).to.be.below(50);
+    expect(longest, `longest turn while read on the worker (in place: ${inPlace.toFixed(0)} ms)`).to.be.below(inPlace / 10);
   });
 
   it('holds large bodies for a workspace up to three quarters of four of the largest, and for the process up to four; small ones always; each given back once', () => {
