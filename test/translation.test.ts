@@ -192,8 +192,15 @@ describe('format translation: any chat model through any chat API', function () 
         key: t.inferenceKey,
         body: { model, messages: [{ role: 'user', content: [{ type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } }] }] },
       });
+      // Audio is refused before routing here: no endpoint of the model has an audio price (spend.test.ts).
       expect(audio.status, JSON.stringify(audio.body)).to.equal(400);
-      expect(audio.body.error.message).to.match(/^messages\[0\]\.content\[0\]\.type: .*input_audio.* anthropic format/);
+      expect(audio.body.error.message).to.match(/^messages\[0\]\.content\[0\]: audio sent .* has an audio price in the catalog$/);
+      const video = await call(`${gw.url}/api/v1/chat/completions`, {
+        key: t.inferenceKey,
+        body: { model, messages: [{ role: 'user', content: [{ type: 'video_url', video_url: { url: 'https://example.com/v.mp4' } }] }] },
+      });
+      expect(video.status, JSON.stringify(video.body)).to.equal(400);
+      expect(video.body.error.message).to.match(/^messages\[0\]\.content\[0\]\.type: .*video_url.* anthropic format/);
     });
   });
 
