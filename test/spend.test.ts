@@ -907,6 +907,20 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
     expect(line.provider).to.equal('searchchat');
     expect(line.cost).to.be.closeTo(((line.input_tokens - 100) * 2.5 + 100 * 40 + line.output_tokens * 10) / 1e6, 1e-9);
     expect(await generation(line._id)).to.deep.include({ tokens_audio_prompt: 100 });
+
+    // The endpoints' listing shows which endpoint has audio and search prices (USD per token, per search).
+    const listed = (await call(`${gw.url}/api/v1/models/test/audio/endpoints`, { key: t.inferenceKey })).body.data.endpoints;
+    const byProvider = Object.fromEntries(listed.map((e: { provider_name: string; pricing: object }) => [e.provider_name, e.pricing]));
+    expect(byProvider.searchchat).to.deep.equal({
+      prompt: '0.0000025',
+      completion: '0.00001',
+      request: '0',
+      audio: '0.00004',
+      audio_completion: '0.00008',
+    });
+    expect(byProvider.nosearch).to.deep.equal({ prompt: '0.000001', completion: '0.000001', request: '0' });
+    const searchListed = (await call(`${gw.url}/api/v1/models/test/search-chat/endpoints`, { key: t.inferenceKey })).body.data.endpoints;
+    expect(searchListed.find((e: { provider_name: string }) => e.provider_name === 'searchchat').pricing.web_search).to.equal('0.01');
   });
 
   it('audio sent or asked for, on models no endpoint of which gives audio prices, is a 400 naming the field', async () => {

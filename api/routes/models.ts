@@ -12,11 +12,23 @@ function perToken(perMillion: number): string {
   return (perMillion / 1e6).toFixed(12).replace(/\.?0+$/, '') || '0';
 }
 
+/**
+ * An endpoint's prices, with OpenRouter's names: the prices of what a call may ask for beyond tokens
+ * only when the catalog gives them, since calls asking for it go only where it does.
+ */
 function pricing(e: Endpoint) {
+  const p = e.entry.pricing;
+  const token = (v: number | undefined) => (v === undefined ? undefined : perToken(v));
   return {
-    prompt: perToken(e.entry.pricing.prompt),
-    completion: perToken(e.entry.pricing.completion),
-    request: String(e.entry.pricing.request ?? 0),
+    prompt: perToken(p.prompt),
+    completion: perToken(p.completion),
+    request: String(p.request ?? 0),
+    input_cache_read: token(p.cache_read),
+    input_cache_write: token(p.cache_write),
+    input_cache_write_1h: token(p.cache_write_1h),
+    web_search: p.web_search === undefined ? undefined : String(p.web_search),
+    audio: token(p.audio),
+    audio_completion: token(p.audio_completion),
   };
 }
 

@@ -8,6 +8,14 @@ const Pricing = Type.Object({
   prompt: Type.String({ description: 'USD per prompt token' }),
   completion: Type.String({ description: 'USD per completion token' }),
   request: Type.String({ description: 'USD per request' }),
+  input_cache_read: Type.Optional(Type.String({ description: 'USD per prompt token read from the provider’s cache' })),
+  input_cache_write: Type.Optional(Type.String({ description: 'USD per prompt token written to it' })),
+  input_cache_write_1h: Type.Optional(Type.String({ description: 'USD per prompt token written to its 1-hour cache' })),
+  web_search: Type.Optional(Type.String({ description: 'USD per web search; calls that may search go only to endpoints with this price' })),
+  audio: Type.Optional(Type.String({ description: 'USD per audio prompt token; calls sending audio go only to endpoints with it' })),
+  audio_completion: Type.Optional(
+    Type.String({ description: 'USD per audio completion token; calls asking for audio go only to endpoints with it' }),
+  ),
 });
 
 export const ModelView = Type.Object({
