@@ -708,6 +708,13 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
           }),
           endpointEntry('nosearch', 1, { supported_parameters: ['max_tokens'], pricing: { prompt: 1, completion: 1 } as never }),
         ]),
+        // Images at $0.002 each beyond their tokens.
+        modelEntry('test/image', [
+          endpointEntry('searchchat', 1, {
+            supported_parameters: ['max_tokens'],
+            pricing: { prompt: 1, completion: 1, image: 0.002 } as never,
+          }),
+        ]),
       );
     });
     gw = await startTestGateway({ withWorker: true, env: { CATALOG_PATH: catalog } });
@@ -921,6 +928,84 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
     expect(byProvider.nosearch).to.deep.equal({ prompt: '0.000001', completion: '0.000001', request: '0' });
     const searchListed = (await call(`${gw.url}/api/v1/models/test/search-chat/endpoints`, { key: t.inferenceKey })).body.data.endpoints;
     expect(searchListed.find((e: { provider_name: string }) => e.provider_name === 'searchchat').pricing.web_search).to.equal('0.01');
+  });
+
+  it('images in the prompt are billed at the endpoint’s per-image price where the catalog gives one, inline or by reference, in each format, streamed or not, and in batch lines (before: not billed)', async () => {
+    const t = await createTenant(gw.store, 5);
+    const generation = async (id: string) =>
+      (await call(`${gw.url}/api/v1/generation?id=${encodeURIComponent(id)}`, { key: t.inferenceKey })).body.data;
+    const tokens = (input: number, output: number) => (input + output) / 1e6;
+    const chatParts = [
+      { type: 'text', text: 'what is shown?' },
+      { type: 'image_url', image_url: { url: 'https://img.example/a.png' } },
+      { type: 'image_url', image_url: { url: 'data:image/png;base64,iVBORw0KGgo=' } },
+    ];
+    const chat = await call(`${gw.url}/api/v1/chat/completions`, {
+      key: t.inferenceKey,
+      body: { model: 'test/image', max_tokens: 5, messages: [{ role: 'user', content: chatParts }] },
+    });
+    expect(chat.status, JSON.stringify(chat.body)).to.equal(200);
+    const chatCost = tokens(chat.body.usage.prompt_tokens, chat.body.usage.completion_tokens) + 2 * 0.002;
+    expect(chat.body.usage.cost).to.be.closeTo(chatCost, 1e-9);
+    expect((await billed(chat.body.id)).cost).to.be.closeTo(chatCost, 1e-9);
+    expect(await generation(chat.body.id)).to.deep.include({ images: 2 });
+
+    // Streamed, as a Messages call to this OpenAI-format provider (translated): one image block.
+    const streamed = await call(`${gw.url}/api/v1/messages`, {
+      key: t.inferenceKey,
+      body: {
+        model: 'test/image',
+        max_tokens: 5,
+        stream: true,
+        messages: [
+          {
+            role: 'user',
+            content: [
+              { type: 'image', source: { type: 'url', url: 'https://img.example/b.png' } },
+              { type: 'text', text: 'and this?' },
+            ],
+          },
+        ],
+      },
+    });
+    const events = String(streamed.body)
+      .split('\n')
+      .filter((l) => l.startsWith('data: '))
+      .map((l) => JSON.parse(l.slice(6)));
+    const start = events.find((e) => e.type === 'message_start').message;
+    const delta = events.find((e) => e.type === 'message_delta').usage;
+    // A stream translated from a chat provider learns the prompt's count at its end: message_delta carries it.
+    const streamCost = tokens(delta.input_tokens, delta.output_tokens) + 0.002;
+    expect(delta.cost).to.be.closeTo(streamCost, 1e-9);
+    expect((await billed(start.id)).cost).to.be.closeTo(streamCost, 1e-9);
+    expect(await generation(start.id)).to.deep.include({ images: 1 });
+
+    // A batch line with an image.
+    const batch = await call(`${gw.url}/api/v1/batches`, {
+      key: t.inferenceKey,
+      body: {
+        endpoint: '/v1/chat/completions',
+        model: 'test/image',
+        requests: [{ custom_id: 'i', body: { messages: [{ role: 'user', content: chatParts.slice(0, 2) }], max_tokens: 5 } }],
+      },
+    });
+    expect(batch.status, JSON.stringify(batch.body)).to.equal(202);
+    const done = await waitForStatus(gw.url, t.inferenceKey, batch.body.id, ['completed', 'failed']);
+    expect(done.request_counts).to.include({ completed: 1, failed: 0 });
+    await gw.usage.flushed();
+    const [line] = await storedUsage(gw.store, { batch_id: batch.body.id });
+    expect(line.cost).to.be.closeTo(tokens(line.input_tokens, line.output_tokens) + 0.002, 1e-9);
+
+    // Without an image price, images are their tokens only.
+    const plain = await call(`${gw.url}/api/v1/chat/completions`, {
+      key: t.inferenceKey,
+      body: { model: 'test/search-unpriced', max_tokens: 5, messages: [{ role: 'user', content: chatParts }] },
+    });
+    expect((await billed(plain.body.id)).cost).to.be.closeTo(
+      tokens(plain.body.usage.prompt_tokens, plain.body.usage.completion_tokens),
+      1e-9,
+    );
+    expect(await generation(plain.body.id)).to.deep.include({ images: 2 });
   });
 
   it('audio sent or asked for, on models no endpoint of which gives audio prices, is a 400 naming the field', async () => {

@@ -165,6 +165,7 @@ export function accountRoutes({ store, rateLimiter, workspaceRequests, listPages
             web_searches: count('web_searches'),
             tokens_audio_prompt: count('audio_input_tokens'),
             tokens_audio_completion: count('audio_output_tokens'),
+            images: count('images'),
             total_cost: doc.cost,
             created_at: doc.created_at.toISOString(),
             session_id: doc.session_id ?? null,

@@ -29,6 +29,7 @@ function pricing(e: Endpoint) {
     web_search: p.web_search === undefined ? undefined : String(p.web_search),
     audio: token(p.audio),
     audio_completion: token(p.audio_completion),
+    image: p.image === undefined ? undefined : String(p.image),
   };
 }
 

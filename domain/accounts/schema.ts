@@ -79,6 +79,7 @@ export const Generation = Type.Object({
     web_searches: Type.Integer({ description: 'Web searches the provider ran for the call (billed at its web_search price)' }),
     tokens_audio_prompt: Type.Integer({ description: 'Of tokens_prompt, audio (billed at its audio price)' }),
     tokens_audio_completion: Type.Integer({ description: 'Of tokens_completion, audio (billed at its audio_completion price)' }),
+    images: Type.Integer({ description: 'Images in the prompt, billed at its image price where the catalog gives one' }),
     total_cost: Type.Number(),
     created_at: Timestamp,
     session_id: Type.Union([Type.String(), Type.Null()]),

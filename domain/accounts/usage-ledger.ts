@@ -380,6 +380,7 @@ const BILLED_EXTRAS = [
   'web_searches',
   'audio_input_tokens',
   'audio_output_tokens',
+  'images',
 ] as const;
 export type BilledExtra = (typeof BILLED_EXTRAS)[number];
 

@@ -16,6 +16,7 @@ const Pricing = Type.Object({
   audio_completion: Type.Optional(
     Type.String({ description: 'USD per audio completion token; calls asking for audio go only to endpoints with it' }),
   ),
+  image: Type.Optional(Type.String({ description: 'USD per image in the prompt' })),
 });
 
 export const ModelView = Type.Object({

@@ -53,7 +53,9 @@ const Pricing = Type.Object(
     cache_write_1h: Type.Optional(
       Type.Number({ minimum: 0, description: 'USD per million prompt tokens written to its 1-hour cache (default: 2 × the prompt price)' }),
     ),
-    image: Type.Optional(Type.Number({ minimum: 0 })),
+    image: Type.Optional(
+      Type.Number({ minimum: 0, description: 'USD per image in the prompt (inline or by reference), beyond the tokens it counts as' }),
+    ),
     audio: Type.Optional(
       Type.Number({
         minimum: 0,

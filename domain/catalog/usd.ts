@@ -12,8 +12,8 @@ const CACHE_WRITE_1H_OF_PROMPT = 2;
 
 /**
  * USD for a call: tokens at the endpoint's per-million prices (prompt tokens read from or written
- * to the provider's cache at its cache prices, audio tokens at its audio prices), plus its per-request price and its per-search price
- * for each web search the provider ran.
+ * to the provider's cache at its cache prices, audio tokens at its audio prices), plus its per-request price, its per-search price
+ * for each web search the provider ran, and its per-image price for each image of the prompt.
  */
 export function costOf(
   e: {
@@ -28,6 +28,7 @@ export function costOf(
         web_search?: number;
         audio?: number;
         audio_completion?: number;
+        image?: number;
       };
     };
   },
@@ -47,6 +48,7 @@ export function costOf(
     (write - hour) * (p.cache_write ?? CACHE_WRITE_OF_PROMPT * p.prompt) +
     hour * (p.cache_write_1h ?? CACHE_WRITE_1H_OF_PROMPT * p.prompt);
   const completion = (usage.output_tokens - spoken) * p.completion + spoken * (p.audio_completion ?? p.completion);
-  const usd = (prompt + completion) / 1e6 + (p.request ?? 0) + (usage.web_searches ?? 0) * (p.web_search ?? 0);
+  const usd =
+    (prompt + completion) / 1e6 + (p.request ?? 0) + (usage.web_searches ?? 0) * (p.web_search ?? 0) + (usage.images ?? 0) * (p.image ?? 0);
   return roundUsd(usd);
 }

@@ -12,7 +12,7 @@ import type { CatalogModel } from '../catalog';
 import { costOf } from '../catalog/usd';
 import { servesExtras, servesOperation, type PricedExtras } from '../routing/engine';
 import type { InferenceOperation } from './formats';
-import { referencedMedia, type ReferencedMedia } from './media';
+import { imageCount, referencedMedia, type ReferencedMedia } from './media';
 import { webSearchesAllowed } from './server-tools';
 
 /** Output allowed when neither the request nor the endpoint says. */
@@ -31,11 +31,13 @@ export interface PromptSize {
   media?: ReferencedMedia;
   /** The web searches its tools let the provider run, each at the endpoint's per-search price. */
   searches?: number;
+  /** The images of its prompt (inline or by reference), each at the endpoint's per-image price. */
+  images?: number;
 }
 
 /** What the estimates of a call (or batch line) of `body`, `bytes` long with its preset, rest on. */
 export function promptSizeOf(body: Record<string, any>, bytes: number): Required<PromptSize> {
-  return { bytes, media: referencedMedia(body), searches: webSearchesAllowed(body) };
+  return { bytes, media: referencedMedia(body), searches: webSearchesAllowed(body), images: imageCount(body) };
 }
 
 export function estimateCompletionCost(
@@ -55,7 +57,12 @@ export function estimateCompletionCost(
       if (!servesOperation(e, operation) || !servesExtras(e, extras)) continue;
       const limit = e.entry.max_completion_tokens ?? DEFAULT_MAX_OUTPUT;
       const output = operation === 'embeddings' ? 0 : Math.max(0, Math.min(maxOutputTokens ?? limit, limit, m.context_length - input));
-      const usage = { input_tokens: input, output_tokens: output * choices, web_searches: prompt.searches ?? 0 };
+      const usage = {
+        input_tokens: input,
+        output_tokens: output * choices,
+        web_searches: prompt.searches ?? 0,
+        images: prompt.images ?? 0,
+      };
       // Audio the call sends or asks for may be all of its prompt or output, at the audio prices.
       const audio = { audio_input_tokens: extras?.audioIn ? input : 0, audio_output_tokens: extras?.audioOut ? output * choices : 0 };
       most = Math.max(most, costOf(e, usage), costOf(e, { ...usage, ...audio }));

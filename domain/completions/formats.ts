@@ -9,6 +9,7 @@ import { openai } from '../../infrastructure/providers/formats/openai';
 import { anthropicUsage } from '../../infrastructure/providers/formats/anthropic';
 import type { Usage } from '../../infrastructure/providers/formats';
 import { jsonObject } from '../../infrastructure/providers/formats/format';
+import { withCounted, type CountedFromRequest } from './counted-from-request';
 
 export type InferenceOperation = 'chat' | 'messages' | 'responses' | 'embeddings';
 export type StreamingOperation = Exclude<InferenceOperation, 'embeddings'>;
@@ -37,6 +38,8 @@ export class StreamTally {
   audioOutput = 0;
   /** The call asked for audio: output the upstream never totalled is billed as audio. */
   audioAsked = false;
+  /** What the request counts beyond the upstream's usage (counted-from-request.ts). */
+  counted: CountedFromRequest = {};
   output: number | null = null;
   /** Events carrying output (about one token each), for billing a stream the upstream never totalled. */
   produced = 0;
@@ -63,16 +66,19 @@ export class StreamTally {
     const reported = this.finished && this.output !== null;
     const output = reported ? this.output! : Math.max(this.output ?? 0, this.produced);
     const spoken = reported ? this.audioOutput : this.audioAsked ? output : 0;
-    return {
-      input_tokens: this.input ?? inputEstimate,
-      output_tokens: output,
-      ...(this.input !== null && this.cacheRead && { cache_read_tokens: this.cacheRead }),
-      ...(this.input !== null && this.cacheWrite && { cache_write_tokens: this.cacheWrite }),
-      ...(this.input !== null && this.cacheWrite1h && { cache_write_1h_tokens: this.cacheWrite1h }),
-      ...(this.webSearches && { web_searches: this.webSearches }),
-      ...(this.input !== null && this.audioInput && { audio_input_tokens: this.audioInput }),
-      ...(spoken && { audio_output_tokens: spoken }),
-    };
+    return withCounted(
+      {
+        input_tokens: this.input ?? inputEstimate,
+        output_tokens: output,
+        ...(this.input !== null && this.cacheRead && { cache_read_tokens: this.cacheRead }),
+        ...(this.input !== null && this.cacheWrite && { cache_write_tokens: this.cacheWrite }),
+        ...(this.input !== null && this.cacheWrite1h && { cache_write_1h_tokens: this.cacheWrite1h }),
+        ...(this.webSearches && { web_searches: this.webSearches }),
+        ...(this.input !== null && this.audioInput && { audio_input_tokens: this.audioInput }),
+        ...(spoken && { audio_output_tokens: spoken }),
+      },
+      this.counted,
+    );
   }
 }
 

@@ -36,17 +36,35 @@ function classify(p: Part, into: ReferencedMedia): void {
   }
 }
 
-/** What the request names by reference, in the messages (chat, messages) or input items (responses) it sends. */
-export function referencedMedia(body: Record<string, any>): ReferencedMedia {
-  const found = { images: 0, documents: 0 };
+/** Each content part of the messages (chat, messages) or input items (responses) a request sends. */
+function eachPart(body: Record<string, any>, visit: (p: Part) => void): void {
   const turns = Array.isArray(body.messages) ? body.messages : Array.isArray(body.input) ? body.input : [];
   for (const turn of turns) {
     if (!turn || typeof turn !== 'object') continue;
     // A responses input item may be a part itself, or a message holding parts.
-    if (typeof turn.type === 'string' && turn.type !== 'message') classify(turn, found);
-    if (Array.isArray(turn.content)) for (const p of turn.content) if (p && typeof p === 'object') classify(p, found);
+    if (typeof turn.type === 'string' && turn.type !== 'message') visit(turn);
+    if (Array.isArray(turn.content)) for (const p of turn.content) if (p && typeof p === 'object') visit(p);
   }
+}
+
+/** What the request names by reference. */
+export function referencedMedia(body: Record<string, any>): ReferencedMedia {
+  const found = { images: 0, documents: 0 };
+  eachPart(body, (p) => classify(p, found));
   return found;
+}
+
+const IMAGE_PARTS = new Set(['image_url', 'input_image', 'image']);
+
+/** The images a request's prompt holds, inline or by reference (a tool result's included): billed per image where the catalog gives an `image` price. */
+export function imageCount(body: Record<string, any>): number {
+  let n = 0;
+  const count = (p: Part): void => {
+    if (IMAGE_PARTS.has(p.type)) n++;
+    else if (p.type === 'tool_result' && Array.isArray(p.content)) for (const q of p.content) if (q && typeof q === 'object') count(q);
+  };
+  eachPart(body, count);
+  return n;
 }
 
 /**

@@ -23,8 +23,7 @@ import { finishBody, STREAM_FORMATS, StreamTally, type InferenceOperation, type 
 import { planInference, type InferencePlan } from './request';
 import { estimateCompletionCost, promptSizeOf, promptTokensEstimate, type PromptSize } from './estimate';
 import { complete, openStream, type OpenedStream } from './execute';
-import { searchesPerCall } from './server-tools';
-import { withSearchesPerCall } from '../routing/endpoint-call';
+import { countedFromRequest, withCounted } from './counted-from-request';
 
 type Body = Record<string, any>;
 
@@ -187,13 +186,13 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     }
 
     const { endpoint } = opened;
-    // A search billed per call is billed however the stream ends (the provider ran it first), and is in the cost the client is shown.
-    const perCall = searchesPerCall(call.operation, call.plan.upstreamBody, opened.dropped);
-    tally.webSearches = perCall;
+    // What the request counts is billed however the stream ends, and is in the cost the client is shown.
+    const counted = countedFromRequest(call.operation, call.plan.upstreamBody, opened.dropped);
+    tally.counted = counted;
     tally.audioAsked = call.plan.extras.audioOut;
     if (opened.dropped.length) out.setHeader(DROPPED_HEADER, [...opened.dropped].sort().join(','));
     const served: Served = { id: call.generationId, model: endpoint.model.canonicalId, provider: endpoint.provider.slug };
-    const options = { includeUsage: call.plan.includeUsage, cost: (u: Usage) => costOf(endpoint, withSearchesPerCall(u, perCall)) };
+    const options = { includeUsage: call.plan.includeUsage, cost: (u: Usage) => costOf(endpoint, withCounted(u, counted)) };
     /** The stream's last words wait until its usage is recorded. */
     const held: string[] = [];
     let failure: unknown = null;

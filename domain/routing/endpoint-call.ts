@@ -9,7 +9,7 @@ import { BadRequestError } from '../../infrastructure/errors';
 import { PROVIDER_FORMATS, type ProviderFormat, type Usage } from '../../infrastructure/providers/formats';
 import type { ProviderHttp, StreamResponse } from '../../infrastructure/providers/http';
 import { translationFor, type StreamTranslator, type Translation } from '../../infrastructure/providers/translate';
-import { searchesPerCall } from '../completions/server-tools';
+import { countedFromRequest, withCounted } from '../completions/counted-from-request';
 
 export interface ProviderResponse {
   /** The answer, in the terms of the operation asked for. */
@@ -113,14 +113,9 @@ export async function callEndpoint(
   const sent = upstreamBody(e, t, body, dropped, opts);
   const started = performance.now();
   const res = await http.postJson(t.url, sent, httpOptions(e, t.format, opts));
-  const usage = withSearchesPerCall(t.format.usageOf(t.operation, res.body), searchesPerCall(operation, body, dropped));
+  const usage = withCounted(t.format.usageOf(t.operation, res.body), countedFromRequest(operation, body, dropped));
   const answer = t.translation ? t.translation.answer(res.body) : res.body;
   return { body: answer, usage, latencyMs: performance.now() - started, dropped };
-}
-
-/** The usage with at least the searches the provider bills per call (server-tools.ts). */
-export function withSearchesPerCall(usage: Usage, perCall: number): Usage {
-  return perCall > (usage.web_searches ?? 0) ? { ...usage, web_searches: perCall } : usage;
 }
 
 /** An error event in a stream the endpoint accepted, as the failure it means (null: not an error). */

@@ -1,7 +1,7 @@
 // Images and documents a request names by reference, and what the hold counts for them
 // (domain/completions/media.ts, estimate.ts): the body's bytes do not show what the provider bills.
 import { expect } from 'chai';
-import { audioFields, referencedMedia } from '../../domain/completions/media';
+import { audioFields, imageCount, referencedMedia } from '../../domain/completions/media';
 import { estimateCompletionCost, promptTokensEstimate } from '../../domain/completions/estimate';
 import type { CatalogModel } from '../../domain/catalog';
 
@@ -87,6 +87,49 @@ describe('media named by reference', () => {
     expect(cost(false, false)).to.be.closeTo((1_000 + 20) / 1e6, 1e-12);
     expect(cost(true, false)).to.be.closeTo((40_000 + 20) / 1e6, 1e-12);
     expect(cost(true, true)).to.be.closeTo((40_000 + 800) / 1e6, 1e-12);
+  });
+
+  it('counts every image of a prompt, inline or by reference, in each format, a tool result’s included', () => {
+    expect(
+      imageCount({
+        messages: [
+          {
+            role: 'user',
+            content: [
+              { type: 'image_url', image_url: { url: 'data:image/png;base64,AA==' } },
+              { type: 'text', text: 'x' },
+            ],
+          },
+          { role: 'user', content: [{ type: 'image_url', image_url: 'https://img.example/a.png' }] },
+        ],
+      }),
+    ).to.equal(2);
+    expect(
+      imageCount({
+        input: [
+          { type: 'input_image', image_url: 'https://img.example/a.png' },
+          { role: 'user', content: 'hi' },
+        ],
+      }),
+    ).to.equal(1);
+    expect(
+      imageCount({
+        messages: [
+          {
+            role: 'user',
+            content: [
+              { type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AA==' } },
+              {
+                type: 'tool_result',
+                tool_use_id: 't',
+                content: [{ type: 'image', source: { type: 'url', url: 'https://img.example/b.png' } }],
+              },
+            ],
+          },
+        ],
+      }),
+    ).to.equal(2);
+    expect(imageCount({ messages: [{ role: 'user', content: 'no images' }] })).to.equal(0);
   });
 
   it('finds where a chat request sends audio and where it asks for it back', () => {

@@ -23,6 +23,8 @@ export interface Usage {
   audio_input_tokens?: number;
   /** Of output_tokens, audio (OpenAI's audio output), priced apart. */
   audio_output_tokens?: number;
+  /** Images in the prompt, billed per image where the catalog prices them (counted from the request). */
+  images?: number;
 }
 
 type Json = Record<string, any>;
