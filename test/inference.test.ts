@@ -89,12 +89,18 @@ describe('inference routes', function () {
         model('test/pair', [endpoint('good', 1), endpoint('good2', 2)]),
         model('test/big', [{ ...endpoint('big'), pricing: { prompt: 0.01, completion: 0.01 } }]),
         model('test/bloated', [endpoint('bloated', 0.1), endpoint('padded', 1)]),
-        // Standard endpoints, and one per provider tier at its own prices (twice, and six times).
+        // Standard endpoints, and one per provider tier at its own prices (twice, six times, and half).
         model('test/tiered', [
           endpoint('good', 1),
           { ...endpoint('good', 2), variant: 'priority', service_tier: 'priority' } as ReturnType<typeof endpoint>,
           endpoint('good-claude', 1),
           { ...endpoint('good-claude', 6), variant: 'fast', service_tier: 'fast' } as ReturnType<typeof endpoint>,
+          { ...endpoint('good', 0.5), variant: 'flex', service_tier: 'flex' } as ReturnType<typeof endpoint>,
+        ]),
+        // A standard endpoint that always fails, and a priority one: served only by a call that opts in to it.
+        model('test/opt-in', [
+          endpoint('broken', 1),
+          { ...endpoint('good', 2), variant: 'priority', service_tier: 'priority' } as ReturnType<typeof endpoint>,
         ]),
       );
     });
@@ -685,23 +691,24 @@ describe('inference routes', function () {
       expect(foreground.body.status).to.equal('completed');
     });
 
-    it('a provider tier (priority processing, fast mode) the catalog lists no endpoint for, and server tools it gives no price for, are a 400, from a preset or a batch line too; the provider is not called (before: billed at the standard price, the tools not at all)', async () => {
+    it('a provider tier (priority processing, flex processing, fast mode) the catalog lists no endpoint for, and server tools it gives no price for, are a 400, from a preset or a batch line too; the provider is not called (before: billed at the standard price, the tools not at all)', async () => {
       const spec = `run=${run}`;
       const counted = async () =>
         (await sandboxCount('_calls', spec, CHAT)) +
         (await sandboxCount('_calls', spec, RESPONSES)) +
         (await sandboxCount('_calls', spec, MESSAGES));
       const before = await counted();
-      const tier =
-        'service_tier: "priority" is billed by providers above their standard prices, and no endpoint of test/good is listed for it at its own';
-      const fast =
-        'speed: "fast" is billed by providers above their standard prices, and no endpoint of test/good is listed for it at its own';
+      const refused = (setting: string) =>
+        `${setting} is a provider tier billed away from the standard prices, and no endpoint of test/good is listed for it at its own`;
+      const tier = refused('service_tier: "priority"');
+      const fast = refused('speed: "fast"');
       const user = [{ role: 'user', content: 'hi' }];
       for (const stream of [false, true])
         for (const [path, body, message] of [
           ['/chat/completions', { model: 'test/good', messages: user, service_tier: 'priority', stream }, tier],
           ['/responses', { model: 'test/good', input: 'hi', service_tier: 'priority', stream }, tier],
           ['/messages', { model: 'test/good', messages: user, max_tokens: 5, speed: 'fast', stream }, fast],
+          ['/chat/completions', { model: 'test/good', messages: user, service_tier: 'flex', stream }, refused('service_tier: "flex"')],
         ] as const) {
           const r = await post(path, body);
           expect(r.status, `${path} ${JSON.stringify(r.body)}`).to.equal(400);
@@ -754,7 +761,7 @@ describe('inference routes', function () {
       expect(done.results[1].error).to.deep.include({ code: 400, message: unpriced(0, 'image_generation') });
       expect(await counted()).to.equal(before);
       // The standard settings are served.
-      expect((await post('/chat/completions', { model: 'test/good', messages: user, service_tier: 'flex' })).status).to.equal(200);
+      expect((await post('/chat/completions', { model: 'test/good', messages: user, service_tier: 'auto' })).status).to.equal(200);
       expect((await post('/messages', { model: 'test/good', messages: user, max_tokens: 5, speed: 'standard' })).status).to.equal(200);
     });
 
@@ -767,7 +774,7 @@ describe('inference routes', function () {
         completion_tokens?: number;
         input_tokens?: number;
         output_tokens?: number;
-      }) => Math.round((u.cost * 1e6) / ((u.prompt_tokens ?? u.input_tokens)! + 4 * (u.completion_tokens ?? u.output_tokens)!));
+      }) => Math.round((10 * u.cost * 1e6) / ((u.prompt_tokens ?? u.input_tokens)! + 4 * (u.completion_tokens ?? u.output_tokens)!)) / 10;
       for (let i = 0; i < 4; i++) {
         const standard = await post('/chat/completions', { model: 'test/tiered', messages: user, max_tokens: 5 });
         expect(multiple(standard.body.usage), 'standard').to.equal(1);
@@ -782,6 +789,10 @@ describe('inference routes', function () {
       expect(fast.status, JSON.stringify(fast.body)).to.equal(200);
       expect(fast.body.provider).to.equal('good-claude');
       expect(multiple(fast.body.usage)).to.equal(6);
+      // Flex processing, half the standard price: the provider is asked for it and says so.
+      const flex = await post('/chat/completions', { model: 'test/tiered', messages: user, max_tokens: 5, service_tier: 'flex' });
+      expect(flex.status, JSON.stringify(flex.body)).to.equal(200);
+      expect([flex.body.service_tier, multiple(flex.body.usage)]).to.deep.equal(['flex', 0.5]);
       // Streamed: the usage chunk's cost, and the record billed.
       const streamed = await streamCall(url('/chat/completions'), t.inferenceKey, {
         model: 'test/tiered',
@@ -799,6 +810,7 @@ describe('inference routes', function () {
         ['good', null],
         ['good-claude', null],
         ['good-claude/fast', 'fast'],
+        ['good/flex', 'flex'],
         ['good/priority', 'priority'],
       ]);
       // A batch line asking for the tier is served and billed at it.
@@ -819,6 +831,44 @@ describe('inference routes', function () {
       const records = await storedUsage(gw.store, { batch_id: batch.body.id });
       const billed = records.map((u) => multiple({ cost: u.cost, input_tokens: u.input_tokens, output_tokens: u.output_tokens }));
       expect(billed.sort()).to.deep.equal([1, 2]);
+    });
+
+    it("a call that asks for no tier opts in to one as OpenRouter's do: :nitro to priority endpoints, :floor to flex ones, a full tag in provider.only or order to its endpoint; the provider is asked for the tier, and it is billed at its prices; in batch lines too", async () => {
+      const user = [{ role: 'user', content: 'hi' }];
+      const multiple = (u: { cost: number; prompt_tokens: number; completion_tokens: number }) =>
+        Math.round((10 * u.cost * 1e6) / (u.prompt_tokens + 4 * u.completion_tokens)) / 10;
+      // Without an opt-in the priority endpoint never serves: the standard one fails, and so does the call.
+      const none = await post('/chat/completions', { model: 'test/opt-in', messages: user, max_tokens: 5 });
+      expect(none.status, JSON.stringify(none.body)).to.equal(502);
+      for (const body of [
+        { model: 'test/opt-in:nitro' },
+        { model: 'test/opt-in', provider: { only: ['good/priority'] } },
+        { model: 'test/opt-in', provider: { order: ['broken', 'good/priority'] } },
+      ]) {
+        const r = await post('/chat/completions', { ...body, messages: user, max_tokens: 5 });
+        expect(r.status, JSON.stringify(r.body)).to.equal(200);
+        expect([r.body.provider, r.body.service_tier, multiple(r.body.usage)], JSON.stringify(body)).to.deep.equal(['good', 'priority', 2]);
+      }
+      // A base slug names a provider's endpoints of no tier only.
+      const base = await post('/chat/completions', { model: 'test/opt-in', messages: user, max_tokens: 5, provider: { only: ['good'] } });
+      expect(base.status).to.equal(404);
+      // :floor sorts by price with flex endpoints competing: the flex one, at half the price.
+      const floor = await post('/chat/completions', { model: 'test/tiered:floor', messages: user, max_tokens: 5 });
+      expect([floor.body.service_tier, multiple(floor.body.usage)]).to.deep.equal(['flex', 0.5]);
+      // A batch line on :floor likewise.
+      const batch = await call(url('/batches'), {
+        key: t.inferenceKey,
+        body: {
+          endpoint: '/v1/chat/completions',
+          model: 'test/tiered:floor',
+          requests: [{ custom_id: 'f', body: { messages: user, max_tokens: 5 } }],
+        },
+      });
+      expect(batch.status, JSON.stringify(batch.body)).to.equal(202);
+      const done = await waitForStatus(gw.url, t.inferenceKey, batch.body.id, ['completed', 'failed']);
+      expect(done.request_counts).to.include({ completed: 1, failed: 0 });
+      const [line] = await storedUsage(gw.store, { batch_id: batch.body.id });
+      expect(Math.round((10 * line.cost * 1e6) / (line.input_tokens + 4 * line.output_tokens)) / 10).to.equal(0.5);
     });
 
     it('401 without a key or with a wrong one, 403 for a management operation, 402 without credits, in the envelope, streamed or not', async () => {

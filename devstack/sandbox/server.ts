@@ -198,6 +198,8 @@ function chatAnswer(
     created: CREATED,
     model: body.model,
     choices: Array.from({ length: n }, (_, index) => ({ index, message, logprobs, finish_reason: finish })),
+    // The tier that served it, as OpenAI names it.
+    service_tier: typeof body.service_tier === 'string' && body.service_tier !== 'auto' ? body.service_tier : 'default',
     usage: { prompt_tokens: promptTokens, completion_tokens: output, total_tokens: promptTokens + output, ...details },
   };
 }

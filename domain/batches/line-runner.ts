@@ -12,6 +12,7 @@ import { finishReasonOf } from '../traces/span';
 import { presetLookup, withPreset, type PresetLookup } from '../presets/apply';
 import { checkBilled, upstreamBodyOf } from '../completions/request';
 import type { PricedExtras } from '../routing/engine';
+import type { ProviderPreferences } from '../routing/preferences';
 import type { Store } from '../../infrastructure/store';
 import { OPERATION_OF } from './lines';
 import { failedResult, lineGenerationId, type ResultDoc } from './results';
@@ -57,10 +58,13 @@ export class LineRunner {
   private readonly target;
   /** Each preset is read once per chunk, however many lines name it. */
   private readonly preset: PresetLookup;
+  /** The batch's routing preferences: its lines' own are not read. */
+  private readonly preferences: ProviderPreferences | undefined;
 
   constructor(private readonly o: LineRunnerOptions) {
     this.operation = OPERATION_OF[o.batch.endpoint];
     this.target = o.upstreams.catalog.resolve(o.batch.model);
+    this.preferences = o.batch.provider_only ? { only: o.batch.provider_only } : undefined;
     const read = presetLookup(o.store, o.batch.workspace_id, o.presetVersions);
     const seen = new Map<string, ReturnType<PresetLookup>>();
     this.preset = (slug) => {
@@ -86,7 +90,7 @@ export class LineRunner {
     let extras: PricedExtras;
     try {
       ({ body, addedChars: presetChars } = await withPreset(lineBody(line), this.operation, this.preset));
-      extras = checkBilled([this.target.model], body, this.operation);
+      extras = checkBilled([this.target.model], body, this.operation, { variant: this.target.variant, preferences: this.preferences });
     } catch (err) {
       // A preset that is missing (or another workspace's), or what a provider would bill beyond the
       // catalog's prices, fails this line alone, never the chunk.
@@ -177,7 +181,7 @@ export class LineRunner {
           variant: this.target.variant,
           extras,
           operation: this.operation,
-          preferences: batch.provider_only ? { only: batch.provider_only } : undefined,
+          preferences: this.preferences,
           workspace: this.o.workspace,
           session,
           body: upstreamBody,

@@ -4,7 +4,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { compileBody } from '../../infrastructure/validation/index';
 import { BadRequestError, NotFoundError } from '../../infrastructure/errors';
-import { operationsOf } from '../../infrastructure/providers/formats';
+import { operationsOf, PROVIDER_FORMATS } from '../../infrastructure/providers/formats';
 import { CatalogFile, type EndpointEntry, type ModelEntry, type Operation, type ProviderEntry } from './schema';
 
 export * from './schema';
@@ -77,6 +77,11 @@ export class Catalog {
         if (tags.has(tag)) fail(`${where}.endpoints[${j}]`, `duplicate endpoint ${tag}`);
         tags.add(tag);
         const operations = operationsOf(provider.adapter);
+        if (e.service_tier && !PROVIDER_FORMATS[provider.adapter].tiers[e.service_tier])
+          fail(
+            `${where}.endpoints[${j}].service_tier`,
+            `${provider.adapter} providers have no tier "${e.service_tier}" (they have: ${Object.keys(PROVIDER_FORMATS[provider.adapter].tiers).join(', ') || 'none'})`,
+          );
         if (m.kind === 'embedding' && !operations.includes('embeddings'))
           fail(`${where}.endpoints[${j}]`, `embedding models need an adapter that serves embeddings, ${e.provider} is ${provider.adapter}`);
         model.endpoints.push({ key: `${m.id}@${tag}`, tag, model, provider, entry: e, operations });

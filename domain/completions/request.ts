@@ -7,7 +7,7 @@ import type { ProviderPreferences } from '../routing/preferences';
 import type { InferenceOperation } from './formats';
 import { refuseUnpricedTools, searchField } from './server-tools';
 import { audioFields } from './media';
-import { servesExtras, servesOperation, servesTier, type PricedExtras } from '../routing/engine';
+import { servesExtras, servesOperation, servesTier, tierOptIn, type PricedExtras } from '../routing/engine';
 
 type Body = Record<string, any>;
 
@@ -77,21 +77,23 @@ export function modelNamesOf(body: Body): string[] {
 }
 
 /**
- * Tiers a provider bills above its standard prices, and how a call asks for them: OpenAI's priority
- * processing (about twice the standard price) and Anthropic's fast mode (two to six times). A call
- * asking for one goes only to endpoints the catalog lists for that tier, at their prices; one the
- * catalog lists none for is refused. Read once a preset is applied (a preset may store them).
+ * Tiers a provider bills away from its standard prices, and how a call asks for them: OpenAI's
+ * priority processing (about twice the standard price) and flex processing (about half), and
+ * Anthropic's fast mode (two to six times). A call asking for one goes only to endpoints the
+ * catalog lists for that tier, at their prices; one the catalog lists none for is refused. Read
+ * once a preset is applied (a preset may store them).
  */
-const TIER_SETTINGS: Partial<Record<InferenceOperation, { field: string; value: string }>> = {
-  chat: { field: 'service_tier', value: 'priority' },
-  responses: { field: 'service_tier', value: 'priority' },
-  messages: { field: 'speed', value: 'fast' },
+const TIER_SETTINGS: Partial<Record<InferenceOperation, { field: string; values: string[] }>> = {
+  chat: { field: 'service_tier', values: ['priority', 'flex'] },
+  responses: { field: 'service_tier', values: ['priority', 'flex'] },
+  messages: { field: 'speed', values: ['fast'] },
 };
 
 /** The provider tier a call asks for (null: the standard one). */
 function tierOf(body: Body, operation: InferenceOperation): string | null {
   const setting = TIER_SETTINGS[operation];
-  return setting && body[setting.field] === setting.value ? setting.value : null;
+  const value: unknown = setting && body[setting.field];
+  return typeof value === 'string' && setting!.values.includes(value) ? value : null;
 }
 
 /**
@@ -99,22 +101,29 @@ function tierOf(body: Body, operation: InferenceOperation): string | null {
  * no endpoint of the models is listed for, or web searches or audio none of the tier's endpoints
  * gives a price for. Returns what the call asks for beyond tokens.
  */
-export function checkBilled(models: CatalogModel[], body: Body, operation: InferenceOperation): PricedExtras {
+export function checkBilled(
+  models: CatalogModel[],
+  body: Body,
+  operation: InferenceOperation,
+  /** How the call is routed: its variant and preferences may opt in to tiers it does not ask for. */
+  route: { variant: ModelVariant; preferences: ProviderPreferences | undefined },
+): PricedExtras {
   refuseUnpricedTools(body);
   const served = (keep: (e: Endpoint) => boolean) => models.some((m) => m.endpoints.some((e) => keep(e) && servesOperation(e, operation)));
   const names = models.map((m) => m.id).join(', ');
   const tier = tierOf(body, operation);
-  if (tier && !served((e) => servesTier(e, tier))) {
+  if (tier && !served((e) => servesTier(e, { tier, optIn: [] }))) {
     const { field } = TIER_SETTINGS[operation]!;
     throw new BadRequestError(
-      `${field}: "${tier}" is billed by providers above their standard prices, and no endpoint of ${names} is listed for it at its own`,
+      `${field}: "${tier}" is a provider tier billed away from the standard prices, and no endpoint of ${names} is listed for it at its own`,
     );
   }
   const ofTier = tier ? ` (${tier})` : '';
   const search = searchField(body);
   const audio = audioFields(body);
   // Each extra is checked with those before it, so the 400 names the first the endpoints cannot all be priced for.
-  const extras: PricedExtras = { tier, searches: false, audioIn: false, audioOut: false };
+  const optIn = tier ? [] : tierOptIn(route.variant, route.preferences);
+  const extras: PricedExtras = { tier, optIn, searches: false, audioIn: false, audioOut: false };
   for (const [field, key, what, price] of [
     [search, 'searches', 'web searches are billed by providers per search', 'a web_search'],
     [audio.input, 'audioIn', 'audio sent is billed by providers at its own prices', 'an audio'],
@@ -140,7 +149,7 @@ export function planInference(catalog: Catalog, body: Body, operation: Inference
     throw new BadRequestError('max_tokens: is required (in the request or its preset)');
   }
 
-  const extras = checkBilled(models, body, operation);
+  const extras = checkBilled(models, body, operation, { variant: primary.variant, preferences: body.provider ?? undefined });
   const upstreamBody = upstreamBodyOf(body);
   const maxOut = body.max_completion_tokens ?? body.max_tokens ?? body.max_output_tokens;
   return {

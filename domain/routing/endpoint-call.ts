@@ -76,7 +76,10 @@ function upstreamBody(
       `provider.require_parameters: ${[...dropped].sort().join(', ')} cannot be sent to ${e.provider.slug} (${e.provider.adapter} format)`,
     );
   }
-  return { ...sent, model: e.entry.upstream_model };
+  // An endpoint of a tier is billed at its prices, so the provider is always asked for that tier
+  // (a call opted in to it, by `:nitro` say, did not ask itself), in the provider's own terms.
+  const tier = e.entry.service_tier ? t.format.tiers[e.entry.service_tier] : undefined;
+  return { ...sent, ...tier, model: e.entry.upstream_model };
 }
 
 export interface OpenedEndpointStream {

@@ -87,19 +87,39 @@ export function servesOperation(e: Endpoint, operation: Operation): boolean {
  */
 export interface PricedExtras {
   tier: string | null;
+  /**
+   * Tiers, and endpoint tags, that may serve the call though it asks for no tier (OpenRouter's
+   * opt-ins: `:nitro` lets priority endpoints compete, `:floor` flex ones, and a full tag in
+   * `provider.only` or `order` names one); such an endpoint is sent its tier's request fields.
+   */
+  optIn: readonly string[];
   searches: boolean;
   audioIn: boolean;
   audioOut: boolean;
 }
 
-/** Whether the endpoint serves the tier asked for (null: the standard one, served by endpoints of no tier). */
-export function servesTier(e: Endpoint, tier: string | null | undefined): boolean {
-  return (e.entry.service_tier ?? null) === (tier ?? null);
+/**
+ * Whether the endpoint may serve the call's tier: the tier asked for, only by its endpoints; none,
+ * by endpoints of no tier and those the call opts in.
+ */
+export function servesTier(e: Endpoint, extras: Pick<PricedExtras, 'tier' | 'optIn'> | undefined): boolean {
+  const tier = e.entry.service_tier ?? null;
+  if (extras?.tier) return tier === extras.tier;
+  return tier === null || Boolean(extras?.optIn.includes(tier) || extras?.optIn.includes(e.tag));
+}
+
+/** Tiers a variant lets compete with the standard endpoints (OpenRouter's `:nitro` and `:floor`). */
+const VARIANT_TIERS: Partial<Record<NonNullable<ModelVariant>, string[]>> = { nitro: ['priority', 'fast'], floor: ['flex'] };
+
+/** What a call opts in to without asking for a tier: its variant's tiers, and endpoints its `only` or `order` name by full tag. */
+export function tierOptIn(variant: ModelVariant, preferences: ProviderPreferences | undefined): string[] {
+  const tags = [...(preferences?.only ?? []), ...(preferences?.order ?? [])].filter((s) => typeof s === 'string' && s.includes('/'));
+  return [...((variant && VARIANT_TIERS[variant]) ?? []), ...tags];
 }
 
 /** Whether the catalog prices the endpoint for the call's extras: its tier (and only that one), and each other extra it asks for. */
 export function servesExtras(e: Endpoint, extras: PricedExtras | undefined): boolean {
-  if (!servesTier(e, extras?.tier)) return false;
+  if (!servesTier(e, extras)) return false;
   const p = e.entry.pricing;
   return (
     (!extras?.searches || p.web_search !== undefined) &&
@@ -113,8 +133,8 @@ type Filter = [name: string, keep: (e: Endpoint) => boolean];
 function filters(input: RouteInput): Filter[] {
   const prefs = input.preferences ?? {};
   const ws = input.workspace ?? {};
-  // An endpoint of a tier serves the calls that ask for it, at its prices, and only those.
-  const out: Filter[] = [['service_tier', (e) => servesTier(e, input.extras?.tier)]];
+  // An endpoint of a tier serves the calls that ask for it, or opt in to it, at its prices, and only those.
+  const out: Filter[] = [['service_tier', (e) => servesTier(e, input.extras)]];
   // A call that may run web searches, or sends or asks for audio, goes only where the catalog gives their prices.
   const x = input.extras;
   if (x?.searches || x?.audioIn || x?.audioOut) out.push(['priced_extras', (e) => servesExtras(e, x)]);

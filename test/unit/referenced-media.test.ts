@@ -83,7 +83,7 @@ describe('media named by reference', () => {
       },
     ];
     const cost = (audioIn: boolean, audioOut: boolean) =>
-      estimateCompletionCost([model], 'chat', { bytes: 3_000 }, 10, 1, { tier: null, searches: false, audioIn, audioOut });
+      estimateCompletionCost([model], 'chat', { bytes: 3_000 }, 10, 1, { tier: null, optIn: [], searches: false, audioIn, audioOut });
     expect(cost(false, false)).to.be.closeTo((1_000 + 20) / 1e6, 1e-12);
     expect(cost(true, false)).to.be.closeTo((40_000 + 20) / 1e6, 1e-12);
     expect(cost(true, true)).to.be.closeTo((40_000 + 800) / 1e6, 1e-12);

@@ -417,6 +417,13 @@ describe('catalog', () => {
       'models[0] (acme/chat-2).endpoints[0].provider: unknown provider "ghost"',
     ],
     [
+      'a provider tier its provider’s format does not have',
+      (c) => {
+        c.models[0].endpoints[0].service_tier = 'turbo';
+      },
+      'models[0] (acme/chat-2).endpoints[0].service_tier: openai providers have no tier "turbo" (they have: priority, flex)',
+    ],
+    [
       'a duplicate provider slug',
       (c) => {
         c.providers.push({ ...c.providers[0] });

@@ -7,6 +7,8 @@ export const anthropic: ProviderFormat = {
   paths: { messages: '/v1/messages' },
 
   headers: (apiKey) => ({ 'anthropic-version': '2023-06-01', ...(apiKey ? { 'x-api-key': apiKey } : {}) }),
+  // Fast mode: two to six times the standard price.
+  tiers: { fast: { speed: 'fast' } },
 
   streamBody: (_operation, body) => ({ ...body, stream: true }),
 

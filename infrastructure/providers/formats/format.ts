@@ -34,6 +34,11 @@ export interface ProviderFormat {
   readonly paths: Partial<Record<Operation, string>>;
   /** Headers that authenticate (and version) a call; `apiKey` is absent for keyless providers. */
   headers(apiKey: string | undefined): Record<string, string>;
+  /**
+   * The provider tiers this format's providers bill above or below their standard prices, each with
+   * the request fields that ask for it (an endpoint of a tier is always sent them).
+   */
+  readonly tiers: Readonly<Record<string, Record<string, string>>>;
   /** The body of a streamed call: the call's body plus whatever the format needs to report usage. */
   streamBody(operation: Operation, body: Json): Json;
   /** The token counts of an answer (or a stream chunk carrying them); 0 for what it does not say. */

@@ -8,6 +8,9 @@ export const openai: ProviderFormat = {
 
   headers: (apiKey): Record<string, string> => (apiKey ? { authorization: `Bearer ${apiKey}` } : {}),
 
+  // Priority processing (about twice the standard price) and flex processing (about half, slower).
+  tiers: { priority: { service_tier: 'priority' }, flex: { service_tier: 'flex' } },
+
   // Chat completions report usage in a stream only when asked: the gateway always asks, since it
   // bills from it, and passes the usage on to the client only if it asked too.
   streamBody(operation, body) {

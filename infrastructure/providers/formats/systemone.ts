@@ -6,6 +6,7 @@ export const systemone: ProviderFormat = {
   paths: { systemone: '/v1/systemone' },
 
   headers: (apiKey): Record<string, string> => (apiKey ? { authorization: `Bearer ${apiKey}` } : {}),
+  tiers: {},
 
   streamBody: (_operation, body) => ({ ...body, stream: true }),
 
