@@ -270,6 +270,20 @@ export async function storedUsage(store: Store, filter: Filter<StoredUsageDoc>):
   return (await store.usage.find(filter).toArray()).map(fromStoredUsage);
 }
 
+/** Runs a chat batch of one line on `model` through the gateway and returns the line's usage record once it is stored. */
+export async function billedBatchLine(gw: TestGateway, key: string, model: string, body: Record<string, unknown>): Promise<UsageDoc> {
+  const batch = await call(`${gw.url}/api/v1/batches`, {
+    key,
+    body: { endpoint: '/v1/chat/completions', model, requests: [{ custom_id: 'line', body }] },
+  });
+  expect(batch.status, JSON.stringify(batch.body)).to.equal(202);
+  const done = await waitForStatus(gw.url, key, batch.body.id, ['completed', 'failed']);
+  expect(done.request_counts).to.include({ completed: 1, failed: 0 });
+  await gw.usage.flushed();
+  const [line] = await storedUsage(gw.store, { batch_id: batch.body.id });
+  return line;
+}
+
 /** One stored usage record, or null. */
 export async function storedRecord(store: Store, id: string): Promise<UsageDoc | null> {
   const [doc] = await storedUsage(store, { _id: id });

@@ -16,6 +16,7 @@ import {
   type TestGateway,
   storedUsage,
   waitForStatus,
+  billedBatchLine,
 } from './helpers';
 import { parseSse, streamCall } from './inference-helpers';
 
@@ -856,18 +857,7 @@ describe('inference routes', function () {
       const floor = await post('/chat/completions', { model: 'test/tiered:floor', messages: user, max_tokens: 5 });
       expect([floor.body.service_tier, multiple(floor.body.usage)]).to.deep.equal(['flex', 0.5]);
       // A batch line on :floor likewise.
-      const batch = await call(url('/batches'), {
-        key: t.inferenceKey,
-        body: {
-          endpoint: '/v1/chat/completions',
-          model: 'test/tiered:floor',
-          requests: [{ custom_id: 'f', body: { messages: user, max_tokens: 5 } }],
-        },
-      });
-      expect(batch.status, JSON.stringify(batch.body)).to.equal(202);
-      const done = await waitForStatus(gw.url, t.inferenceKey, batch.body.id, ['completed', 'failed']);
-      expect(done.request_counts).to.include({ completed: 1, failed: 0 });
-      const [line] = await storedUsage(gw.store, { batch_id: batch.body.id });
+      const line = await billedBatchLine(gw, t.inferenceKey, 'test/tiered:floor', { messages: user, max_tokens: 5 });
       expect(Math.round((10 * line.cost * 1e6) / (line.input_tokens + 4 * line.output_tokens)) / 10).to.equal(0.5);
     });
 

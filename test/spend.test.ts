@@ -19,6 +19,7 @@ import {
   writeTestCatalog,
   storedUsage,
   streamLeftEarly,
+  billedBatchLine,
   type TestGateway,
 } from './helpers';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
@@ -804,19 +805,11 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
     }
 
     // A batch line: the same endpoint and the same bill.
-    const batch = await call(`${gw.url}/api/v1/batches`, {
-      key: t.inferenceKey,
-      body: {
-        endpoint: '/v1/chat/completions',
-        model: 'test/search-chat',
-        requests: [{ custom_id: 's', body: { messages: chatBody.messages, max_tokens: 5, web_search_options: {} } }],
-      },
+    const line = await billedBatchLine(gw, t.inferenceKey, 'test/search-chat', {
+      messages: chatBody.messages,
+      max_tokens: 5,
+      web_search_options: {},
     });
-    expect(batch.status, JSON.stringify(batch.body)).to.equal(202);
-    const done = await waitForStatus(gw.url, t.inferenceKey, batch.body.id, ['completed', 'failed']);
-    expect(done.request_counts).to.include({ completed: 1, failed: 0 });
-    await gw.usage.flushed();
-    const [line] = await storedUsage(gw.store, { batch_id: batch.body.id });
     expect(line.provider).to.equal('searchchat');
     expect(line.cost).to.be.closeTo((line.input_tokens + line.output_tokens) / 1e6 + 0.01, 1e-9);
     expect(await searchesOf(t, line._id)).to.equal(1);
@@ -898,19 +891,7 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
     expect((await billed(last.id)).cost).to.be.closeTo(expected, 1e-9);
 
     // A batch line sending audio: the same endpoint and prices.
-    const batch = await call(`${gw.url}/api/v1/batches`, {
-      key: t.inferenceKey,
-      body: {
-        endpoint: '/v1/chat/completions',
-        model: 'test/audio',
-        requests: [{ custom_id: 'a', body: { messages: heard, max_tokens: 5 } }],
-      },
-    });
-    expect(batch.status, JSON.stringify(batch.body)).to.equal(202);
-    const done = await waitForStatus(gw.url, t.inferenceKey, batch.body.id, ['completed', 'failed']);
-    expect(done.request_counts).to.include({ completed: 1, failed: 0 });
-    await gw.usage.flushed();
-    const [line] = await storedUsage(gw.store, { batch_id: batch.body.id });
+    const line = await billedBatchLine(gw, t.inferenceKey, 'test/audio', { messages: heard, max_tokens: 5 });
     expect(line.provider).to.equal('searchchat');
     expect(line.cost).to.be.closeTo(((line.input_tokens - 100) * 2.5 + 100 * 40 + line.output_tokens * 10) / 1e6, 1e-9);
     expect(await generation(line._id)).to.deep.include({ tokens_audio_prompt: 100 });
@@ -981,19 +962,10 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
     expect(await generation(start.id)).to.deep.include({ images: 1 });
 
     // A batch line with an image.
-    const batch = await call(`${gw.url}/api/v1/batches`, {
-      key: t.inferenceKey,
-      body: {
-        endpoint: '/v1/chat/completions',
-        model: 'test/image',
-        requests: [{ custom_id: 'i', body: { messages: [{ role: 'user', content: chatParts.slice(0, 2) }], max_tokens: 5 } }],
-      },
+    const line = await billedBatchLine(gw, t.inferenceKey, 'test/image', {
+      messages: [{ role: 'user', content: chatParts.slice(0, 2) }],
+      max_tokens: 5,
     });
-    expect(batch.status, JSON.stringify(batch.body)).to.equal(202);
-    const done = await waitForStatus(gw.url, t.inferenceKey, batch.body.id, ['completed', 'failed']);
-    expect(done.request_counts).to.include({ completed: 1, failed: 0 });
-    await gw.usage.flushed();
-    const [line] = await storedUsage(gw.store, { batch_id: batch.body.id });
     expect(line.cost).to.be.closeTo(tokens(line.input_tokens, line.output_tokens) + 0.002, 1e-9);
 
     // Without an image price, images are their tokens only.
