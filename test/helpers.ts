@@ -270,6 +270,14 @@ export async function storedUsage(store: Store, filter: Filter<StoredUsageDoc>):
   return (await store.usage.find(filter).toArray()).map(fromStoredUsage);
 }
 
+/** The JSON events of a server-sent-events answer's text (`data: [DONE]` and other lines left out). */
+export function sseJson(text: unknown): any[] {
+  return String(text)
+    .split('\n')
+    .filter((l) => l.startsWith('data: {'))
+    .map((l) => JSON.parse(l.slice(6)));
+}
+
 /** Runs a chat batch of one line on `model` through the gateway and returns the line's usage record once it is stored. */
 export async function billedBatchLine(gw: TestGateway, key: string, model: string, body: Record<string, unknown>): Promise<UsageDoc> {
   const batch = await call(`${gw.url}/api/v1/batches`, {

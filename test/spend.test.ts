@@ -20,6 +20,7 @@ import {
   storedUsage,
   streamLeftEarly,
   billedBatchLine,
+  sseJson,
   type TestGateway,
 } from './helpers';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
@@ -581,10 +582,7 @@ describe('prompt tokens a provider reads from or writes to its cache', () => {
 
       // Streamed: the counts arrive in message_start, the cost with message_delta.
       const streamed = await ask(true);
-      const events = String(streamed.body)
-        .split('\n')
-        .filter((l) => l.startsWith('data: '))
-        .map((l) => JSON.parse(l.slice(6)));
+      const events = sseJson(streamed.body);
       const id = events.find((e) => e.type === 'message_start').message.id;
       const usage = {
         ...events.find((e) => e.type === 'message_start').message.usage,
@@ -625,10 +623,7 @@ describe('prompt tokens a provider reads from or writes to its cache', () => {
             stream_options: { include_usage: true },
           },
         });
-        const chunks = String(r.body)
-          .split('\n')
-          .filter((l) => l.startsWith('data: {'))
-          .map((l) => JSON.parse(l.slice(6)));
+        const chunks = sseJson(r.body);
         const last = chunks.find((c) => c.usage);
         return { id: chunks[0].id as string, usage: last.usage };
       };
@@ -746,10 +741,7 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
     expect(await searchesOf(t, m.body.id)).to.equal(1);
 
     const streamed = await call(`${gw.url}/api/v1/messages`, { key: t.inferenceKey, body: { ...messagesBody, stream: true } });
-    const events = String(streamed.body)
-      .split('\n')
-      .filter((l) => l.startsWith('data: '))
-      .map((l) => JSON.parse(l.slice(6)));
+    const events = sseJson(streamed.body);
     const start = events.find((e) => e.type === 'message_start').message;
     const delta = events.find((e) => e.type === 'message_delta').usage;
     expect((await billed(start.id)).cost).to.be.closeTo(tokensCost(start.usage.input_tokens, delta.output_tokens) + 0.01, 1e-9);
@@ -782,10 +774,7 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
       key: t.inferenceKey,
       body: { ...searching, stream: true, stream_options: { include_usage: true } },
     });
-    const chunks = String(streamed.body)
-      .split('\n')
-      .filter((l) => l.startsWith('data: {'))
-      .map((l) => JSON.parse(l.slice(6)));
+    const chunks = sseJson(streamed.body);
     const last = chunks.find((x) => x.usage);
     expect(last.provider).to.equal('searchchat');
     expect(last.usage.cost).to.be.closeTo(tokensCost(last.usage) + 0.01, 1e-9);
@@ -880,10 +869,7 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
       key: t.inferenceKey,
       body: { ...spoken, messages: heard, stream: true, stream_options: { include_usage: true } },
     });
-    const chunks = String(streamed.body)
-      .split('\n')
-      .filter((l) => l.startsWith('data: {'))
-      .map((l) => JSON.parse(l.slice(6)));
+    const chunks = sseJson(streamed.body);
     expect(chunks.some((c) => c.choices?.[0]?.delta?.audio?.transcript)).to.equal(true);
     const last = chunks.find((c) => c.usage);
     const expected = costOf(last.usage, 100, last.usage.completion_tokens);
@@ -949,10 +935,7 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
         ],
       },
     });
-    const events = String(streamed.body)
-      .split('\n')
-      .filter((l) => l.startsWith('data: '))
-      .map((l) => JSON.parse(l.slice(6)));
+    const events = sseJson(streamed.body);
     const start = events.find((e) => e.type === 'message_start').message;
     const delta = events.find((e) => e.type === 'message_delta').usage;
     // A stream translated from a chat provider learns the prompt's count at its end: message_delta carries it.
