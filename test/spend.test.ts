@@ -804,6 +804,59 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
     expect(await searchesOf(t, line._id)).to.equal(1);
   });
 
+  it('the web plugin (or :online) runs as the provider’s own search in each format, routed, held for and billed as one, and in batch lines; other engines are a 400 (before: ignored, no search)', async () => {
+    const t = await createTenant(gw.store, 5);
+    const tokensCost = (input: number, output: number) => (input + output) / 1e6;
+    const messages = [{ role: 'user', content: 'news?' }];
+    const web = [{ id: 'web' }];
+    // Chat: sorted by price, the cheaper endpoint without a search price would serve it otherwise.
+    const c = await call(`${gw.url}/api/v1/chat/completions`, {
+      key: t.inferenceKey,
+      body: { model: 'test/search-chat', messages, max_tokens: 5, plugins: web, provider: { sort: 'price' } },
+    });
+    expect(c.status, JSON.stringify(c.body)).to.equal(200);
+    expect(c.body.provider).to.equal('searchchat');
+    expect((await billed(c.body.id)).cost).to.be.closeTo(
+      tokensCost(c.body.usage.prompt_tokens, c.body.usage.completion_tokens) + 0.01,
+      1e-9,
+    );
+    // Messages, by the :online suffix: the provider's search tool.
+    const m = await call(`${gw.url}/api/v1/messages`, {
+      key: t.inferenceKey,
+      body: { model: 'test/search-msg:online', messages, max_tokens: 5 },
+    });
+    expect(m.status, JSON.stringify(m.body)).to.equal(200);
+    expect(m.body.usage.server_tool_use).to.deep.equal({ web_search_requests: 1 });
+    expect((await billed(m.body.id)).cost).to.be.closeTo(tokensCost(m.body.usage.input_tokens, m.body.usage.output_tokens) + 0.01, 1e-9);
+    // Responses: the web_search tool, with its domains.
+    const r = await call(`${gw.url}/api/v1/responses`, {
+      key: t.inferenceKey,
+      body: { model: 'test/search-resp', input: 'news?', max_output_tokens: 5, plugins: [{ id: 'web', include_domains: ['example.com'] }] },
+    });
+    expect(r.status, JSON.stringify(r.body)).to.equal(200);
+    expect(r.body.output.map((o: { type: string }) => o.type)).to.deep.equal(['web_search_call', 'message']);
+    expect(await searchesOf(t, r.body.id)).to.equal(1);
+    // Turned off: no search, and the cheaper endpoint may serve.
+    const off = await call(`${gw.url}/api/v1/chat/completions`, {
+      key: t.inferenceKey,
+      body: { model: 'test/search-chat', messages, max_tokens: 5, plugins: [{ id: 'web', enabled: false }], provider: { sort: 'price' } },
+    });
+    expect([off.body.provider, await searchesOf(t, off.body.id)]).to.deep.equal(['nosearch', 0]);
+    // Another engine is a search service the gateway does not run.
+    const exa = await call(`${gw.url}/api/v1/chat/completions`, {
+      key: t.inferenceKey,
+      body: { model: 'test/search-chat', messages, plugins: [{ id: 'web', engine: 'exa' }] },
+    });
+    expect(exa.status).to.equal(400);
+    expect(exa.body.error.message).to.equal(
+      'plugins[0].engine: "exa" is a search service this gateway does not run; web search runs as the provider\'s own (engine "native")',
+    );
+    // A batch line with the plugin.
+    const line = await billedBatchLine(gw, t.inferenceKey, 'test/search-chat', { messages, max_tokens: 5, plugins: web });
+    expect(line.provider).to.equal('searchchat');
+    expect(await searchesOf(t, line._id)).to.equal(1);
+  });
+
   it('a call that may search, on models no endpoint of which gives a search price, is a 400 naming the field; the provider is not called (before: searches billed $0)', async () => {
     const t = await createTenant(gw.store, 5);
     const messages = [{ role: 'user', content: 'news?' }];

@@ -11,6 +11,7 @@ import type { Broadcaster } from '../traces/broadcast';
 import { finishReasonOf } from '../traces/span';
 import { presetLookup, withPreset, type PresetLookup } from '../presets/apply';
 import { checkBilled, upstreamBodyOf } from '../completions/request';
+import { withWebPlugin } from '../completions/web-plugin';
 import type { PricedExtras } from '../routing/engine';
 import type { ProviderPreferences } from '../routing/preferences';
 import type { Store } from '../../infrastructure/store';
@@ -90,6 +91,7 @@ export class LineRunner {
     let extras: PricedExtras;
     try {
       ({ body, addedChars: presetChars } = await withPreset(lineBody(line), this.operation, this.preset));
+      body = withWebPlugin(body, this.operation, this.target.variant);
       extras = checkBilled([this.target.model], body, this.operation, { variant: this.target.variant, preferences: this.preferences });
     } catch (err) {
       // A preset that is missing (or another workspace's), or what a provider would bill beyond the

@@ -30,7 +30,7 @@ export interface CatalogModel extends Omit<ModelEntry, 'endpoints'> {
   endpoints: Endpoint[];
 }
 
-export type ModelVariant = 'nitro' | 'floor' | null;
+export type ModelVariant = 'nitro' | 'floor' | 'online' | null;
 
 const validateFile = compileBody(CatalogFile);
 
@@ -124,12 +124,12 @@ export class Catalog {
   /**
    * Resolves what a caller wrote to a model: bare ids into the default namespace, `~` and
    * `-latest` aliases to the family's newest version, dated ids, catalog aliases, and the
-   * `:nitro` / `:floor` routing shortcuts. Unknown → 404 naming the model.
+   * `:nitro` / `:floor` routing shortcuts and `:online` (the web plugin). Unknown → 404 naming the model.
    */
   resolve(requested: string): { model: CatalogModel; variant: ModelVariant } {
     let id = requested.trim();
     let variant: ModelVariant = null;
-    const suffix = /:(nitro|floor)$/.exec(id);
+    const suffix = /:(nitro|floor|online)$/.exec(id);
     if (suffix) {
       variant = suffix[1] as ModelVariant;
       id = id.slice(0, suffix.index);

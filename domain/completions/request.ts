@@ -7,6 +7,7 @@ import type { ProviderPreferences } from '../routing/preferences';
 import type { InferenceOperation } from './formats';
 import { refuseUnpricedTools, searchField } from './server-tools';
 import { audioFields } from './media';
+import { withWebPlugin } from './web-plugin';
 import { servesExtras, servesOperation, servesTier, tierOptIn, type PricedExtras } from '../routing/engine';
 
 type Body = Record<string, any>;
@@ -137,9 +138,10 @@ export function checkBilled(
   return extras;
 }
 
-export function planInference(catalog: Catalog, body: Body, operation: InferenceOperation): InferencePlan {
-  const names = modelNamesOf(body);
+export function planInference(catalog: Catalog, requested: Body, operation: InferenceOperation): InferencePlan {
+  const names = modelNamesOf(requested);
   const primary = catalog.resolve(names[0]);
+  const body = withWebPlugin(requested, operation, primary.variant);
   const models = [primary.model];
   for (const name of names.slice(1)) {
     const m = catalog.resolve(name).model;

@@ -1,0 +1,55 @@
+// OpenRouter's web plugin (`plugins: [{id: "web"}]`, or a model id ending `:online`), run as the
+// provider's own web search: OpenRouter's "native" engine. It becomes the search setting of the
+// call's own format before routing, so it is held for, routed (only endpoints with a search price)
+// and billed as a search the client asked for itself; the other engines are search services this
+// gateway does not run, so asking for one is a 400 rather than a call answered without a search.
+import { BadRequestError } from '../../infrastructure/errors';
+import type { ModelVariant } from '../catalog';
+import type { InferenceOperation } from './formats';
+
+type Body = Record<string, any>;
+
+/** Searches a web plugin that sets no `max_uses` lets Anthropic's search tool run (its results are what OpenRouter defaults to: 5). */
+const DEFAULT_USES = 5;
+
+const hasSearchTool = (tools: unknown[]) =>
+  tools.some((t) => typeof (t as Body)?.type === 'string' && (t as Body).type.startsWith('web_search'));
+
+/** The body with its web plugin (or `:online`) turned into the format's own search setting; the body itself when it has none. */
+export function withWebPlugin(body: Body, operation: InferenceOperation, variant: ModelVariant): Body {
+  const plugins: unknown[] = Array.isArray(body.plugins) ? body.plugins : [];
+  const at = plugins.findIndex((p) => (p as Body)?.id === 'web');
+  const plugin = at >= 0 ? (plugins[at] as Body) : variant === 'online' ? {} : null;
+  if (!plugin || plugin.enabled === false) return body;
+  if (plugin.engine !== undefined && plugin.engine !== 'native') {
+    throw new BadRequestError(
+      `plugins[${at}].engine: "${plugin.engine}" is a search service this gateway does not run; web search runs as the provider's own (engine "native")`,
+    );
+  }
+  const allowed = Array.isArray(plugin.include_domains) ? plugin.include_domains : undefined;
+  const blocked = Array.isArray(plugin.exclude_domains) ? plugin.exclude_domains : undefined;
+  const tools: unknown[] = Array.isArray(body.tools) ? body.tools : [];
+  switch (operation) {
+    case 'chat':
+      return body.web_search_options ? body : { ...body, web_search_options: {} };
+    case 'responses':
+      if (hasSearchTool(tools)) return body;
+      return { ...body, tools: [...tools, { type: 'web_search', ...(allowed && { filters: { allowed_domains: allowed } }) }] };
+    case 'messages':
+      if (hasSearchTool(tools)) return body;
+      return {
+        ...body,
+        tools: [
+          ...tools,
+          {
+            type: 'web_search_20250305',
+            name: 'web_search',
+            max_uses: plugin.max_uses ?? DEFAULT_USES,
+            ...(allowed ? { allowed_domains: allowed } : blocked && { blocked_domains: blocked }),
+          },
+        ],
+      };
+    default:
+      throw new BadRequestError(`${at >= 0 ? `plugins[${at}]` : 'model'}: web search is for chat, messages and responses calls`);
+  }
+}
