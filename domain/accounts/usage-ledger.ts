@@ -362,17 +362,7 @@ export class UsageLedger {
   }
 }
 
-/**
- * A billed call's usage record, the one place its fields are laid out: who called, what served it,
- * what it used and cost, and the attribution its request carried.
- */
-/** What a call was billed for besides its prompt and completion tokens at their prices (kept in its record's details), if anything. */
-function beyondTokens(u: Usage): Partial<Record<BilledExtra, number>> | null {
-  let out: Partial<Record<BilledExtra, number>> | null = null;
-  for (const k of BILLED_EXTRAS) if (u[k]) (out ??= {})[k] = u[k];
-  return out;
-}
-
+/** What a call is billed for besides its prompt and completion tokens at their prices: its record keeps the counts (GET /generation shows them). */
 const BILLED_EXTRAS = [
   'cache_read_tokens',
   'cache_write_tokens',
@@ -384,6 +374,17 @@ const BILLED_EXTRAS = [
 ] as const;
 export type BilledExtra = (typeof BILLED_EXTRAS)[number];
 
+/** The counts of BILLED_EXTRAS a call's usage has, if any (kept in its record's details). */
+function beyondTokens(u: Usage): Partial<Record<BilledExtra, number>> | null {
+  let out: Partial<Record<BilledExtra, number>> | null = null;
+  for (const k of BILLED_EXTRAS) if (u[k]) (out ??= {})[k] = u[k];
+  return out;
+}
+
+/**
+ * A billed call's usage record, the one place its fields are laid out: who called, what served it,
+ * what it used and cost, and the attribution its request carried.
+ */
 export function usageRecordOf(
   call: {
     generationId: string;

@@ -12,8 +12,9 @@ const CACHE_WRITE_1H_OF_PROMPT = 2;
 
 /**
  * USD for a call: tokens at the endpoint's per-million prices (prompt tokens read from or written
- * to the provider's cache at its cache prices, audio tokens at its audio prices), plus its per-request price, its per-search price
- * for each web search the provider ran, and its per-image price for each image of the prompt.
+ * to the provider's cache at its cache prices, audio tokens at its audio prices), plus its
+ * per-request price, its per-search price for each web search the provider ran, and its per-image
+ * price for each image of the prompt.
  */
 export function costOf(
   e: {

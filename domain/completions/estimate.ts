@@ -47,7 +47,7 @@ export function estimateCompletionCost(
   maxOutputTokens: number | null,
   /** Answers generated, each up to the output allowed (a chat call's `n`). */
   choices = 1,
-  /** What it asks for beyond tokens (a tier, web searches): only endpoints priced for it may serve the call. */
+  /** What it asks for beyond tokens (a tier, web searches, audio): only endpoints priced for it may serve the call. */
   extras?: PricedExtras,
 ): number {
   let most = 0;
