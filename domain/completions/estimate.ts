@@ -63,9 +63,12 @@ export function estimateCompletionCost(
         web_searches: prompt.searches ?? 0,
         images: prompt.images ?? 0,
       };
+      most = Math.max(most, costOf(e, usage));
       // Audio the call sends or asks for may be all of its prompt or output, at the audio prices.
-      const audio = { audio_input_tokens: extras?.audioIn ? input : 0, audio_output_tokens: extras?.audioOut ? output * choices : 0 };
-      most = Math.max(most, costOf(e, usage), costOf(e, { ...usage, ...audio }));
+      if (extras?.audioIn || extras?.audioOut) {
+        const audio = { audio_input_tokens: extras.audioIn ? input : 0, audio_output_tokens: extras.audioOut ? output * choices : 0 };
+        most = Math.max(most, costOf(e, { ...usage, ...audio }));
+      }
     }
   }
   return most;
