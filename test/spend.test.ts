@@ -810,12 +810,20 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
     const messages = [{ role: 'user', content: 'news?' }];
     const web = [{ id: 'web' }];
     // Chat: sorted by price, the cheaper endpoint without a search price would serve it otherwise.
+    // A plugin this gateway does not run is named with the dropped parameters.
     const c = await call(`${gw.url}/api/v1/chat/completions`, {
       key: t.inferenceKey,
-      body: { model: 'test/search-chat', messages, max_tokens: 5, plugins: web, provider: { sort: 'price' } },
+      body: {
+        model: 'test/search-chat',
+        messages,
+        max_tokens: 5,
+        plugins: [...web, { id: 'response-healing' }],
+        provider: { sort: 'price' },
+      },
     });
     expect(c.status, JSON.stringify(c.body)).to.equal(200);
     expect(c.body.provider).to.equal('searchchat');
+    expect(c.headers.get('x-gateway-dropped-params')).to.equal('plugins.response-healing');
     expect((await billed(c.body.id)).cost).to.be.closeTo(
       tokensCost(c.body.usage.prompt_tokens, c.body.usage.completion_tokens) + 0.01,
       1e-9,

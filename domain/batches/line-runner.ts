@@ -11,7 +11,7 @@ import type { Broadcaster } from '../traces/broadcast';
 import { finishReasonOf } from '../traces/span';
 import { presetLookup, withPreset, type PresetLookup } from '../presets/apply';
 import { checkBilled, upstreamBodyOf } from '../completions/request';
-import { withWebPlugin } from '../completions/web-plugin';
+import { withWebPlugin } from '../completions/plugins';
 import type { PricedExtras } from '../routing/engine';
 import type { ProviderPreferences } from '../routing/preferences';
 import type { Store } from '../../infrastructure/store';

@@ -7,7 +7,7 @@ import type { ProviderPreferences } from '../routing/preferences';
 import type { InferenceOperation } from './formats';
 import { refuseUnpricedTools, searchField } from './server-tools';
 import { audioFields } from './media';
-import { withWebPlugin } from './web-plugin';
+import { pluginsNotRun, withWebPlugin } from './plugins';
 import { servesExtras, servesOperation, servesTier, tierOptIn, type PricedExtras } from '../routing/engine';
 
 type Body = Record<string, any>;
@@ -59,6 +59,8 @@ export interface InferencePlan {
   choices: number;
   /** What it asks for that a provider bills beyond tokens (a tier, web searches, audio): only endpoints priced for it serve the call. */
   extras: PricedExtras;
+  /** Plugins it names that are not run (`plugins.<id>`): the answer names them with the parameters dropped. */
+  notRun: string[];
 }
 
 /**
@@ -165,5 +167,6 @@ export function planInference(catalog: Catalog, requested: Body, operation: Infe
     maxOutputTokens: Number.isInteger(maxOut) ? maxOut : null,
     choices: operation === 'chat' && Number.isInteger(body.n) && body.n > 1 ? body.n : 1,
     extras,
+    notRun: pluginsNotRun(body),
   };
 }

@@ -27,7 +27,7 @@ import { countedFromRequest, withCounted } from './counted-from-request';
 
 type Body = Record<string, any>;
 
-/** Names the parameters the serving provider's format could not take (dropped, as `require_parameters` allows). */
+/** Names the parameters the serving provider's format could not take (dropped, as `require_parameters` allows), and the plugins not run. */
 export const DROPPED_HEADER = 'x-gateway-dropped-params';
 
 /** How often a stream journals what it has produced so far (the first time as soon as it has produced any). */
@@ -151,7 +151,7 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
       const r = await complete(upstreams, call.operation, call.plan, call);
       const served: Served = { id: call.generationId, model: r.endpoint.model.canonicalId, provider: r.endpoint.provider.slug };
       await bill(call, r.endpoint, r.usage, r.cost, { stream: false, ending: 'completed', attempts: r.attempts.length + 1 });
-      out = { body: finishBody(call.operation, r.body, served, r.usage, r.cost), dropped: r.dropped };
+      out = { body: finishBody(call.operation, r.body, served, r.usage, r.cost), dropped: [...r.dropped, ...call.plan.notRun] };
       broadcastCall(call, r.endpoint, r.usage, r.cost, { startedAt, finishReason: finishReasonOf(r.body), output: r.body });
       return r.cost;
     });
@@ -190,7 +190,8 @@ export function completionService({ store, upstreams, workspaces, usage, broadca
     const counted = countedFromRequest(call.operation, call.plan.upstreamBody, opened.dropped);
     tally.counted = counted;
     tally.audioAsked = call.plan.extras.audioOut;
-    if (opened.dropped.length) out.setHeader(DROPPED_HEADER, [...opened.dropped].sort().join(','));
+    const dropped = [...opened.dropped, ...call.plan.notRun];
+    if (dropped.length) out.setHeader(DROPPED_HEADER, dropped.sort().join(','));
     const served: Served = { id: call.generationId, model: endpoint.model.canonicalId, provider: endpoint.provider.slug };
     const options = { includeUsage: call.plan.includeUsage, cost: (u: Usage) => costOf(endpoint, withCounted(u, counted)) };
     /** The stream's last words wait until its usage is recorded. */

@@ -1,8 +1,9 @@
-// OpenRouter's web plugin (`plugins: [{id: "web"}]`, or a model id ending `:online`), run as the
-// provider's own web search: OpenRouter's "native" engine. It becomes the search setting of the
-// call's own format before routing, so it is held for, routed (only endpoints with a search price)
-// and billed as a search the client asked for itself; the other engines are search services this
-// gateway does not run, so asking for one is a 400 rather than a call answered without a search.
+// OpenRouter's plugins. The web plugin (`plugins: [{id: "web"}]`, or a model id ending `:online`)
+// runs as the provider's own web search: OpenRouter's "native" engine. It becomes the search
+// setting of the call's own format before routing, so it is held for, routed (only endpoints with a
+// search price) and billed as a search the client asked for itself; the other engines are search
+// services this gateway does not run, so asking for one is a 400 rather than a call answered
+// without a search. The other plugins (which a preset may store) are not run; an answer names them.
 import { BadRequestError } from '../../infrastructure/errors';
 import type { ModelVariant } from '../catalog';
 import type { InferenceOperation } from './formats';
@@ -14,6 +15,14 @@ const DEFAULT_USES = 5;
 
 const hasSearchTool = (tools: unknown[]) =>
   tools.some((t) => typeof (t as Body)?.type === 'string' && (t as Body).type.startsWith('web_search'));
+
+/** The plugins a call names, turned on, that this gateway does not run: `plugins.<id>`, for the answer's dropped-parameters header. */
+export function pluginsNotRun(body: Body): string[] {
+  if (!Array.isArray(body.plugins)) return [];
+  return body.plugins
+    .filter((p: Body) => typeof p?.id === 'string' && p.id !== 'web' && p.enabled !== false)
+    .map((p: Body) => `plugins.${p.id}`);
+}
 
 /** The body with its web plugin (or `:online`) turned into the format's own search setting; the body itself when it has none. */
 export function withWebPlugin(body: Body, operation: InferenceOperation, variant: ModelVariant): Body {

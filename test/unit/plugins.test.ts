@@ -1,7 +1,8 @@
-// The web plugin as the provider's own search in each format (domain/completions/web-plugin.ts).
+// OpenRouter's plugins (domain/completions/plugins.ts): the web plugin as the provider's own search
+// in each format, and the others named as not run.
 import { expect } from 'chai';
 import { BadRequestError } from '../../infrastructure/errors';
-import { withWebPlugin } from '../../domain/completions/web-plugin';
+import { pluginsNotRun, withWebPlugin } from '../../domain/completions/plugins';
 
 describe('the web plugin', () => {
   const messages = [{ role: 'user', content: 'news?' }];
@@ -29,5 +30,11 @@ describe('the web plugin', () => {
       /^plugins\[1\]\.engine: "firecrawl" is a search service/,
     );
     expect(() => withWebPlugin({ input: 'x' }, 'embeddings', 'online')).to.throw(BadRequestError, /^model: web search is for/);
+  });
+
+  it('names the plugins turned on that are not run', () => {
+    const plugins = [{ id: 'web' }, { id: 'response-healing' }, { id: 'moderation', enabled: false }, { id: 'file-parser', enabled: true }];
+    expect(pluginsNotRun({ plugins })).to.deep.equal(['plugins.response-healing', 'plugins.file-parser']);
+    expect(pluginsNotRun({ plugins: 'web' })).to.deep.equal([]);
   });
 });
