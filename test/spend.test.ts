@@ -879,6 +879,9 @@ describe('web searches a provider runs for a call, and audio it hears and speaks
         'tools[1]',
       ],
       ['/messages', { model: 'test/search-unpriced', messages, max_tokens: 5, tools: [search] }, 'tools[0]'],
+      // The web plugin is named, not the setting it became.
+      ['/chat/completions', { model: 'test/search-unpriced', messages, plugins: [{ id: 'moderation' }, { id: 'web' }] }, 'plugins[1]'],
+      ['/messages', { model: 'test/search-unpriced:online', messages, max_tokens: 5 }, 'model'],
     ] as const) {
       const r = await call(`${gw.url}/api/v1${path}`, { key: t.inferenceKey, body });
       expect(r.status, `${path} ${JSON.stringify(r.body)}`).to.equal(400);

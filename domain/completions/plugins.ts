@@ -24,15 +24,28 @@ export function pluginsNotRun(body: Body): string[] {
     .map((p: Body) => `plugins.${p.id}`);
 }
 
-/** The body with its web plugin (or `:online`) turned into the format's own search setting; the body itself when it has none. */
-export function withWebPlugin(body: Body, operation: InferenceOperation, variant: ModelVariant): Body {
+/** The call's web plugin turned on, and where it is named (`plugins[i]`, or `model` for `:online`); null without one. */
+function webPlugin(body: Body, variant: ModelVariant): { plugin: Body; field: string } | null {
   const plugins: unknown[] = Array.isArray(body.plugins) ? body.plugins : [];
   const at = plugins.findIndex((p) => (p as Body)?.id === 'web');
   const plugin = at >= 0 ? (plugins[at] as Body) : variant === 'online' ? {} : null;
-  if (!plugin || plugin.enabled === false) return body;
+  if (!plugin || plugin.enabled === false) return null;
+  return { plugin, field: at >= 0 ? `plugins[${at}]` : 'model' };
+}
+
+/** Where the call turns its web plugin on (for a 400 about its search), or null. */
+export function webPluginField(body: Body, variant: ModelVariant): string | null {
+  return webPlugin(body, variant)?.field ?? null;
+}
+
+/** The body with its web plugin (or `:online`) turned into the format's own search setting; the body itself when it has none. */
+export function withWebPlugin(body: Body, operation: InferenceOperation, variant: ModelVariant): Body {
+  const found = webPlugin(body, variant);
+  if (!found) return body;
+  const { plugin, field } = found;
   if (plugin.engine !== undefined && plugin.engine !== 'native') {
     throw new BadRequestError(
-      `plugins[${at}].engine: "${plugin.engine}" is a search service this gateway does not run; web search runs as the provider's own (engine "native")`,
+      `${field}.engine: "${plugin.engine}" is a search service this gateway does not run; web search runs as the provider's own (engine "native")`,
     );
   }
   const allowed = Array.isArray(plugin.include_domains) ? plugin.include_domains : undefined;
@@ -59,6 +72,6 @@ export function withWebPlugin(body: Body, operation: InferenceOperation, variant
         ],
       };
     default:
-      throw new BadRequestError(`${at >= 0 ? `plugins[${at}]` : 'model'}: web search is for chat, messages and responses calls`);
+      throw new BadRequestError(`${field}: web search is for chat, messages and responses calls`);
   }
 }

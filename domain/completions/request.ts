@@ -7,7 +7,7 @@ import type { ProviderPreferences } from '../routing/preferences';
 import type { InferenceOperation } from './formats';
 import { refuseUnpricedTools, searchField } from './server-tools';
 import { audioFields } from './media';
-import { pluginsNotRun, withWebPlugin } from './plugins';
+import { pluginsNotRun, webPluginField, withWebPlugin } from './plugins';
 import { servesExtras, servesOperation, servesTier, tierOptIn, type PricedExtras } from '../routing/engine';
 
 type Body = Record<string, any>;
@@ -122,7 +122,8 @@ export function checkBilled(
     );
   }
   const ofTier = tier ? ` (${tier})` : '';
-  const search = searchField(body);
+  // A search the web plugin asked for is named by the plugin, not the setting it became.
+  const search = searchField(body) && (webPluginField(body, route.variant) ?? searchField(body));
   const audio = audioFields(body);
   // Each extra is checked with those before it, so the 400 names the first the endpoints cannot all be priced for.
   const optIn = tier ? [] : tierOptIn(route.variant, route.preferences);
