@@ -16,12 +16,18 @@ const DEFAULT_USES = 5;
 const hasSearchTool = (tools: unknown[]) =>
   tools.some((t) => typeof (t as Body)?.type === 'string' && (t as Body).type.startsWith('web_search'));
 
-/** The plugins a call names, turned on, that this gateway does not run: `plugins.<id>`, for the answer's dropped-parameters header. */
+/**
+ * The plugins a call names, turned on, that this gateway does not run (`plugins.<id>`), and the
+ * transforms it names (`transforms.<name>`: OpenRouter's older form of context compression), for
+ * the answer's dropped-parameters header.
+ */
 export function pluginsNotRun(body: Body): string[] {
-  if (!Array.isArray(body.plugins)) return [];
-  return body.plugins
-    .filter((p: Body) => typeof p?.id === 'string' && p.id !== 'web' && p.enabled !== false)
-    .map((p: Body) => `plugins.${p.id}`);
+  const plugins: Body[] = Array.isArray(body.plugins) ? body.plugins : [];
+  const transforms: unknown[] = Array.isArray(body.transforms) ? body.transforms : [];
+  return [
+    ...plugins.filter((p) => typeof p?.id === 'string' && p.id !== 'web' && p.enabled !== false).map((p) => `plugins.${p.id}`),
+    ...transforms.filter((t): t is string => typeof t === 'string').map((t) => `transforms.${t}`),
+  ];
 }
 
 /** The call's web plugin turned on, and where it is named (`plugins[i]`, or `model` for `:online`); null without one. */

@@ -36,5 +36,6 @@ describe('the web plugin', () => {
     const plugins = [{ id: 'web' }, { id: 'response-healing' }, { id: 'moderation', enabled: false }, { id: 'file-parser', enabled: true }];
     expect(pluginsNotRun({ plugins })).to.deep.equal(['plugins.response-healing', 'plugins.file-parser']);
     expect(pluginsNotRun({ plugins: 'web' })).to.deep.equal([]);
+    expect(pluginsNotRun({ transforms: ['middle-out', 7] })).to.deep.equal(['transforms.middle-out']);
   });
 });
