@@ -550,6 +550,48 @@ describe('presets', () => {
       expect((await del('gone', tenant.managementKey)).status).to.equal(404);
     });
 
+    it('batch lines of a chunk already running are refused within seconds of the deletion, as calls are (before: the rest of the chunk was served)', async function () {
+      this.timeout(90_000);
+      // One line at a time, 400 ms each: one chunk of 30 lines runs ~12 s.
+      const catalog = writeTestCatalog('preset-midchunk', (c) => {
+        c.providers.push(providerEntry('midchunk', '${SANDBOX_URL}/~midchunk=1,latency=400/openai/v1'));
+        c.models.push(modelEntry('test/midchunk', [endpointEntry('midchunk', 1)]));
+      });
+      const slow = await startTestGateway({ withWorker: true, env: { CATALOG_PATH: catalog, BATCH_LINE_CONCURRENCY: '1' } });
+      try {
+        const tenant = await createTenant(slow.store, 5);
+        const made = await call(`${slow.url}/api/v1/presets/midchunk/chat/completions`, {
+          key: tenant.managementKey,
+          body: { model: 'test/midchunk', max_tokens: 5 },
+        });
+        expect(made.status, JSON.stringify(made.body)).to.equal(200);
+        const requests = Array.from({ length: 30 }, (_, i) => ({
+          custom_id: `l${i}`,
+          body: { model: '@preset/midchunk', messages: [{ role: 'user', content: `line ${i}` }] },
+        }));
+        const batch = await call(`${slow.url}/api/v1/batches`, {
+          key: tenant.inferenceKey,
+          body: { endpoint: '/v1/chat/completions', model: 'test/midchunk', requests },
+        });
+        expect(batch.status, JSON.stringify(batch.body)).to.equal(202);
+        // Deleted once a few lines are done.
+        for (let done = 0; done < 3;) {
+          await new Promise((r) => setTimeout(r, 200));
+          done = (await call(`${slow.url}/api/v1/batches/${batch.body.id}`, { key: tenant.inferenceKey })).body.request_counts.completed;
+        }
+        const deleted = await call(`${slow.url}/api/v1/presets/midchunk`, { method: 'DELETE', key: tenant.managementKey });
+        expect(deleted.status).to.equal(200);
+        const done = await waitForStatus(slow.url, tenant.inferenceKey, batch.body.id, ['completed', 'failed'], 60_000);
+        // Lines that ran within the recheck (5 s, ~13 lines) after the deletion were served; the rest were refused.
+        expect(done.request_counts.failed, JSON.stringify(done.request_counts)).to.be.at.least(8);
+        expect(done.request_counts.completed).to.be.at.least(3);
+        const failed = done.results?.find((r: { error: unknown }) => r.error);
+        if (failed) expect(failed.error).to.deep.include({ code: 404, message: 'Preset "midchunk" not found' });
+      } finally {
+        await slow.stop();
+      }
+    });
+
     it('its slug may be created again, from version 1, under new version ids: a process that kept the old version 1 applies the new one', async () => {
       const tenant = await createTenant(gw.store);
       const lookup = presetLookup(gw.store, tenant.workspaceId, new KeptVersions());

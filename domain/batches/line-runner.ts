@@ -54,10 +54,13 @@ export interface LineOutcome {
   stored?: () => void;
 }
 
+/** How long a chunk keeps a preset it read before it reads it again. */
+const PRESET_RECHECK_MS = 5_000;
+
 export class LineRunner {
   private readonly operation;
   private readonly target;
-  /** Each preset is read once per chunk, however many lines name it. */
+  /** Each preset is read at most once per PRESET_RECHECK_MS per chunk, however many lines name it. */
   private readonly preset: PresetLookup;
   /** The batch's routing preferences: its lines' own are not read. */
   private readonly preferences: ProviderPreferences | undefined;
@@ -67,17 +70,20 @@ export class LineRunner {
     this.target = o.upstreams.catalog.resolve(o.batch.model);
     this.preferences = o.batch.provider_only ? { only: o.batch.provider_only } : undefined;
     const read = presetLookup(o.store, o.batch.workspace_id, o.presetVersions);
-    const seen = new Map<string, ReturnType<PresetLookup>>();
+    const seen = new Map<string, { reading: ReturnType<PresetLookup>; at: number }>();
     this.preset = (slug) => {
-      if (!seen.has(slug)) {
-        const reading = read(slug);
+      const known = seen.get(slug);
+      // Read again now and then: a chunk runs for minutes, and a preset deleted (or given a new
+      // version) meanwhile applies to its later lines as it does to calls.
+      if (!known || Date.now() - known.at >= PRESET_RECHECK_MS) {
+        const entry = { reading: read(slug), at: Date.now() };
         // A database error is forgotten, so the next line asks again; a missing preset is remembered.
-        reading.catch((err) => {
-          if (!(err instanceof GatewayError) || err.status >= 500) seen.delete(slug);
+        entry.reading.catch((err) => {
+          if ((!(err instanceof GatewayError) || err.status >= 500) && seen.get(slug) === entry) seen.delete(slug);
         });
-        seen.set(slug, reading);
+        seen.set(slug, entry);
       }
-      return seen.get(slug)!;
+      return seen.get(slug)!.reading;
     };
   }
 
