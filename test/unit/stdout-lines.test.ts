@@ -39,6 +39,31 @@ describe('log lines to stdout', () => {
     expect(writes).to.deep.equal(['{"n":0}\n{"n":1}\n{"n":2}\n{"n":3}\n{"n":4}\n']);
   });
 
+  it('writes a turn of more than a pipe takes whole as writes of whole lines of at most 1,365 characters, one at a time; a longer line alone', async () => {
+    const pipe = pipeLike();
+    const lines = boundedLines(pipe.out, 1024 * 1024);
+    const line = (n: number, size = 100) => `{"n":${n},"pad":"${'x'.repeat(size - 20 - String(n).length)}"}\n`;
+    const sent = [...Array.from({ length: 30 }, (_, i) => line(i)), line(30, 5_000), line(31)];
+    pipe.stop();
+    for (const l of sent) lines.write(l);
+    await turn();
+    // One write at a time: the next waits until the reader takes the last.
+    expect(pipe.writes).to.have.length(1);
+    for (let i = 0; i < 10; i++) {
+      pipe.resume();
+      pipe.stop();
+      await turn();
+    }
+    pipe.resume();
+    await turn();
+    expect(pipe.writes.join('')).to.equal(sent.join(''));
+    for (const w of pipe.writes) {
+      expect(w.endsWith('\n'), 'whole lines').to.equal(true);
+      if (w.length > 1_365) expect(w.split('\n')).to.have.length(2); // one long line, alone
+    }
+    expect(pipe.writes.length).to.be.at.least(4);
+  });
+
   it('drops lines past the bound while the reader has stopped, and reports how many once it reads again', async () => {
     const pipe = pipeLike();
     const lines = boundedLines(pipe.out, 1000);
