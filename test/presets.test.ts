@@ -585,8 +585,8 @@ describe('presets', () => {
         // Lines that ran within the recheck (5 s, ~13 lines) after the deletion were served; the rest were refused.
         expect(done.request_counts.failed, JSON.stringify(done.request_counts)).to.be.at.least(8);
         expect(done.request_counts.completed).to.be.at.least(3);
-        const failed = done.results?.find((r: { error: unknown }) => r.error);
-        if (failed) expect(failed.error).to.deep.include({ code: 404, message: 'Preset "midchunk" not found' });
+        const failed = done.results.find((r: { error: unknown }) => r.error);
+        expect(failed.error).to.deep.include({ code: 404, message: 'Preset "midchunk" not found' });
       } finally {
         await slow.stop();
       }

@@ -10,8 +10,7 @@ import { invoke, sessionKey, type Upstreams } from '../routing/upstreams';
 import type { Broadcaster } from '../traces/broadcast';
 import { finishReasonOf } from '../traces/span';
 import { presetLookup, withPreset, type PresetLookup } from '../presets/apply';
-import { checkBilled, upstreamBodyOf } from '../completions/request';
-import { withWebPlugin } from '../completions/plugins';
+import { billedRequest, upstreamBodyOf } from '../completions/request';
 import type { PricedExtras } from '../routing/engine';
 import type { ProviderPreferences } from '../routing/preferences';
 import type { Store } from '../../infrastructure/store';
@@ -97,8 +96,10 @@ export class LineRunner {
     let extras: PricedExtras;
     try {
       ({ body, addedChars: presetChars } = await withPreset(lineBody(line), this.operation, this.preset));
-      body = withWebPlugin(body, this.operation, this.target.variant);
-      extras = checkBilled([this.target.model], body, this.operation, { variant: this.target.variant, preferences: this.preferences });
+      ({ body, extras } = billedRequest([this.target.model], body, this.operation, {
+        variant: this.target.variant,
+        preferences: this.preferences,
+      }));
     } catch (err) {
       // A preset that is missing (or another workspace's), or what a provider would bill beyond the
       // catalog's prices, fails this line alone, never the chunk.

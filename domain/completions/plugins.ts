@@ -7,14 +7,9 @@
 import { BadRequestError } from '../../infrastructure/errors';
 import type { ModelVariant } from '../catalog';
 import type { InferenceOperation } from './formats';
+import { DEFAULT_SEARCHES, isWebSearch } from './server-tools';
 
 type Body = Record<string, any>;
-
-/** Searches a web plugin that sets no `max_uses` lets Anthropic's search tool run (its results are what OpenRouter defaults to: 5). */
-const DEFAULT_USES = 5;
-
-const hasSearchTool = (tools: unknown[]) =>
-  tools.some((t) => typeof (t as Body)?.type === 'string' && (t as Body).type.startsWith('web_search'));
 
 /**
  * The plugins a call names, turned on, that this gateway does not run (`plugins.<id>`), and the
@@ -61,10 +56,10 @@ export function withWebPlugin(body: Body, operation: InferenceOperation, variant
     case 'chat':
       return body.web_search_options ? body : { ...body, web_search_options: {} };
     case 'responses':
-      if (hasSearchTool(tools)) return body;
+      if (tools.some(isWebSearch)) return body;
       return { ...body, tools: [...tools, { type: 'web_search', ...(allowed && { filters: { allowed_domains: allowed } }) }] };
     case 'messages':
-      if (hasSearchTool(tools)) return body;
+      if (tools.some(isWebSearch)) return body;
       return {
         ...body,
         tools: [
@@ -72,7 +67,7 @@ export function withWebPlugin(body: Body, operation: InferenceOperation, variant
           {
             type: 'web_search_20250305',
             name: 'web_search',
-            max_uses: plugin.max_uses ?? DEFAULT_USES,
+            max_uses: plugin.max_uses ?? DEFAULT_SEARCHES,
             ...(allowed ? { allowed_domains: allowed } : blocked && { blocked_domains: blocked }),
           },
         ],

@@ -99,18 +99,33 @@ function tierOf(body: Body, operation: InferenceOperation): string | null {
   return typeof value === 'string' && setting!.values.includes(value) ? value : null;
 }
 
+/** How a call is routed: its variant and preferences may opt in to tiers it does not ask for. */
+interface RouteAsked {
+  variant: ModelVariant;
+  preferences: ProviderPreferences | undefined;
+}
+
+/**
+ * The body as the provider is asked for it (its web plugin made the format's own search, plugins.ts),
+ * and what it asks for that a provider bills beyond tokens; a 400 for what no endpoint of the
+ * models is priced for (checkBilled). Calls and batch lines alike, once a preset is applied.
+ */
+export function billedRequest(
+  models: CatalogModel[],
+  requested: Body,
+  operation: InferenceOperation,
+  route: RouteAsked,
+): { body: Body; extras: PricedExtras } {
+  const body = withWebPlugin(requested, operation, route.variant);
+  return { body, extras: checkBilled(models, body, operation, route) };
+}
+
 /**
  * A 400 for what a provider would bill beyond the catalog's prices: an unpriced server tool, a tier
  * no endpoint of the models is listed for, or web searches or audio none of the tier's endpoints
  * gives a price for. Returns what the call asks for beyond tokens.
  */
-export function checkBilled(
-  models: CatalogModel[],
-  body: Body,
-  operation: InferenceOperation,
-  /** How the call is routed: its variant and preferences may opt in to tiers it does not ask for. */
-  route: { variant: ModelVariant; preferences: ProviderPreferences | undefined },
-): PricedExtras {
+function checkBilled(models: CatalogModel[], body: Body, operation: InferenceOperation, route: RouteAsked): PricedExtras {
   refuseUnpricedTools(body);
   const served = (keep: (e: Endpoint) => boolean) => models.some((m) => m.endpoints.some((e) => keep(e) && servesOperation(e, operation)));
   const names = models.map((m) => m.id).join(', ');
@@ -123,7 +138,8 @@ export function checkBilled(
   }
   const ofTier = tier ? ` (${tier})` : '';
   // A search the web plugin asked for is named by the plugin, not the setting it became.
-  const search = searchField(body) && (webPluginField(body, route.variant) ?? searchField(body));
+  const setting = searchField(body);
+  const search = setting && (webPluginField(body, route.variant) ?? setting);
   const audio = audioFields(body);
   // Each extra is checked with those before it, so the 400 names the first the endpoints cannot all be priced for.
   const optIn = tier ? [] : tierOptIn(route.variant, route.preferences);
@@ -144,17 +160,19 @@ export function checkBilled(
 export function planInference(catalog: Catalog, requested: Body, operation: InferenceOperation): InferencePlan {
   const names = modelNamesOf(requested);
   const primary = catalog.resolve(names[0]);
-  const body = withWebPlugin(requested, operation, primary.variant);
   const models = [primary.model];
   for (const name of names.slice(1)) {
     const m = catalog.resolve(name).model;
     if (!models.includes(m)) models.push(m);
   }
-  if (operation === 'messages' && !Number.isInteger(body.max_tokens)) {
+  if (operation === 'messages' && !Number.isInteger(requested.max_tokens)) {
     throw new BadRequestError('max_tokens: is required (in the request or its preset)');
   }
 
-  const extras = checkBilled(models, body, operation, { variant: primary.variant, preferences: body.provider ?? undefined });
+  const { body, extras } = billedRequest(models, requested, operation, {
+    variant: primary.variant,
+    preferences: requested.provider ?? undefined,
+  });
   const upstreamBody = upstreamBodyOf(body);
   const maxOut = body.max_completion_tokens ?? body.max_tokens ?? body.max_output_tokens;
   return {

@@ -7,10 +7,11 @@
 // are refused rather than given away.
 import { BadRequestError } from '../../infrastructure/errors';
 
-/** Searches held for a web search tool that sets no `max_uses`. */
-const DEFAULT_SEARCHES = 5;
+/** Searches held for a web search tool that sets no `max_uses` (and the cap the web plugin sets on Anthropic's). */
+export const DEFAULT_SEARCHES = 5;
 
-const isWebSearch = (t: unknown) =>
+/** A provider's own web search tool, in any format. */
+export const isWebSearch = (t: unknown) =>
   typeof (t as { type?: unknown })?.type === 'string' && (t as { type: string }).type.startsWith('web_search');
 
 /**

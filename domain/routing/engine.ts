@@ -117,15 +117,19 @@ export function tierOptIn(variant: ModelVariant, preferences: ProviderPreference
   return [...((variant && VARIANT_TIERS[variant]) ?? []), ...tags];
 }
 
-/** Whether the catalog prices the endpoint for the call's extras: its tier (and only that one), and each other extra it asks for. */
-export function servesExtras(e: Endpoint, extras: PricedExtras | undefined): boolean {
-  if (!servesTier(e, extras)) return false;
+/** Whether the catalog gives the endpoint a price for each extra the call asks for besides a tier. */
+function pricesExtras(e: Endpoint, extras: PricedExtras | undefined): boolean {
   const p = e.entry.pricing;
   return (
     (!extras?.searches || p.web_search !== undefined) &&
     (!extras?.audioIn || p.audio !== undefined) &&
     (!extras?.audioOut || p.audio_completion !== undefined)
   );
+}
+
+/** Whether the catalog prices the endpoint for the call's extras: its tier (and only that one), and each other extra it asks for. */
+export function servesExtras(e: Endpoint, extras: PricedExtras | undefined): boolean {
+  return servesTier(e, extras) && pricesExtras(e, extras);
 }
 
 type Filter = [name: string, keep: (e: Endpoint) => boolean];
@@ -137,7 +141,7 @@ function filters(input: RouteInput): Filter[] {
   const out: Filter[] = [['service_tier', (e) => servesTier(e, input.extras)]];
   // A call that may run web searches, or sends or asks for audio, goes only where the catalog gives their prices.
   const x = input.extras;
-  if (x?.searches || x?.audioIn || x?.audioOut) out.push(['priced_extras', (e) => servesExtras(e, x)]);
+  if (x?.searches || x?.audioIn || x?.audioOut) out.push(['priced_extras', (e) => pricesExtras(e, x)]);
   // `only` lists are ceilings: an endpoint must be allowed by every list that is given.
   const onlyLists = [prefs.only, ws.only].filter((l): l is string[] => Array.isArray(l));
   if (onlyLists.length) out.push(['only', (e) => onlyLists.every((l) => l.some((s) => matchesSlug(s, e)))]);

@@ -5,6 +5,15 @@ import { audioFields, imageCount, referencedMedia } from '../../domain/completio
 import { estimateCompletionCost, promptTokensEstimate } from '../../domain/completions/estimate';
 import type { CatalogModel } from '../../domain/catalog';
 
+/** A chat model of 100,000 tokens' context with one OpenAI endpoint at `pricing`, producing at most 10 tokens. */
+function chatModel(pricing: Record<string, number>): CatalogModel {
+  const model = { kind: 'chat', context_length: 100_000 } as unknown as CatalogModel;
+  (model as { endpoints: unknown[] }).endpoints = [
+    { model, operations: ['chat'], provider: { adapter: 'openai' }, entry: { pricing, max_completion_tokens: 10 } },
+  ];
+  return model;
+}
+
 describe('media named by reference', () => {
   it('counts images and documents named by URL or file id in each format; inline ones are counted by their bytes instead', () => {
     const chat = {
@@ -55,15 +64,7 @@ describe('media named by reference', () => {
   });
 
   it('holds an image at 2,500 tokens, a document at the whole context, and no prompt beyond the context', () => {
-    const model = { kind: 'chat', context_length: 100_000 } as unknown as CatalogModel;
-    (model as { endpoints: unknown[] }).endpoints = [
-      {
-        model,
-        operations: ['chat'],
-        provider: { adapter: 'openai' },
-        entry: { pricing: { prompt: 1, completion: 1 }, max_completion_tokens: 10 },
-      },
-    ];
+    const model = chatModel({ prompt: 1, completion: 1 });
     const cost = (bytes: number, images = 0, documents = 0) =>
       estimateCompletionCost([model], 'chat', { bytes, media: { images, documents } }, 10);
     expect(cost(3_000)).to.be.closeTo((1_000 + 10) / 1e6, 1e-12);
@@ -73,15 +74,7 @@ describe('media named by reference', () => {
   });
 
   it('holds audio sent or asked for at the audio prices: all of the prompt, all of the output', () => {
-    const model = { kind: 'chat', context_length: 100_000 } as unknown as CatalogModel;
-    (model as { endpoints: unknown[] }).endpoints = [
-      {
-        model,
-        operations: ['chat'],
-        provider: { adapter: 'openai' },
-        entry: { pricing: { prompt: 1, completion: 2, audio: 40, audio_completion: 80 }, max_completion_tokens: 10 },
-      },
-    ];
+    const model = chatModel({ prompt: 1, completion: 2, audio: 40, audio_completion: 80 });
     const cost = (audioIn: boolean, audioOut: boolean) =>
       estimateCompletionCost([model], 'chat', { bytes: 3_000 }, 10, 1, { tier: null, optIn: [], searches: false, audioIn, audioOut });
     expect(cost(false, false)).to.be.closeTo((1_000 + 20) / 1e6, 1e-12);

@@ -62,6 +62,7 @@ describe('log lines to stdout', () => {
       if (w.length > 1_365) expect(w.split('\n')).to.have.length(2); // one long line, alone
     }
     expect(pipe.writes.length).to.be.at.least(4);
+    expect(pipe.writes).to.include(line(30, 5_000)); // the long line, a write of its own
   });
 
   it('drops lines past the bound while the reader has stopped, and reports how many once it reads again', async () => {
