@@ -10,7 +10,7 @@ import type { CreateBatchBody } from './schema';
 import { toJsonText } from '../../infrastructure/store/json-text';
 import { checkCallbackUrl } from '../webhooks/address';
 import { checkLine, OPERATION_OF, type LineCheck } from './lines';
-import { MAX_CHUNK_BYTES } from './inputs';
+import { MAX_LINE_BYTES } from './inputs';
 import { newBatchId, type BatchDoc } from './store';
 import { bodyBytes, lineCount, packLines, type PackedLines } from './packed-lines';
 
@@ -68,9 +68,9 @@ export function readBatchLines(body: CreateBody, maxRequests: number): ReadBatch
   const lines = packLines(texts);
   // In bytes, as stored: a chunk of one line must still fit in a document.
   for (let line = 0; line < texts.length; line++) {
-    if (bodyBytes(lines, line) > MAX_CHUNK_BYTES) {
+    if (bodyBytes(lines, line) > MAX_LINE_BYTES) {
       const customId = texts[line].custom_id;
-      throw new PayloadTooLargeError(`requests[${line}].body: larger than ${MAX_CHUNK_BYTES / 1024 ** 2} MB (custom_id "${customId}")`);
+      throw new PayloadTooLargeError(`requests[${line}].body: larger than ${MAX_LINE_BYTES / 1024 ** 2} MB (custom_id "${customId}")`);
     }
   }
   return { fields, lines, validation, lineModels: [...models.values()] };

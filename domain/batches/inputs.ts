@@ -30,8 +30,16 @@ interface StoredChunkDoc extends Document {
   bodies: string[];
 }
 
-/** A chunk stays well under MongoDB's 16 MB document limit; a single line may use all of it. */
-export const MAX_CHUNK_BYTES = 8 * 1024 * 1024;
+/** The largest line body: a chunk of one line stays well under MongoDB's 16 MB document limit. */
+export const MAX_LINE_BYTES = 8 * 1024 * 1024;
+
+/**
+ * A chunk holds at most this many bytes of bodies, unless it is one larger line. The driver
+ * serialises each insert whole on the event loop (UTF-8 twice, then three copies): chunks of 2.2 MB
+ * held it 60-75 ms each here, with FerretDB taking the last insert on the other core, and over
+ * 200 ms on a slower machine. Chunk sizes are written down at creation, so older batches keep theirs.
+ */
+const CHUNK_BYTES = 1024 * 1024;
 
 export function lineBody(l: InputLine): Record<string, unknown> {
   return JSON.parse(l.body);
@@ -64,14 +72,14 @@ export async function* eachChunk(
   }
 }
 
-/** Where each chunk of the lines starts: at most `chunkSize` lines and MAX_CHUNK_BYTES of bodies each. */
+/** Where each chunk of the lines starts: at most `chunkSize` lines and CHUNK_BYTES of bodies each. */
 function chunkStarts(lines: PackedLines, chunkSize: number): number[] {
   const starts: number[] = [];
   let count = 0;
   let bytes = 0;
   for (let i = 0; i < lineCount(lines); i++) {
     const size = bodyBytes(lines, i);
-    if (!count || count >= chunkSize || bytes + size > MAX_CHUNK_BYTES) {
+    if (!count || count >= chunkSize || bytes + size > CHUNK_BYTES) {
       starts.push(i);
       count = 0;
       bytes = 0;
@@ -83,11 +91,10 @@ function chunkStarts(lines: PackedLines, chunkSize: number): number[] {
 }
 
 /**
- * An insert of input chunks carries at most this many bodies' bytes, or 20 chunks: the driver
- * serialises an insert in one piece, ~3.5 ms per MB of the event loop (20 chunks of 1.75 MB held it
- * for 126 ms). Bodies become text only as their insert is made.
+ * An insert of input chunks carries at most CHUNK_BYTES of bodies (one larger chunk alone), or 20
+ * chunks (of short lines): the driver serialises an insert in one piece. Bodies become text only as
+ * their insert is made.
  */
-const INSERT_BYTES = 4 * 1024 * 1024;
 const INSERT_CHUNKS = 20;
 
 /** Stores the input lines in chunks; returns each chunk's first line. Idempotent: a retried write changes nothing. */
@@ -99,7 +106,7 @@ export async function storeInputs(store: Store, b: BatchRef, lines: PackedLines,
     const group: StoredChunkDoc[] = [];
     for (let bytes = 0; c < starts.length && group.length < INSERT_CHUNKS; c++) {
       const size = bodyBytes(lines, starts[c], end(c));
-      if (group.length && bytes + size > INSERT_BYTES) break;
+      if (group.length && bytes + size > CHUNK_BYTES) break;
       bytes += size;
       const ls = unpackLines(lines, starts[c], end(c));
       group.push({ _id: id(seqId(c)), first: starts[c], custom_ids: ls.map((l) => l.custom_id), bodies: ls.map((l) => l.body) });
