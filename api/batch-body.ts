@@ -7,13 +7,20 @@
 //   one thread for 1.5 s, during which every other request of the process waited. So a body above
 //   OFF_THREAD_BYTES (or a compressed one) is read on a worker thread, which answers with the lines
 //   packed in one buffer, moved rather than copied (domain/batches/packed-lines.ts); a smaller one
-//   is read in place.
+//   is read in place;
+// - storing the lines is serialising them again (the driver serialises an insert whole, on the
+//   thread that makes it: a 1 MB chunk held the event loop ~20-50 ms, a line of 8 MB 170-330 ms),
+//   so the lines of a body read on the worker are moved back to it and stored from there.
 import fs from 'node:fs';
 import path from 'node:path';
 import { Worker } from 'node:worker_threads';
 import type Koa from 'koa';
 import { CreateBatchBody } from '../domain/batches/schema';
 import { readBatchLines, type ReadBatch } from '../domain/batches/create';
+import { storeInputs } from '../domain/batches/inputs';
+import type { PackedLines } from '../domain/batches/packed-lines';
+import type { BatchRef } from '../domain/batches/store';
+import type { Store } from '../infrastructure/store';
 import { errorFromStatus, RateLimitedError, ServiceUnavailableError, type ErrorMetadata } from '../infrastructure/errors';
 import { SharedBytes } from '../infrastructure/concurrency/shared-bytes';
 import { sizeText } from '../infrastructure/errors/sizes';
@@ -34,7 +41,18 @@ export interface BatchBodyLimits {
 export interface BatchBodySettings extends BatchBodyLimits {
   /** BODY_IDLE_TIMEOUT_MS. */
   idleMs: number;
+  /** The database the worker stores the lines of the bodies it read in; without it, they are stored in place. */
+  database?: BatchBodyDatabase;
 }
+
+/** The API's own database, as the worker thread connects to it. */
+interface BatchBodyDatabase {
+  uri: string;
+  name: string;
+}
+
+/** What the worker thread is started with. */
+export type WorkerSettings = BatchBodyLimits & { database?: BatchBodyDatabase };
 
 /**
  * Bodies up to this size are kept in memory and read in place: 1 MB holds the event loop 8 ms
@@ -64,13 +82,24 @@ interface ReadFailure {
   metadata: ErrorMetadata | null;
 }
 
-/** A body goes to the worker as its file, or (a small compressed one) as its bytes; the worker answers once per body. */
-export type ToWorker = { id: number; encoding: string } & ({ file: string } | { bytes: Uint8Array });
-/** `crash`: anything but a refusal (a defect), as its stack, so that it is logged as the error it was. */
-export type WorkerAnswer = { id: number; read: ReadBatch } | { id: number; error: ReadFailure } | { id: number; crash: string };
+/**
+ * A body goes to the worker as its file, or (a small compressed one) as its bytes; lines it read
+ * come back to be stored. The worker answers each message once.
+ */
+export type ToWorker = { id: number } & (
+  | { encoding: string; file: string }
+  | { encoding: string; bytes: Uint8Array }
+  | { store: { batch: BatchRef; lines: PackedLines; chunkSize: number } }
+);
+/**
+ * `read`: a body's lines; `starts`: the lines stored, each chunk's first line. `crash`: anything but
+ * a refusal (a defect), as its stack, so that it is logged as the error it was.
+ */
+export type WorkerAnswer =
+  { id: number; read: ReadBatch } | { id: number; starts: number[] } | { id: number; error: ReadFailure } | { id: number; crash: string };
 
 interface Waiting {
-  resolve: (read: ReadBatch) => void;
+  resolve: (answer: ReadBatch | number[]) => void;
   reject: (err: unknown) => void;
 }
 
@@ -208,25 +237,40 @@ export class BatchBodyReader {
   /** Reads a body that has arrived in full: in place when small and sent as is, else on the worker. */
   async read(body: SpooledBody): Promise<ReadBatch> {
     if (body.readableInPlace) return this.readInPlace(body);
-    const id = this.next++;
-    const answered = new Promise<ReadBatch>((resolve, reject) => this.waiting.set(id, { resolve, reject }));
-    const worker = this.started();
-    if (body.file) {
-      worker.postMessage({ id, encoding: body.encoding, file: body.file } satisfies ToWorker);
-    } else {
-      // A small compressed body: copied into memory of its own and moved (never from Buffer's shared
-      // pool, which moving would take from everyone).
-      const bytes = new Uint8Array(body.bytes);
-      for (let k = 0, at = 0; k < body.chunks.length; at += body.chunks[k].byteLength, k++) bytes.set(body.chunks[k], at);
-      worker.postMessage({ id, encoding: body.encoding, bytes } satisfies ToWorker, [bytes.buffer]);
-    }
+    if (body.file) return this.ask<ReadBatch>({ id: this.next++, encoding: body.encoding, file: body.file });
+    // A small compressed body: copied into memory of its own and moved (never from Buffer's shared
+    // pool, which moving would take from everyone).
+    const bytes = new Uint8Array(body.bytes);
+    for (let k = 0, at = 0; k < body.chunks.length; at += body.chunks[k].byteLength, k++) bytes.set(body.chunks[k], at);
+    return this.ask<ReadBatch>({ id: this.next++, encoding: body.encoding, bytes }, [bytes.buffer]);
+  }
+
+  /**
+   * Stores a new batch's input lines (domain/batches/inputs.ts): more than OFF_THREAD_BYTES of
+   * bodies on the worker, when it has the database, else in place. The bodies are moved to the
+   * worker: `lines.bodies` is empty here afterwards (their sizes stay in `lines.ends`).
+   */
+  storeInputs(store: Store, batch: BatchRef, lines: PackedLines, chunkSize: number): Promise<number[]> {
+    if (!this.settings.database || lines.bodies.byteLength <= this.offThreadBytes) return storeInputs(store, batch, lines, chunkSize);
+    // Packed lines' bodies are memory of their own (packLines), so moving them takes nothing else.
+    return this.ask<number[]>({ id: this.next++, store: { batch: { _id: batch._id }, lines, chunkSize } }, [
+      lines.bodies.buffer as ArrayBuffer,
+    ]);
+  }
+
+  private ask<T extends ReadBatch | number[]>(message: ToWorker, transfer: ArrayBuffer[] = []): Promise<T> {
+    const answered = new Promise<T>((resolve, reject) =>
+      this.waiting.set(message.id, { resolve: resolve as (answer: ReadBatch | number[]) => void, reject }),
+    );
+    this.started().postMessage(message, transfer);
     return answered;
   }
 
   private started(): Worker {
     if (this.worker) return this.worker;
+    const { maxDepth, maxRequests, maxBytes, database } = this.settings;
     const worker = new Worker(path.join(__dirname, 'batch-body-worker.js'), {
-      workerData: { maxDepth: this.settings.maxDepth, maxRequests: this.settings.maxRequests, maxBytes: this.settings.maxBytes },
+      workerData: { maxDepth, maxRequests, maxBytes, database } satisfies WorkerSettings,
     });
     worker.unref(); // an idle reader never keeps the process alive
     worker.on('message', (answer: WorkerAnswer) => {
@@ -234,13 +278,15 @@ export class BatchBodyReader {
       this.waiting.delete(answer.id);
       if (!w) return;
       if ('read' in answer) w.resolve(answer.read);
+      else if ('starts' in answer) w.resolve(answer.starts);
       else if ('error' in answer) w.reject(errorFromStatus(answer.error.status, answer.error.message, answer.error.metadata));
       else w.reject(new Error(`batch body worker: ${answer.crash}`));
     });
     // A worker that died (out of memory, say) fails what it held; the next large body starts another.
     const lost = () => {
       if (this.worker === worker) this.worker = null;
-      for (const w of this.waiting.values()) w.reject(new ServiceUnavailableError('The batch could not be read right now; try again'));
+      for (const w of this.waiting.values())
+        w.reject(new ServiceUnavailableError('The batch could not be read or stored right now; try again'));
       this.waiting.clear();
     };
     worker.on('error', lost);

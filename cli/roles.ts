@@ -196,6 +196,7 @@ export async function runApiRole(
     maxRequests: config.batches.maxRequests,
     maxBytes: config.batches.maxBytes,
     idleMs: config.http.bodyIdleMs,
+    database: { uri: addr.mongoUri, name: config.mongo.database },
   });
   batchBodies.warm();
   const bodyMemory = new BodyMemory(config.http.bodyLimitBytes);

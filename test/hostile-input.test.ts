@@ -712,8 +712,13 @@ describe('hostile input', () => {
 });
 
 describe('a large batch create', () => {
-  it('is read off the event loop: no turn of the gateway process over 200 ms, and its lines stored as sent', async function () {
-    this.timeout(180_000);
+  /**
+   * Creates a batch of `requests` (lines a chunk refuses, streamed: the batch fails at once rather
+   * than running them) on a gateway process of its own, and returns the longest event-loop turn of
+   * the process while it did, best of three (the cores are shared with FerretDB and this process);
+   * then checks that the lines were stored as sent.
+   */
+  async function longestTurnCreating(requests: { custom_id: string; body: Record<string, unknown> }[], boundMs: number): Promise<string[]> {
     const database = uniqueName('bigbatch').replace(/-/g, '_');
     const store = await Store.connect(stack.mongoUri, database);
     const t = await createTenant(store, 5);
@@ -727,11 +732,6 @@ describe('a large batch create', () => {
       BATCH_MAX_BYTES: '60mb',
     });
     try {
-      // Lines a chunk would refuse (streamed): the batch fails at once rather than running 8,000 calls.
-      const requests = Array.from({ length: 8_000 }, (_, i) => ({
-        custom_id: `big-${i}`,
-        body: { messages: [{ role: 'user', content: `${i} é ${'x'.repeat(4_300)}` }], stream: true },
-      }));
       // Bytes ready to send: encoding the text on the way out would hold this process, and the polls with it.
       const body = Buffer.from(JSON.stringify({ endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests }));
       expect(body.length).to.be.above(35_000_000);
@@ -740,10 +740,6 @@ describe('a large batch create', () => {
         const text = await (await fetch(`${url}/metrics`)).text();
         return Number(/^gateway_nodejs_eventloop_lag_max_seconds (\S+)$/m.exec(text)![1]) * 1000;
       };
-      // Best of three. Read in place, the body held the event loop for 546-744 ms; read on the
-      // worker, the longest turn is 44-55 ms (an insert of a 1 MB chunk, or a collection of the
-      // stored chunks' garbage), more while the two cores are shared with FerretDB and this process.
-      // Stored in 2.2 MB chunks, it was 100 ms here and 219-329 ms on a slower CI machine.
       const attempts: string[] = [];
       let created: any = null;
       for (let attempt = 0; attempt < 3 && !attempts.at(-1)?.endsWith('ok'); attempt++) {
@@ -756,23 +752,49 @@ describe('a large batch create', () => {
         created = await r.json();
         expect(r.status, JSON.stringify(created).slice(0, 300)).to.equal(202);
         const longest = await longestTurn();
-        attempts.push(`longest turn ${longest.toFixed(1)} ms${longest < 200 ? ' ok' : ''}`);
+        attempts.push(`longest turn ${longest.toFixed(1)} ms${longest < boundMs ? ' ok' : ''}`);
       }
-      expect(attempts.at(-1), attempts.join('; ')).to.match(/ ok$/);
       const done = await waitForStatus(url, t.inferenceKey, created.id, ['failed']);
-      expect(done.error.message).to.include('8000 request line(s) are invalid');
+      expect(done.error.message).to.include(`${requests.length} request line(s) are invalid`);
       // Stored as sent: lines read back from the batch's input chunks.
       const chunks = await store.db
         .collection<{ _id: string; first: number; custom_ids: string[]; bodies: string[] }>('batch_inputs')
         .find({ _id: { $regex: `^${created.id}:` } as never })
         .toArray();
       const stored = chunks.sort((a, b) => a.first - b.first).flatMap((c) => c.bodies.map((b, k) => [c.custom_ids[k], JSON.parse(b)]));
-      expect(stored).to.have.length(8_000);
-      for (const i of [0, 4_321, 7_999]) expect(stored[i]).to.deep.equal([`big-${i}`, requests[i].body]);
+      expect(stored).to.have.length(requests.length);
+      for (const i of [0, requests.length >> 1, requests.length - 1]) expect(stored[i]).to.deep.equal([`big-${i}`, requests[i].body]);
+      return attempts;
     } finally {
       await proc.stop();
       await store.close();
     }
+  }
+
+  it('is read and stored off the event loop: no turn of the gateway process over 200 ms, and its lines stored as sent', async function () {
+    this.timeout(180_000);
+    const requests = Array.from({ length: 8_000 }, (_, i) => ({
+      custom_id: `big-${i}`,
+      body: { messages: [{ role: 'user', content: `${i} é ${'x'.repeat(4_300)}` }], stream: true },
+    }));
+    // Read in place, the body held the event loop for 546-744 ms. Read on the worker and stored
+    // from here in 2.2 MB chunks, the longest turn was 100 ms (219-329 ms on a slower CI machine);
+    // in 1 MB chunks, 44-55 ms; stored from the worker, 39-57 ms (the main thread's collections).
+    const attempts = await longestTurnCreating(requests, 200);
+    expect(attempts.at(-1), attempts.join('; ')).to.match(/ ok$/);
+  });
+
+  it('of a few lines of nearly the largest size (8 MB) is stored off the event loop too: no turn over 100 ms', async function () {
+    this.timeout(180_000);
+    const requests = Array.from({ length: 5 }, (_, i) => ({
+      custom_id: `big-${i}`,
+      body: { messages: [{ role: 'user', content: `${i} é ${'x'.repeat(7_800_000)}` }], stream: true },
+    }));
+    // The driver serialises a chunk of one such line whole. Stored from the API's thread, the
+    // longest turn was 86-329 ms here (the best of three 86-140); stored from the worker, 21-43 ms
+    // (the best of three 21-26).
+    const attempts = await longestTurnCreating(requests, 100);
+    expect(attempts.at(-1), attempts.join('; ')).to.match(/ ok$/);
   });
 });
 

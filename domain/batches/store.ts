@@ -207,9 +207,16 @@ export async function findBatch(store: Store, workspaceId: string, id: string): 
 /**
  * Stores a new batch's lines and list entries, not yet its document: until `publishBatch` the batch
  * is not visible. Returns the document to publish. A batch that cannot be stored leaves nothing behind.
+ * `writeInputs` stores the lines (the API's stores a large batch's on the thread that read them).
  */
-export async function storeBatchLines(store: Store, doc: BatchDoc, lines: PackedLines, chunkSize: number): Promise<BatchDoc> {
-  const writes = [storeInputs(store, doc, lines, chunkSize), addNewBatch(store, doc, doc.status)] as const;
+export async function storeBatchLines(
+  store: Store,
+  doc: BatchDoc,
+  lines: PackedLines,
+  chunkSize: number,
+  writeInputs: typeof storeInputs = storeInputs,
+): Promise<BatchDoc> {
+  const writes = [writeInputs(store, doc, lines, chunkSize), addNewBatch(store, doc, doc.status)] as const;
   try {
     const [starts] = await Promise.all(writes);
     return { ...doc, chunks: starts.length, chunk_starts: starts };
