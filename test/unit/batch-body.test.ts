@@ -289,4 +289,18 @@ describe('batch create bodies read on a worker thread', () => {
     expect(err.status).to.equal(503);
     expect(lineCount((await reader.read(await received(reader, raw))).lines)).to.equal(5_000);
   });
+
+  it('stores the lines of a large body on the worker: a database it cannot reach is a 503 (as on the API thread), not a crash', async function () {
+    this.timeout(20_000);
+    // Nothing listens on port 1: the worker's connection gives up after its server selection (3 s).
+    const away = new BatchBodyReader({ ...limits, database: { uri: 'mongodb://127.0.0.1:1/', name: 'unreachable' } }, 1024);
+    try {
+      const lines = packLines(Array.from({ length: 200 }, (_, i) => ({ custom_id: `c${i}`, body: JSON.stringify(line(i).body) })));
+      const err = await refusal(away.storeInputs(null as never, { _id: 'batch_x' }, lines, 100)); // the API's store is not used
+      expect(err.status, String(err)).to.equal(503);
+      expect(err.message).to.equal('The database is unavailable right now; try again shortly');
+    } finally {
+      await away.close();
+    }
+  });
 });
