@@ -1,6 +1,7 @@
 // Keep-alive HTTP to providers over undici, with per-call timeouts and cancellation.
 import { Agent, request, errors as undiciErrors, util as undiciUtil, type Dispatcher } from 'undici';
 import { sizeText } from '../errors/sizes';
+import { nextTurn, TURN_SPLIT_BYTES } from '../concurrency/next-turn';
 import { parseRetryAfter, UpstreamFailure } from './failure';
 
 export interface JsonResponse {
@@ -140,8 +141,10 @@ export class ProviderHttp {
 
   /** A streamed call's POST, through `request()` (its body is read as it arrives); failures come back classified. */
   private async post(url: string, body: unknown, accept: string, opts: CallOptions): Promise<Dispatcher.ResponseData> {
+    const options = postOptions(body, accept, opts);
+    if (options.body.length >= TURN_SPLIT_BYTES) await nextTurn(); // serialised in one turn, sent (encoded) in the next
     try {
-      return await request(url, { ...postOptions(body, accept, opts), dispatcher: this.agent, signal: opts.signal });
+      return await request(url, { ...options, dispatcher: this.agent, signal: opts.signal });
     } catch (err) {
       throw this.classify(err, opts.provider, opts.timeoutMs);
     }
@@ -165,6 +168,8 @@ export class ProviderHttp {
 
   /** One JSON answer. */
   async postJson(url: string, body: unknown, opts: CallOptions): Promise<JsonResponse> {
+    const options = postOptions(body, 'application/json', opts);
+    if (options.body.length >= TURN_SPLIT_BYTES) await nextTurn(); // serialised in one turn, sent (encoded) in the next
     if (opts.signal?.aborted) throw this.classify(new undiciErrors.RequestAbortedError(), opts.provider, opts.timeoutMs);
     const { origin, path } = this.place(url);
     let answer!: WholeAnswer;
@@ -176,7 +181,7 @@ export class ProviderHttp {
         () => this.answerTooLarge(opts.provider),
       );
       try {
-        this.agent.dispatch({ ...postOptions(body, 'application/json', opts), origin, path }, answer);
+        this.agent.dispatch({ ...options, origin, path }, answer);
       } catch (err) {
         answer.onError(err as Error);
       }
