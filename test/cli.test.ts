@@ -445,7 +445,9 @@ describe('gateway CLI', () => {
       const { child, said } = await startUntilReady(env, 90_000, true);
       expect(said.join('\n')).to.include(`stopped what an earlier run left running: ferretdb (pid ${leftover.pid})`);
       expect(alive(leftover.pid!)).to.equal(false);
-      expect((await fetch(`http://127.0.0.1:${env.PORT}/readyz`)).status).to.equal(200);
+      // Ready within seconds: a fresh start's first checks may take longer than /readyz waits for
+      // them (800 ms) while the suite loads the machine (a CI run saw a 503 right after "ready").
+      await until('ready', async () => ((await fetch(`http://127.0.0.1:${env.PORT}/readyz`)).status === 200 ? true : undefined), 20_000);
 
       // SIGTERM to the whole process group, as a service manager or a terminal's Ctrl-C sends it: every
       // child gets it at once, and none is restarted while the gateway shuts down.
