@@ -76,7 +76,11 @@ class WholeAnswer implements Dispatcher.DispatchHandler {
 
   onComplete(): void {
     this.signal?.removeEventListener('abort', this.onAbort);
-    this.done(null, this.chunks.length === 1 ? this.chunks[0].toString('utf8') : Buffer.concat(this.chunks).toString('utf8'));
+    const text = () => (this.chunks.length === 1 ? this.chunks[0].toString('utf8') : Buffer.concat(this.chunks).toString('utf8'));
+    // A large answer (embeddings: 2,048 of 3,072 dimensions are 33 MB even as base64) is joined and
+    // decoded in a turn of its own, parsed in the next (postJson).
+    if (this.bytes < TURN_SPLIT_BYTES) this.done(null, text());
+    else setImmediate(() => this.done(null, text()));
   }
 
   onError(err: Error): void {
@@ -188,12 +192,15 @@ export class ProviderHttp {
     });
     const status = answer.status;
     if (status < 200 || status >= 300) throw failureOf(status, text, undiciUtil.parseHeaders(answer.rawHeaders), opts);
+    const large = text.length >= TURN_SPLIT_BYTES;
+    if (large) await nextTurn();
     let parsed: any;
     try {
       parsed = text ? JSON.parse(text) : null;
     } catch {
       parsed = null;
     }
+    if (large) await nextTurn(); // and handled in the next
     if (parsed === null || typeof parsed !== 'object')
       throw new UpstreamFailure('invalid_response', opts.provider, 'Provider returned a response that is not a JSON object', status);
     return { status, body: parsed };
