@@ -27,11 +27,14 @@ export function sendJson(ctx: Koa.Context | Koa.ParameterizedContext): void {
   }
   // A large answer is serialised, encoded and written each in a turn of its own (33 MB of
   // embeddings held the event loop ~0.9 s from the provider's last byte to the client's).
+  // Nothing else answers meanwhile (Koa's own writing is off), but a client may leave.
   const res = ctx.res;
   setImmediate(() => {
-    if (res.destroyed) return;
+    if (res.destroyed || res.headersSent) return;
     const bytes = Buffer.from(json);
     res.setHeader('content-length', bytes.length);
-    setImmediate(() => res.end(bytes));
+    setImmediate(() => {
+      if (!res.destroyed && !res.writableEnded) res.end(bytes);
+    });
   });
 }

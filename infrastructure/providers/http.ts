@@ -76,11 +76,14 @@ class WholeAnswer implements Dispatcher.DispatchHandler {
 
   onComplete(): void {
     this.signal?.removeEventListener('abort', this.onAbort);
-    const text = () => (this.chunks.length === 1 ? this.chunks[0].toString('utf8') : Buffer.concat(this.chunks).toString('utf8'));
     // A large answer (embeddings: 2,048 of 3,072 dimensions are 33 MB even as base64) is joined and
     // decoded in a turn of its own, parsed in the next (postJson).
-    if (this.bytes < TURN_SPLIT_BYTES) this.done(null, text());
-    else setImmediate(() => this.done(null, text()));
+    if (this.bytes < TURN_SPLIT_BYTES) this.done(null, this.text());
+    else setImmediate(() => this.done(null, this.text()));
+  }
+
+  private text(): string {
+    return this.chunks.length === 1 ? this.chunks[0].toString('utf8') : Buffer.concat(this.chunks).toString('utf8');
   }
 
   onError(err: Error): void {
