@@ -17,8 +17,10 @@ const { database, ...limits } = workerData as WorkerSettings;
 let connecting: Promise<Store> | null = null;
 function connected(): Promise<Store> {
   if (!database) return Promise.reject(new Error('the batch body worker was started without a database'));
-  connecting ??= Store.connect(database.uri, database.name);
-  connecting.catch(() => (connecting = null));
+  if (!connecting) {
+    connecting = Store.connect(database.uri, database.name);
+    connecting.catch(() => (connecting = null));
+  }
   return connecting;
 }
 

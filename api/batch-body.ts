@@ -250,7 +250,7 @@ export class BatchBodyReader {
    * bodies on the worker, when it has the database, else in place. The bodies are moved to the
    * worker: `lines.bodies` is empty here afterwards (their sizes stay in `lines.ends`).
    */
-  storeInputs(store: Store, batch: BatchRef, lines: PackedLines, chunkSize: number): Promise<number[]> {
+  writeInputs(store: Store, batch: BatchRef, lines: PackedLines, chunkSize: number): Promise<number[]> {
     if (!this.settings.database || lines.bodies.byteLength <= this.offThreadBytes) return storeInputs(store, batch, lines, chunkSize);
     // Packed lines' bodies are memory of their own (packLines), so moving them takes nothing else.
     return this.ask<number[]>({ id: this.next++, store: { batch: { _id: batch._id }, lines, chunkSize } }, [

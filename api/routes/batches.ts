@@ -190,7 +190,7 @@ export function batchRoutes({
   async function storeAndPublish(ctx: Parameters<AnyRoute['handler']>[0], doc: BatchDoc, lines: PackedLines): Promise<BatchDoc> {
     let stored: BatchDoc | null = null;
     try {
-      stored = await storeBatchLines(store, doc, lines, settings.chunkSize, (...args) => batchBodies.storeInputs(...args));
+      stored = await storeBatchLines(store, doc, lines, settings.chunkSize, (...args) => batchBodies.writeInputs(...args));
       await publishBatch(store, stored);
       return stored;
     } catch (err) {

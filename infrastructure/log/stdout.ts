@@ -6,8 +6,8 @@
 // exits. Here lines go through Node's own stdout stream (a pipe is written without blocking, and
 // what it cannot take waits in the stream), past the bound they are dropped and counted (the count
 // is logged once stdout has taken everything before it), and the lines of one event-loop turn leave
-// together, in writes a pipe takes whole. At exit, what a reader far behind has not taken yet is lost with the process. A
-// regular file is written synchronously, as Node writes one.
+// together, in writes a pipe takes whole. At exit, what a reader far behind has not taken yet is
+// lost with the process. A regular file is written synchronously, as Node writes one.
 import type pino from 'pino';
 
 export interface StdoutLines extends pino.DestinationStream {

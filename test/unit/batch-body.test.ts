@@ -296,7 +296,7 @@ describe('batch create bodies read on a worker thread', () => {
     const away = new BatchBodyReader({ ...limits, database: { uri: 'mongodb://127.0.0.1:1/', name: 'unreachable' } }, 1024);
     try {
       const lines = packLines(Array.from({ length: 200 }, (_, i) => ({ custom_id: `c${i}`, body: JSON.stringify(line(i).body) })));
-      const err = await refusal(away.storeInputs(null as never, { _id: 'batch_x' }, lines, 100)); // the API's store is not used
+      const err = await refusal(away.writeInputs(null as never, { _id: 'batch_x' }, lines, 100)); // the API's store is not used
       expect(err.status, String(err)).to.equal(503);
       expect(err.message).to.equal('The database is unavailable right now; try again shortly');
     } finally {
