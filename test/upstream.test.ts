@@ -266,7 +266,7 @@ describe('live endpoint statistics', () => {
       await b.refresh();
       const s = b.snapshot().get('m@p')!;
       expect(s.latency).to.deep.equal({ p50: 0.2, p75: 0.3, p90: 0.4, p99: 0.4 });
-      expect(s.throughput!.p50).to.be.closeTo(10 / 0.3, 1e-9); // of 100, 50, 33.3 and 25 tokens/s
+      expect(s.throughput!.p50).to.be.closeTo(10 / 0.3, 0.005); // of 100, 50, 33.3 and 25 tokens/s, stored to 0.01
       expect(s).to.include({ requests: 4, failures: 1 });
       expect(Date.now() - s.lastFailureAt!).to.be.lessThan(5000);
     } finally {
@@ -309,6 +309,55 @@ describe('live endpoint statistics', () => {
       // The failure is counted once, and the success measured since is in.
       expect(s.snapshot().get('m@p')).to.include({ requests: 2, failures: 1 });
       expect(s.snapshot().get('m@p')!.latency).to.include({ p99: 0.3 });
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('are read once: a refresh reads only what was written since the last (and a little before), counting each summary once', async () => {
+    const store = await Store.connect(stack.mongoUri, uniqueName('stats').replace(/-/g, '_'), { monitorCommands: true });
+    let read = 0;
+    store.client.on('commandSucceeded', (e) => {
+      if (e.commandName === 'find') read += (e.reply as { cursor: { firstBatch: unknown[] } }).cursor.firstBatch.length;
+    });
+    try {
+      let now = Date.now();
+      const s = new LiveStats(store, 5 * 60_000, () => now);
+      const other = new LiveStats(store, 5 * 60_000, () => now);
+      for (let i = 0; i < 10; i++) {
+        other.record('m@p', { ok: true, latencyMs: 100, outputTokens: 1 });
+        await other.flush();
+        now += 2_000;
+      }
+      now += 60_000;
+      read = 0;
+      await s.refresh();
+      expect(read).to.equal(10);
+      expect(s.snapshot().get('m@p')).to.include({ requests: 10 });
+
+      // A minute on, with two more summaries: only those are read, and the ten are still counted.
+      now += 60_000;
+      for (let i = 0; i < 2; i++) {
+        other.record('m@p', { ok: true, latencyMs: 300, outputTokens: 1 });
+        await other.flush();
+      }
+      read = 0;
+      await s.refresh();
+      expect(read).to.equal(2);
+      expect(s.snapshot().get('m@p')).to.include({ requests: 12 });
+
+      // A summary stamped before the last read but stored after it (a slow insert) is still read,
+      // once; those read already are read again but not counted twice. (Written as a list, as
+      // earlier versions wrote summaries: read too.)
+      await store.endpointSamples.insertOne({
+        _id: `${(now - 5_000).toString(36).padStart(9, '0')}:late:0`,
+        at: new Date(now - 5_000),
+        endpoints: [{ e: 'm@p', ok: 5, failed: 0, last_failure: null, ms: [200], tps: [] }],
+      });
+      now += 2_000;
+      await s.refresh();
+      await s.refresh();
+      expect(s.snapshot().get('m@p')).to.include({ requests: 17 });
     } finally {
       await store.close();
     }
