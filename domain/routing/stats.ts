@@ -38,7 +38,7 @@ const LATE_MS = 10_000;
 
 function percentiles(values: number[]): Percentiles | null {
   if (!values.length) return null;
-  const sorted = [...values].sort((a, b) => a - b);
+  const sorted = Float64Array.from(values).sort(); // numeric, and a third of a comparator sort's time
   const out: Percentiles = {};
   for (const [name, q] of PERCENTILES) out[name] = sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)];
   return out;
@@ -58,6 +58,8 @@ export class LiveStats {
   private readonly shared = new Map<string, { at: number; endpoints: Summary[] }>();
   /** When the last refresh read (this process's clock); the next reads from `LATE_MS` before it. */
   private readAt: number | null = null;
+  /** `shared` changed since the snapshot was built: at rest, a refresh rebuilds nothing. */
+  private changed = true;
   private timer: NodeJS.Timeout | null = null;
   private running = false;
   /** Routing reads this on every call; `refresh` rebuilds it, a failure is added to it at once. */
@@ -103,6 +105,7 @@ export class LiveStats {
     try {
       await this.store.endpointSamples.insertOne({ _id, at: new Date(at), endpoints: toJsonText(endpoints) });
       this.shared.set(_id, { at, endpoints });
+      this.changed = true;
     } catch {
       // Try again next flush, together with whatever was measured while this write failed.
       for (const s of endpoints) {
@@ -135,9 +138,15 @@ export class LiveStats {
       if (this.shared.has(d._id)) continue;
       const endpoints = typeof d.endpoints === 'string' ? fromJsonText<Summary[]>(d.endpoints) : (d.endpoints ?? []);
       this.shared.set(d._id, { at: d.at.getTime(), endpoints });
+      this.changed = true;
     }
-    for (const [id, d] of this.shared) if (d.at < since) this.shared.delete(id);
-    this.cached = this.build(this.now());
+    for (const [id, d] of this.shared) {
+      if (d.at >= since) continue;
+      this.shared.delete(id);
+      this.changed = true;
+    }
+    if (this.changed || this.pending.size || !this.cached) this.cached = this.build(this.now());
+    this.changed = false;
     await this.store.endpointSamples.deleteMany({ _id: { $lt: timeKey(since - this.windowMs) } }).catch(() => undefined);
   }
 
