@@ -1,10 +1,11 @@
-// `npm run bench [decisions|batches|proxy|results|growth|broadcast|accept|fairness …]`: runs the named benchmarks (all by default) and writes
+// `npm run bench [decisions|batches|proxy|results|growth|sustained|broadcast|accept|fairness …]`: runs the named benchmarks (all by default) and writes
 // their results as JSON under bench/results/.
 import { benchDecisions } from './decisions';
 import { benchBatches } from './batches';
 import { benchProxy } from './proxy';
 import { benchResults } from './results';
 import { benchGrowth } from './growth';
+import { benchSustained } from './sustained';
 import { benchBroadcast } from './broadcast';
 import { benchAccept } from './accept';
 import { benchFairness } from './fairness';
@@ -18,6 +19,8 @@ const all: Record<string, () => Promise<unknown>> = {
   results: () => benchResults(),
   // BENCH_GROWTH_BATCHES and BENCH_GROWTH_USAGE set what is stored before the second measurement (10,000 batches, 1,000,000 usage records).
   growth: () => benchGrowth(),
+  // Steady traffic for BENCH_SUSTAINED_MINUTES (5): does a call cost more once the stack has a history of them?
+  sustained: () => benchSustained(),
   // What a trace destination that is down or slow costs requests.
   broadcast: () => benchBroadcast(),
   // Connection bursts under load: one Node process against two sharing the port.
