@@ -32,7 +32,8 @@ const round = (n: number) => Math.round(n * 100) / 100;
  * How far before its last read a refresh reads again. A summary's `_id` is its time before its
  * insert, which lands later (milliseconds; seconds on a struggling database), so ids already read
  * are skipped rather than assumed to be all there is up to the last read. One stored more than this
- * after its time is missed by processes that read past it: a few seconds of routing statistics.
+ * after its time is missed by processes that read past it: a few seconds of routing statistics. So
+ * are a process's summaries by processes whose clocks run more than this ahead of its own.
  */
 const LATE_MS = 10_000;
 
