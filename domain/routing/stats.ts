@@ -4,7 +4,7 @@
 // FerretDB has no atomic read-modify-write); counts are exact, latencies a bounded sample, so a
 // busy window stays cheap to read. Each process keeps the window's summaries it has read and reads
 // only the newer ones: reading the whole window every two seconds, in every process, kept FerretDB
-// busy (~45 ms of CPU a second for five minutes after any load, more with more processes). It
+// busy for five minutes after a load (228-750 ms of CPU a second with two API processes). It
 // rebuilds its snapshot when it reads, off the request path: sorting a busy window's samples took
 // milliseconds, and a call that rebuilt it paid them before its upstream request was sent.
 import { randomBytes } from 'node:crypto';

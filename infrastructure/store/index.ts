@@ -402,10 +402,7 @@ function isNamespaceMissing(err: unknown): boolean {
   return (err as { code?: number })?.code === 26;
 }
 
-/**
- * One process's endpoint measurements over a few seconds; inserted, never updated. Counts are
- * exact; latency and throughput keep a bounded sample so the documents stay small under load.
- */
+/** One endpoint's calls in one process over a few seconds: exact counts, a bounded sample of latency and throughput. */
 export interface EndpointSummary {
   e: string;
   ok: number;
@@ -415,6 +412,7 @@ export interface EndpointSummary {
   tps: number[];
 }
 
+/** One process's endpoint measurements over a few seconds (routing/stats.ts); inserted, never updated. */
 export interface EndpointSamplesDoc extends Document {
   _id: string;
   at: Date;
