@@ -8,7 +8,18 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { benchCatalog } from './batches';
-import { benchKey, closedLoop, cpuSeconds, startStack, writeResult } from './harness';
+import {
+  benchKey,
+  closedLoop,
+  cpuSeconds,
+  loadSamples,
+  mergeSamples,
+  startStack,
+  summarize,
+  writeResult,
+  type LoadResult,
+  type LoadSamples,
+} from './harness';
 
 const MINUTES = Number(process.env.BENCH_SUSTAINED_MINUTES ?? 5);
 const CONCURRENCY = 4;
@@ -36,36 +47,24 @@ export async function benchSustained() {
     // Warm-up (JIT, pools) before the first minute, so the baseline is not the cold start.
     await closedLoop(url, CHAT, headers, 8, 5_000);
 
-    const minutes: {
+    const minutes: (Pick<LoadResult, 'requests' | 'errors' | 'rps' | 'p99_ms'> & {
       minute: number;
-      requests: number;
-      errors: number;
-      rps: number;
-      p99_ms: number;
       gateway_cpu_ms_per_call: number;
       ferretdb_cpu_ms_per_call: number;
-    }[] = [];
+    })[] = [];
     for (let m = 1; m <= MINUTES; m++) {
       const ends = performance.now() + 60_000;
       const cpu0 = cpuSeconds(ferret?.pid);
       const gatewayCpu0 = cpuSeconds(gateway?.pid);
-      const t0 = performance.now();
-      let requests = 0;
-      let errors = 0;
-      let p99 = 0;
-      while (performance.now() < ends) {
-        const run = await closedLoop(url, CHAT, headers, CONCURRENCY, 2_000);
-        requests += run.requests;
-        errors += run.errors;
-        p99 = Math.max(p99, run.p99_ms);
-      }
-      const seconds = (performance.now() - t0) / 1000;
+      let samples: LoadSamples | undefined;
+      while (performance.now() < ends) samples = mergeSamples(samples, await loadSamples(url, CHAT, headers, CONCURRENCY, 2_000));
+      const { requests, errors, rps, p99_ms } = summarize(samples!);
       const row = {
         minute: m,
         requests,
         errors,
-        rps: Math.round(requests / seconds),
-        p99_ms: round2(p99),
+        rps: Math.round(rps),
+        p99_ms,
         gateway_cpu_ms_per_call: round2(((cpuSeconds(gateway?.pid) - gatewayCpu0) * 1000) / requests),
         ferretdb_cpu_ms_per_call: round2(((cpuSeconds(ferret?.pid) - cpu0) * 1000) / requests),
       };
