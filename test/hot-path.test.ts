@@ -308,6 +308,42 @@ describe('rate limiter without contention', () => {
     expect(blocks).to.equal(4); // 200 tickets in blocks of 64, the fourth claimed ahead at the 160th
   });
 
+  it('a process far behind the others jumps ahead to free blocks in a few writes, and still uses every block it jumped over before refusing', async () => {
+    let now = 1_000_000_000_000;
+    const take = async (limiter: RateLimiter, key: string) => {
+      const d = await limiter.take(key);
+      await limiter.claimsDone(key);
+      return d.allowed;
+    };
+    // A busy key: one process has taken 20,000 tickets (~313 blocks of 64) when a second sees it.
+    const busyKey = `key_behind_${Date.now()}`;
+    const first = new RateLimiter(a.store, 1_000_000, 3600, () => now);
+    for (let i = 0; i < 20_000; i++) await take(first, busyKey);
+    const late = new RateLimiter(b.store, 1_000_000, 3600, () => now);
+    expect(await take(late, busyKey)).to.equal(true);
+    // Trying the taken blocks one write at a time was 313 writes; jumping twice as far each time, about ten.
+    expect(late.claimWrites).to.be.within(3, 12);
+
+    // A small limit, so that the window's last block is reached: blocks of 10, one per write.
+    now += 3_600_000;
+    const key = `key_holes_${Date.now()}`;
+    const p1 = new RateLimiter(a.store, 640, 3600, () => now);
+    const p2 = new RateLimiter(b.store, 640, 3600, () => now);
+    let admitted = 0;
+    for (let i = 0; i < 300; i++) if (await take(p1, key)) admitted++;
+    // p2 jumps past p1's 31 blocks (0, 1, 3, 6, 11, 20, 37), over some free ones (31-36).
+    expect(await take(p2, key)).to.equal(true);
+    admitted++;
+    expect(p2.claimWrites).to.equal(7);
+    // Alone, p2 takes the rest of the window, then the free blocks it jumped over: every block is
+    // claimed before it refuses. Then p1 uses the tickets it still holds, and nothing more.
+    while (await take(p2, key)) admitted++;
+    const blocks = p1.blocksOf(Math.floor(now / 3_600_000));
+    expect(await blocks.countDocuments({ key_id: key })).to.equal(64);
+    while (await take(p1, key)) admitted++;
+    expect(admitted).to.equal(640);
+  });
+
   it("deletes a finished window's blocks by id when the key is next seen", async () => {
     let now = 1_000_000_000_000;
     const limiter = new RateLimiter(a.store, 128, 60, () => now);

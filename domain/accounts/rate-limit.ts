@@ -15,6 +15,14 @@
 // once per CLAIM_PATIENCE_MS. A limit protects capacity; refusing every request while the database
 // is away (or full) would take the gateway down with it.
 //
+// Claims skip what other processes took without trying it block by block. Every process numbers
+// the blocks from the window's start, so a write that finds every block taken is followed by one
+// at the next blocks, then by ones jumping twice as far each time: the writes that fail grow with
+// the logarithm of how far the others are ahead. Three processes on one key (the proxy bench's
+// layout) made 620-640 writes each for 190-270 blocks when every taken block was tried (a failed
+// write of eight costs FerretDB 1.5 ms of CPU); jumping, 66-68. Blocks jumped over are tried once
+// the window's last block is reached, so every block is used before a key is refused.
+//
 // Blocks live in a collection per day (per period of a window's length, for windows over a day).
 // A process deletes its blocks by `_id` once their window is over; the first window of each new
 // period a process sees drops the collections of the periods before the last, so the blocks of a
@@ -56,8 +64,10 @@ interface KeyWindow {
   /** Ticket ranges held here, oldest first: [next, end) with tickets numbered from 1 across the window. */
   ranges: [number, number][];
   held: number;
-  /** The next block this process will try to claim; blocks below it are taken. */
+  /** The next block this process will try to claim; blocks below it are taken, or in `skipped`. */
   block: number;
+  /** Runs of blocks [first, end) jumped over by claims that found others ahead, tried once `block` reaches the end. */
+  skipped: [number, number][];
   /** Blocks claimed per write; doubles (up to a cap) when a request had to wait, or claims come quickly. */
   perClaim: number;
   /** When the last claim started (the limiter's clock). */
@@ -197,6 +207,7 @@ export class RateLimiter {
       ranges: [],
       held: 0,
       block: 0,
+      skipped: [],
       perClaim: 1,
       lastClaimAt: 0,
       exhausted: false,
@@ -215,21 +226,21 @@ export class RateLimiter {
     const now = this.now();
     if (s.claimed.length && now - s.lastClaimAt < QUICK_CLAIM_MS) s.perClaim = Math.min(this.maxPerClaim, s.perClaim * 2);
     s.lastClaimAt = now;
-    while (s.block < this.blocks) {
-      const first = s.block;
-      const count = Math.min(s.perClaim, this.blocks - first);
+    /** Writes that found every block taken; past the first, the next write jumps (doubling). */
+    let misses = 0;
+    for (let run = this.nextRun(s, 0); run; run = this.nextRun(s, misses < 2 ? 0 : s.perClaim * 2 ** (misses - 2))) {
+      const [first, count] = run;
       const docs = Array.from({ length: count }, (_, i) => ({
         _id: `${keyId}:${s.window}:b${first + i}`,
         key_id: keyId,
         window: s.window,
       }));
-      s.block += count;
       this.claimWrites++;
       let outcomes;
       try {
         outcomes = await insertManyEach(this.blocksOf(s.window), docs);
       } catch (err) {
-        s.block = first; // nothing known to be taken: try these again next time
+        this.giveBack(s, first, count); // nothing known to be taken: try these again next time
         throw err;
       }
       let got = 0;
@@ -246,12 +257,44 @@ export class RateLimiter {
       const refused = outcomes.find((o): o is Error => o instanceof Error);
       if (got) return;
       if (refused) {
-        s.block = first; // a refused block is not taken: try again next time
+        this.giveBack(s, first, count); // a refused block is not taken: try again next time
         throw refused;
       }
+      misses++; // every block taken: the others are ahead
     }
     s.exhausted = true;
   }
+
+  /**
+   * The blocks to write next, [first, count]: going forward (past `jump` blocks when they fit
+   * before the end, remembered in `skipped`), then the runs jumped over; null once none is left.
+   */
+  private nextRun(s: KeyWindow, jump: number): [number, number] | null {
+    if (s.block < this.blocks) {
+      if (jump && s.block + jump < this.blocks) {
+        s.skipped.push([s.block, s.block + jump]);
+        s.block += jump;
+      }
+      const first = s.block;
+      const count = Math.min(s.perClaim, this.blocks - first);
+      s.block += count;
+      return [first, count];
+    }
+    const run = s.skipped[0];
+    if (!run) return null;
+    const count = Math.min(s.perClaim, run[1] - run[0]);
+    const first = run[0];
+    run[0] += count;
+    if (run[0] === run[1]) s.skipped.shift();
+    return [first, count];
+  }
+
+  /** Blocks a write did not get to claim (it failed), to be tried again. */
+  private giveBack(s: KeyWindow, first: number, count: number): void {
+    if (first + count === s.block) s.block = first;
+    else s.skipped.unshift([first, first + count]);
+  }
+
   /**
    * Keys that stopped sending keep their old window's entry until seen again: drop those of past
    * windows. The next drop waits until the map has doubled, so its cost is spread over as many new
