@@ -62,9 +62,14 @@ const STREAM_GAP_MS = 2;
  * for its first few thousand requests: measured at c=1 right after start, the gateway's CPU per
  * request fell from 1.5 to 0.8 ms over its first 4,000 requests, and its added p50 from 1.45 to
  * 1.05 ms. A server in use is past that, so every target gets the same warm-up, streamed path too
- * (short streams: it is the per-request code that needs the repetitions).
+ * (short streams: it is the per-request code that needs the repetitions), per process: a target
+ * served by several processes gets that many times the requests, at that many times the
+ * concurrency, since each process is warmed by the connections it accepts (`gateway_2p`'s two
+ * processes had been warmed by about 2,500 requests each).
  */
 const WARM_UP = { requests: 5_000, concurrency: 8, streams: 500, streamConcurrency: 4, streamWords: 4 };
+/** Processes serving a target, where more than one. */
+const PROCESSES: Partial<Record<TargetName, number>> = { gateway_2p: 2 };
 
 const messages = [{ role: 'user', content: 'Say this is a test' }];
 
@@ -291,9 +296,10 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
     };
     for (const name of Object.keys(targets) as (keyof typeof targets)[]) {
       const t = targets[name];
-      await closedLoop(t.url, { ...body, model: t.model }, t.headers, WARM_UP.concurrency, WARM_UP.requests);
+      const n = PROCESSES[name] ?? 1;
+      await closedLoop(t.url, { ...body, model: t.model }, t.headers, n * WARM_UP.concurrency, n * WARM_UP.requests);
       const w = warmStreams[name];
-      await closedLoop(w.url, { ...body, model: w.model, stream: true }, w.headers, WARM_UP.streamConcurrency, WARM_UP.streams);
+      await closedLoop(w.url, { ...body, model: w.model, stream: true }, w.headers, n * WARM_UP.streamConcurrency, n * WARM_UP.streams);
     }
 
     const rows: Record<string, any>[] = [];
