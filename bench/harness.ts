@@ -211,10 +211,13 @@ function percentile(sorted: number[], q: number): number {
   return sorted.length ? sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)] : NaN;
 }
 
+/** Rounded to two decimals, as the results are written. */
+export const round2 = (x: number) => Math.round(x * 100) / 100;
+
 /** How many latencies, and their p50 and p99 (ms, two decimals). */
 export function percentiles(ms: number[]) {
   const s = [...ms].sort((a, b) => a - b);
-  const at = (q: number) => Math.round(percentile(s, q) * 100) / 100;
+  const at = (q: number) => round2(percentile(s, q));
   return { n: s.length, p50_ms: at(0.5), p99_ms: at(0.99) };
 }
 
@@ -280,16 +283,15 @@ export function mergeSamples(acc: LoadSamples | undefined, run: LoadSamples): Lo
 
 export function summarize(s: LoadSamples): LoadResult {
   const latencies = [...s.latencies].sort((a, b) => a - b);
-  const r = (x: number) => Math.round(x * 100) / 100;
   return {
     concurrency: s.concurrency,
     requests: latencies.length,
     errors: s.errors,
-    seconds: r(s.seconds),
-    rps: r(latencies.length / s.seconds),
-    p50_ms: r(percentile(latencies, 0.5)),
-    p90_ms: r(percentile(latencies, 0.9)),
-    p99_ms: r(percentile(latencies, 0.99)),
+    seconds: round2(s.seconds),
+    rps: round2(latencies.length / s.seconds),
+    p50_ms: round2(percentile(latencies, 0.5)),
+    p90_ms: round2(percentile(latencies, 0.9)),
+    p99_ms: round2(percentile(latencies, 0.99)),
   };
 }
 

@@ -14,7 +14,7 @@ import { createParser } from 'eventsource-parser';
 import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { startProcess, freePort, type ManagedProcess } from '../devstack/processes';
-import { benchKey, closedLoop, measuredInRounds, startStack, writeResult, type MeasuredRow } from './harness';
+import { benchKey, closedLoop, measuredInRounds, round2, startStack, writeResult, type MeasuredRow } from './harness';
 
 const BARS = {
   added_p50_ms_at_c1: 0.3,
@@ -163,7 +163,6 @@ interface StreamStats {
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const p90 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.ceil(xs.length * 0.9) - 1)];
-const round = (x: number) => Math.round(x * 100) / 100;
 
 /** One streamed completion: when the first content arrived, how fast the rest followed, how it was read. */
 async function streamOnce(t: Target): Promise<{ ttft: number; tps: number; events: number; reads: number } | { error: string }> {
@@ -235,10 +234,10 @@ async function streamed(targets: Record<string, Target>): Promise<Record<string,
       const stats: StreamStats = {
         streams: STREAMS,
         errors: a.errors,
-        ttft_p50_ms: round(median(a.ttft)),
-        ttft_p90_ms: round(p90(a.ttft)),
+        ttft_p50_ms: round2(median(a.ttft)),
+        ttft_p90_ms: round2(p90(a.ttft)),
         tokens_per_s_p50: Math.round(median(a.tps)),
-        events_per_read: round(a.events / Math.max(1, a.reads)),
+        events_per_read: round2(a.events / Math.max(1, a.reads)),
         first_error: a.firstError,
       };
       return [n, stats];
@@ -323,7 +322,7 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
           ROUNDS,
         )),
       };
-      for (const [name, base] of Object.entries(BASELINE)) row[`${name}_added_p50_ms`] = round(row[name].p50_ms - row[base].p50_ms);
+      for (const [name, base] of Object.entries(BASELINE)) row[`${name}_added_p50_ms`] = round2(row[name].p50_ms - row[base].p50_ms);
       rows.push(row);
     }
 
@@ -342,7 +341,7 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
     };
     const streams: Record<string, any> = await streamed(streamTargets);
     for (const [name, base] of Object.entries(BASELINE))
-      streams[`${name}_added_ttft_p50_ms`] = round(streams[name].ttft_p50_ms - streams[base].ttft_p50_ms);
+      streams[`${name}_added_ttft_p50_ms`] = round2(streams[name].ttft_p50_ms - streams[base].ttft_p50_ms);
 
     const at = (c: number) => rows.find((r) => r.concurrency === c);
     const c1 = at(1);

@@ -14,6 +14,7 @@ import {
   cpuSeconds,
   loadSamples,
   mergeSamples,
+  round2,
   startStack,
   summarize,
   writeResult,
@@ -34,7 +35,6 @@ const BARS = {
 };
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-const round2 = (x: number) => Math.round(x * 100) / 100;
 
 export async function benchSustained() {
   const tmp = fs.mkdtempSync(path.join(process.env.TMPDIR ?? '/tmp', 'bench-sustained-'));

@@ -226,9 +226,9 @@ export class RateLimiter {
     const now = this.now();
     if (s.claimed.length && now - s.lastClaimAt < QUICK_CLAIM_MS) s.perClaim = Math.min(this.maxPerClaim, s.perClaim * 2);
     s.lastClaimAt = now;
-    /** Writes that found every block taken; past the first, the next write jumps (doubling). */
+    /** Writes of this claim that found every block taken. */
     let misses = 0;
-    for (let run = this.nextRun(s, 0); run; run = this.nextRun(s, misses < 2 ? 0 : s.perClaim * 2 ** (misses - 2))) {
+    for (let run = this.nextRun(s, misses); run; run = this.nextRun(s, misses)) {
       const [first, count] = run;
       const docs = Array.from({ length: count }, (_, i) => ({
         _id: `${keyId}:${s.window}:b${first + i}`,
@@ -266,11 +266,14 @@ export class RateLimiter {
   }
 
   /**
-   * The blocks to write next, [first, count]: going forward (past `jump` blocks when they fit
-   * before the end, remembered in `skipped`), then the runs jumped over; null once none is left.
+   * The blocks to write next, [first, count]: going forward, then the runs jumped over; null once
+   * none is left. After `misses` writes that found everything taken, past the first, it jumps
+   * ahead (a claim's worth, doubling each time) when that fits before the end, remembering the
+   * blocks jumped over in `skipped`.
    */
-  private nextRun(s: KeyWindow, jump: number): [number, number] | null {
+  private nextRun(s: KeyWindow, misses: number): [number, number] | null {
     if (s.block < this.blocks) {
+      const jump = misses < 2 ? 0 : s.perClaim * 2 ** (misses - 2);
       if (jump && s.block + jump < this.blocks) {
         s.skipped.push([s.block, s.block + jump]);
         s.block += jump;
