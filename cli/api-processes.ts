@@ -20,6 +20,12 @@ const READY = 'gateway:ready';
 const EMBEDDED = 'gateway:embedded';
 /** Which process this is (API processes 0 to API_PROCESSES − 1, then the worker): its metrics label and Temporal metrics port offset. */
 const INDEX_ENV = 'GATEWAY_API_PROCESS';
+/**
+ * The embedded services' state when the process was started: what its /readyz says from its first
+ * request (it starts listening before the primary's first message can reach it, and a client told
+ * "ready" may ask at once). Changes since are sent as messages (EMBEDDED).
+ */
+const EMBEDDED_ENV = 'GATEWAY_EMBEDDED';
 /** A process dying this often within RESTART_WINDOW_MS is not restarted again: the gateway stops. */
 const MAX_RESTARTS = 5;
 const RESTART_WINDOW_MS = 60_000;
@@ -61,8 +67,10 @@ export async function startApiProcesses(opts: ApiProcessesOptions): Promise<{ ur
     cluster.setupPrimary({ exec: path.join(__dirname, 'index.js'), args: index === workerIndex ? ['worker'] : opts.args });
     const env: NodeJS.ProcessEnv = { ...opts.env, [INDEX_ENV]: String(index) };
     if (opts.temporalMetricsPort !== null) env.TEMPORAL_METRICS_PORT = String(opts.temporalMetricsPort + index);
+    if (opts.embedded) env[EMBEDDED_ENV] = JSON.stringify(opts.embedded());
     const worker = cluster.fork(env);
     live.set(index, worker);
+    // Once it listens for messages: a change during its start-up may have been sent before that.
     worker.on('message', (m: { type?: string }) => {
       if (m?.type === READY && opts.embedded) worker.send({ type: EMBEDDED, status: opts.embedded() });
     });
@@ -152,7 +160,7 @@ export async function startApiProcesses(opts: ApiProcessesOptions): Promise<{ ur
  */
 export function apiProcessMember(): { index: number; embedded: () => EmbeddedStatus; ready(url: string): void } | null {
   if (!cluster.isWorker) return null;
-  let status: EmbeddedStatus = {};
+  let status = JSON.parse(process.env[EMBEDDED_ENV] ?? '{}') as EmbeddedStatus;
   process.on('message', (m: { type?: string; status?: EmbeddedStatus }) => {
     if (m?.type === EMBEDDED && m.status) status = m.status;
   });
