@@ -76,7 +76,8 @@ export function mountRoutes(router: Router, routes: AnyRoute[], deps: AppDeps): 
         params: params ? params({ ...ctx.params }) : undefined,
       };
       await spec.handler(ctx, input as never);
-      sendJson(ctx);
+      const sent = sendJson(ctx);
+      if (sent) await sent;
     });
     router[spec.method](spec.path, ...(chain as Parameters<Router['get']>[1][]));
   }

@@ -1,7 +1,9 @@
 // Keep-alive HTTP to providers over undici, with per-call timeouts and cancellation.
 import { Agent, request, errors as undiciErrors, util as undiciUtil, type Dispatcher } from 'undici';
 import { sizeText } from '../errors/sizes';
+import { StringDecoder } from 'node:string_decoder';
 import { nextTurn, TURN_SPLIT_BYTES } from '../concurrency/next-turn';
+import { parseInTurns } from '../concurrency/json-in-turns';
 import { parseRetryAfter, UpstreamFailure } from './failure';
 
 export interface JsonResponse {
@@ -43,7 +45,8 @@ class WholeAnswer implements Dispatcher.DispatchHandler {
   };
 
   constructor(
-    private readonly done: (err: Error | null, text?: string) => void,
+    /** The answer's text: in pieces (decoded in turns) when it is TURN_SPLIT_BYTES or more. */
+    private readonly done: (err: Error | null, text?: string | string[]) => void,
     private readonly signal: AbortSignal | undefined,
     /** Past this many bytes the answer is given up (`tooLarge`). */
     private readonly maxBytes: number,
@@ -76,14 +79,31 @@ class WholeAnswer implements Dispatcher.DispatchHandler {
 
   onComplete(): void {
     this.signal?.removeEventListener('abort', this.onAbort);
-    // A large answer (embeddings: 2,048 of 3,072 dimensions are 33 MB even as base64) is joined and
-    // decoded in a turn of its own, parsed in the next (postJson).
-    if (this.bytes < TURN_SPLIT_BYTES) this.done(null, this.text());
-    else setImmediate(() => this.done(null, this.text()));
+    // A large answer (embeddings: 2,048 of 3,072 dimensions are 33 MB even as base64) is decoded
+    // in turns, as pieces (parsed from them in turns too: postJson).
+    if (this.bytes < TURN_SPLIT_BYTES)
+      this.done(null, this.chunks.length === 1 ? this.chunks[0].toString('utf8') : Buffer.concat(this.chunks).toString('utf8'));
+    else this.pieces().then((pieces) => this.done(null, pieces), this.done);
   }
 
-  private text(): string {
-    return this.chunks.length === 1 ? this.chunks[0].toString('utf8') : Buffer.concat(this.chunks).toString('utf8');
+  /** The answer decoded into pieces of about TURN_SPLIT_BYTES, each in a turn of its own. */
+  private async pieces(): Promise<string[]> {
+    const decoder = new StringDecoder('utf8');
+    const pieces: string[] = [];
+    let parts: string[] = [];
+    let size = 0;
+    for (const chunk of this.chunks.splice(0)) {
+      parts.push(decoder.write(chunk));
+      size += chunk.length;
+      if (size >= TURN_SPLIT_BYTES) {
+        pieces.push(parts.join(''));
+        ((parts = []), (size = 0));
+        await nextTurn();
+      }
+    }
+    parts.push(decoder.end());
+    pieces.push(parts.join(''));
+    return pieces;
   }
 
   onError(err: Error): void {
@@ -180,7 +200,7 @@ export class ProviderHttp {
     if (opts.signal?.aborted) throw this.classify(new undiciErrors.RequestAbortedError(), opts.provider, opts.timeoutMs);
     const { origin, path } = this.place(url);
     let answer!: WholeAnswer;
-    const text = await new Promise<string>((resolve, reject) => {
+    const text = await new Promise<string | string[]>((resolve, reject) => {
       answer = new WholeAnswer(
         (err, text) => (err ? reject(this.classify(err, opts.provider, opts.timeoutMs)) : resolve(text!)),
         opts.signal,
@@ -194,16 +214,16 @@ export class ProviderHttp {
       }
     });
     const status = answer.status;
-    if (status < 200 || status >= 300) throw failureOf(status, text, undiciUtil.parseHeaders(answer.rawHeaders), opts);
-    const large = text.length >= TURN_SPLIT_BYTES;
-    if (large) await nextTurn();
+    const large = typeof text !== 'string';
+    if (status < 200 || status >= 300)
+      throw failureOf(status, large ? text.join('') : text, undiciUtil.parseHeaders(answer.rawHeaders), opts);
     let parsed: any;
     try {
-      parsed = text ? JSON.parse(text) : null;
+      parsed = large ? await parseInTurns(text) : text ? JSON.parse(text) : null;
     } catch {
       parsed = null;
     }
-    if (large) await nextTurn(); // and handled in the next
+    if (large) await nextTurn(); // and handled in a turn of its own
     if (parsed === null || typeof parsed !== 'object')
       throw new UpstreamFailure('invalid_response', opts.provider, 'Provider returned a response that is not a JSON object', status);
     return { status, body: parsed };

@@ -1,6 +1,7 @@
 // A route's JSON answer leaves before the middleware chain unwinds, with what the layers set on the
 // way in, and the layers on the way out still see its status; what is not JSON is left to Koa.
 // Exercised over a real socket.
+import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Readable } from 'node:stream';
 import Koa from 'koa';
@@ -71,6 +72,49 @@ describe('sendJson', () => {
       const head = await fetch(`${url}/head`, { method: 'HEAD' });
       expect(head.status).to.equal(200);
       expect(await head.text()).to.equal('');
+    } finally {
+      server.close();
+    }
+  });
+
+  it("writes a body with a long array in pieces: the same text and length as JSON.stringify, to a client reading slowly; a failure to serialise is the handler's error", async function () {
+    this.timeout(30_000);
+    const big = {
+      object: 'list',
+      data: Array.from({ length: 3_000 }, (_, i) => ({ i, v: Array.from({ length: 100 }, (_, j) => i / (j + 1)) })),
+      n: 1,
+    };
+    const app = new Koa();
+    app.silent = true;
+    app.use(async (ctx) => {
+      ctx.body = ctx.path === '/bad' ? { data: Array.from({ length: 100 }, (_, i) => (i === 99 ? { n: BigInt(1) } : i)) } : big;
+      const sent = sendJson(ctx);
+      expect(sent).to.be.instanceOf(Promise);
+      await sent;
+    });
+    const server = app.listen(0, '127.0.0.1');
+    await new Promise((r) => server.once('listening', r));
+    const port = (server.address() as AddressInfo).port;
+    try {
+      const want = JSON.stringify(big);
+      expect(want.length).to.be.above(4 * 1024 * 1024); // several pieces
+      // Read slowly: the socket fills, and the writer waits for it to drain.
+      const got = await new Promise<{ length: string; text: string }>((resolve, reject) => {
+        http
+          .get(`http://127.0.0.1:${port}/`, (res) => {
+            const chunks: Buffer[] = [];
+            res.on('data', (c: Buffer) => {
+              chunks.push(c);
+              res.pause();
+              setTimeout(() => res.resume(), 1);
+            });
+            res.on('end', () => resolve({ length: res.headers['content-length']!, text: Buffer.concat(chunks).toString('utf8') }));
+          })
+          .on('error', reject);
+      });
+      expect(got.length).to.equal(String(Buffer.byteLength(want)));
+      expect(got.text === want, 'the text JSON.stringify writes').to.equal(true);
+      expect((await fetch(`http://127.0.0.1:${port}/bad`)).status).to.equal(500);
     } finally {
       server.close();
     }

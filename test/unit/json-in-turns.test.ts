@@ -1,0 +1,137 @@
+// JSON parsed from pieces and serialised into pieces, in turns: the same values and texts as
+// JSON.parse and JSON.stringify, the same refusals, and no turn holding the whole work.
+import { expect } from 'chai';
+import { parseInTurns, stringifyInTurns } from '../../infrastructure/concurrency/json-in-turns';
+import { TURN_SPLIT_BYTES } from '../../infrastructure/concurrency/next-turn';
+
+/** `text` cut every `size` characters (anywhere: inside strings, escapes, numbers). */
+const cut = (text: string, size: number) =>
+  Array.from({ length: Math.ceil(text.length / size) }, (_, i) => text.slice(i * size, (i + 1) * size));
+
+/** What JSON.parse gives, or 'SyntaxError'. */
+const parsed = (text: string) => {
+  try {
+    return JSON.parse(text) as unknown;
+  } catch (err) {
+    return (err as Error).name;
+  }
+};
+const parsedInTurns = async (pieces: string[]) => {
+  try {
+    return await parseInTurns(pieces);
+  } catch (err) {
+    return (err as Error).name;
+  }
+};
+
+/** The longest stretch between turns while `work` runs, in ms. */
+async function longestTurnWhile(work: () => Promise<unknown>): Promise<number> {
+  let longest = 0;
+  let last = performance.now();
+  let running = true;
+  const tick = () => {
+    const now = performance.now();
+    longest = Math.max(longest, now - last);
+    last = now;
+    if (running) setImmediate(tick);
+  };
+  setImmediate(tick);
+  await work();
+  running = false;
+  return longest;
+}
+
+const embeddings = (count: number, dimensions: number) => ({
+  object: 'list',
+  data: Array.from({ length: count }, (_, index) => ({
+    object: 'embedding',
+    index,
+    embedding: Array.from({ length: dimensions }, (_, j) => Math.sin(index * dimensions + j)),
+  })),
+  model: 'm',
+  usage: { prompt_tokens: count, total_tokens: count },
+});
+
+describe('JSON in turns', () => {
+  const many = (element: string, n: number, last = element) => `${`${element},`.repeat(n)}${last}`;
+  const texts: [string, string][] = [
+    ['small', '{"a":[1,2,3],"b":"x"}'],
+    ['a large array among other members', `{"s":"x","a":[${many('{"v":[1.5,-2e3]}', 80_000, '{}')}],"o":{"d":[1]},"n":null}`],
+    ['two large arrays', `{"a":[${many('1', 600_000)}],"b":[${many('"y"', 300_000)}]}`],
+    [
+      'strings holding brackets, quotes, commas, colons and escapes',
+      `{"k":"[{,:\\"","a":[${many('"]},\\\\\\"[{,:"', 100_000, '"\\u005d"')}]}`,
+    ],
+    ['keys with escapes', `{"\\"a\\",":[${many('1', 600_000)}],"\\u0062":2}`],
+    ['a member named __proto__', `{"__proto__":[${many('1', 600_000)}],"c":{"__proto__":[1]}}`],
+    ['whitespace everywhere', ` { "a" : [ ${many(' 1 ', 300_000)} ] , "b" : [ ] } `],
+    ['a repeated key (the last value is kept)', `{"a":[${many('1', 600_000)}],"a":1}`],
+    ['a large root array', `[${many('1', 600_000)}]`],
+    ['a trailing comma', `{"a":[${many('1', 600_000, '')}]}`],
+    ['an empty element', `{"a":[${many('1,', 300_000)}]}`],
+    ['text after the root', `{"a":[${many('1', 600_000)}]}x`],
+    ['an unclosed string', `{"a":[${many('1', 600_000)}],"b":"x}`],
+    ['a missing bracket', `{"a":[${many('[1', 600_000)}]}`],
+    ['a bare number', '1'.repeat(2_000_000)],
+  ];
+  for (const [name, text] of texts) {
+    it(`gives what JSON.parse gives, from pieces cut anywhere: ${name}`, async () => {
+      const want = parsed(text);
+      for (const size of [1, 7_777, 65_536, text.length]) {
+        if (size === 1 && text.length > 100) continue;
+        const got = await parsedInTurns(cut(text, size));
+        expect(got, `pieces of ${size}`).to.deep.equal(want);
+        if (want !== null && typeof want === 'object') {
+          expect(Object.getPrototypeOf(got)).to.equal(Object.getPrototypeOf(want));
+          expect(Object.keys(got as object)).to.deep.equal(Object.keys(want));
+        }
+      }
+      if (want !== null && typeof want === 'object') expect((await stringifyInTurns(want)).join('')).to.equal(JSON.stringify(want));
+    });
+  }
+
+  it('serialises as JSON.stringify does what it leaves out or turns to null', async () => {
+    const value = { a: [1, undefined, () => 1, Symbol('s'), new Date(0), { b: undefined }], u: undefined, f: () => 1, n: NaN, e: {} };
+    expect((await stringifyInTurns(value)).join('')).to.equal(JSON.stringify(value));
+    expect((await stringifyInTurns({})).join('')).to.equal('{}');
+    expect((await stringifyInTurns([])).join('')).to.equal('[]');
+    expect((await stringifyInTurns({ a: [] })).join('')).to.equal('{"a":[]}');
+  });
+
+  it('works through 30 MB of embeddings as floats in turns of a few ms, where JSON.parse and JSON.stringify each take one long one', async function () {
+    this.timeout(60_000);
+    const value = embeddings(500, 3_072);
+    const text = JSON.stringify(value);
+    expect(text.length).to.be.above(25_000_000);
+    const pieces = cut(text, 64 * 1024); // as an answer arrives
+    /** The best of three, in ms. */
+    const wholeMs = (work: () => unknown) => {
+      let best = Infinity;
+      for (let i = 0; i < 3; i++) {
+        const t0 = performance.now();
+        work();
+        best = Math.min(best, performance.now() - t0);
+      }
+      return best;
+    };
+    const wholeParse = wholeMs(() => JSON.parse(text));
+    const wholeStringify = wholeMs(() => JSON.stringify(value));
+    let got: unknown;
+    const parsing = await longestTurnWhile(async () => (got = await parseInTurns(pieces)));
+    expect(got).to.deep.equal(value);
+    let out: string[] = [];
+    const serialising = await longestTurnWhile(async () => (out = await stringifyInTurns(got as object)));
+    expect(out.join('')).to.equal(text);
+    expect(out.length).to.be.above(10);
+    for (const piece of out.slice(0, -1)) expect(piece.length).to.be.within(TURN_SPLIT_BYTES, 2 * TURN_SPLIT_BYTES);
+    // Each turn handles about a megabyte (~1/30 of the work): a quarter of the whole leaves room
+    // for a collection landing in a turn.
+    expect(parsing, `longest turn parsing ${parsing.toFixed(1)} ms; JSON.parse whole ${wholeParse.toFixed(1)} ms`).to.be.below(
+      wholeParse / 4,
+    );
+    expect(
+      serialising,
+      `longest turn serialising ${serialising.toFixed(1)} ms; JSON.stringify whole ${wholeStringify.toFixed(1)} ms`,
+    ).to.be.below(wholeStringify / 4);
+  });
+});
