@@ -20,6 +20,30 @@ interface SplitArray {
   commas: number[];
 }
 
+/** Texts joined into pieces of about TURN_SPLIT_BYTES characters, with a turn after each piece. */
+export class Pieces {
+  private readonly done: string[] = [];
+  private parts: string[] = [];
+  private size = 0;
+
+  async add(text: string): Promise<void> {
+    this.parts.push(text);
+    this.size += text.length;
+    if (this.size < TURN_SPLIT_BYTES) return;
+    this.done.push(this.parts.join(''));
+    this.parts = [];
+    this.size = 0;
+    await nextTurn();
+  }
+
+  /** Every piece, the last one included. */
+  end(): string[] {
+    if (this.parts.length) this.done.push(this.parts.join(''));
+    this.parts = [];
+    return this.done;
+  }
+}
+
 /** A text given in pieces, read by position as one. */
 class PiecedText {
   private readonly offsets: number[] = [];
@@ -192,19 +216,8 @@ export async function parseInTurns(pieces: string[]): Promise<unknown> {
  * of its member arrays one at a time. Joined, the pieces are JSON.stringify's text.
  */
 export async function stringifyInTurns(value: object): Promise<string[]> {
-  const pieces: string[] = [];
-  let parts: string[] = [];
-  let size = 0;
-  const add = async (text: string) => {
-    parts.push(text);
-    size += text.length;
-    if (size >= TURN_SPLIT_BYTES) {
-      pieces.push(parts.join(''));
-      parts = [];
-      size = 0;
-      await nextTurn();
-    }
-  };
+  const pieces = new Pieces();
+  const add = (text: string) => pieces.add(text);
   const elements = async (array: unknown[]) => {
     await add('[');
     for (let i = 0; i < array.length; i++) await add((i ? ',' : '') + (JSON.stringify(array[i]) ?? 'null'));
@@ -226,6 +239,5 @@ export async function stringifyInTurns(value: object): Promise<string[]> {
     }
     await add(first ? '{}' : '}');
   }
-  if (parts.length) pieces.push(parts.join(''));
-  return pieces;
+  return pieces.end();
 }

@@ -3,7 +3,7 @@ import { Agent, request, errors as undiciErrors, util as undiciUtil, type Dispat
 import { sizeText } from '../errors/sizes';
 import { StringDecoder } from 'node:string_decoder';
 import { nextTurn, TURN_SPLIT_BYTES } from '../concurrency/next-turn';
-import { parseInTurns } from '../concurrency/json-in-turns';
+import { parseInTurns, Pieces } from '../concurrency/json-in-turns';
 import { parseRetryAfter, UpstreamFailure } from './failure';
 
 export interface JsonResponse {
@@ -89,21 +89,10 @@ class WholeAnswer implements Dispatcher.DispatchHandler {
   /** The answer decoded into pieces of about TURN_SPLIT_BYTES, each in a turn of its own. */
   private async pieces(): Promise<string[]> {
     const decoder = new StringDecoder('utf8');
-    const pieces: string[] = [];
-    let parts: string[] = [];
-    let size = 0;
-    for (const chunk of this.chunks.splice(0)) {
-      parts.push(decoder.write(chunk));
-      size += chunk.length;
-      if (size >= TURN_SPLIT_BYTES) {
-        pieces.push(parts.join(''));
-        ((parts = []), (size = 0));
-        await nextTurn();
-      }
-    }
-    parts.push(decoder.end());
-    pieces.push(parts.join(''));
-    return pieces;
+    const pieces = new Pieces();
+    for (const chunk of this.chunks.splice(0)) await pieces.add(decoder.write(chunk));
+    await pieces.add(decoder.end());
+    return pieces.end();
   }
 
   onError(err: Error): void {
