@@ -852,26 +852,32 @@ describe('a large call', () => {
 });
 
 describe('a large answer', () => {
+  /** Embeddings of `inputs` inputs of 3,072 dimensions from a gateway of its own: the answer's bytes, its status and length checked. */
+  const embedder = (gw: Awaited<ReturnType<typeof gatewayAlone>>, inputs: number, encoding: 'base64' | 'float') => {
+    const body = JSON.stringify({
+      model: 'sandbox/embed-1',
+      input: Array.from({ length: inputs }, (_, i) => `text ${i}`),
+      dimensions: 3_072,
+      ...(encoding === 'base64' ? { encoding_format: 'base64' } : {}),
+    });
+    return async () => {
+      const r = await fetch(`${gw.url}/api/v1/embeddings`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${gw.t.inferenceKey}`, 'content-type': 'application/json' },
+        body,
+      });
+      const bytes = Buffer.from(await r.arrayBuffer());
+      expect(r.status, bytes.subarray(0, 300).toString()).to.equal(200);
+      expect(r.headers.get('content-length')).to.equal(String(bytes.length));
+      return bytes;
+    };
+  };
+
   it("is worked through in several turns too: embeddings of 33 MB (2,048 inputs of 3,072 dimensions, base64) hold the gateway's loop under 0.2 times what decoding, parsing, serialising and encoding them take in one turn of this process (in one turn: 1.4-1.6 times; a turn per step: 0.39-0.47)", async function () {
     this.timeout(120_000);
     const gw = await gatewayAlone('bigans');
     try {
-      const body = JSON.stringify({
-        model: 'sandbox/embed-1',
-        input: Array.from({ length: 2_048 }, (_, i) => `text ${i}`),
-        dimensions: 3_072,
-        encoding_format: 'base64',
-      });
-      const embed = async () => {
-        const r = await fetch(`${gw.url}/api/v1/embeddings`, {
-          method: 'POST',
-          headers: { authorization: `Bearer ${gw.t.inferenceKey}`, 'content-type': 'application/json' },
-          body,
-        });
-        const bytes = Buffer.from(await r.arrayBuffer());
-        expect(r.status, bytes.subarray(0, 300).toString()).to.equal(200);
-        return bytes;
-      };
+      const embed = embedder(gw, 2_048, 'base64');
       const answer = await embed();
       const parsed = JSON.parse(answer.toString('utf8'));
       expect(parsed.data).to.have.length(2_048);
@@ -890,29 +896,12 @@ describe('a large answer', () => {
       await gw.stop();
     }
   });
-});
 
-describe('a large answer as floats', () => {
   it("is parsed and serialised in turns: embeddings of 30 MB (500 inputs of 3,072 dimensions, floats) hold the gateway's loop under 0.15 times what decoding, parsing, serialising and encoding them take in one turn of this process (before: 0.42-0.48 times, the one JSON.parse of the answer and the one JSON.stringify)", async function () {
     this.timeout(120_000);
     const gw = await gatewayAlone('bigfloats');
     try {
-      const body = JSON.stringify({
-        model: 'sandbox/embed-1',
-        input: Array.from({ length: 500 }, (_, i) => `text ${i}`),
-        dimensions: 3_072,
-      });
-      const embed = async () => {
-        const r = await fetch(`${gw.url}/api/v1/embeddings`, {
-          method: 'POST',
-          headers: { authorization: `Bearer ${gw.t.inferenceKey}`, 'content-type': 'application/json' },
-          body,
-        });
-        const bytes = Buffer.from(await r.arrayBuffer());
-        expect(r.status, bytes.subarray(0, 300).toString()).to.equal(200);
-        expect(r.headers.get('content-length')).to.equal(String(bytes.length));
-        return bytes;
-      };
+      const embed = embedder(gw, 500, 'float');
       const answer = await embed();
       const parsed = JSON.parse(answer.toString('utf8'));
       expect(parsed.data).to.have.length(500);
