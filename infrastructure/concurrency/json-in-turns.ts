@@ -16,7 +16,10 @@ interface SplitArray {
   start: number;
   /** The `]`. */
   end: number;
-  /** The positions of the commas between its elements. */
+  /**
+   * The commas its element groups end at: the first between two elements TURN_SPLIT_BYTES or more
+   * past the last (every comma of a 256 MB array of digits would take a gigabyte to keep).
+   */
   commas: number[];
 }
 
@@ -102,6 +105,8 @@ async function splitArrays(text: PiecedText): Promise<SplitArray[] | null> {
   let lastString: [number, number] | null = null;
   let key: string | null = null;
   let current: SplitArray | null = null;
+  /** Where the current array's group of elements began (its `[` or a comma). */
+  let groupFrom = 0;
   let base = 0;
   let sinceTurn = 0;
   for (const piece of text.pieces) {
@@ -142,7 +147,8 @@ async function splitArrays(text: PiecedText): Promise<SplitArray[] | null> {
         case 91 /* [ */:
           if (depth === 0 && c !== 123) return null;
           depth++;
-          if (depth === 2 && c === 91 && key !== null) current = { key, start: base + i + 1, end: -1, commas: [] };
+          if (depth === 2 && c === 91 && key !== null)
+            ((current = { key, start: base + i + 1, end: -1, commas: [] }), (groupFrom = base + i));
           break;
         case 125 /* } */:
         case 93 /* ] */:
@@ -155,8 +161,9 @@ async function splitArrays(text: PiecedText): Promise<SplitArray[] | null> {
           if (depth < 0) return null;
           break;
         case 44 /* , */:
-          if (depth === 2 && current) current.commas.push(base + i);
-          else if (depth === 1) ((key = null), (lastString = null));
+          if (depth === 2 && current) {
+            if (base + i - groupFrom >= TURN_SPLIT_BYTES) current.commas.push((groupFrom = base + i));
+          } else if (depth === 1) ((key = null), (lastString = null));
           break;
       }
     }
@@ -195,14 +202,13 @@ export async function parseInTurns(pieces: string[]): Promise<unknown> {
   const root = JSON.parse(skeleton.join('')) as Record<string, unknown>;
   for (const a of arrays) {
     const elements: unknown[] = [];
-    const bounds = [a.start - 1, ...a.commas, a.end]; // the `[`, the commas, the `]`
-    for (let first = 0; first < bounds.length - 1;) {
+    const bounds = [a.start - 1, ...a.commas, a.end]; // the `[`, the groups' commas, the `]`
+    for (let g = 0; g < bounds.length - 1; g++) {
       await nextTurn();
-      let last = first + 1;
-      while (last < bounds.length - 1 && bounds[last] - bounds[first] < TURN_SPLIT_BYTES) last++;
-      const group = JSON.parse(`[${text.slice(bounds[first] + 1, bounds[last])}]`) as unknown[];
+      const group = JSON.parse(`[${text.slice(bounds[g] + 1, bounds[g + 1])}]`) as unknown[];
+      // After a comma, nothing is a trailing comma, which JSON.parse refuses in the whole.
+      if (g > 0 && !group.length) throw new SyntaxError("Unexpected token ']' after a comma in JSON");
       for (const e of group) elements.push(e);
-      first = last;
     }
     // Defined, not assigned: a key `__proto__` is an own member in JSON.parse's value too.
     Object.defineProperty(root, a.key, { value: elements, writable: true, enumerable: true, configurable: true });

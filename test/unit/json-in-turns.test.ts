@@ -68,6 +68,9 @@ describe('JSON in turns', () => {
     ['a repeated key (the last value is kept)', `{"a":[${many('1', 600_000)}],"a":1}`],
     ['a large root array', `[${many('1', 600_000)}]`],
     ['a trailing comma', `{"a":[${many('1', 600_000, '')}]}`],
+    // A group of elements ends at the first comma a megabyte past its start: here, the last one.
+    ['a trailing comma ending a group', `{"a":["${'x'.repeat(1_100_000)}", ]}`],
+    ['an element after a comma ending a group', `{"a":["${'x'.repeat(1_100_000)}", 1]}`],
     ['an empty element', `{"a":[${many('1,', 300_000)}]}`],
     ['text after the root', `{"a":[${many('1', 600_000)}]}x`],
     ['an unclosed string', `{"a":[${many('1', 600_000)}],"b":"x}`],
