@@ -223,27 +223,26 @@ export async function parseInTurns(pieces: string[]): Promise<unknown> {
  */
 export async function stringifyInTurns(value: object): Promise<string[]> {
   const pieces = new Pieces();
-  const add = (text: string) => pieces.add(text);
   const elements = async (array: unknown[]) => {
-    await add('[');
-    for (let i = 0; i < array.length; i++) await add((i ? ',' : '') + (JSON.stringify(array[i]) ?? 'null'));
-    await add(']');
+    await pieces.add('[');
+    for (let i = 0; i < array.length; i++) await pieces.add((i ? ',' : '') + (JSON.stringify(array[i]) ?? 'null'));
+    await pieces.add(']');
   };
   if (Array.isArray(value)) await elements(value);
   else {
     let first = true;
     for (const [k, v] of Object.entries(value)) {
       if (Array.isArray(v)) {
-        await add(`${first ? '{' : ','}${JSON.stringify(k)}:`);
+        await pieces.add(`${first ? '{' : ','}${JSON.stringify(k)}:`);
         await elements(v);
       } else {
         const text = JSON.stringify(v);
         if (text === undefined) continue; // as JSON.stringify leaves out undefined, functions and symbols
-        await add(`${first ? '{' : ','}${JSON.stringify(k)}:${text}`);
+        await pieces.add(`${first ? '{' : ','}${JSON.stringify(k)}:${text}`);
       }
       first = false;
     }
-    await add(first ? '{}' : '}');
+    await pieces.add(first ? '{}' : '}');
   }
   return pieces.end();
 }
