@@ -38,7 +38,8 @@ async function longestTurnWhile(work: () => Promise<unknown>): Promise<number> {
   setImmediate(tick);
   await work();
   running = false;
-  return longest;
+  // The stretch since the last turn counts too: work that never yields is one turn, all of it.
+  return Math.max(longest, performance.now() - last);
 }
 
 const embeddings = (count: number, dimensions: number) => ({
@@ -101,7 +102,7 @@ describe('JSON in turns', () => {
     expect((await stringifyInTurns({ a: [] })).join('')).to.equal('{"a":[]}');
   });
 
-  it('works through 30 MB of embeddings as floats in turns each under a quarter of what JSON.parse or JSON.stringify takes in one', async function () {
+  it('works through 30 MB of embeddings as floats in turns each under half of what JSON.parse or JSON.stringify takes in one', async function () {
     this.timeout(60_000);
     const value = embeddings(500, 3_072);
     const text = JSON.stringify(value);
@@ -120,8 +121,9 @@ describe('JSON in turns', () => {
     const wholeParse = wholeMs(() => JSON.parse(text));
     const wholeStringify = wholeMs(() => JSON.stringify(value));
     // Each turn handles about a megabyte (~1/30 of the work), but a collection of the process's
-    // heap may land in any turn (the longest were 21-35 ms here, against 124-240 ms whole): the
-    // best of three runs, under a quarter of the whole.
+    // heap may land in any turn: the longest were 21-35 ms here against 104-240 ms whole (0.2-0.33;
+    // 26.3 against 104.7 once in CI), and 94 against 134 ms with the split turned off (0.7). So: the
+    // best of three runs, under half the whole.
     const best = { parsing: Infinity, serialising: Infinity };
     for (let run = 0; run < 3; run++) {
       let got: unknown;
@@ -132,14 +134,14 @@ describe('JSON in turns', () => {
       expect(out.join('')).to.equal(text);
       expect(out.length).to.be.above(10);
       for (const piece of out.slice(0, -1)) expect(piece.length).to.be.within(TURN_SPLIT_BYTES, 2 * TURN_SPLIT_BYTES);
-      if (best.parsing < wholeParse / 4 && best.serialising < wholeStringify / 4) break;
+      if (best.parsing < wholeParse / 2 && best.serialising < wholeStringify / 2) break;
     }
     expect(best.parsing, `longest turn parsing ${best.parsing.toFixed(1)} ms; JSON.parse whole ${wholeParse.toFixed(1)} ms`).to.be.below(
-      wholeParse / 4,
+      wholeParse / 2,
     );
     expect(
       best.serialising,
       `longest turn serialising ${best.serialising.toFixed(1)} ms; JSON.stringify whole ${wholeStringify.toFixed(1)} ms`,
-    ).to.be.below(wholeStringify / 4);
+    ).to.be.below(wholeStringify / 2);
   });
 });
