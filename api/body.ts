@@ -12,6 +12,7 @@ import type { BodyMemory } from './body-memory';
 import { dropUnread } from './lingering-close';
 import { BadRequestError, PayloadTooLargeError, RequestTimeoutError, type GatewayError } from '../infrastructure/errors';
 import { nextTurn, TURN_SPLIT_BYTES } from '../infrastructure/concurrency/next-turn';
+import { GROUP_CHARS, parseInTurns, Pieces, ShapeError } from '../infrastructure/concurrency/json-in-turns';
 
 export interface BodyLimits {
   /** Bytes as sent, and decoded. */
@@ -265,6 +266,42 @@ function parseJsonBody(text: string, maxDepth: number): unknown {
   }
 }
 
+/**
+ * The most members an array or object of a request body may have: far past what a call sends (an
+ * embeddings call takes 2,048 inputs, Anthropic 100,000 messages), far under what a 10 MB body
+ * could hold (five million numbers, whose array alone held the loop 177 ms to grow).
+ */
+const BODY_MAX_MEMBERS = 100_000;
+
+/** `parseJsonBody` of a large body, a group of members at a time (infrastructure/concurrency/json-in-turns). */
+async function parseJsonBodyInTurns(pieces: string[], maxDepth: number): Promise<unknown> {
+  if (!/^[\x20\x09\x0a\x0d]*[[{]/.test(pieces.find((p) => /[^\x20\x09\x0a\x0d]/.test(p)) ?? ''))
+    throw new BadRequestError('Request body is not valid JSON (expected an object)');
+  try {
+    return await parseInTurns(pieces, { maxDepth, refuseProtoKeys: true, maxMembers: BODY_MAX_MEMBERS });
+  } catch (err) {
+    if (!(err instanceof ShapeError)) throw new BadRequestError('Request body is not valid JSON');
+    if (err.reason === 'depth') throw new BadRequestError(`Request body nests deeper than ${maxDepth} levels`);
+    if (err.reason === 'members')
+      throw new BadRequestError(`Request body has an array or object of more than ${BODY_MAX_MEMBERS.toLocaleString('en')} members`);
+    throw new BadRequestError('Request body contains a forbidden key ("__proto__")');
+  }
+}
+
+/** Chunks as strict UTF-8 text, in pieces of about TURN_SPLIT_BYTES, a turn each (a character may span two chunks). */
+async function utf8Pieces(chunks: Buffer[]): Promise<string[]> {
+  const decoder = new TextDecoder('utf-8', { fatal: true });
+  const pieces = new Pieces();
+  try {
+    for (const chunk of chunks) await pieces.add(decoder.decode(chunk, { stream: true }));
+    await pieces.add(decoder.decode());
+  } catch (err) {
+    if (err instanceof TypeError) throw new BadRequestError('Request body is not valid UTF-8');
+    throw err;
+  }
+  return pieces.end();
+}
+
 /** The body as text: strict UTF-8. */
 function utf8Text(raw: Uint8Array): string {
   try {
@@ -311,19 +348,26 @@ export function jsonBody(
         const sink = new InMemory();
         const workspaceId = (ctx.state.auth as { workspaceId?: string } | undefined)?.workspaceId ?? '';
         const encoding = await readBody(ctx.req, limits, sink, memory ? { memory, workspaceId } : undefined);
-        const raw = sink.chunks.length === 1 ? sink.chunks[0] : Buffer.concat(sink.chunks);
-        // Sent as is (nearly every call): no await, which would cost the hot path a turn.
-        const decoded = encoding === 'identity' ? raw : await inflated(raw, encoding, limits.limitBytes);
-        if (bodyBytes && workspaceId && decoded.length >= bodyBytes.minBytes) await bodyBytes.admit(workspaceId, decoded.length);
-        if (decoded.length < TURN_SPLIT_BYTES) {
-          ctx.request.body = parseJsonBytes(decoded, limits.maxDepth);
+        const size = sink.chunks.reduce((n, c) => n + c.length, 0);
+        if (encoding === 'identity' && size >= GROUP_CHARS) {
+          // Decoded from the chunks as they came, in turns, and parsed in turns: joining and
+          // decoding 10 MB took ~40 ms each in one turn here (fresh memory is slow to touch).
+          if (bodyBytes && workspaceId && size >= bodyBytes.minBytes) await bodyBytes.admit(workspaceId, size);
+          ctx.request.body = await parseJsonBodyInTurns(await utf8Pieces(sink.chunks), limits.maxDepth);
+          await nextTurn(); // and handled in a turn of its own
         } else {
-          // Joined, decoded, parsed and handled each in a turn of its own: a 9.5 MB call held the loop 182-268 ms in one.
-          await nextTurn();
-          const text = utf8Text(decoded);
-          await nextTurn();
-          ctx.request.body = parseJsonBody(text, limits.maxDepth);
-          await nextTurn();
+          const raw = sink.chunks.length === 1 ? sink.chunks[0] : Buffer.concat(sink.chunks);
+          // Sent as is (nearly every call): no await, which would cost the hot path a turn.
+          const decoded = encoding === 'identity' ? raw : await inflated(raw, encoding, limits.limitBytes);
+          if (bodyBytes && workspaceId && decoded.length >= bodyBytes.minBytes) await bodyBytes.admit(workspaceId, decoded.length);
+          if (decoded.length < GROUP_CHARS) {
+            ctx.request.body = parseJsonBytes(decoded, limits.maxDepth);
+          } else {
+            // An inflated body: decoded, parsed and handled each in turns of their own.
+            if (decoded.length >= TURN_SPLIT_BYTES) await nextTurn();
+            ctx.request.body = await parseJsonBodyInTurns([utf8Text(decoded)], limits.maxDepth);
+            await nextTurn();
+          }
         }
       }
     } catch (err) {

@@ -4,24 +4,7 @@
 // its answer. The layers on the way out still read `ctx.status`, which stays as the handler set it.
 import type Koa from 'koa';
 import { nextTurn, TURN_SPLIT_BYTES } from '../infrastructure/concurrency/next-turn';
-import { stringifyInTurns } from '../infrastructure/concurrency/json-in-turns';
-
-/**
- * A root array (or a root member array) this long is serialised an element at a time, in turns
- * once it is large: what a provider's large answer is (500 embeddings as floats: 30 MB, 200-235 ms
- * for JSON.stringify in one turn, and as long again to encode). Shorter ones, a chat answer's
- * `choices` say, are serialised whole as before.
- */
-const ELEMENT_WISE_LENGTH = 64;
-
-function hasLongArray(body: object): boolean {
-  if (Array.isArray(body)) return body.length >= ELEMENT_WISE_LENGTH;
-  for (const k in body) {
-    const v = (body as Record<string, unknown>)[k];
-    if (Array.isArray(v) && v.length >= ELEMENT_WISE_LENGTH) return true;
-  }
-  return false;
-}
+import { hasLongArray, stringifyInTurns } from '../infrastructure/concurrency/json-in-turns';
 
 /** A body Koa would serialise as JSON: a plain object or an array (not a stream, buffer or text). */
 function isJsonBody(body: unknown): body is object {

@@ -3,7 +3,7 @@ import { Agent, request, errors as undiciErrors, util as undiciUtil, type Dispat
 import { sizeText } from '../errors/sizes';
 import { StringDecoder } from 'node:string_decoder';
 import { nextTurn, TURN_SPLIT_BYTES } from '../concurrency/next-turn';
-import { parseInTurns, Pieces } from '../concurrency/json-in-turns';
+import { hasLongArray, parseInTurns, Pieces, stringifyInTurns, utf8InTurns } from '../concurrency/json-in-turns';
 import { parseRetryAfter, UpstreamFailure } from './failure';
 
 export interface JsonResponse {
@@ -106,14 +106,24 @@ class WholeAnswer implements Dispatcher.DispatchHandler {
  * then each silence within its body. undici's own timers do that, which costs less per call than a
  * timeout signal joined to the caller's (this is every synchronous request's hot path).
  */
-function postOptions(body: unknown, accept: string, opts: CallOptions) {
+function postOptions(body: string | Buffer, accept: string, opts: CallOptions) {
   return {
     method: 'POST' as const,
     headersTimeout: opts.timeoutMs,
     bodyTimeout: opts.timeoutMs,
     headers: { 'content-type': 'application/json', accept, ...opts.headers },
-    body: JSON.stringify(body),
+    body,
   };
+}
+
+/**
+ * The body as JSON text; a large one as UTF-8 serialised and encoded in turns: a conversation of
+ * 30,000 messages (9 MB) held the loop 66 ms to serialise and 37 ms more to encode in one turn.
+ */
+function sendable(body: unknown): string | Promise<Buffer> {
+  if (body !== null && typeof body === 'object' && hasLongArray(body)) return stringifyInTurns(body).then((pieces) => utf8InTurns(pieces));
+  const text = JSON.stringify(body);
+  return text.length < TURN_SPLIT_BYTES ? text : utf8InTurns([text]);
 }
 
 /** A non-2xx answer as the failure it means, with the provider's own words. */
@@ -157,8 +167,8 @@ export class ProviderHttp {
 
   /** A streamed call's POST, through `request()` (its body is read as it arrives); failures come back classified. */
   private async post(url: string, body: unknown, accept: string, opts: CallOptions): Promise<Dispatcher.ResponseData> {
-    const options = postOptions(body, accept, opts);
-    if (options.body.length >= TURN_SPLIT_BYTES) await nextTurn(); // serialised in one turn, sent (encoded) in the next
+    const sent = sendable(body);
+    const options = postOptions(typeof sent === 'string' ? sent : await sent, accept, opts);
     try {
       return await request(url, { ...options, dispatcher: this.agent, signal: opts.signal });
     } catch (err) {
@@ -184,8 +194,8 @@ export class ProviderHttp {
 
   /** One JSON answer. */
   async postJson(url: string, body: unknown, opts: CallOptions): Promise<JsonResponse> {
-    const options = postOptions(body, 'application/json', opts);
-    if (options.body.length >= TURN_SPLIT_BYTES) await nextTurn(); // serialised in one turn, sent (encoded) in the next
+    const sent = sendable(body);
+    const options = postOptions(typeof sent === 'string' ? sent : await sent, 'application/json', opts);
     if (opts.signal?.aborted) throw this.classify(new undiciErrors.RequestAbortedError(), opts.provider, opts.timeoutMs);
     const { origin, path } = this.place(url);
     let answer!: WholeAnswer;
