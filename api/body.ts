@@ -354,7 +354,7 @@ export function jsonBody(
           // decoding 10 MB took ~40 ms each in one turn here (fresh memory is slow to touch).
           if (bodyBytes && workspaceId && size >= bodyBytes.minBytes) await bodyBytes.admit(workspaceId, size);
           ctx.request.body = await parseJsonBodyInTurns(await utf8Pieces(sink.chunks), limits.maxDepth);
-          await nextTurn(); // and handled in a turn of its own
+          if (size >= TURN_SPLIT_BYTES) await nextTurn(); // and handled in a turn of its own
         } else {
           const raw = sink.chunks.length === 1 ? sink.chunks[0] : Buffer.concat(sink.chunks);
           // Sent as is (nearly every call): no await, which would cost the hot path a turn.
@@ -366,7 +366,7 @@ export function jsonBody(
             // An inflated body: decoded, parsed and handled each in turns of their own.
             if (decoded.length >= TURN_SPLIT_BYTES) await nextTurn();
             ctx.request.body = await parseJsonBodyInTurns([utf8Text(decoded)], limits.maxDepth);
-            await nextTurn();
+            if (decoded.length >= TURN_SPLIT_BYTES) await nextTurn();
           }
         }
       }
