@@ -70,7 +70,7 @@ class PiecedText {
 /** An object or array this long or longer is parsed a group of members at a time. */
 export const GROUP_CHARS = 64 * 1024;
 /** How long the work goes on before it takes a turn of the event loop. */
-const TURN_MS = 8;
+const TURN_MS = 20;
 /** Open containers the scan keeps track of at most; a text nested deeper is parsed whole. */
 const MOST_FRAMES = 4_096;
 /** A string spelling `__proto__`, escapes included (as @hapi/bourne looks for it). */
@@ -153,7 +153,9 @@ async function scan(text: PiecedText, clock: Clock, limits: ShapeLimits): Promis
   if (begin < 0 || !'[{'.includes(text.slice(begin, begin + 1))) return null;
   const inStringStop = /["\\]/g;
   const outStop = /["[\]{}]/g;
-  const stack: (Container & { lastCut: number })[] = [];
+  /** `opened`: members seen to open here (an array's strings and containers, an object's containers), for maxMembers. */
+  const stack: (Container & { lastCut: number; opened: number })[] = [];
+  const most = limits.maxMembers ?? Infinity;
   /** Where the strings spelling `__proto__` end: keys, if a colon follows. */
   const protoEnds: number[] = [];
   let root: Container | null = null;
@@ -221,15 +223,18 @@ async function scan(text: PiecedText, clock: Clock, limits: ShapeLimits): Promis
       if (c === 34 /* " */) {
         inString = true;
         stringStart = base + next;
+        // Refused here, not once built: an array of a million strings or `{}` is all stops to the scan.
+        if (top.array && ++top.opened > most) throw new ShapeError('members');
       } else if (c === 91 /* [ */ || c === 123 /* { */) {
         if (limits.maxDepth !== undefined && stack.length >= limits.maxDepth) throw new ShapeError('depth');
         if (stack.length >= MOST_FRAMES) return null;
-        stack.push({ array: c === 91, open: base + next, close: -1, cuts: [], children: [], lastCut: base + next });
+        if (top && ++top.opened > most) throw new ShapeError('members');
+        stack.push({ array: c === 91, open: base + next, close: -1, cuts: [], children: [], lastCut: base + next, opened: 0 });
       } else {
         const done = stack.pop();
         if (!done || done.array !== (c === 93)) throw syntaxError(`Unexpected token '${String.fromCharCode(c)}'`);
         done.close = base + next;
-        const { lastCut: _, ...container } = done;
+        const { lastCut: _, opened: __, ...container } = done;
         if (!stack.length) {
           root = container;
           break scanning;

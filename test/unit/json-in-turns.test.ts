@@ -180,6 +180,13 @@ describe('JSON in turns', () => {
       expect(await refusal(`{"a":[${many('0', 100_000)}]}`)).to.equal('members');
       expect(await refusal(`{${Array.from({ length: 100_001 }, (_, i) => `"${i}":0`).join(',')}}`)).to.equal('members');
       expect(await refusal(`[${many(`[${many('0', 999)}]`, 999)}]`)).to.equal('accepted'); // a million values, in small arrays
+      // Strings and containers are counted as the scan meets them; an object's keys are not members.
+      expect(await refusal(`{"a":[${many('{}', 99_999)}]}`)).to.equal('accepted'); // many(e, n): n + 1 elements
+      expect(await refusal(`{"a":[${many('{}', 100_000)}]}`)).to.equal('members');
+      expect(await refusal(`{"a":[${many('"s"', 100_000)}]}`)).to.equal('members');
+      expect(await refusal(`{"a":[${many('[]', 50_000)},${many('"s"', 50_001)}]}`)).to.equal('members');
+      expect(await refusal(`{${Array.from({ length: 100_000 }, (_, i) => `"${i}":"v"`).join(',')}}`)).to.equal('accepted');
+      expect(await refusal(`{${Array.from({ length: 100_001 }, (_, i) => `"${i}":{}`).join(',')}}`)).to.equal('members');
     });
   });
 
