@@ -139,6 +139,21 @@ describe('JSON in turns', () => {
     expect(best, `longest turn ${best.toFixed(1)} ms; JSON.parse whole ${wholeMs.toFixed(1)} ms`).to.be.below(wholeMs / 4);
   });
 
+  it('finds where strings end across pieces cut anywhere, whatever the runs of backslashes before a quote', async () => {
+    const strings = [
+      String.raw`"a\\"`,
+      String.raw`"b\"c"`,
+      String.raw`"\\\""`,
+      String.raw`"\\\\\\"`,
+      String.raw`"q\u0022"`,
+      String.raw`"\"]}{[,:"`,
+    ];
+    const text = `{"a":[${Array.from({ length: 9_000 }, (_, i) => strings[i % strings.length]).join(',')}],"b":${strings[3]}}`;
+    expect(text.length).to.be.above(GROUP_CHARS);
+    const want = JSON.parse(text) as unknown;
+    for (const size of [1, 2, 3, 5, 7]) expect(await parsedInTurns(cut(text, size)), `pieces of ${size}`).to.deep.equal(want);
+  });
+
   it('parses whole a text nesting past what the scan keeps track of', async () => {
     const text = `${'['.repeat(5_000)}${many('1', 40_000)}${']'.repeat(5_000)}`;
     let got = (await parseInTurns(cut(text, 65_536))) as unknown[];
