@@ -288,6 +288,25 @@ async function parseJsonBodyInTurns(pieces: string[], maxDepth: number): Promise
   }
 }
 
+/**
+ * Commas past which a large body is parsed in turns (its values counted, at most BODY_MAX_MEMBERS
+ * in one array or object); with fewer, one JSON.parse costs little more than the bytes (1.4 MB of
+ * 100,000 small objects: 10-20 ms whole, 59-188 ms through the scan, which costs more than
+ * JSON.parse on dense text), 4.9 million numbers ~0.5 s.
+ */
+const MANY_VALUES = 150_000;
+
+/** A body of a megabyte or more: parsed whole in a turn of its own, or in turns when it holds many values. */
+async function parseLargeBody(pieces: string[], maxDepth: number): Promise<unknown> {
+  let commas = 0;
+  for (const piece of pieces) for (let at = piece.indexOf(','); at >= 0 && commas < MANY_VALUES; at = piece.indexOf(',', at + 1)) commas++;
+  if (commas >= MANY_VALUES) return await parseJsonBodyInTurns(pieces, maxDepth);
+  await nextTurn();
+  const text = pieces.length === 1 ? pieces[0] : pieces.join('');
+  await nextTurn(); // joined in one turn, parsed in the next
+  return parseJsonBody(text, maxDepth);
+}
+
 /** Chunks as strict UTF-8 text, in pieces of about TURN_SPLIT_BYTES, a turn each (a character may span two chunks). */
 async function utf8Pieces(chunks: Buffer[]): Promise<string[]> {
   const decoder = new TextDecoder('utf-8', { fatal: true });
@@ -350,12 +369,10 @@ export function jsonBody(
         const encoding = await readBody(ctx.req, limits, sink, memory ? { memory, workspaceId } : undefined);
         const size = sink.chunks.reduce((n, c) => n + c.length, 0);
         if (encoding === 'identity' && size >= TURN_SPLIT_BYTES) {
-          // Decoded from the chunks as they came, in turns, and parsed in turns: joining and
-          // decoding 10 MB took ~40 ms each in one turn here (fresh memory is slow to touch).
-          // Not below a megabyte: the scan costs 2-10 times JSON.parse on dense text (100,000
-          // objects: 60-190 ms against 10-20), and 1 MB of the densest parses in ~110 ms whole.
+          // Decoded from the chunks as they came, in turns: joining and decoding 10 MB took ~40 ms
+          // each in one turn here (fresh memory is slow to touch).
           if (bodyBytes && workspaceId && size >= bodyBytes.minBytes) await bodyBytes.admit(workspaceId, size);
-          ctx.request.body = await parseJsonBodyInTurns(await utf8Pieces(sink.chunks), limits.maxDepth);
+          ctx.request.body = await parseLargeBody(await utf8Pieces(sink.chunks), limits.maxDepth);
           await nextTurn(); // and handled in a turn of its own
         } else {
           const raw = sink.chunks.length === 1 ? sink.chunks[0] : Buffer.concat(sink.chunks);
@@ -367,7 +384,7 @@ export function jsonBody(
           } else {
             // An inflated body: decoded, parsed and handled each in turns of their own.
             await nextTurn();
-            ctx.request.body = await parseJsonBodyInTurns([utf8Text(decoded)], limits.maxDepth);
+            ctx.request.body = await parseLargeBody([utf8Text(decoded)], limits.maxDepth);
             await nextTurn();
           }
         }
