@@ -12,7 +12,7 @@ import type { BodyMemory } from './body-memory';
 import { dropUnread } from './lingering-close';
 import { BadRequestError, PayloadTooLargeError, RequestTimeoutError, type GatewayError } from '../infrastructure/errors';
 import { nextTurn, TURN_SPLIT_BYTES } from '../infrastructure/concurrency/next-turn';
-import { parseInTurns, Pieces, ShapeError } from '../infrastructure/concurrency/json-in-turns';
+import { parseInTurns, ShapeError, utf8Pieces } from '../infrastructure/concurrency/json-in-turns';
 
 export interface BodyLimits {
   /** Bytes as sent, and decoded. */
@@ -254,15 +254,24 @@ export function readBody(req: Koa.Request['req'], limits: BodyLimits, sink: Body
 
 const utf8 = new TextDecoder('utf-8', { fatal: true });
 
+/** Text that starts an object or array, after JSON whitespace. */
+const OPENS_CONTAINER = /^[\x20\x09\x0a\x0d]*[[{]/;
+/** A body's refusals, whichever way it is parsed. */
+const notAContainer = () => new BadRequestError('Request body is not valid JSON (expected an object)');
+const nestsTooDeep = (maxDepth: number) => new BadRequestError(`Request body nests deeper than ${maxDepth} levels`);
+const forbiddenKey = () => new BadRequestError('Request body contains a forbidden key ("__proto__")');
+const notJson = () => new BadRequestError('Request body is not valid JSON');
+const notUtf8 = () => new BadRequestError('Request body is not valid UTF-8');
+
 /** Parses JSON text as a request body: an object or array, safe keys, bounded depth. */
 function parseJsonBody(text: string, maxDepth: number): unknown {
-  if (!/^[\x20\x09\x0a\x0d]*[[{]/.test(text)) throw new BadRequestError('Request body is not valid JSON (expected an object)');
-  if (jsonDepthOver(text, maxDepth)) throw new BadRequestError(`Request body nests deeper than ${maxDepth} levels`);
+  if (!OPENS_CONTAINER.test(text)) throw notAContainer();
+  if (jsonDepthOver(text, maxDepth)) throw nestsTooDeep(maxDepth);
   try {
     return bourne.parse(text, { protoAction: 'error' });
   } catch (err) {
-    if (/prototype/.test((err as Error).message)) throw new BadRequestError('Request body contains a forbidden key ("__proto__")');
-    throw new BadRequestError('Request body is not valid JSON');
+    if (/prototype/.test((err as Error).message)) throw forbiddenKey();
+    throw notJson();
   }
 }
 
@@ -275,16 +284,15 @@ const BODY_MAX_MEMBERS = 100_000;
 
 /** `parseJsonBody` of a large body, a group of members at a time (infrastructure/concurrency/json-in-turns). */
 async function parseJsonBodyInTurns(pieces: string[], maxDepth: number): Promise<unknown> {
-  if (!/^[\x20\x09\x0a\x0d]*[[{]/.test(pieces.find((p) => /[^\x20\x09\x0a\x0d]/.test(p)) ?? ''))
-    throw new BadRequestError('Request body is not valid JSON (expected an object)');
+  if (!OPENS_CONTAINER.test(pieces.find((p) => /[^\x20\x09\x0a\x0d]/.test(p)) ?? '')) throw notAContainer();
   try {
     return await parseInTurns(pieces, { maxDepth, refuseProtoKeys: true, maxMembers: BODY_MAX_MEMBERS });
   } catch (err) {
-    if (!(err instanceof ShapeError)) throw new BadRequestError('Request body is not valid JSON');
-    if (err.reason === 'depth') throw new BadRequestError(`Request body nests deeper than ${maxDepth} levels`);
+    if (!(err instanceof ShapeError)) throw notJson();
+    if (err.reason === 'depth') throw nestsTooDeep(maxDepth);
     if (err.reason === 'members')
       throw new BadRequestError(`Request body has an array or object of more than ${BODY_MAX_MEMBERS.toLocaleString('en')} members`);
-    throw new BadRequestError('Request body contains a forbidden key ("__proto__")');
+    throw forbiddenKey();
   }
 }
 
@@ -303,22 +311,18 @@ async function parseLargeBody(pieces: string[], maxDepth: number): Promise<unkno
   if (commas >= MANY_VALUES) return await parseJsonBodyInTurns(pieces, maxDepth);
   await nextTurn();
   const text = pieces.length === 1 ? pieces[0] : pieces.join('');
-  await nextTurn(); // joined in one turn, parsed in the next
+  if (pieces.length > 1) await nextTurn(); // joined in one turn, parsed in the next
   return parseJsonBody(text, maxDepth);
 }
 
-/** Chunks as strict UTF-8 text, in pieces of about TURN_SPLIT_BYTES, a turn each (a character may span two chunks). */
-async function utf8Pieces(chunks: Buffer[]): Promise<string[]> {
-  const decoder = new TextDecoder('utf-8', { fatal: true });
-  const pieces = new Pieces();
+/** Chunks as strict UTF-8 text in pieces, decoded in turns. */
+async function strictUtf8Pieces(chunks: Buffer[]): Promise<string[]> {
   try {
-    for (const chunk of chunks) await pieces.add(decoder.decode(chunk, { stream: true }));
-    await pieces.add(decoder.decode());
+    return await utf8Pieces(chunks, true);
   } catch (err) {
-    if (err instanceof TypeError) throw new BadRequestError('Request body is not valid UTF-8');
+    if (err instanceof TypeError) throw notUtf8();
     throw err;
   }
-  return pieces.end();
 }
 
 /** The body as text: strict UTF-8. */
@@ -326,7 +330,7 @@ function utf8Text(raw: Uint8Array): string {
   try {
     return utf8.decode(raw);
   } catch {
-    throw new BadRequestError('Request body is not valid UTF-8');
+    throw notUtf8();
   }
 }
 
@@ -372,7 +376,7 @@ export function jsonBody(
           // Decoded from the chunks as they came, in turns: joining and decoding 10 MB took ~40 ms
           // each in one turn here (fresh memory is slow to touch).
           if (bodyBytes && workspaceId && size >= bodyBytes.minBytes) await bodyBytes.admit(workspaceId, size);
-          ctx.request.body = await parseLargeBody(await utf8Pieces(sink.chunks), limits.maxDepth);
+          ctx.request.body = await parseLargeBody(await strictUtf8Pieces(sink.chunks), limits.maxDepth);
           await nextTurn(); // and handled in a turn of its own
         } else {
           const raw = sink.chunks.length === 1 ? sink.chunks[0] : Buffer.concat(sink.chunks);

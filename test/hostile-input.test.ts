@@ -128,6 +128,20 @@ describe('hostile input', () => {
     }
   });
 
+  it('400 for __proto__ anywhere, and for nesting past the limit, in a body of a megabyte and 150,000 values too (parsed in turns)', async () => {
+    const many = `"a":[${'1000000,'.repeat(80_000)}0],"b":[${'1000000,'.repeat(80_000)}0]`;
+    for (const [tail, message] of [
+      ['"x":{"__proto__":1}', /forbidden key/],
+      [`"x":${'['.repeat(65)}${']'.repeat(65)}`, /^Request body nests deeper than 64 levels$/],
+    ] as const) {
+      const text = `{"model":"sandbox/chat-1",${many},${tail}}`;
+      expect(text.length).to.be.above(1024 * 1024);
+      const r = await call(`${gw.url}${presetPath('proto')}`, { key: t.managementKey, body: text });
+      expect(r.status, tail).to.equal(400);
+      expect(r.body.error.message).to.match(message);
+    }
+  });
+
   it('400 for an integer field given 1e309 (Infinity once parsed), in a body or a query', async () => {
     const r = await call(`${gw.url}${presetPath('huge')}`, { key: t.managementKey, body: '{"model":"sandbox/chat-1","max_tokens":1e309}' });
     expect(r.status).to.equal(400);

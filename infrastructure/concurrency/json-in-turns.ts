@@ -8,7 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { nextTurn, TURN_SPLIT_BYTES } from './next-turn';
 
 /** Texts joined into pieces of about TURN_SPLIT_BYTES characters, with a turn after each piece. */
-export class Pieces {
+class Pieces {
   private readonly done: string[] = [];
   private parts: string[] = [];
   private size = 0;
@@ -29,6 +29,18 @@ export class Pieces {
     this.parts = [];
     return this.done;
   }
+}
+
+/**
+ * Chunks of UTF-8 as text in pieces of about TURN_SPLIT_BYTES, a turn after each (a character
+ * may span two chunks). `fatal`: an invalid sequence throws a TypeError rather than becoming U+FFFD.
+ */
+export async function utf8Pieces(chunks: Buffer[], fatal: boolean): Promise<string[]> {
+  const decoder = new TextDecoder('utf-8', { fatal });
+  const pieces = new Pieces();
+  for (const chunk of chunks) await pieces.add(decoder.decode(chunk, { stream: true }));
+  await pieces.add(decoder.decode());
+  return pieces.end();
 }
 
 /** A text given in pieces, read by position as one. */
@@ -253,7 +265,10 @@ async function scan(text: PiecedText, clock: Clock, limits: ShapeLimits): Promis
   }
   if (!root) throw syntaxError('Unexpected end of input');
   if (nonSpaceAt(text, root.close + 1) >= 0) throw syntaxError('Unexpected non-whitespace character after the root');
-  for (const end of protoEnds) if (text.slice(nonSpaceAt(text, end), nonSpaceAt(text, end) + 1) === ':') throw new ShapeError('proto');
+  for (const end of protoEnds) {
+    const at = nonSpaceAt(text, end);
+    if (at >= 0 && text.slice(at, at + 1) === ':') throw new ShapeError('proto');
+  }
   return root;
 }
 
@@ -281,19 +296,26 @@ async function build(container: Container, text: PiecedText, clock: Clock, mark:
     }
     parts.push(text.slice(at, end), array ? ']' : '}');
     const group = JSON.parse(parts.join('')) as unknown[] | Record<string, unknown>;
+    const keys = Array.isArray(group) ? null : Object.keys(group);
+    const count = keys ? keys.length : (group as unknown[]).length;
     // Next to a comma, no member is a comma with nothing on one side, which JSON.parse refuses in the whole.
-    if (bounds.length > 2 && !hasMembers(group)) throw syntaxError("Unexpected token ','");
-    members += Array.isArray(group) ? group.length : Object.keys(group).length;
+    if (bounds.length > 2 && !count) throw syntaxError("Unexpected token ','");
+    members += count;
     if (limits.maxMembers !== undefined && members > limits.maxMembers) throw new ShapeError('members');
     const built: unknown[] = [];
     for (const c of inside) built.push(c.string ? await buildString(c, text, clock) : await build(c, text, clock, mark, limits));
     const real = (v: unknown) => (inside.length && typeof v === 'string' && v.startsWith(mark) ? built[Number(v.slice(mark.length))] : v);
-    if (Array.isArray(group)) for (const v of group) (value as unknown[]).push(real(v));
+    if (!keys) for (const v of group as unknown[]) (value as unknown[]).push(real(v));
     else {
       // Defined, not assigned: a key `__proto__` is an own member in JSON.parse's value too. A key
       // repeated in a later group keeps its first place and takes the later value, as in JSON.parse.
-      for (const k of Object.keys(group))
-        Object.defineProperty(value, real(k) as string, { value: real(group[k]), writable: true, enumerable: true, configurable: true });
+      for (const k of keys)
+        Object.defineProperty(value, real(k) as string, {
+          value: real((group as Record<string, unknown>)[k]),
+          writable: true,
+          enumerable: true,
+          configurable: true,
+        });
     }
   }
   return value;
@@ -309,12 +331,6 @@ async function buildString(s: Container, text: PiecedText, clock: Clock): Promis
   if (raw.includes('\\')) return JSON.parse(text.slice(s.open, s.close + 1)) as string;
   if (/[\x00-\x1f]/.test(raw)) throw syntaxError('Bad control character in string literal');
   return raw;
-}
-
-function hasMembers(group: unknown[] | Record<string, unknown>): boolean {
-  if (Array.isArray(group)) return group.length > 0;
-  for (const _ in group) return true;
-  return false;
 }
 
 /**

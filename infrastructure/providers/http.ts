@@ -1,9 +1,8 @@
 // Keep-alive HTTP to providers over undici, with per-call timeouts and cancellation.
 import { Agent, request, errors as undiciErrors, util as undiciUtil, type Dispatcher } from 'undici';
 import { sizeText } from '../errors/sizes';
-import { StringDecoder } from 'node:string_decoder';
 import { nextTurn, TURN_SPLIT_BYTES } from '../concurrency/next-turn';
-import { hasLongArray, parseInTurns, Pieces, stringifyInTurns, utf8InTurns } from '../concurrency/json-in-turns';
+import { hasLongArray, parseInTurns, stringifyInTurns, utf8InTurns, utf8Pieces } from '../concurrency/json-in-turns';
 import { parseRetryAfter, UpstreamFailure } from './failure';
 
 export interface JsonResponse {
@@ -87,12 +86,8 @@ class WholeAnswer implements Dispatcher.DispatchHandler {
   }
 
   /** The answer decoded into pieces of about TURN_SPLIT_BYTES, each in a turn of its own. */
-  private async pieces(): Promise<string[]> {
-    const decoder = new StringDecoder('utf8');
-    const pieces = new Pieces();
-    for (const chunk of this.chunks.splice(0)) await pieces.add(decoder.write(chunk));
-    await pieces.add(decoder.end());
-    return pieces.end();
+  private pieces(): Promise<string[]> {
+    return utf8Pieces(this.chunks.splice(0), false);
   }
 
   onError(err: Error): void {

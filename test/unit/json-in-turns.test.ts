@@ -91,7 +91,7 @@ describe('JSON in turns', () => {
       `{"a":"${'x'.repeat(200_000)}","${'y'.repeat(100_000)}":[1],"b":["${'z'.repeat(70_000)}"]}`,
     ],
     ['a long string with escapes', `[1,"${'\\"\\n\\u00e9x'.repeat(20_000)}",2]`],
-    ['a long string with a control character', `[1,"${'x'.repeat(100_000)}\u0001"]`.replace('\\u0001', '\u0001')],
+    ['a long string with a control character', `[1,"${'x'.repeat(100_000)}\u0001"]`],
     ['a long string with a bad escape', `["${'x'.repeat(100_000)}\\q"]`],
     ['a comma missing between two large members', `[[${many('1', 40_000)}] [${many('1', 40_000)}]]`],
     ['a comma after the last large member', `{"a":[[${many('1', 40_000)}],]}`],
