@@ -31,15 +31,32 @@ function failure(id: number, err: unknown): WorkerAnswer {
   return { id, error: { status: e.status, message: e.message, metadata: e.metadata } };
 }
 
+/** Stores under way: a close waits for them. */
+const storing = new Set<Promise<void>>();
+
+/** Ends the thread once idle: its loop runs out once the port and the database connection are closed. */
+async function closeWhenDone(): Promise<void> {
+  await Promise.all(storing);
+  const store = await connecting?.catch(() => null);
+  await store?.close().catch(() => undefined);
+  parentPort!.close();
+}
+
 parentPort!.on('message', (m: ToWorker) => {
+  if ('close' in m) {
+    void closeWhenDone();
+    return;
+  }
   if ('store' in m) {
     const { batch, lines, chunkSize } = m.store;
-    connected()
+    const stored = connected()
       .then((store) => storeInputs(store, batch, lines, chunkSize))
       .then(
         (starts) => parentPort!.postMessage({ id: m.id, starts } satisfies WorkerAnswer),
         (err) => parentPort!.postMessage(failure(m.id, err)),
-      );
+      )
+      .finally(() => storing.delete(stored));
+    storing.add(stored);
     return;
   }
   try {

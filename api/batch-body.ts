@@ -60,6 +60,8 @@ export type WorkerSettings = BatchBodyLimits & { database?: BatchBodyDatabase };
  * body ~30% more.
  */
 const OFF_THREAD_BYTES = 1024 * 1024;
+/** How long a closing reader waits for its worker to finish what it was sent (a store of a large batch takes seconds). */
+const CLOSE_GRACE_MS = 30_000;
 
 /**
  * Large bodies being received or read, in BATCH_MAX_BYTES: what this process's disk holds for them
@@ -86,11 +88,14 @@ interface ReadFailure {
  * A body goes to the worker as its file, or (a small compressed one) as its bytes; lines it read
  * come back to be stored. The worker answers each message once.
  */
-export type ToWorker = { id: number } & (
-  | { encoding: string; file: string }
-  | { encoding: string; bytes: Uint8Array }
-  | { store: { batch: BatchRef; lines: PackedLines; chunkSize: number } }
-);
+export type ToWorker =
+  | ({ id: number } & (
+      | { encoding: string; file: string }
+      | { encoding: string; bytes: Uint8Array }
+      | { store: { batch: BatchRef; lines: PackedLines; chunkSize: number } }
+    ))
+  /** Finish what was sent, close the database connection and end the thread. */
+  | { close: true };
 /**
  * `read`: a body's lines; `starts`: the lines stored, each chunk's first line. `crash`: anything but
  * a refusal (a defect), as its stack, so that it is logged as the error it was.
@@ -258,7 +263,7 @@ export class BatchBodyReader {
     ]);
   }
 
-  private ask<T extends ReadBatch | number[]>(message: ToWorker, transfer: ArrayBuffer[] = []): Promise<T> {
+  private ask<T extends ReadBatch | number[]>(message: ToWorker & { id: number }, transfer: ArrayBuffer[] = []): Promise<T> {
     const answered = new Promise<T>((resolve, reject) =>
       this.waiting.set(message.id, { resolve: resolve as (answer: ReadBatch | number[]) => void, reject }),
     );
@@ -295,10 +300,23 @@ export class BatchBodyReader {
     return worker;
   }
 
+  /**
+   * Ends the worker once it has finished what it was sent: asked to, not terminated. A thread
+   * terminated mid-work aborted its whole process now and then (Node 20: a zlib stream of a page
+   * being stored closed before its init; a background compile for the isolate being torn down).
+   * Terminated only if it has not ended after CLOSE_GRACE_MS.
+   */
   async close(): Promise<void> {
     const worker = this.worker;
     this.worker = null;
-    await worker?.terminate();
+    if (worker) {
+      const ended = new Promise<boolean>((resolve) => worker.once('exit', () => resolve(true)));
+      worker.postMessage({ close: true } satisfies ToWorker);
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), CLOSE_GRACE_MS)));
+      if (!(await Promise.race([ended, late]))) await worker.terminate();
+      clearTimeout(timer);
+    }
     if (this.dir) fs.rmSync(this.dir, { recursive: true, force: true });
     this.dir = null;
   }

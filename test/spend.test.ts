@@ -226,6 +226,22 @@ describe('holds against a workspace balance', () => {
     expect(refused!.metadata).to.deep.equal({ balance: 0 });
   });
 
+  it('a balance shown is never one counting spending twice: a reading kept while records reached the ledger through all its re-reads is read again (a full run showed -0.150 for -0.050)', async () => {
+    const t = await createTenant(store, 2);
+    let unstored: number[] = [];
+    const cache = new SpendAdmission(store, 60_000, Date.now, () => unstored.shift() ?? 0);
+    const h = await cache.hold(t.workspaceId, 0.1);
+    h.settle(0.5);
+    await new UsageLedger(store).record(usageRecord(`gen-shown-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.5));
+    // Under 10 estimates left: the next hold reads the ledger, and every one of its three reads sees
+    // records reach the ledger as it runs. The reading kept counts the 0.5 twice (in the ledger and
+    // as spending since it), which for admitting is the safe side: 1.0 left, still admitted.
+    unstored = [0.5, 0, 0.5, 0, 0.5, 0];
+    (await cache.hold(t.workspaceId, 0.2)).release();
+    expect(unstored, 'three reads').to.deep.equal([]);
+    expect(await cache.balance(t.workspaceId)).to.deep.equal({ total_credits: 2, total_usage: 0.5, balance: 1.5 });
+  });
+
   it("a balance is read from the cache plus this process's own spending: one ledger reading, not one per request", async () => {
     const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
     try {

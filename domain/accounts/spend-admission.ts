@@ -188,8 +188,10 @@ export class SpendAdmission {
   async balance(workspaceId: string): Promise<Balance> {
     const a = this.accountOf(workspaceId);
     // Never a reading older than the cache period: after a quiet spell the caller waits for a fresh one.
+    // Nor an inexact one: it may count some of this process's spending twice (see `load`), the safe
+    // side for admitting calls but a wrong balance to show.
     let e = await this.get(a, workspaceId);
-    if (this.ttlMs > 0 && this.now() - e.at >= this.ttlMs) e = await this.load(a, workspaceId);
+    if ((this.ttlMs > 0 && this.now() - e.at >= this.ttlMs) || !e.exact) e = await this.load(a, workspaceId);
     const since = a.committed - e.committedAtRead;
     return { total_credits: e.credits, total_usage: roundUsd(e.usage + since), balance: roundUsd(e.balance - since) };
   }
