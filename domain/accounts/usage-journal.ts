@@ -28,6 +28,7 @@ import { randomBytes } from 'node:crypto';
 import { BSON } from 'mongodb';
 import type { UsageDoc } from '../../infrastructure/store';
 import { processRunning } from '../../infrastructure/processes';
+import { withFields } from '../../infrastructure/objects/with-fields';
 
 /** Records per segment before the next one is started. */
 const SEGMENT_RECORDS = 1_000;
@@ -52,7 +53,7 @@ export function takeCheckpointMark(doc: UsageDoc): boolean {
  * cost three times as much on every synchronous call's path.
  */
 export function journalLine(doc: UsageDoc, checkpoint = false): string {
-  const line = { ...doc, created_at: { $date: doc.created_at.toISOString() }, ...(checkpoint && { [CHECKPOINT]: true }) };
+  const line = withFields(doc, { created_at: { $date: doc.created_at.toISOString() }, ...(checkpoint && { [CHECKPOINT]: true }) });
   return `${JSON.stringify(line)}\n`;
 }
 

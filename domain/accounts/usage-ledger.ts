@@ -20,6 +20,7 @@ import { journalLine, takeCheckpointMark, type Segment, type UsageJournal } from
 import { TotalsWriter } from './usage-totals';
 import type { RequestMeta } from './attribution';
 import type { Usage } from '../../infrastructure/providers/formats';
+import { withFields } from '../../infrastructure/objects/with-fields';
 
 /** A usage record as billing code builds it: the caller's trace as an object; stored with its writer's stamp. */
 export type UsageRecord = Omit<UsageFields, 'created_at' | 'trace' | 'details' | 'writer' | 'group'> & {
@@ -398,7 +399,7 @@ export function usageRecordOf(
   details?: Record<string, unknown>,
 ): UsageRecord {
   const billed = beyondTokens(served.usage);
-  if (billed) details = { ...details, ...billed };
+  if (billed) details = withFields(details ?? {}, billed);
   return {
     _id: call.generationId,
     workspace_id: call.workspaceId,

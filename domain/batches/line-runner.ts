@@ -20,6 +20,7 @@ import { lineBody, type InputLine } from './inputs';
 import { seqId } from './placement';
 import { type BatchDoc } from './store';
 import { sleep } from '../../infrastructure/concurrency/sleep';
+import { withFields } from '../../infrastructure/objects/with-fields';
 
 const RETRYABLE = new Set([429, 502, 503, 524, 529]);
 
@@ -205,7 +206,7 @@ export class LineRunner {
           provider: r.endpoint.provider.slug,
           response: { status_code: 200, request_id: typeof r.body?.id === 'string' ? r.body.id : id, body: r.body },
           error: null,
-          usage: { ...r.usage, cost: r.cost },
+          usage: withFields(r.usage, { cost: r.cost }),
         };
       } catch (err) {
         signal.throwIfAborted(); // the chunk was cancelled: the activity reports that

@@ -6,6 +6,7 @@
 import type { Document } from 'mongodb';
 import type { Store } from '../../infrastructure/store';
 import type { BatchRef } from './store';
+import { withFields } from '../../infrastructure/objects/with-fields';
 
 /**
  * Chunk, progress and result ids are zero-padded strings, not numbers: FerretDB turns only a
@@ -22,4 +23,4 @@ export function place<T extends Document>(store: Store, b: BatchRef, kind: 'inpu
 }
 
 /** A stored document with its batch-local `_id` back (the key the rest of the code uses). */
-export const local = <T extends { _id: string }>(doc: T): T => ({ ...doc, _id: doc._id.slice(doc._id.lastIndexOf(':') + 1) });
+export const local = <T extends { _id: string }>(doc: T): T => withFields(doc, { _id: doc._id.slice(doc._id.lastIndexOf(':') + 1) }) as T;

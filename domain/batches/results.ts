@@ -10,6 +10,7 @@ import type { PageCache } from './page-cache';
 import { local, place, seqId } from './placement';
 import { readProgress } from './progress';
 import type { BatchDoc, BatchRef } from './store';
+import { withFields } from '../../infrastructure/objects/with-fields';
 
 export interface ResultDoc extends Document {
   _id: string; // seqId(line)
@@ -40,7 +41,7 @@ function storedResult(id: string, r: ResultDoc): StoredResultDoc {
 
 function resultFromStored(doc: StoredResultDoc | ResultDoc): ResultDoc {
   // A result stored by an earlier version is a document of fields.
-  return local(typeof doc.text === 'string' ? { ...JSON.parse(doc.text), _id: doc._id } : (doc as ResultDoc));
+  return local(typeof doc.text === 'string' ? (withFields(JSON.parse(doc.text), { _id: doc._id }) as ResultDoc) : (doc as ResultDoc));
 }
 
 /** The generation id of one line's call (and of its usage record). */

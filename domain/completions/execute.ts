@@ -13,6 +13,7 @@ import { invoke, routeFor, type Invocation, type InvokeRequest, type Upstreams }
 import type { InferenceOperation, StreamingOperation } from './formats';
 import type { InferencePlan } from './request';
 import { sseEvents } from './sse';
+import { withFields } from '../../infrastructure/objects/with-fields';
 
 export interface CallContext {
   workspaceId: string;
@@ -77,7 +78,7 @@ export async function openStream(
     route,
     async (e, signal) => {
       const startedAt = performance.now();
-      const body = { ...plan.upstreamBody, ...optionsFor(e, plan.preferences) };
+      const body = withFields(plan.upstreamBody, optionsFor(e, plan.preferences));
       const requireParameters = plan.preferences?.require_parameters === true;
       const {
         response: res,

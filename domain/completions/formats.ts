@@ -10,6 +10,7 @@ import { anthropicUsage } from '../../infrastructure/providers/formats/anthropic
 import type { Usage } from '../../infrastructure/providers/formats';
 import { jsonObject } from '../../infrastructure/providers/formats/format';
 import { withCounted, type CountedFromRequest } from './counted-from-request';
+import { withFields } from '../../infrastructure/objects/with-fields';
 
 export type InferenceOperation = 'chat' | 'messages' | 'responses' | 'embeddings';
 export type StreamingOperation = Exclude<InferenceOperation, 'embeddings'>;
@@ -94,8 +95,8 @@ const sse = (event: string | null, data: unknown) => `${event ? `event: ${event}
 
 /** A finished, non-streamed answer in its own format, naming us rather than the upstream. */
 export function finishBody(operation: InferenceOperation, body: Json, served: Served, usage: Usage, cost: number): Json {
-  const out: Json = { ...body, id: served.id, model: served.model, provider: served.provider };
-  out.usage = { ...(body.usage ?? usageFields(operation, usage)), cost };
+  const out: Json = withFields(body, { id: served.id, model: served.model, provider: served.provider });
+  out.usage = withFields(body.usage ?? usageFields(operation, usage), { cost });
   return out;
 }
 
@@ -138,7 +139,7 @@ const chat: StreamFormat = {
         if (!choices.length) return null; // the usage-only chunk the client did not ask for
         delete chunk.usage;
       } else {
-        chunk.usage = { ...chunk.usage, cost: opts.cost(u) };
+        chunk.usage = withFields(chunk.usage, { cost: opts.cost(u) });
       }
     }
     return sse(null, chunk);
@@ -216,7 +217,7 @@ const responses: StreamFormat = {
         const u = openai.usageOf('responses', data.response);
         tally.reported(u);
         tally.output = u.output_tokens;
-        data.response.usage = { ...data.response.usage, cost: opts.cost(u) };
+        data.response.usage = withFields(data.response.usage, { cost: opts.cost(u) });
       }
     }
     if (type === 'response.output_text.delta' || type === 'response.function_call_arguments.delta') tally.produced++;

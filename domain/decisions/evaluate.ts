@@ -9,6 +9,7 @@ import { answerFromDistribution, answerFromNative } from './answers';
 import { logprobRequest, readLabelDistribution } from './prompt';
 import type { Answer, DecisionsRequest } from './types';
 import { roundUsd } from '../catalog/usd';
+import { withFields } from '../../infrastructure/objects/with-fields';
 
 export interface Evaluation {
   model: string;
@@ -41,7 +42,10 @@ export async function evaluate(
   const native = answeredNatively(model);
 
   if (native) {
-    const r = await invoke(up, { ...common, operation: 'systemone', body: { state: request.state, questions: request.questions } });
+    const r = await invoke(
+      up,
+      withFields(common, { operation: 'systemone' as const, body: { state: request.state, questions: request.questions } }),
+    );
     const answers: Record<string, Answer> = {};
     for (const [name, q] of Object.entries(request.questions))
       answers[name] = answerFromNative(q, r.body?.answers?.[name], name, r.endpoint.provider.slug);
@@ -53,7 +57,7 @@ export async function evaluate(
     names.map(async (name) => {
       const q = request.questions[name];
       const { body, labels } = logprobRequest(request.state, q);
-      const r = await invoke(up, { ...common, operation: 'chat', body, parameters: ['logprobs', 'top_logprobs'] });
+      const r = await invoke(up, withFields(common, { operation: 'chat' as const, body, parameters: ['logprobs', 'top_logprobs'] }));
       const { probabilities, labelMass } = readLabelDistribution(r.body, labels, r.endpoint.provider.slug);
       return { name, answer: answerFromDistribution(q, probabilities), labelMass, r };
     }),

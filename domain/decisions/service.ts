@@ -8,6 +8,7 @@ import type { Broadcaster } from '../traces/broadcast';
 import { evaluate } from './evaluate';
 import { PROMPT_FORMAT } from './prompt';
 import type { Answer, DecisionsRequest } from './types';
+import { withFields } from '../../infrastructure/objects/with-fields';
 
 export interface DecisionJob {
   generationId: string;
@@ -75,6 +76,13 @@ export function decisionService({
       meta: job.meta,
       content: () => ({ input: { state: job.request.state, questions: job.request.questions }, output: answers }),
     });
-    return { id: job.generationId, model, provider, ...(providers && { providers }), answers, usage: { ...e.usage, cost: e.cost } };
+    return {
+      id: job.generationId,
+      model,
+      provider,
+      ...(providers && { providers }),
+      answers,
+      usage: withFields(e.usage, { cost: e.cost }),
+    };
   };
 }

@@ -6,6 +6,7 @@ import type { KeptVersions } from './kept-versions';
 import { BadRequestError } from '../../infrastructure/errors';
 import type { Store } from '../../infrastructure/store';
 import { getDesignatedVersion, type VersionView } from './store';
+import { withFields } from '../../infrastructure/objects/with-fields';
 
 type Body = Record<string, any>;
 export type ApplyFormat = 'chat' | 'messages' | 'responses' | 'decision' | 'embeddings';
@@ -70,8 +71,8 @@ function applyPreset(body: Body, version: VersionView, format: ApplyFormat): Bod
   const { preset: _drop, ...request } = body;
   const model = ref?.model ?? version.config.model ?? (typeof body.preset === 'string' ? body.model : undefined);
   // A decision borrows only the preset's model and provider preferences: its other fields are a chat's.
-  if (format === 'decision') return { ...request, model, provider: request.provider ?? version.config.provider };
-  const out: Body = { ...version.config, ...request };
+  if (format === 'decision') return withFields(request, { model, provider: request.provider ?? version.config.provider });
+  const out: Body = withFields(version.config, request);
   if (model === undefined) delete out.model;
   else out.model = model;
   // The preset keeps the output cap under the name its creating shape used; each format has its own.

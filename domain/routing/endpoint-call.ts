@@ -10,6 +10,7 @@ import { PROVIDER_FORMATS, type ProviderFormat, type Usage } from '../../infrast
 import type { ProviderHttp, StreamResponse } from '../../infrastructure/providers/http';
 import { translationFor, type StreamTranslator, type Translation } from '../../infrastructure/providers/translate';
 import { countedFromRequest, withCounted } from '../completions/counted-from-request';
+import { withFields } from '../../infrastructure/objects/with-fields';
 
 export interface ProviderResponse {
   /** The answer, in the terms of the operation asked for. */
@@ -79,7 +80,8 @@ function upstreamBody(
   // An endpoint of a tier is billed at its prices, so the provider is always asked for that tier
   // (a call opted in to it, by `:nitro` say, did not ask itself), in the provider's own terms.
   const tier = e.entry.service_tier ? t.format.tiers[e.entry.service_tier] : undefined;
-  return { ...sent, ...tier, model: e.entry.upstream_model };
+  const model = e.entry.upstream_model;
+  return withFields(sent, tier ? withFields(tier, { model }) : { model });
 }
 
 export interface OpenedEndpointStream {

@@ -14,6 +14,7 @@ import { optionsFor, planRoute, type PricedExtras, type RoutePlan } from './engi
 import { executePlan, type Attempt } from './execute';
 import { LiveStats } from './stats';
 import { unobserved, type UpstreamObserver } from '../../infrastructure/metrics';
+import { withFields } from '../../infrastructure/objects/with-fields';
 
 export interface Upstreams {
   catalog: Catalog;
@@ -102,13 +103,11 @@ export async function invoke(up: Upstreams, req: InvokeRequest): Promise<Invocat
     (e, signal) => {
       const body = typeof req.body === 'function' ? req.body(e) : req.body;
       const requireParameters = req.preferences?.require_parameters === true;
-      return callEndpoint(
-        up.http,
-        e,
-        req.operation,
-        { ...body, ...optionsFor(e, req.preferences) },
-        { signal, env: up.env, requireParameters },
-      );
+      return callEndpoint(up.http, e, req.operation, withFields(body, optionsFor(e, req.preferences)), {
+        signal,
+        env: up.env,
+        requireParameters,
+      });
     },
     {
       limiter: up.limiter,

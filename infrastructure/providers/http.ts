@@ -4,6 +4,7 @@ import { sizeText } from '../errors/sizes';
 import { nextTurn, TURN_SPLIT_BYTES } from '../concurrency/next-turn';
 import { hasLongArray, parseInTurns, stringifyInTurns, utf8InTurns, utf8Pieces } from '../concurrency/json-in-turns';
 import { parseRetryAfter, UpstreamFailure } from './failure';
+import { withFields } from '../objects/with-fields';
 
 export interface JsonResponse {
   status: number;
@@ -171,7 +172,7 @@ export class ProviderHttp {
     const sent = sendable(body);
     const options = postOptions(typeof sent === 'string' ? sent : await sent, accept, opts);
     try {
-      return await request(url, { ...options, dispatcher: this.agent, signal: opts.signal });
+      return await request(url, withFields(options, { dispatcher: this.agent, signal: opts.signal }));
     } catch (err) {
       throw this.classify(err, opts.provider, opts.timeoutMs);
     }
@@ -208,7 +209,7 @@ export class ProviderHttp {
         () => this.answerTooLarge(opts.provider),
       );
       try {
-        this.agent.dispatch({ ...options, origin, path }, answer);
+        this.agent.dispatch(withFields(options, { origin, path }), answer);
       } catch (err) {
         answer.onError(err as Error);
       }

@@ -7,6 +7,7 @@
 import type { Document } from 'mongodb';
 import type { UsageDoc } from './index';
 import { fromJsonText, toJsonText } from './json-text';
+import { withFields } from '../objects/with-fields';
 
 /** A usage record as stored; records of earlier versions have every field at the top instead. */
 export interface StoredUsageDoc extends Document {
@@ -27,5 +28,5 @@ export function fromStoredUsage(stored: StoredUsageDoc): UsageDoc {
   const { record, ...top } = stored;
   if (typeof record !== 'string') return stored as UsageDoc;
   const rest = fromJsonText<Omit<UsageDoc, 'created_at'> & { created_at: string }>(record);
-  return { ...rest, ...top, created_at: new Date(rest.created_at) } as UsageDoc;
+  return withFields(withFields(rest, top), { created_at: new Date(rest.created_at) }) as UsageDoc;
 }

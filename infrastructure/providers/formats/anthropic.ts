@@ -2,6 +2,7 @@
 import type { ProviderFormat, Usage } from './format';
 import { eventJson, failureFrom, tokens } from './format';
 import { UpstreamFailure } from '../failure';
+import { withFields } from '../../objects/with-fields';
 
 export const anthropic: ProviderFormat = {
   paths: { messages: '/v1/messages' },
@@ -10,7 +11,7 @@ export const anthropic: ProviderFormat = {
   // Fast mode: two to six times the standard price.
   tiers: { fast: { speed: 'fast' } },
 
-  streamBody: (_operation, body) => ({ ...body, stream: true }),
+  streamBody: (_operation, body) => withFields(body, { stream: true }),
 
   // Anthropic's input_tokens leave out what was read from or written to the prompt cache, which it
   // bills apart (reads at a tenth of the prompt price, writes at 1.25 times it, or 2 for its 1-hour cache).

@@ -2,6 +2,7 @@
 import type { ProviderFormat } from './format';
 import { eventJson, failureFrom, tokens } from './format';
 import { UpstreamFailure } from '../failure';
+import { withFields } from '../../objects/with-fields';
 
 export const openai: ProviderFormat = {
   paths: { chat: '/chat/completions', responses: '/responses', embeddings: '/embeddings' },
@@ -14,7 +15,7 @@ export const openai: ProviderFormat = {
   // Chat completions report usage in a stream only when asked: the gateway always asks, since it
   // bills from it, and passes the usage on to the client only if it asked too.
   streamBody(operation, body) {
-    const out: Record<string, unknown> = { ...body, stream: true };
+    const out: Record<string, unknown> = withFields(body, { stream: true });
     if (operation === 'chat') out.stream_options = { ...(body.stream_options as object | undefined), include_usage: true };
     return out;
   },

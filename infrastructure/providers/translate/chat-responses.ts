@@ -282,13 +282,13 @@ export function chatToResponsesStream(): StreamTranslator {
           const part = refusal ? { type: 'refusal', refusal: '' } : { type: 'output_text', text: '', annotations: [] };
           out.push(ev('response.content_part.added', { item_id: item.id, output_index: open.index, content_index: 0, part }));
         }
-        const at = { item_id: `msg_${id()}`, output_index: open!.index, content_index: 0 };
+        const at = (delta: string) => ({ item_id: `msg_${id()}`, output_index: open!.index, content_index: 0, delta });
         if (text) {
           o.text += text;
-          out.push(ev('response.output_text.delta', { ...at, delta: text }));
+          out.push(ev('response.output_text.delta', at(text)));
         } else {
           o.refusal += refusal;
-          out.push(ev('response.refusal.delta', { ...at, delta: refusal }));
+          out.push(ev('response.refusal.delta', at(refusal)));
         }
       }
       for (const tc of d.tool_calls ?? []) {

@@ -5,6 +5,7 @@
 import type { EventSourceMessage } from 'eventsource-parser';
 import { jsonObject } from '../formats/format';
 import { chatStopReason, chatUsageOf, JSON_OUTPUT_TOOL, messagesStopReason, messagesUsageOf } from './chat-messages';
+import { withFields } from '../../objects/with-fields';
 
 type Json = Record<string, any>;
 
@@ -24,7 +25,7 @@ export function messagesToChatStream(): StreamTranslator {
   /** Content blocks that carry structured output: their JSON is the answer's text. */
   const structured = new Set<number>();
   const chunk = (delta: Json, finishReason: string | null = null) =>
-    bare({ ...base, choices: [{ index: 0, delta, logprobs: null, finish_reason: finishReason }] });
+    bare(withFields(base, { choices: [{ index: 0, delta, logprobs: null, finish_reason: finishReason }] }));
 
   return (event) => {
     const data = jsonObject(event.data);
@@ -65,7 +66,7 @@ export function messagesToChatStream(): StreamTranslator {
         return [];
       case 'message_stop':
         // The finish, then the usage chunk (passed on only to a client that asked), then the end.
-        return [chunk({}, finish ?? 'stop'), bare({ ...base, choices: [], usage: chatUsageOf(usage) }), bare('[DONE]')];
+        return [chunk({}, finish ?? 'stop'), bare(withFields(base, { choices: [], usage: chatUsageOf(usage) })), bare('[DONE]')];
       case 'error':
         return [
           bare({ ...base, error: { message: data.error?.message ?? 'upstream error', type: data.error?.type, code: 502 }, choices: [] }),
