@@ -190,16 +190,24 @@ describe('holds against a workspace balance', () => {
     expect((await cache.balance(inFlight.workspaceId)).balance).to.equal(0.5);
   });
 
+  /**
+   * A workspace of `credits` that spent 0.5 in one call, now in the ledger, seen by a process whose
+   * journal answers each ask of what it holds unstored with the next of `unstored` (then 0).
+   */
+  async function spentHalf(credits: number, ttlMs: number) {
+    const t = await createTenant(store, credits);
+    const unstored: number[] = [];
+    const cache = new SpendAdmission(store, ttlMs, Date.now, () => unstored.shift() ?? 0);
+    (await cache.hold(t.workspaceId, 0.1)).settle(0.5);
+    await new UsageLedger(store).record(usageRecord(`gen-half-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.5));
+    return { t, cache, unstored };
+  }
+
   it("a 402 names the real balance when this process's records reached the ledger while the reading was in flight", async () => {
-    const t = await createTenant(store, 0.5);
-    let unstored: number[] = [];
-    // TTL 0: every read goes to the ledger; `unstored` answers what the journal held at each ask.
-    const cache = new SpendAdmission(store, 0, Date.now, () => unstored.shift() ?? 0);
-    const h = await cache.hold(t.workspaceId, 0.1);
-    h.settle(0.5); // the whole credit, journaled…
-    await new UsageLedger(store).record(usageRecord(`gen-race-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.5));
-    // …and stored while the next reading runs: not in the ledger as it began, in it as it ended.
-    unstored = [0.5, 0];
+    // TTL 0: every read goes to the ledger. The whole credit, journaled, and stored while the next
+    // reading runs: not in the ledger as it began, in it as it ended.
+    const { t, cache, unstored } = await spentHalf(0.5, 0);
+    unstored.push(0.5, 0);
     const refused = await cache.assertCanSpend(t.workspaceId).then(
       () => null,
       (err: PaymentRequiredError) => err,
@@ -209,15 +217,10 @@ describe('holds against a workspace balance', () => {
   });
 
   it('a 402 names the real balance when records reached the ledger during the re-read too (a full run saw -0.004 for 0)', async () => {
-    const t = await createTenant(store, 0.5);
-    let unstored: number[] = [];
-    const cache = new SpendAdmission(store, 0, Date.now, () => unstored.shift() ?? 0);
-    const h = await cache.hold(t.workspaceId, 0.1);
-    h.settle(0.5);
-    await new UsageLedger(store).record(usageRecord(`gen-race2-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.5));
+    const { t, cache, unstored } = await spentHalf(0.5, 0);
     // Two readings in a row each see records reach the ledger while they run (the journal stores
     // groups every 50 ms); the third does not.
-    unstored = [0.5, 0, 0.5, 0];
+    unstored.push(0.5, 0, 0.5, 0);
     const refused = await cache.assertCanSpend(t.workspaceId).then(
       () => null,
       (err: PaymentRequiredError) => err,
@@ -227,16 +230,11 @@ describe('holds against a workspace balance', () => {
   });
 
   it('a balance shown is never one counting spending twice: a reading kept while records reached the ledger through all its re-reads is read again (a full run showed -0.150 for -0.050)', async () => {
-    const t = await createTenant(store, 2);
-    let unstored: number[] = [];
-    const cache = new SpendAdmission(store, 60_000, Date.now, () => unstored.shift() ?? 0);
-    const h = await cache.hold(t.workspaceId, 0.1);
-    h.settle(0.5);
-    await new UsageLedger(store).record(usageRecord(`gen-shown-${t.workspaceId}`, t.workspaceId, t.inferenceKeyId, 0.5));
+    const { t, cache, unstored } = await spentHalf(2, 60_000);
     // Under 10 estimates left: the next hold reads the ledger, and every one of its three reads sees
     // records reach the ledger as it runs. The reading kept counts the 0.5 twice (in the ledger and
     // as spending since it), which for admitting is the safe side: 1.0 left, still admitted.
-    unstored = [0.5, 0, 0.5, 0, 0.5, 0];
+    unstored.push(0.5, 0, 0.5, 0, 0.5, 0);
     (await cache.hold(t.workspaceId, 0.2)).release();
     expect(unstored, 'three reads').to.deep.equal([]);
     expect(await cache.balance(t.workspaceId)).to.deep.equal({ total_credits: 2, total_usage: 0.5, balance: 1.5 });
