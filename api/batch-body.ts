@@ -28,6 +28,7 @@ import { compileBody } from '../infrastructure/validation/index';
 import { bodyEncoding, closeUnread, mostBodyBytes, parseJsonBytes, readBody } from './body';
 import { SpooledBody, spoolDirectory } from './body-spool';
 import type { BodyMemory } from './body-memory';
+import { withinMs } from '../infrastructure/concurrency/within-ms';
 
 export interface BatchBodyLimits {
   /** BODY_MAX_DEPTH. */
@@ -312,10 +313,7 @@ export class BatchBodyReader {
     if (worker) {
       const ended = new Promise<boolean>((resolve) => worker.once('exit', () => resolve(true)));
       worker.postMessage({ close: true } satisfies ToWorker);
-      let timer: NodeJS.Timeout | undefined;
-      const late = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), CLOSE_GRACE_MS)));
-      if (!(await Promise.race([ended, late]))) await worker.terminate();
-      clearTimeout(timer);
+      if (!(await withinMs(ended, CLOSE_GRACE_MS, false))) await worker.terminate();
     }
     if (this.dir) fs.rmSync(this.dir, { recursive: true, force: true });
     this.dir = null;

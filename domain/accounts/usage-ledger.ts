@@ -21,6 +21,7 @@ import { TotalsWriter } from './usage-totals';
 import type { RequestMeta } from './attribution';
 import type { Usage } from '../../infrastructure/providers/formats';
 import { withFields } from '../../infrastructure/objects/with-fields';
+import { withinMs } from '../../infrastructure/concurrency/within-ms';
 
 /** A usage record as billing code builds it: the caller's trace as an object; stored with its writer's stamp. */
 export type UsageRecord = Omit<UsageFields, 'created_at' | 'trace' | 'details' | 'writer' | 'group'> & {
@@ -450,14 +451,4 @@ export function newGenerationId(prefix = 'gen-'): string {
   const random = randomPool.toString('hex', randomAt, randomAt + 10);
   randomAt += 10;
   return `${prefix}${Date.now().toString(36)}${random}`;
-}
-
-/** `p`'s value, or `otherwise` once `ms` have passed first. */
-async function withinMs<T>(p: Promise<T>, ms: number, otherwise: T): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    return await Promise.race([p, new Promise<T>((resolve) => (timer = setTimeout(() => resolve(otherwise), ms)))]);
-  } finally {
-    clearTimeout(timer);
-  }
 }
