@@ -229,7 +229,7 @@ export interface LoadSamples {
   seconds: number;
 }
 
-/** `concurrency` workers each sending requests back to back until `total` are done. */
+/** `concurrency` workers each sending requests back to back until `total` are done (or `forMs` has passed). */
 export async function loadSamples(
   url: string,
   body: unknown,
@@ -237,6 +237,7 @@ export async function loadSamples(
   concurrency: number,
   total: number,
   check?: (status: number, text: string) => boolean,
+  forMs = Infinity,
 ): Promise<LoadSamples> {
   const u = new URL(url);
   // One keep-alive connection per worker. A shared pool queued several of the first requests on
@@ -248,9 +249,10 @@ export async function loadSamples(
   let errors = 0;
   let issued = 0;
   const started = performance.now();
+  const deadline = started + forMs;
   await Promise.all(
     clients.map(async (client) => {
-      while (issued < total) {
+      while (issued < total && performance.now() < deadline) {
         issued++;
         const t0 = performance.now();
         const res = await client.request({
@@ -309,9 +311,21 @@ export interface RoundTarget {
 export type MeasuredRow = LoadResult & { cpu_ms_per_request: Record<string, number> };
 
 /**
+ * Load sent to a target before each of its rounds, not measured, on connections of its own. A
+ * target rests while the others run, and on this machine a process woken after a rest runs slowly
+ * for a while: a round trip to a process asleep for 50 ms or more took 0.5-0.9 ms against 0.15 back
+ * to back (wake-rtt.ts), and the first 250-500 calls after a rest cost every process, the bare
+ * sandbox included, up to twice the CPU of the calls after them. A round of a target under steady
+ * traffic, what the rows describe, starts past that. The round's own connections are still new,
+ * so a connection burst stays measured.
+ */
+const ROUND_PRIMER_MS = 500;
+
+/**
  * Each target in turn, in `rounds` rounds of its requests / rounds (A B C, B C A, …): the machine's
  * speed drifts over minutes, and targets measured in one long block each would carry that drift
- * into the comparison. Latencies and CPU are merged over the rounds.
+ * into the comparison. Latencies and CPU are merged over the rounds; each round follows a primer
+ * (ROUND_PRIMER_MS).
  */
 export async function measuredInRounds(
   stack: Stack,
@@ -326,6 +340,7 @@ export async function measuredInRounds(
     for (let i = 0; i < names.length; i++) {
       const name = names[(round + i) % names.length];
       const t = targets[name];
+      await loadSamples(t.url, t.body, t.headers, concurrency, Infinity, undefined, ROUND_PRIMER_MS);
       const before = cpuByProcess(stack.processes);
       const run = await loadSamples(t.url, t.body, t.headers, concurrency, Math.ceil(t.requests / rounds), (_s, text) => t.ok(text));
       for (const [n, s] of Object.entries(cpuByProcess(stack.processes)))

@@ -14,7 +14,8 @@ import { createParser } from 'eventsource-parser';
 import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { startProcess, freePort, type ManagedProcess } from '../devstack/processes';
-import { benchKey, closedLoop, measuredInRounds, round2, startStack, writeResult, type MeasuredRow } from './harness';
+import { benchKey, closedLoop, loadSamples, measuredInRounds, round2, startStack, writeResult, type MeasuredRow } from './harness';
+import { wakeRoundTrip } from './wake-rtt';
 
 const BARS = {
   added_p50_ms_at_c1: 0.3,
@@ -52,6 +53,8 @@ const BASELINE: Record<string, TargetName> = {
 };
 const TOTALS: Record<number, number> = { 1: 2000, 50: 10_000, 200: 10_000 };
 const STREAMS = 40;
+/** Short streams sent to a target right before each of its measured ones (see `streamed`). */
+const STREAM_PRIMER_MS = 100;
 /** Rounds each load level is split into, targets taking turns (see measuredInRounds). */
 const ROUNDS = 4;
 /** A streamed answer: words at the provider's pace (one event each). */
@@ -206,8 +209,14 @@ async function streamOnce(t: Target): Promise<{ ttft: number; tps: number; event
   return { ttft: first - t0, tps: (count - 1) / ((last - first) / 1000), events, reads };
 }
 
-/** STREAMS streamed completions per target, the targets taking turns (as measuredInRounds, against drift). */
-async function streamed(targets: Record<string, Target>): Promise<Record<string, StreamStats>> {
+/**
+ * STREAMS streamed completions per target, the targets taking turns (as measuredInRounds, against
+ * drift), each right after STREAM_PRIMER_MS of short streams to the same target (`primers`): else
+ * every stream would find its proxy asleep since its last one, while the provider, which serves
+ * every target, is kept awake; the first event then paid the machine's wake-ups (wake-rtt.ts) at
+ * the proxy's hops only.
+ */
+async function streamed(targets: Record<string, Target>, primers: Record<string, Target>): Promise<Record<string, StreamStats>> {
   const names = Object.keys(targets);
   const acc = Object.fromEntries(
     names.map((n) => [n, { ttft: [] as number[], tps: [] as number[], events: 0, reads: 0, errors: 0, firstError: null as string | null }]),
@@ -216,6 +225,17 @@ async function streamed(targets: Record<string, Target>): Promise<Record<string,
     for (let j = 0; j < names.length; j++) {
       const name = names[(i + j) % names.length];
       const a = acc[name];
+      const w = primers[name];
+      const n = PROCESSES[name as TargetName] ?? 1;
+      await loadSamples(
+        w.url,
+        { messages, max_tokens: 16, model: w.model, stream: true },
+        w.headers,
+        n,
+        Infinity,
+        undefined,
+        STREAM_PRIMER_MS,
+      );
       const r = await streamOnce(targets[name]);
       if ('error' in r) {
         a.errors++;
@@ -247,6 +267,8 @@ async function streamed(targets: Record<string, Target>): Promise<Record<string,
 
 export async function benchProxy(opts: { levels?: number[] } = {}) {
   const levels = opts.levels ?? [1, 50, 200];
+  // Measured before anything else runs: the machine's own cost of waking a process.
+  const wakeRtt = await wakeRoundTrip();
   const catalog = benchCatalog();
   // `gateway_2p`: the same gateway as two API processes sharing its port (API_PROCESSES=2).
   const stack = await startStack({ CATALOG_PATH: catalog }, { gateways: { gateway: {}, gateway_2p: { API_PROCESSES: '2' } } });
@@ -339,7 +361,7 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
       chat_to_messages: { ...targets.chat_to_messages, model: 'bench/claude-stream' },
       messages_to_chat: { ...targets.messages_to_chat, model: 'bench/stream' },
     };
-    const streams: Record<string, any> = await streamed(streamTargets);
+    const streams: Record<string, any> = await streamed(streamTargets, warmStreams);
     for (const [name, base] of Object.entries(BASELINE))
       streams[`${name}_added_ttft_p50_ms`] = round2(streams[name].ttft_p50_ms - streams[base].ttft_p50_ms);
 
@@ -370,7 +392,7 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
     const result = {
       benchmark: 'proxy',
       at: new Date().toISOString(),
-      machine: { cpus: os.cpus().length, node: process.version },
+      machine: { cpus: os.cpus().length, node: process.version, wake_round_trip: wakeRtt },
       bars: BARS,
       verdicts,
       rows,
