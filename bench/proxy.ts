@@ -78,6 +78,8 @@ const WARM_UP = { requests: 5_000, concurrency: 8, rounds: 10, streams: 500, str
 const PROCESSES: Partial<Record<TargetName, number>> = { gateway_2p: 2 };
 
 const messages = [{ role: 'user', content: 'Say this is a test' }];
+/** The non-streamed call every target is sent (with its model); with `stream: true`, the short streams. */
+const body = { messages, max_tokens: 16 };
 
 /** `api`: the shape the target speaks (what its answers and stream events look like). */
 type Target = { url: string; headers: Record<string, string>; model: string; api?: 'chat' | 'messages' };
@@ -230,15 +232,7 @@ async function streamed(targets: Record<string, Target>, primers: Record<string,
       const a = acc[name];
       const w = primers[name];
       const n = PROCESSES[name as TargetName] ?? 1;
-      await loadSamples(
-        w.url,
-        { messages, max_tokens: 16, model: w.model, stream: true },
-        w.headers,
-        n,
-        Infinity,
-        undefined,
-        STREAM_PRIMER_MS,
-      );
+      await loadSamples(w.url, { ...body, model: w.model, stream: true }, w.headers, n, Infinity, undefined, STREAM_PRIMER_MS);
       const r = await streamOnce(targets[name]);
       if ('error' in r) {
         a.errors++;
@@ -305,7 +299,6 @@ export async function benchProxy(opts: { levels?: number[] } = {}) {
       chat_to_messages: { url: chatUrl, headers: auth, model: 'bench/claude' },
       messages_to_chat: { url: messagesUrl, headers: auth, model: 'bench/chat', api: 'messages' },
     };
-    const body = { messages, max_tokens: 16 };
     const warmStreams: Record<TargetName, Target> = {
       direct: { ...targets.direct, url: `${stack.sandboxUrl}/~max_words=${WARM_UP.streamWords}/openai/v1/chat/completions` },
       gateway: { ...targets.gateway, model: 'bench/stream-warm' },
