@@ -10,7 +10,9 @@ child.once('error', (err) => {
   process.stderr.write(`cannot run ${command}: ${err.message}\n`);
   process.exit(127);
 });
-child.once('spawn', () => process.send?.({ pid: child.pid }));
+// The owner may be gone already (killed while the command started): the report then fails, and
+// the command goes too. Unhandled, that failure crashed this watchdog and left the command running.
+child.once('spawn', () => process.send?.({ pid: child.pid }, (err: Error | null) => err && child.kill('SIGKILL')));
 process.once('disconnect', () => child.kill('SIGKILL'));
 const forward = (signal: NodeJS.Signals) => () => child.kill(signal);
 process.on('SIGTERM', forward('SIGTERM'));

@@ -675,6 +675,41 @@ describe('gateway CLI', () => {
     }
   });
 
+  it('a managed process dies with its owner when the owner is gone before its watchdog reports the command (a CI run left it running)', async () => {
+    // The owner's end of the channel closed before the watchdog has even started: its report of the
+    // command's pid then fails. That failure was an unhandled error that killed the watchdog alone.
+    const seconds = '3603.5';
+    const watchdog = spawn(process.execPath, [path.join(root, 'dist', 'devstack', 'watchdog.js'), 'sleep', seconds], {
+      stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
+    });
+    watchdog.disconnect();
+    let stderr = '';
+    watchdog.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    const exit = await new Promise<{ code: number | null; signal: string | null }>((resolve) =>
+      watchdog.once('exit', (code, signal) => resolve({ code, signal })),
+    );
+    const sleepers = () =>
+      fs
+        .readdirSync('/proc')
+        .filter((d) => /^\d+$/.test(d))
+        .filter((d) => {
+          try {
+            return fs.readFileSync(`/proc/${d}/cmdline`, 'utf8') === `sleep\0${seconds}\0`;
+          } catch {
+            return false;
+          }
+        })
+        .map(Number);
+    try {
+      expect(stderr).to.not.include('Unhandled');
+      // It ends as its command did: killed.
+      expect(exit).to.deep.equal({ code: null, signal: 'SIGKILL' });
+      await until('the command gone after its owner was gone first', () => sleepers().length === 0 || undefined, 5_000);
+    } finally {
+      for (const pid of sleepers()) process.kill(pid, 'SIGKILL');
+    }
+  });
+
   it('a managed process reports its output when it dies before it is ready', async () => {
     const p = startProcess('doomed', process.execPath, ['-e', 'console.error("boom: bad flag"); process.exit(3)']);
     try {
