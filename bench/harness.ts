@@ -310,6 +310,11 @@ export interface RoundTarget {
 /** A target's merged latencies and errors, with each process's CPU milliseconds per request. */
 export type MeasuredRow = LoadResult & { cpu_ms_per_request: Record<string, number> };
 
+/** Load for `ms`, not measured, on connections of its own: wakes the target's processes (see ROUND_PRIMER_MS). */
+export async function prime(url: string, body: unknown, headers: Record<string, string>, concurrency: number, ms: number): Promise<void> {
+  await loadSamples(url, body, headers, concurrency, Infinity, undefined, ms);
+}
+
 /**
  * Load sent to a target before each of its rounds, not measured, on connections of its own. A
  * target rests while the others run, and on this machine a process woken after a rest runs slowly
@@ -340,7 +345,7 @@ export async function measuredInRounds(
     for (let i = 0; i < names.length; i++) {
       const name = names[(round + i) % names.length];
       const t = targets[name];
-      await loadSamples(t.url, t.body, t.headers, concurrency, Infinity, undefined, ROUND_PRIMER_MS);
+      await prime(t.url, t.body, t.headers, concurrency, ROUND_PRIMER_MS);
       const before = cpuByProcess(stack.processes);
       const run = await loadSamples(t.url, t.body, t.headers, concurrency, Math.ceil(t.requests / rounds), (_s, text) => t.ok(text));
       for (const [n, s] of Object.entries(cpuByProcess(stack.processes)))

@@ -14,7 +14,7 @@ import { createParser } from 'eventsource-parser';
 import { DEFAULT_CATALOG_PATH } from '../infrastructure/config';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { startProcess, freePort, type ManagedProcess } from '../devstack/processes';
-import { benchKey, closedLoop, loadSamples, measuredInRounds, round2, startStack, writeResult, type MeasuredRow } from './harness';
+import { benchKey, closedLoop, measuredInRounds, prime, round2, startStack, writeResult, type MeasuredRow } from './harness';
 import { wakeRoundTrip } from './wake-rtt';
 
 const BARS = {
@@ -232,7 +232,7 @@ async function streamed(targets: Record<string, Target>, primers: Record<string,
       const a = acc[name];
       const w = primers[name];
       const n = PROCESSES[name as TargetName] ?? 1;
-      await loadSamples(w.url, { ...body, model: w.model, stream: true }, w.headers, n, Infinity, undefined, STREAM_PRIMER_MS);
+      await prime(w.url, { ...body, model: w.model, stream: true }, w.headers, n, STREAM_PRIMER_MS);
       const r = await streamOnce(targets[name]);
       if ('error' in r) {
         a.errors++;

@@ -6,17 +6,17 @@
 // a pause pay it. The results carry it so their c=1 and TTFT figures can be read against it.
 import { spawn } from 'node:child_process';
 import net from 'node:net';
+import { sleep } from '../infrastructure/concurrency/sleep';
+import { percentiles } from './harness';
 
 const ECHO = `require('net').createServer((s) => { s.setNoDelay(true); s.on('data', (d) => s.write(d)); })
   .listen(0, '127.0.0.1', function () { process.send(this.address().port); });`;
 
 const BACK_TO_BACK = 400;
+/** The first back-to-back round trips, not counted: the two processes' own warm-up. */
+const UNCOUNTED = 100;
 const AFTER_REST = 20;
 const REST_MS = 200;
-
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
-const round3 = (x: number) => Math.round(x * 1000) / 1000;
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** Median round trips (ms): back to back, and each after REST_MS with both processes idle. */
 export async function wakeRoundTrip(): Promise<{ back_to_back_ms: number; after_rest_ms: number; rest_ms: number }> {
@@ -43,7 +43,7 @@ export async function wakeRoundTrip(): Promise<{ back_to_back_ms: number; after_
       rested.push(await once());
     }
     socket.destroy();
-    return { back_to_back_ms: round3(median(hot.slice(BACK_TO_BACK / 4))), after_rest_ms: round3(median(rested)), rest_ms: REST_MS };
+    return { back_to_back_ms: percentiles(hot.slice(UNCOUNTED)).p50_ms, after_rest_ms: percentiles(rested).p50_ms, rest_ms: REST_MS };
   } finally {
     child.kill();
   }

@@ -59,9 +59,9 @@ async function externalServicesEnv(name: string): Promise<NodeJS.ProcessEnv> {
   };
 }
 
-/** Every process below `pid`, with its command line (read from /proc). */
-function descendants(pid: number): { pid: number; cmd: string }[] {
-  const all = fs
+/** Every process of the machine, with its parent and command line (read from /proc). */
+function allProcesses(): { pid: number; ppid: number; cmd: string }[] {
+  return fs
     .readdirSync('/proc')
     .filter((d) => /^\d+$/.test(d))
     .flatMap((d) => {
@@ -73,6 +73,11 @@ function descendants(pid: number): { pid: number; cmd: string }[] {
         return []; // gone meanwhile
       }
     });
+}
+
+/** Every process below `pid`, with its command line. */
+function descendants(pid: number): { pid: number; cmd: string }[] {
+  const all = allProcesses();
   const out: { pid: number; cmd: string }[] = [];
   const walk = (p: number) => {
     for (const c of all.filter((x) => x.ppid === p)) {
@@ -688,18 +693,11 @@ describe('gateway CLI', () => {
     const exit = await new Promise<{ code: number | null; signal: string | null }>((resolve) =>
       watchdog.once('exit', (code, signal) => resolve({ code, signal })),
     );
+    // Not below the watchdog any more once it is gone: found by command line.
     const sleepers = () =>
-      fs
-        .readdirSync('/proc')
-        .filter((d) => /^\d+$/.test(d))
-        .filter((d) => {
-          try {
-            return fs.readFileSync(`/proc/${d}/cmdline`, 'utf8') === `sleep\0${seconds}\0`;
-          } catch {
-            return false;
-          }
-        })
-        .map(Number);
+      allProcesses()
+        .filter((p) => p.cmd === `sleep ${seconds} `)
+        .map((p) => p.pid);
     try {
       expect(stderr).to.not.include('Unhandled');
       // It ends as its command did: killed.
