@@ -1,4 +1,4 @@
-// `npm run bench [decisions|batches|proxy|results|growth|sustained|broadcast|accept|fairness …]`: runs the named benchmarks (all by default) and writes
+// `npm run bench [decisions|batches|proxy|results|growth|sustained|broadcast|accept|fairness|ferretdb …]`: runs the named benchmarks (all by default) and writes
 // their results as JSON under bench/results/.
 import { benchDecisions } from './decisions';
 import { benchBatches } from './batches';
@@ -9,6 +9,7 @@ import { benchSustained } from './sustained';
 import { benchBroadcast } from './broadcast';
 import { benchAccept } from './accept';
 import { benchFairness } from './fairness';
+import { benchFerretDB } from './ferretdb';
 
 const all: Record<string, () => Promise<unknown>> = {
   // BENCH_LEVELS=1,50 runs only those concurrency levels.
@@ -27,6 +28,8 @@ const all: Record<string, () => Promise<unknown>> = {
   accept: () => benchAccept(),
   // Another workspace's batch behind one workspace's backlog (BENCH_FAIRNESS_BATCHES, 600), with Temporal fairness and without.
   fairness: () => benchFairness(),
+  // The embedded FerretDB's garbage collector setting against Go's default, on the usage ledger's writes.
+  ferretdb: () => benchFerretDB(),
 };
 
 async function main() {

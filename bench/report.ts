@@ -5,7 +5,7 @@ import path from 'node:path';
 
 const root = path.join(__dirname, '..', '..');
 const resultsDir = path.join(root, 'bench', 'results');
-const ORDER = ['decisions', 'proxy', 'batches', 'results', 'growth', 'sustained', 'broadcast', 'accept', 'fairness'];
+const ORDER = ['decisions', 'proxy', 'batches', 'results', 'growth', 'sustained', 'broadcast', 'accept', 'fairness', 'ferretdb'];
 
 type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
 

@@ -1,9 +1,10 @@
+import fs from 'node:fs';
 import path from 'node:path';
 import { expect } from 'chai';
 import { MongoClient } from 'mongodb';
 import { Store } from '../infrastructure/store';
 import { freePort } from '../devstack/processes';
-import { startFerretDB } from '../devstack/services';
+import { FERRETDB_GOGC, startFerretDB } from '../devstack/services';
 import { stack } from './fixture';
 import { createTenant, uniqueName, usageRecord } from './helpers';
 import { UsageLedger, newGenerationId } from '../domain/accounts/usage-ledger';
@@ -85,6 +86,42 @@ describe('store: lookups by _id on the embedded FerretDB', () => {
     } finally {
       await client.close(true);
       await own.process.stop();
+    }
+  });
+
+  it('the embedded FerretDB collects garbage at GOGC 400 (a quarter less CPU a usage record), unless the environment sets GOGC', async function () {
+    this.timeout(60_000);
+    // Each started with the environment as it is at the call (it is read before the first await).
+    const saved = process.env.GOGC;
+    const started: Promise<Awaited<ReturnType<typeof startFerretDB>>>[] = [];
+    try {
+      for (const gogc of [undefined, '150']) {
+        if (gogc === undefined) delete process.env.GOGC;
+        else process.env.GOGC = gogc;
+        started.push(
+          startFerretDB({
+            binary: stack.tools!.ferretdb,
+            port: await freePort(),
+            dataDir: path.join(stack.tmpDir, uniqueName('ferret-gc')),
+          }),
+        );
+      }
+    } finally {
+      if (saved === undefined) delete process.env.GOGC;
+      else process.env.GOGC = saved;
+    }
+    const [byDefault, bySetting] = await Promise.all(started);
+    try {
+      const gogcOf = (pid: number | undefined) =>
+        fs
+          .readFileSync(`/proc/${pid}/environ`, 'utf8')
+          .split('\0')
+          .find((v) => v.startsWith('GOGC='));
+      expect(FERRETDB_GOGC).to.equal('400');
+      expect(gogcOf(byDefault.process.pid)).to.equal('GOGC=400');
+      expect(gogcOf(bySetting.process.pid)).to.equal('GOGC=150');
+    } finally {
+      await Promise.all([byDefault.process.stop(), bySetting.process.stop()]);
     }
   });
 
