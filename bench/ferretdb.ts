@@ -27,26 +27,16 @@ function peakRssMb(pid: number): number {
   return Math.round(Number(/VmHWM:\s+(\d+)/.exec(status)![1]) / 1024);
 }
 
-/** A FerretDB started with this GOGC (`undefined`: as the stack starts it). */
-async function ferret(binary: string, gogc: string | undefined, dataDir: string): Promise<RunningService> {
-  const saved = process.env.GOGC;
-  if (gogc === undefined) delete process.env.GOGC;
-  else process.env.GOGC = gogc;
-  try {
-    // The environment is read as the process is spawned, before the first await.
-    return await startFerretDB({ binary, port: await freePort(), dataDir });
-  } finally {
-    if (saved === undefined) delete process.env.GOGC;
-    else process.env.GOGC = saved;
-  }
-}
-
 export async function benchFerretDB() {
   const tools = await ensureTools(process.env.TOOLS_DIR ?? defaultToolsDir(), { temporal: false, ferretdb: true });
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-bench-ferretdb-'));
+  const { GOGC: _, ...unset } = process.env;
   const setups = { go_default: '100', stack: undefined };
   const servers: Record<string, RunningService> = {};
-  for (const [name, gogc] of Object.entries(setups)) servers[name] = await ferret(tools.ferretdb, gogc, path.join(dir, name));
+  for (const [name, gogc] of Object.entries(setups)) {
+    const env = gogc === undefined ? unset : { ...unset, GOGC: gogc };
+    servers[name] = await startFerretDB({ binary: tools.ferretdb, port: await freePort(), dataDir: path.join(dir, name), env });
+  }
   const clients: Record<string, MongoClient> = {};
   try {
     for (const [name, s] of Object.entries(servers)) clients[name] = await new MongoClient(s.address).connect();
