@@ -4,7 +4,18 @@
 // concurrency 1, 10, 50 and 200; plus, on the same server, the Temporal floor (bench/temporal-floor).
 // Each row has req/s, p50/p99, errors and CPU milliseconds per request of every process.
 import os from 'node:os';
-import { benchKey, closedLoop, measuredInRounds, startStack, writeResult, type MeasuredRow } from './harness';
+import {
+  benchKey,
+  closedLoop,
+  loadSamples,
+  measuredInRounds,
+  mergeSamples,
+  startStack,
+  summarize,
+  writeResult,
+  type LoadSamples,
+  type MeasuredRow,
+} from './harness';
 import { measureTemporalFloor } from './temporal-floor';
 
 const body = {
@@ -26,8 +37,23 @@ const TOTALS: Record<'direct' | 'inline' | 'workflow', Record<number, number>> =
 
 const BARS = {
   inline: { added_p50_ms_at_c1: 0.6, min_rps_at_c50: 400, max_p99_ms_at_c50: 100, max_p99_ms_at_c200: 500, max_ferretdb_cpu_ms_at_c50: 3 },
-  workflow: { max_p99_ms_at_c50: 1500, rps_at_c50_at_least_rps_at_c10: true },
+  workflow: { max_p99_ms_at_c50: 1500, min_rps_ratio_c50_to_c10: 0.9 },
 };
+
+/**
+ * Whether the workflow mode holds its throughput from c=10 to c=50 (`workflow_no_collapse`). Temporal
+ * is saturated at both, so their req/s are equal but for noise, and the levels' rows, measured
+ * minutes apart, differed by the machine's drift between them: c=50 came out at 0.89-1.01 of c=10
+ * in five runs on 2026-12-07, whatever FerretDB's settings. Here the two take turns (c=10, c=50,
+ * c=50, c=10), so drift falls on both alike, and a collapse is c=50 under 0.9 of c=10. The c=50
+ * row's p99 is still held to its bar.
+ */
+async function workflowHeld(target: { url: string; headers: Record<string, string> }) {
+  const blocks = [10, 50, 50, 10];
+  const runs: Record<number, LoadSamples | undefined> = {};
+  for (const c of blocks) runs[c] = mergeSamples(runs[c], await loadSamples(target.url, body, target.headers, c, TOTALS.workflow[c] / 2));
+  return { c10: summarize(runs[10]!), c50: summarize(runs[50]!) };
+}
 
 /** Rounds each level is split into for direct and inline, which take turns (harness.measuredInRounds). */
 const ROUNDS = 4;
@@ -58,6 +84,7 @@ export async function benchDecisions(opts: { levels?: number[]; temporalInMemory
     }
 
     const rows: Record<string, any>[] = [];
+    let held: Awaited<ReturnType<typeof workflowHeld>> | null = null;
     for (const concurrency of levels) {
       const measure = (names: (keyof typeof targets)[], rounds: number) =>
         measuredInRounds(
@@ -84,13 +111,14 @@ export async function benchDecisions(opts: { levels?: number[]; temporalInMemory
         row[`${name}_added_p50_ms`] = Math.round((r.p50_ms - direct.p50_ms) * 100) / 100;
       }
       rows.push(row);
+      // Right after c=50's rows, in the state they were measured in (not after c=200's backlog).
+      if (concurrency === 50 && levels.includes(10)) held = await workflowHeld(targets.workflow);
     }
     // On the same server in the same state: how much of a workflow-mode decision is Temporal's own.
     const temporalFloor = await measureTemporalFloor(stack.temporalAddress, 50, 300);
 
     const at = (c: number) => rows.find((r) => r.concurrency === c);
     const c1 = at(1);
-    const c10 = at(10);
     const c50 = at(50);
     const c200 = at(200);
     const verdicts = {
@@ -100,11 +128,11 @@ export async function benchDecisions(opts: { levels?: number[]; temporalInMemory
       inline_c200_no_errors_p99: c200 && c200.inline.errors === 0 && c200.inline.p99_ms <= BARS.inline.max_p99_ms_at_c200,
       inline_ferretdb_cpu_at_c50: c50 && c50.inline.cpu_ms_per_request.ferretdb <= BARS.inline.max_ferretdb_cpu_ms_at_c50,
       workflow_no_collapse:
-        c10 &&
         c50 &&
-        c50.workflow.rps >= c10.workflow.rps &&
+        held &&
+        held.c50.rps >= held.c10.rps * BARS.workflow.min_rps_ratio_c50_to_c10 &&
         c50.workflow.p99_ms <= BARS.workflow.max_p99_ms_at_c50 &&
-        c50.workflow.errors === 0,
+        c50.workflow.errors + held.c10.errors + held.c50.errors === 0,
     };
     const result = {
       benchmark: 'decisions',
@@ -113,6 +141,7 @@ export async function benchDecisions(opts: { levels?: number[]; temporalInMemory
       bars: BARS,
       verdicts,
       rows,
+      workflow_held: held && { rps_at_c10: held.c10.rps, rps_at_c50: held.c50.rps },
       temporal_floor: temporalFloor,
     };
     const file = writeResult('decisions', result);
@@ -133,6 +162,7 @@ export async function benchDecisions(opts: { levels?: number[]; temporalInMemory
     console.log(
       `Temporal floor (eager start + one no-op local activity, in-process result), c=1: p50 ${temporalFloor.p50_ms} ms, p99 ${temporalFloor.p99_ms} ms`,
     );
+    if (held) console.log(`workflow mode, c=10 and c=50 taking turns: ${held.c10.rps} and ${held.c50.rps} req/s`);
     console.log(`verdicts: ${JSON.stringify(verdicts)}`);
     console.log(`results: ${file}`);
     return result;
