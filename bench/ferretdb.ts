@@ -14,6 +14,7 @@ import { FERRETDB_GOGC, startFerretDB, type RunningService } from '../devstack/s
 import { toStoredUsage } from '../infrastructure/store/usage-form';
 import type { UsageDoc } from '../infrastructure/store';
 import { cpuSeconds, round2, writeResult } from './harness';
+import { peakRssMb } from './batches';
 
 /** Records an insert carries: about what the ledger's 50 ms groups hold at c=50. */
 const GROUP = 100;
@@ -21,11 +22,6 @@ const GROUPS_PER_ROUND = 200;
 const ROUNDS = 4;
 const BARS = { max_cpu_ratio_to_go_default: 0.85, max_peak_rss_mb: 128 };
 const WORKSPACE = '0f8fad5b-d9cb-469f-a165-70867728950e';
-
-function peakRssMb(pid: number): number {
-  const status = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
-  return Math.round(Number(/VmHWM:\s+(\d+)/.exec(status)![1]) / 1024);
-}
 
 export async function benchFerretDB() {
   const tools = await ensureTools(process.env.TOOLS_DIR ?? defaultToolsDir(), { temporal: false, ferretdb: true });
@@ -87,7 +83,7 @@ export async function benchFerretDB() {
         {
           gogc: setups[name as keyof typeof setups] ?? FERRETDB_GOGC,
           cpu_us_per_record: round2((cpu[name] * 1e6) / records),
-          peak_rss_mb: peakRssMb(servers[name].process.pid!),
+          peak_rss_mb: peakRssMb(servers[name].process.pid),
         },
       ]),
     );
