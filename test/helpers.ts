@@ -62,7 +62,12 @@ export async function call(url: string, opts: { method?: string; key?: string; b
     payload = typeof opts.body === 'string' ? opts.body : JSON.stringify(opts.body);
     headers['content-type'] ??= 'application/json';
   }
-  const res = await fetch(url, { method: opts.method ?? (payload ? 'POST' : 'GET'), headers, body: payload });
+  const method = opts.method ?? (payload ? 'POST' : 'GET');
+  const res = await fetch(url, { method, headers, body: payload }).catch((err: Error) => {
+    // fetch says only "fetch failed"; what failed (a reset, a refusal, a timeout) is its cause.
+    const cause = err.cause as (Error & { code?: string }) | undefined;
+    throw new Error(`${method} ${url}: ${err.message}${cause ? ` (${cause.code ?? ''} ${cause.message})` : ''}`, { cause: err });
+  });
   const text = await res.text();
   let body: any = text;
   try {

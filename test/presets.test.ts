@@ -9,6 +9,7 @@ import { PresetOrder } from '../domain/presets/list-order';
 import { KeptVersions } from '../domain/presets/kept-versions';
 import {
   call,
+  clearOfWindowEdge,
   createTenant,
   startTestGateway,
   streamLeftEarly,
@@ -864,6 +865,8 @@ describe("a preset's prompt counts as the call's own", function () {
     // 1 MB a minute: the preset's creation counts 6 of its 16 units of 64 KB, each call naming it 6 more.
     const limited = await startTestGateway({ env: { CATALOG_PATH: gw.config.catalogPath, BODY_BYTES_PER_MINUTE: '1mb' } });
     try {
+      // The minute is aligned to the epoch: the preset's creation and both calls must fall in one (a CI run's crossed an edge).
+      await clearOfWindowEdge(60, 20_000);
       const t = await withBigPreset(5, limited);
       const first = await call(`${limited.url}/api/v1/chat/completions`, { key: t.inferenceKey, body: small });
       expect(first.status, JSON.stringify(first.body)).to.equal(200);
