@@ -1,18 +1,18 @@
 // What FerretDB's garbage collector setting (FERRETDB_GOGC, devstack/services.ts) saves: two
 // FerretDBs side by side, one at Go's default (GOGC=100) and one as the stack starts it, each taking
-// what the usage ledger writes for every billed call (packed usage records in groups, each group
-// announced in the writer's running total first), in rounds taking turns. Reported: each one's
-// CPU a record and its peak memory.
+// a usage ledger's writes for billed calls (domain/accounts/usage-ledger: packed records in groups,
+// each group announced in the writer's running total first), in rounds taking turns. Reported:
+// each one's CPU a record, the inserts the ledger made, and its peak memory.
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { MongoClient } from 'mongodb';
+import { randomUUID } from 'node:crypto';
 import { ensureTools } from '../devstack/binaries';
 import { defaultToolsDir } from '../infrastructure/config';
 import { freePort } from '../devstack/processes';
 import { FERRETDB_GOGC, startFerretDB, type RunningService } from '../devstack/services';
-import { toStoredUsage } from '../infrastructure/store/usage-form';
-import type { UsageDoc } from '../infrastructure/store';
+import { Store } from '../infrastructure/store';
+import { UsageLedger, newGenerationId, usageRecordOf } from '../domain/accounts/usage-ledger';
 import { cpuSeconds, round2, writeResult } from './harness';
 import { peakRssMb } from './batches';
 
@@ -21,7 +21,7 @@ const GROUP = 100;
 const GROUPS_PER_ROUND = 200;
 const ROUNDS = 4;
 const BARS = { max_cpu_ratio_to_go_default: 0.85, max_peak_rss_mb: 128 };
-const WORKSPACE = '0f8fad5b-d9cb-469f-a165-70867728950e';
+const NO_ATTRIBUTION = { session_id: null, user: null, trace: null, app: { referer: null, title: null, categories: [] } };
 
 export async function benchFerretDB() {
   const tools = await ensureTools(process.env.TOOLS_DIR ?? defaultToolsDir(), { temporal: false, ferretdb: true });
@@ -33,46 +33,37 @@ export async function benchFerretDB() {
     const env = gogc === undefined ? unset : { ...unset, GOGC: gogc };
     servers[name] = await startFerretDB({ binary: tools.ferretdb, port: await freePort(), dataDir: path.join(dir, name), env });
   }
-  const clients: Record<string, MongoClient> = {};
+  const stores: Record<string, Store> = {};
+  const ledgers: Record<string, UsageLedger> = {};
   try {
-    for (const [name, s] of Object.entries(servers)) clients[name] = await new MongoClient(s.address).connect();
-    let next = 0;
-    const record = (group: number): UsageDoc => ({
-      _id: `gen-${Date.now().toString(36)}${(next++).toString(16).padStart(20, '0')}`,
-      workspace_id: WORKSPACE,
-      key_id: 'key-bench',
-      kind: 'completion',
-      model: 'bench/chat',
-      provider: 'bench',
-      input_tokens: 12,
-      output_tokens: 9,
-      cost: 0.0000048,
-      writer: 'wbench',
-      group,
-      created_at: new Date(),
-    });
-    const round = async (client: MongoClient) => {
-      const db = client.db('bench');
+    for (const [name, s] of Object.entries(servers)) {
+      stores[name] = await Store.connect(s.address, 'bench');
+      ledgers[name] = new UsageLedger(stores[name]);
+    }
+    const workspaceId = randomUUID();
+    // The ledger's own writes: records awaited together go as one group (one insert, its total announced first).
+    const round = async (ledger: UsageLedger) => {
       for (let g = 0; g < GROUPS_PER_ROUND; g++) {
-        const docs = Array.from({ length: GROUP }, () => record(g));
-        await db
-          .collection('usage_totals')
-          .updateOne(
-            { _id: `${WORKSPACE}:wbench` as never },
-            { $set: { cost: g, pending: { group: g, ids: JSON.stringify(docs.map((d) => d._id)) }, updated_at: new Date() } },
-            { upsert: true },
-          );
-        await db.collection('usage').insertMany(docs.map(toStoredUsage) as never[], { ordered: false });
+        await Promise.all(
+          Array.from({ length: GROUP }, () =>
+            ledger.recordStored(
+              usageRecordOf(
+                { generationId: newGenerationId(), workspaceId, keyId: 'key-bench', kind: 'completion', meta: NO_ATTRIBUTION },
+                { model: 'bench/chat', provider: 'bench', usage: { input_tokens: 12, output_tokens: 9 }, cost: 0.0000048 },
+              ),
+            ),
+          ),
+        );
       }
     };
-    for (const c of Object.values(clients)) await round(c); // warm-up
+    for (const l of Object.values(ledgers)) await round(l); // warm-up
     const cpu: Record<string, number> = {};
     const names = Object.keys(servers);
     for (let r = 0; r < ROUNDS; r++) {
       for (let i = 0; i < names.length; i++) {
         const name = names[(r + i) % names.length];
         const before = cpuSeconds(servers[name].process.pid);
-        await round(clients[name]);
+        await round(ledgers[name]);
         cpu[name] = (cpu[name] ?? 0) + cpuSeconds(servers[name].process.pid) - before;
       }
     }
@@ -99,6 +90,7 @@ export async function benchFerretDB() {
       verdicts,
       records_per_setup: records,
       group: GROUP,
+      inserts_per_setup: Object.fromEntries(names.map((name) => [name, ledgers[name].writes])),
       rows,
     };
     const file = writeResult('ferretdb', result);
@@ -108,7 +100,8 @@ export async function benchFerretDB() {
     console.log(`results: ${file}`);
     return result;
   } finally {
-    await Promise.all(Object.values(clients).map((c) => c.close()));
+    await Promise.all(Object.values(ledgers).map((l) => l.close(1_000)));
+    await Promise.all(Object.values(stores).map((s) => s.close()));
     await Promise.all(Object.values(servers).map((s) => s.process.stop()));
     fs.rmSync(dir, { recursive: true, force: true });
   }
