@@ -107,6 +107,9 @@ describe('store: lookups by _id on the embedded FerretDB', () => {
           .readFileSync(`/proc/${pid}/environ`, 'utf8')
           .split('\0')
           .find((v) => v.startsWith('GOGC='));
+      // The command's own environment, not its watchdog's (which would pass whatever it was given).
+      for (const s of [byDefault, bySetting])
+        expect(fs.readFileSync(`/proc/${s.process.pid}/cmdline`, 'utf8').split('\0')[0]).to.equal(stack.tools!.ferretdb);
       expect(FERRETDB_GOGC).to.equal('400');
       expect(gogcOf(byDefault.process.pid)).to.equal('GOGC=400');
       expect(gogcOf(bySetting.process.pid)).to.equal('GOGC=150');
