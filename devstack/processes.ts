@@ -131,7 +131,10 @@ const WATCHDOG = path.join(__dirname, 'watchdog.js');
 
 export function startProcess(name: string, command: string, args: string[], env: NodeJS.ProcessEnv = process.env): ManagedProcess {
   // The IPC channel is what the watchdog watches: it closes when this process dies, however it dies.
-  const child = spawn(process.execPath, [WATCHDOG, command, ...args], { env, stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
+  // A process group of its own: a signal to ours (Ctrl-C, a service manager's SIGTERM) reaches only
+  // the gateway, which stops its children itself, after the API processes' last writes to them (a
+  // FerretDB stopped first made each of those writes wait out the driver's server selection).
+  const child = spawn(process.execPath, [WATCHDOG, command, ...args], { env, stdio: ['ignore', 'pipe', 'pipe', 'ipc'], detached: true });
   child.channel?.unref(); // the channel alone must not keep us running
   const managed = new ManagedProcess(name, child);
   child.once('error', () => {

@@ -89,6 +89,12 @@ function descendants(pid: number): { pid: number; cmd: string }[] {
   return out;
 }
 
+/** The process group a process is in (the fifth field of /proc/<pid>/stat, after the parenthesised name). */
+function processGroup(pid: number): number {
+  const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+  return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[2]);
+}
+
 /**
  * Kills every process started with this DATA_DIR (a test that failed midway leaves its gateway
  * running): the gateway and its API processes by their environment, the embedded services by
@@ -480,6 +486,11 @@ describe('gateway CLI', () => {
       // SIGTERM to the whole process group, as a service manager or a terminal's Ctrl-C sends it: every
       // child gets it at once, and none is restarted while the gateway shuts down.
       const family = descendants(child.pid!).map((p) => p.pid);
+      // The embedded services are not in the signalled group: they are stopped by the gateway, after
+      // the API processes' last writes (a FerretDB gone first made each of them wait out server selection).
+      const services = JSON.parse(fs.readFileSync(path.join(dataDir, 'run.json'), 'utf8')).children as Record<string, { pid: number }>;
+      expect(Object.keys(services)).to.have.members(['ferretdb', 'temporal', 'sandbox']);
+      for (const [name, { pid }] of Object.entries(services)) expect(processGroup(pid), name).to.not.equal(child.pid);
       const started = Date.now();
       const exited = new Promise((r) => child.once('exit', r));
       let output = '';
@@ -488,6 +499,7 @@ describe('gateway CLI', () => {
       process.kill(-child.pid!, 'SIGTERM');
       expect(await exited).to.equal(0);
       expect(output).to.not.include('restarting').and.not.include('is back');
+      expect(output).to.not.include('not retired').and.not.include('not put back in the pool');
       expect(Date.now() - started, 'the stop took too long').to.be.below(12_000);
       for (const pid of family) expect(alive(pid), `child ${pid} still running`).to.equal(false);
       expect(fs.existsSync(path.join(dataDir, 'run.json')), 'a clean stop leaves no run record').to.equal(false);
