@@ -483,8 +483,8 @@ describe('gateway CLI', () => {
       // them (800 ms) while the suite loads the machine (a CI run saw a 503 right after "ready").
       await until('ready', async () => ((await fetch(`http://127.0.0.1:${env.PORT}/readyz`)).status === 200 ? true : undefined), 20_000);
 
-      // SIGTERM to the whole process group, as a service manager or a terminal's Ctrl-C sends it: every
-      // child gets it at once, and none is restarted while the gateway shuts down.
+      // SIGTERM to the whole process group, as a service manager or a terminal's Ctrl-C sends it: the
+      // gateway and its API processes get it at once, and nothing is restarted while the gateway shuts down.
       const family = descendants(child.pid!).map((p) => p.pid);
       // The embedded services are not in the signalled group: they are stopped by the gateway, after
       // the API processes' last writes (a FerretDB gone first made each of them wait out server selection).
