@@ -42,11 +42,11 @@ const BARS = {
 
 /**
  * Whether the workflow mode holds its throughput from c=10 to c=50 (`workflow_no_collapse`). Temporal
- * is saturated at both, so their req/s are equal but for noise, and the levels' rows, measured
- * minutes apart, differed by the machine's drift between them: c=50 came out at 0.89-1.01 of c=10
- * in five runs on 2026-12-07, whatever FerretDB's settings. Here the two take turns (c=10, c=50,
- * c=50, c=10), so drift falls on both alike, and a collapse is c=50 under 0.9 of c=10. The c=50
- * row's p99 is still held to its bar.
+ * is saturated at both, and the levels' rows, measured minutes apart, differed by the machine's
+ * drift between them. Here the two take turns (c=10, c=50, c=50, c=10), so drift falls on both
+ * alike, and a collapse is c=50 under 0.9 of c=10. Measured so, c=50 still came out 4-19% below
+ * c=10 in five runs (2026-12-07): a real, modest drop that puts the check at its threshold (see
+ * docs/performance.md). The c=50 row's p99 is still held to its bar.
  */
 async function workflowHeld(target: { url: string; headers: Record<string, string> }) {
   const blocks = [10, 50, 50, 10];

@@ -10,8 +10,8 @@ export function shutdownDeadlineMs(shutdownGraceMs: number): number {
 
 /**
  * Runs until SIGINT or SIGTERM, then calls every stop function, newest first. `first` runs at once,
- * before any of them: what must not happen during the shutdown (restarting a child the same signal
- * stopped, as a signal to the whole process group does) is ended there. A shutdown still running
+ * before any of them: what must not happen during the shutdown (restarting a child that exits while
+ * the gateway is stopping) is ended there. A shutdown still running
  * after `deadlineMs` (a database that accepts connections and never answers holds a stop forever)
  * ends with exit code 1; the watchdogs stop the children.
  */
