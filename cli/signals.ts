@@ -9,19 +9,21 @@ export function shutdownDeadlineMs(shutdownGraceMs: number): number {
 }
 
 /**
- * Runs until SIGINT or SIGTERM, then calls every stop function, newest first. `first` runs at once,
- * before any of them: what must not happen during the shutdown (restarting a child that exits while
- * the gateway is stopping) is ended there. A shutdown still running
- * after `deadlineMs` (a database that accepts connections and never answers holds a stop forever)
- * ends with exit code 1; the watchdogs stop the children.
+ * Runs until SIGINT or SIGTERM, then calls `first` at once (what must not happen during the
+ * shutdown is ended there: restarting a child that exits), then every stop function, newest first,
+ * and exits 0. The function it returns starts the same shutdown from within (a part that keeps
+ * crashing) and exits 1; called during a shutdown, it only makes the exit code 1, so nothing is
+ * stopped twice. A shutdown still running after `deadlineMs` (a database that accepts connections
+ * and never answers holds a stop forever) ends with exit code 1; the watchdogs stop the children.
  */
-export function stopOnSignals(logger: Logger, stops: Stop[], opts: { deadlineMs: number; first?: () => void }): void {
+export function stopOnSignals(logger: Logger, stops: Stop[], opts: { deadlineMs: number; first?: () => void }): (exitCode: number) => void {
   let stopping = false;
-  const handler = (signal: NodeJS.Signals) => {
+  let exitCode = 0;
+  const shutdown = (code: number) => {
+    exitCode = Math.max(exitCode, code);
     if (stopping) return;
     stopping = true;
     opts.first?.();
-    logger.info({ signal }, 'shutting down');
     setTimeout(() => {
       logger.error({ deadline_ms: opts.deadlineMs }, 'shutdown did not finish in time; exiting');
       process.exit(1);
@@ -34,9 +36,14 @@ export function stopOnSignals(logger: Logger, stops: Stop[], opts: { deadlineMs:
           logger.error({ err }, 'error while stopping');
         }
       }
-      process.exit(0);
+      process.exit(exitCode);
     })();
   };
-  process.on('SIGINT', handler);
-  process.on('SIGTERM', handler);
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (!stopping) logger.info({ signal }, 'shutting down');
+    shutdown(0);
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+  return shutdown;
 }

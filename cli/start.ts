@@ -49,7 +49,11 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   const say = (line: string) => logger.info(line);
   const stops: Stop[] = [];
   let supervisor: Supervisor | null = null;
-  stopOnSignals(logger, stops, { deadlineMs: shutdownDeadlineMs(config.http.shutdownGraceMs), first: () => supervisor?.halt() });
+  // Something that keeps crashing stops everything started, newest first, and the gateway exits 1.
+  const haltAll = stopOnSignals(logger, stops, {
+    deadlineMs: shutdownDeadlineMs(config.http.shutdownGraceMs),
+    first: () => supervisor?.halt(),
+  });
   const embeddedMongo = !config.mongo.uri;
   const embeddedTemporal = !config.temporal.address;
   // Whatever an earlier run left (its gateway killed a moment ago, its children still dying) is
@@ -70,16 +74,10 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   ]);
   const tools = await ensureTools(config.toolsDir, { temporal: embeddedTemporal, ferretdb: embeddedMongo }, say);
 
-  /** Something keeps crashing: everything started is stopped, newest first, and the gateway exits non-zero. */
-  const haltAll = () =>
-    void (async () => {
-      for (const stop of [...stops].reverse()) await stop().catch(() => undefined);
-      process.exit(1);
-    })();
   supervisor = new Supervisor(logger, (part, message) => {
     logger.fatal({ part }, 'embedded process keeps crashing; stopping the gateway');
     say(message);
-    haltAll();
+    haltAll(1);
   });
   stops.push(async () => {
     await supervisor!.stop();
@@ -177,7 +175,7 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
           embedded: () => supervisor.status(),
           giveUp: (message) => {
             logger.fatal(message);
-            haltAll();
+            haltAll(1);
           },
         })
       : await runApiRole(config, logger, { mongoUri, temporalAddress }, { withWorker: true, embedded: () => supervisor.status() });

@@ -17,6 +17,8 @@ interface Part {
   state: PartState;
   current: ManagedProcess;
   crashes: number[];
+  /** A restart under way (backoff or start), which `stop()` waits for. */
+  restarting: Promise<void> | null;
 }
 
 export class Supervisor {
@@ -30,17 +32,19 @@ export class Supervisor {
 
   /** Starts a part (resolving once it is ready) and keeps it running. */
   async keep(name: string, start: () => Promise<ManagedProcess>): Promise<void> {
-    const part: Part = { start, state: 'ok', current: await start(), crashes: [] };
+    const part: Part = { start, state: 'ok', current: await start(), crashes: [], restarting: null };
     this.parts.set(name, part);
     this.watch(name, part);
   }
 
   private watch(name: string, part: Part): void {
-    void part.current.done.then(() => this.restart(name, part));
+    void part.current.done.then(() => {
+      if (this.stopping) return;
+      part.restarting = this.restart(name, part).finally(() => (part.restarting = null));
+    });
   }
 
   private async restart(name: string, part: Part): Promise<void> {
-    if (this.stopping) return;
     part.state = 'restarting';
     for (;;) {
       const now = Date.now();
@@ -61,6 +65,8 @@ export class Supervisor {
       if (this.stopping) return;
       try {
         part.current = await part.start();
+        // Stopped while it was starting: `stop()` is waiting for this restart to end.
+        if (this.stopping) return void (await part.current.stop());
         part.state = 'ok';
         this.logger.info({ part: name }, 'embedded process is back');
         this.watch(name, part);
@@ -77,14 +83,18 @@ export class Supervisor {
     return Object.fromEntries([...this.parts].map(([name, p]) => [name, p.state]));
   }
 
-  /** No restarts from here on: the gateway is shutting down, and its children may be going already. */
+  /**
+   * No restarts from here on: the gateway is shutting down. A database that dies now is not started
+   * again for the API processes' last writes: those fail at once on its closed port (measured), and
+   * leave what a crashed process leaves (usage records wait in the journal for the next start).
+   */
   halt(): void {
     this.stopping = true;
   }
 
-  /** Stops every part (no restarts from here on). */
+  /** Stops every part, a part being restarted included (no restarts from here on). */
   async stop(): Promise<void> {
     this.stopping = true;
-    await Promise.all([...this.parts.values()].map((p) => p.current.stop()));
+    await Promise.all([...this.parts.values()].map(async (p) => Promise.all([p.current.stop(), p.restarting])));
   }
 }

@@ -484,7 +484,7 @@ describe('gateway CLI', () => {
       await until('ready', async () => ((await fetch(`http://127.0.0.1:${env.PORT}/readyz`)).status === 200 ? true : undefined), 20_000);
 
       // SIGTERM to the whole process group, as a service manager or a terminal's Ctrl-C sends it: the
-      // gateway and its API processes get it at once, and nothing is restarted while the gateway shuts down.
+      // gateway and its API processes get it at once; the services do not, so none exits to be restarted.
       const family = descendants(child.pid!).map((p) => p.pid);
       // The embedded services are not in the signalled group: they are stopped by the gateway, after
       // the API processes' last writes (a FerretDB gone first made each of them wait out server selection).
@@ -505,6 +505,35 @@ describe('gateway CLI', () => {
       expect(fs.existsSync(path.join(dataDir, 'run.json')), 'a clean stop leaves no run record').to.equal(false);
     } finally {
       leftover.kill('SIGKILL');
+      killEverythingOf(dataDir);
+      fs.rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
+  it('`gateway start` does not restart a FerretDB that dies while the gateway stops, and still stops cleanly', async function () {
+    this.timeout(120_000);
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-stop-crash-'));
+    const env = await embeddedStackEnv(dataDir);
+    try {
+      const { child } = await startUntilReady(env, 90_000);
+      await until('ready', async () => ((await fetch(`http://127.0.0.1:${env.PORT}/readyz`)).status === 200 ? true : undefined), 20_000);
+      const services = JSON.parse(fs.readFileSync(path.join(dataDir, 'run.json'), 'utf8')).children as Record<string, { pid: number }>;
+      const family = descendants(child.pid!).map((p) => p.pid);
+      let output = '';
+      child.stdout!.on('data', (b) => (output += b));
+      child.stderr!.on('data', (b) => (output += b));
+      const started = Date.now();
+      const exited = new Promise((r) => child.once('exit', r));
+      child.kill('SIGTERM');
+      process.kill(services.ferretdb.pid, 'SIGKILL');
+      expect(await exited, output).to.equal(0);
+      expect(output).to.include('shutting down').and.not.include('restarting').and.not.include('is back');
+      // Its last writes failed at once on the closed port, rather than waiting for a database.
+      expect(Date.now() - started, 'the stop took too long').to.be.below(12_000);
+      for (const pid of family) expect(alive(pid), `child ${pid} still running`).to.equal(false);
+      expect(allProcesses().filter((p) => p.cmd.includes(dataDir))).to.deep.equal([]);
+      expect(fs.existsSync(path.join(dataDir, 'run.json')), 'a clean stop leaves no run record').to.equal(false);
+    } finally {
       killEverythingOf(dataDir);
       fs.rmSync(dataDir, { recursive: true, force: true });
     }
