@@ -46,7 +46,8 @@ export class Supervisor {
 
   private async restart(name: string, part: Part): Promise<void> {
     part.state = 'restarting';
-    for (;;) {
+    // Each pass is one exit: the part's, then each start that failed; none once the gateway stops.
+    while (!this.stopping) {
       const now = Date.now();
       part.crashes = [...part.crashes.filter((t) => now - t < CRASH_WINDOW_MS), now];
       const status = part.current.exitStatus;

@@ -62,4 +62,23 @@ describe('supervisor', () => {
     expect(part.started).to.have.length(2);
     expect(part.started[1].hasExited, 'the process started during the stop').to.equal(true);
   });
+
+  it('stopped while a restarted part fails to start, returns without waiting out another backoff', async () => {
+    let starts = 0;
+    const first = startProcess('idler', process.execPath, ['-e', 'setInterval(() => {}, 1000)']);
+    const start = async () => {
+      if (starts++ === 0) return first;
+      await new Promise((r) => setTimeout(r, 300));
+      throw new Error('cannot start');
+    };
+    const supervisor = new Supervisor(logger, () => expect.fail('gave up'));
+    await supervisor.keep('idler', start);
+    await first.kill();
+    await until('the restart to begin', () => starts === 2);
+    const stopping = Date.now();
+    await supervisor.stop();
+    // The failed start ends the restart; the next backoff would be 1 s.
+    expect(Date.now() - stopping).to.be.below(800);
+    expect(starts).to.equal(2);
+  });
 });
