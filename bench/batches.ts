@@ -159,11 +159,12 @@ export async function benchBatches(
   });
   try {
     const key = await benchKey(stack);
+    const smallCount = opts.small ?? 100;
     // The create and the batch's first run load and optimise code a running server already has (a
     // probe: 59 ms of the gateway's CPU a batch in the first hundred after start, 33 in the next two
     // hundreds): fifty unmeasured ones first, as the other benches warm their paths.
-    if ((opts.small ?? 100) > 0) await smallBatches(stack, key, 50);
-    const small = (opts.small ?? 100) > 0 ? await smallBatches(stack, key, opts.small ?? 100) : null;
+    if (smallCount > 0) await smallBatches(stack, key, 50);
+    const small = smallCount > 0 ? await smallBatches(stack, key, smallCount) : null;
     if (small) console.log(JSON.stringify({ small_batches: small }));
     const runs: BatchRun[] = [];
     const latencies = opts.latencies ?? [0, 200];

@@ -96,6 +96,6 @@ export class Supervisor {
   /** Stops every part, a part being restarted included (no restarts from here on). */
   async stop(): Promise<void> {
     this.stopping = true;
-    await Promise.all([...this.parts.values()].map(async (p) => Promise.all([p.current.stop(), p.restarting])));
+    await Promise.all([...this.parts.values()].map((p) => Promise.all([p.current.stop(), p.restarting])));
   }
 }

@@ -4,6 +4,7 @@ import net from 'node:net';
 import { Acceptors, socketOptions } from '../api/acceptors';
 import { startTestGateway } from './helpers';
 import { capturingLogger } from './capture-log';
+import { until } from './until';
 
 /** A server whose requests each keep the loop busy for 5 ms, as a loaded gateway's do. */
 async function listening(): Promise<{ server: http.Server; port: number }> {
@@ -63,14 +64,6 @@ async function burstWhileBusy<T>(
   return { perTurn: perTurn.filter((c) => c !== undefined), results };
 }
 
-async function until(what: string, check: () => boolean, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!check()) {
-    if (Date.now() > end) throw new Error(`not within ${ms} ms: ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
-
 describe('acceptors: more descriptors of the listening socket while busy', () => {
   it('a busy process accepts a burst of new connections up to HTTP_ACCEPTORS per loop turn (Node alone: one), each served', async () => {
     const { logger } = capturingLogger();
@@ -108,8 +101,8 @@ describe('acceptors: more descriptors of the listening socket while busy', () =>
     await burstWhileBusy(server, port, 8, get);
     expect(acceptors.active).to.equal(3);
     expect(acceptors.spare).to.equal(0);
-    await until('narrowed at rest', () => acceptors.active === 0);
-    await until('spares fetched again', () => acceptors.spare === 3);
+    await until('narrowed at rest', () => acceptors.active === 0, 5_000, 10);
+    await until('spares fetched again', () => acceptors.spare === 3, 5_000, 10);
     // And the next busy spell widens again.
     const { perTurn } = await burstWhileBusy(server, port, 40, get);
     expect(Math.max(...perTurn), `per turn: ${perTurn}`).to.equal(4);

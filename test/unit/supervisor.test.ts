@@ -4,6 +4,7 @@ import { expect } from 'chai';
 import { startProcess, type ManagedProcess } from '../../devstack/processes';
 import { Supervisor } from '../../devstack/supervisor';
 import { createLogger } from '../../infrastructure/log';
+import { until } from '../until';
 
 const logger = createLogger('silent', 'test', { format: 'json' });
 
@@ -21,14 +22,6 @@ function idler(delayMs = 0) {
   return { start, started, starting: () => starting };
 }
 
-async function until(what: string, check: () => boolean, timeoutMs = 5_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!check()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
-
 describe('supervisor', () => {
   it('restarts a part that exits, and stops the new one when stopped', async () => {
     const part = idler();
@@ -36,7 +29,7 @@ describe('supervisor', () => {
     await supervisor.keep('idler', part.start);
     await part.started[0].kill();
     expect(supervisor.status().idler).to.equal('restarting');
-    await until('the restart', () => part.started.length === 2 && supervisor.status().idler === 'ok');
+    await until('the restart', () => part.started.length === 2 && supervisor.status().idler === 'ok', 5_000, 20);
     expect(part.started[1].hasExited).to.equal(false);
     await supervisor.stop();
     expect(part.started[1].hasExited).to.equal(true);
@@ -57,7 +50,7 @@ describe('supervisor', () => {
     const supervisor = new Supervisor(logger, () => expect.fail('gave up'));
     await supervisor.keep('idler', part.start);
     await part.started[0].kill();
-    await until('the restart to begin', () => part.starting() === 2);
+    await until('the restart to begin', () => part.starting() === 2, 5_000, 20);
     await supervisor.stop();
     expect(part.started).to.have.length(2);
     expect(part.started[1].hasExited, 'the process started during the stop').to.equal(true);
@@ -74,7 +67,7 @@ describe('supervisor', () => {
     const supervisor = new Supervisor(logger, () => expect.fail('gave up'));
     await supervisor.keep('idler', start);
     await first.kill();
-    await until('the restart to begin', () => starts === 2);
+    await until('the restart to begin', () => starts === 2, 5_000, 20);
     const stopping = Date.now();
     await supervisor.stop();
     // The failed start ends the restart; the next backoff would be 1 s.
