@@ -23,6 +23,7 @@ import { PageCache } from '../domain/batches/page-cache';
 import { unpackPage } from '../domain/batches/page-form';
 import { LineRunner } from '../domain/batches/line-runner';
 import { createTenant, testActivities, testBatchDoc, uniqueName, writeTestCatalog, type Tenant } from './helpers';
+import { roundUsd } from '../domain/catalog/usd';
 
 const countedCalls = async (tag: string) =>
   Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
@@ -96,11 +97,17 @@ describe('batch chunk activity', () => {
     ).map((d) => JSON.parse(d.text));
   const progressOf = (id: string, chunk = 0) => readProgress(store, ref(id), chunk);
 
-  async function storeBatch(bodies: Record<string, unknown>[]): Promise<string> {
+  async function storeBatch(bodies: Record<string, unknown>[], chunkLines = 100, tenant = t): Promise<string> {
     const id = newBatchId();
     const lines = bodies.map((body, i) => ({ line: i, custom_id: `c${i}`, body: JSON.stringify(body) }));
-    const starts = await storeInputs(store, ref(id), packLines(lines), 100);
-    const doc = testBatchDoc(t, { _id: id, model: 'test/chunk-counted', total: lines.length, chunks: starts.length, chunk_starts: starts });
+    const starts = await storeInputs(store, ref(id), packLines(lines), chunkLines);
+    const doc = testBatchDoc(tenant, {
+      _id: id,
+      model: 'test/chunk-counted',
+      total: lines.length,
+      chunks: starts.length,
+      chunk_starts: starts,
+    });
     await batches(store).insertOne(doc);
     return id;
   }
@@ -143,9 +150,11 @@ describe('batch chunk activity', () => {
     const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
     const statusWrites: unknown[] = [];
     const batchReads: unknown[] = [];
+    const progressReads: unknown[] = [];
     watched.client.on('commandStarted', (e) => {
       if (e.commandName === 'update' && e.command.update === 'batches') statusWrites.push(e.command.updates);
       if (e.commandName === 'find' && e.command.find === 'batches') batchReads.push(e.command.filter);
+      if (e.commandName === 'find' && e.command.find === 'batch_progress') progressReads.push(e.command.filter);
     });
     try {
       const run = testActivities(watched, upstreams, loadConfig({})).processOnlyChunk;
@@ -160,7 +169,19 @@ describe('batch chunk activity', () => {
     expect(closed).to.include({ status: 'completed' });
     expect(closed!.finalized_at).to.be.instanceOf(Date);
     expect(closed!.final_counts).to.deep.equal({ completed: 3, failed: 0 });
-    expect((await storedResults(id)).map((r) => r.custom_id).sort()).to.deep.equal(['c0', 'c1', 'c2']);
+    const results = await storedResults(id);
+    expect(results.map((r) => r.custom_id).sort()).to.deep.equal(['c0', 'c1', 'c2']);
+    // Its totals are the tally the chunk kept, not read back: the progress is read once, to resume from.
+    expect(progressReads).to.have.length(1);
+    const sum = (f: (r: ResultDoc) => number) => results.reduce((n, r) => n + f(r), 0);
+    expect(closed!.usage).to.deep.equal({
+      prompt_tokens: sum((r) => r.usage!.input_tokens),
+      completion_tokens: sum((r) => r.usage!.output_tokens),
+      total_tokens: sum((r) => r.usage!.input_tokens + r.usage!.output_tokens),
+      cost: roundUsd(sum((r) => r.usage!.cost)),
+    });
+    expect(closed!.usage!.cost).to.be.above(0);
+    expect(closed!.provider).to.equal('chunk-counted');
     // Asked to stop as it starts: Temporal hears the chunk was cancelled, and the close is left to the workflow.
     const other = await storeBatch([chat(3), chat(4)]);
     const env = new MockActivityEnvironment();
@@ -240,8 +261,9 @@ describe('batch chunk activity', () => {
     expect(await readBatch(store, created._id)).to.deep.equal(read);
   });
 
-  it('a chunk stores an empty progress document as it starts, before any line is sent', async () => {
-    const id = await storeBatch([chat(0), chat(1)]);
+  it('a chunk stores an empty progress document as it starts, before any line is sent; the last chunk, which no chunk follows, does not', async () => {
+    // Two chunks: [0, 1] and [2].
+    const id = await storeBatch([chat(0), chat(1), chat(2)], 2);
     const watched = await Store.connect(stack.mongoUri, store.db.databaseName, { monitorCommands: true });
     try {
       const writes: { name: string; coll: string; body: Record<string, unknown> }[] = [];
@@ -249,14 +271,28 @@ describe('batch chunk activity', () => {
         if (['insert', 'update'].includes(e.commandName))
           writes.push({ name: e.commandName, coll: e.command[e.commandName], body: e.command as Record<string, unknown> });
       });
-      await new MockActivityEnvironment().run(testActivities(watched, upstreams, loadConfig({})).processBatchChunk, id, 0);
-      const first = writes.findIndex((w) => w.coll === 'batch_progress');
-      expect(first).to.be.greaterThan(-1);
+      const progressWrites = (chunk: number) => {
+        const inChunk = writes.slice(0);
+        writes.length = 0;
+        const first = inChunk.findIndex((w) => w.coll === 'batch_progress');
+        expect(first, `chunk ${chunk}'s progress`).to.be.greaterThan(-1);
+        const counted = (inChunk[first].body.updates as { u: Record<string, unknown> }[])[0].u;
+        return { before: inChunk.slice(0, first).map((w) => w.coll), counted };
+      };
+      const run = (chunk: number) =>
+        new MockActivityEnvironment().run(testActivities(watched, upstreams, loadConfig({})).processBatchChunk, id, chunk);
+      await run(0);
+      const first = progressWrites(0);
       // Before any result: the marker, with nothing counted.
-      expect(writes.slice(0, first).map((w) => w.coll)).to.not.include('batch_results');
-      const marker = (writes[first].body.updates as { u: Record<string, unknown> }[])[0].u;
-      expect(marker).to.include({ completed: 0, failed: 0, n: 0 });
+      expect(first.before).to.not.include('batch_results');
+      expect(first.counted).to.include({ completed: 0, failed: 0, n: 0 });
       expect(await progressOf(id)).to.include({ completed: 2, n: 2 });
+      await run(1);
+      const last = progressWrites(1);
+      // The last chunk's first progress write counts its stored line.
+      expect(last.before).to.include('batch_results');
+      expect(last.counted).to.include({ completed: 1, n: 1 });
+      expect(await progressOf(id, 1)).to.include({ completed: 1, n: 1 });
     } finally {
       await watched.close();
     }
@@ -544,6 +580,15 @@ describe('batch chunk activity', () => {
     expect(writer.tally).to.include({ completed: 2, failed: 0, cost: 1 });
     expect(await progressOf(id)).to.include({ completed: 2, n: 2 });
     expect(await store.usage.countDocuments({ batch_id: id })).to.equal(2);
+  });
+
+  it("a chunk's lines follow the workspace's routing settings, read as a synchronous call reads them", async () => {
+    const other = await createTenant(store, 10);
+    await store.workspaces.updateOne({ _id: other.workspaceId }, { $set: { settings: { ignore: ['chunk-counted'] } } });
+    const id = await storeBatch([chat(0), chat(1)], 100, other);
+    const counts = await new MockActivityEnvironment().run(testActivities(store, upstreams, loadConfig({})).processOnlyChunk, id);
+    expect(counts).to.deep.equal({ completed: 0, failed: 2 });
+    for (const r of await storedResults(id)) expect(r.error).to.include({ code: 404, type: 'not_found' });
   });
 
   it('the line runner turns a line no endpoint may serve into a failed result (404), not a thrown error', async () => {

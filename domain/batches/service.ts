@@ -28,7 +28,7 @@ import {
   type BatchDoc,
   type BatchStatus,
 } from './store';
-import { addToTally, readProgress, allProgress, tallyOf, sumProgress, saveProgress, emptyTally } from './progress';
+import { addToTally, readProgress, allProgress, tallyOf, sumProgress, saveProgress, emptyTally, type ChunkTally } from './progress';
 import { readChunk, eachChunk, lineBody, type InputLine } from './inputs';
 import { failedResult, writeResultsOnce, pageChunk, type ResultDoc } from './results';
 import { checkLine } from './lines';
@@ -180,7 +180,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
     chunkIndex: number,
     control: StepControl,
     creation?: Creation,
-  ): Promise<{ b: BatchDoc; counts: Counts }> {
+  ): Promise<{ b: BatchDoc; counts: Counts; tally: ChunkTally }> {
     // The reads a chunk starts with go together: until they are back its lines are not running,
     // and a batch's chunks start one after another all through it.
     // Resume from this chunk's progress document: written after every stored group of results,
@@ -190,10 +190,12 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
     // A new batch's lines are stored before its document: read when it was not there yet, read again.
     const [chunk, saved] = first[0] ? first : await reads();
     if (!chunk) throw new Error(`batch ${batchId} has no chunk ${chunkIndex}`);
-    const [ws] = await Promise.all([
-      store.workspaces.findOne({ _id: b.workspace_id }, { projection: { settings: 1 } }),
-      // An empty progress document says the chunk has started: readers stop at the first chunk without one (live-counts).
-      saved ? null : saveProgress(store, b, chunkIndex, emptyTally(), []),
+    const [settings] = await Promise.all([
+      // As a synchronous call reads them: from spend admission's reading, which the lines' holds need anyway.
+      credits.settings(b.workspace_id),
+      // An empty progress document says the chunk has started: readers stop at the first chunk without
+      // one (live-counts). No chunk follows the last, so nothing needs its marker.
+      saved || chunkIndex === b.chunks - 1 ? null : saveProgress(store, b, chunkIndex, emptyTally(), []),
     ]);
     const writer = new ChunkWriter({ store, usage, batch: b, chunkIndex, outageMs: batchSettings.outageMs }, saved);
     const abort = new AbortController();
@@ -205,7 +207,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       store,
       upstreams,
       batch: b,
-      workspace: ws?.settings,
+      workspace: settings,
       credits,
       lineAttempts: batchSettings.lineAttempts,
       outageMs: batchSettings.outageMs,
@@ -234,7 +236,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       chunk.lines,
       chunk.lines.flatMap((l) => writer.storedResult(l.line) ?? []),
     );
-    return { b, counts };
+    return { b, counts, tally: writer.tally };
   }
 
   /**
@@ -249,12 +251,14 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
     /** Mark the batch finalizing first (a completed batch's last step before its terminal status). */
     finalizing: boolean,
     heartbeat: StepControl['heartbeat'],
+    /** A completed one-chunk batch's tally, held by the step that ran the chunk: not read back. */
+    onlyChunk?: ChunkTally,
   ): Promise<void> {
     if (finalizing) await writeStatus(store, b, { status: 'finalizing' });
     // Every chunk has stopped (the workflow waits for cancelled chunks to finish), so the chunks'
     // progress documents hold every stored result: their tallies, and which lines are done.
-    const progress = await allProgress(store, b);
-    const t = tallyOf(progress);
+    const progress = onlyChunk ? [] : await allProgress(store, b);
+    const t = onlyChunk ?? tallyOf(progress);
     if (status === 'expired' || status === 'cancelled') {
       const have = new Set(progress.flatMap((d) => d.done ?? []));
       const type = status === 'expired' ? 'batch_expired' : 'batch_cancelled';
@@ -331,8 +335,9 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
      * could see would cost a write and a list-index move.
      */
     async runOnlyChunk(batchId: string, control: StepControl, creation?: Creation): Promise<Counts> {
-      const { b, counts } = await runChunkOf(batchId, 0, control, creation);
-      await close(b, 'completed', null, false, control.heartbeat);
+      const { b, counts, tally } = await runChunkOf(batchId, 0, control, creation);
+      // Every line of the chunk is stored and counted in its tally, earlier attempts' included.
+      await close(b, 'completed', null, false, control.heartbeat, tally);
       return counts;
     },
 
