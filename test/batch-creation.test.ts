@@ -261,6 +261,8 @@ describe('batch creation: the workflow first, the batch visible last', function 
     expect(await providerCalls()).to.equal(before);
     expect(await storedUsage(gw.store, { batch_id: started! })).to.have.length(0);
     expect(await listed()).to.not.include(started);
+    // Its lines, stored while the start was under way, are dropped before the answer.
+    expect(await inputsOf(started!)).to.equal(0);
     expect(
       await gw.store.db.collection('batches').countDocuments({ _id: started!, abandoned: true, abandoned_at: { $gte: cut } } as never),
     ).to.equal(1);
@@ -310,6 +312,7 @@ describe('batch creation: the workflow first, the batch visible last', function 
     expect(r.body.error.message).to.equal('The batch could not be started, and nothing of it was kept; try again');
     expect(Date.now() - began).to.be.within(2_000, 10_000); // its bound, not the client's 30 s
     const id = await landed!;
+    expect(await inputsOf(id)).to.equal(0);
     expect(await client.workflow.getHandle(id).result()).to.equal('not_created');
     expect(await providerCalls()).to.equal(before);
     expect(await listed()).to.not.include(id);

@@ -184,13 +184,37 @@ export function batchRoutes({
   }
 
   /**
-   * Stores a started batch's lines, then its document. When that fails the batch is given up and
-   * its lines dropped, so its workflow ends at once, running nothing; the client is told so.
+   * Starts a new batch's workflow and stores its lines, together: neither makes the batch visible,
+   * and the one waits for a database, the other for Temporal. Then, both done, the document. A
+   * start that fails gives the batch up (startWorkflow), and lines stored meanwhile are dropped.
    */
-  async function storeAndPublish(ctx: Parameters<AnyRoute['handler']>[0], doc: BatchDoc, lines: PackedLines): Promise<BatchDoc> {
+  async function startAndStore(
+    ctx: Parameters<AnyRoute['handler']>[0],
+    doc: BatchDoc,
+    lines: PackedLines,
+    modelId: string,
+  ): Promise<BatchDoc> {
+    const [started, stored] = await Promise.allSettled([
+      startWorkflow(ctx, doc, modelId),
+      storeBatchLines(store, doc, lines, settings.chunkSize, (...args) => batchBodies.writeInputs(...args)),
+    ]);
+    if (started.status === 'rejected') {
+      // A store that failed has dropped what it wrote already.
+      if (stored.status === 'fulfilled') await dropUnpublished(store, doc).catch(() => undefined);
+      throw started.reason;
+    }
+    return publish(ctx, doc, stored);
+  }
+
+  /**
+   * Stores a started batch's document, its lines stored. When either fails the batch is given up
+   * and its lines dropped, so its workflow ends at once, running nothing; the client is told so.
+   */
+  async function publish(ctx: Parameters<AnyRoute['handler']>[0], doc: BatchDoc, lines: PromiseSettledResult<BatchDoc>): Promise<BatchDoc> {
     let stored: BatchDoc | null = null;
     try {
-      stored = await storeBatchLines(store, doc, lines, settings.chunkSize, (...args) => batchBodies.writeInputs(...args));
+      if (lines.status === 'rejected') throw lines.reason;
+      stored = lines.value;
       await publishBatch(store, stored);
       return stored;
     } catch (err) {
@@ -246,10 +270,10 @@ export function batchRoutes({
             throw err;
           }
         }
-        // The workflow is started first, then the lines are stored, and the document that makes
-        // the batch visible comes last, so a visible batch always has a workflow to run it. The
-        // workflow waits for the document; a batch that is given up instead (here, or by the
-        // workflow when the document never comes) runs nothing and is never visible.
+        // The workflow is started and the lines are stored, and the document that makes the batch
+        // visible comes last, so a visible batch always has a workflow to run it. The workflow
+        // waits for the document; a batch that is given up instead (here, or by the workflow when
+        // the document never comes) runs nothing and is never visible.
         // The lines are stored before the memory they take is given back.
         const { stored } = await batchBodies.receive(ctx, auth.workspaceId, bodyMemory, async (read) => {
           const { doc, lines, modelId } = await planNewBatch(
@@ -259,8 +283,7 @@ export function batchRoutes({
           );
           storage.check(await held, (doc.stored_bytes = storedSize(lines)));
           doc.chunks = batchChunks(lines, settings.chunkSize);
-          await startWorkflow(ctx, doc, modelId);
-          return { stored: await storeAndPublish(ctx, doc, lines) };
+          return { stored: await startAndStore(ctx, doc, lines, modelId) };
         });
         await storage.add(auth.workspaceId, stored.stored_bytes ?? 0);
         metrics.batchesCreated.inc();
