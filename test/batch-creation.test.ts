@@ -24,6 +24,7 @@ import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entr
 import { batchWorkflow, batchWorkflowStart } from '../workflows/batch';
 import { searchAttributes } from '../workflows/shared';
 import { stack } from './fixture';
+import { until } from './until';
 import { capturingLogger } from './capture-log';
 import { recoverIfTemporalIsNew } from '../cli/recover';
 import { BatchRuns } from '../api/batch-runs';
@@ -59,17 +60,12 @@ const providerCalls = async (tag = 'creationtest=1') =>
     .filter(([k]) => k.includes(tag))
     .reduce((a, [, n]) => a + n, 0);
 
-describe('batch creation: the workflow first, the batch visible last', function () {
+describe('batch creation: the workflow and the lines, then the batch visible last', function () {
   this.timeout(60_000);
   let gw: TestGateway;
   let t: Tenant;
   let connection: Connection;
   let client: Client;
-  /** Polls `f` until it holds (at most 10 s). */
-  const until = async (f: () => boolean | Promise<boolean>) => {
-    for (let i = 0; i < 100 && !(await f()); i++) await new Promise((r) => setTimeout(r, 100));
-    expect(await f()).to.equal(true);
-  };
 
   before(async () => {
     const catalog = writeTestCatalog('batch-creation', (c) => {
@@ -140,11 +136,11 @@ describe('batch creation: the workflow first, the batch visible last', function 
 
   type Start = typeof WorkflowClient.prototype.start;
   /** A create of `n` lines whose workflow start is `instead` (given the real one), as a server that fails some way. */
-  async function createWithStart(n: number, instead: (real: () => ReturnType<Start>) => ReturnType<Start>) {
+  async function createWithStart(n: number, instead: (real: () => ReturnType<Start>, workflowId: string) => ReturnType<Start>) {
     const start = WorkflowClient.prototype.start;
     WorkflowClient.prototype.start = function (this: WorkflowClient, ...args: Parameters<Start>) {
       WorkflowClient.prototype.start = start;
-      return instead(() => start.apply(this, args));
+      return instead(() => start.apply(this, args), args[1].workflowId);
     } as Start;
     try {
       return await call(`${gw.url}/api/v1/batches`, {
@@ -243,6 +239,20 @@ describe('batch creation: the workflow first, the batch visible last', function 
     await publishBatch(gw.store, stored);
     expect((await abandonBatch(gw.store, doc._id))?._id).to.equal(doc._id);
     expect(await (await start(doc)).result()).to.equal('completed');
+  });
+
+  it("stores a new batch's lines while its workflow starts, not after: a create waits for the slower of the two, not for both", async () => {
+    let storedDuringStart = 0;
+    // The start goes ahead only once the lines are stored: a create that stored them after the
+    // start would wait here until the start gave up (a 503).
+    const r = await createWithStart(3, async (real, id) => {
+      storedDuringStart = await until('the lines stored', async () => (await inputsOf(id)) || false, 5_000, 10);
+      return real();
+    });
+    expect(r.status, JSON.stringify(r.body)).to.equal(202);
+    expect(storedDuringStart).to.equal(1);
+    const done = await waitForStatus(gw.url, t.inferenceKey, r.body.id, ['completed', 'failed'], 30_000);
+    expect(done.request_counts).to.include({ total: 3, completed: 3 });
   });
 
   it('a create whose start reached Temporal but whose answer was lost is a 503, and the started workflow runs nothing (before: it ran and billed every line of a batch marked failed)', async () => {
@@ -411,11 +421,14 @@ describe('batch creation: the workflow first, the batch visible last', function 
       workflowExecution: { workflowId: cut.body.id },
     });
     await until(
+      'the deleted workflow gone',
       async () =>
         (await client.workflow
           .getHandle(cut.body.id)
           .describe()
           .catch((err) => err)) instanceof WorkflowNotFoundError,
+      10_000,
+      100,
     );
     // One an operator stopped: it is not run on.
     const stopped = await createLines(12, 's', STOPPED);
@@ -564,7 +577,7 @@ describe('batch creation: the workflow first, the batch visible last', function 
       before.doc.workspace_id = tenant.workspaceId;
       await createBatch(prepared, before.doc, before.lines, 2); // open, and its run gone with Temporal's state
       const first = await start();
-      await until(async () => (await states()).length === 1);
+      await until('one namespace state recorded', async () => (await states()).length === 1, 10_000, 100);
       expect((await states()).map((d) => d._id)).to.deep.equal([current]);
       await first.gateway.stop();
       started.pop();
@@ -602,7 +615,7 @@ describe('batch creation: the workflow first, the batch visible last', function 
       );
       expect(b.status).to.equal('completed');
       expect(b.request_counts).to.deep.include({ total: 3, completed: 3, failed: 0 });
-      await until(() => second.said().some((l) => l.includes("Temporal's state is new")));
+      await until('the recovery logged', () => second.said().some((l) => l.includes("Temporal's state is new")), 10_000, 100);
       expect(second.said()).to.include(
         `Temporal's state is new (namespace ${gw.config.temporal.namespace} has a new id): 1 open batch(es) from before given a new run`,
       );
