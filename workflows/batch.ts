@@ -332,6 +332,10 @@ async function runBatch(input: BatchWorkflowInput): Promise<string> {
           {
             summary: `chunk ${next + 1} of ${input.chunks}`,
             heartbeatTimeout: input.heartbeatTimeoutMs,
+            // Through the task queue, where a backlog is dispatched a workspace at a time: handed
+            // straight to this worker, the next chunk could take the slot its batch's last one
+            // freed ahead of other workspaces' waiting chunks.
+            allowEagerDispatch: false,
           },
           [input.batchId, next, input.creation],
         )
