@@ -31,9 +31,9 @@ export interface TemporalServerOptions {
  * key, and a backlog is dispatched a workspace at a time, in turn, not first come, first served. One
  * partition per task queue, since fairness is kept within each partition. Eager activities: an
  * activity a workflow task schedules on the worker's own queue comes back in the answer to that
- * task when the worker has a free slot, without a trip through matching (a one-chunk batch's
- * activity, its close; Temporal's CPU per one-line batch 42.5 → 40.2 ms, create p50 52.5 → 48.8 ms
- * in alternating runs). Chunks of larger batches opt out (workflows/batch.ts), to stay fair.
+ * task when the worker has a free slot, without a trip through matching: a small batch costs
+ * Temporal less (docs/performance.md). Chunks of larger batches opt out (workflows/batch.ts), to
+ * stay fair.
  */
 export const TEMPORAL_DYNAMIC_CONFIG = {
   'matching.enableFairness': true,

@@ -174,7 +174,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
     throw new BatchNotCreated(batchId);
   }
 
-  /** Runs one chunk's lines with bounded concurrency; its counts, and the batch document it read. Throws ChunkCancelled when stopped. */
+  /** Runs one chunk's lines with bounded concurrency; its counts and tally, and the batch document it read. Throws ChunkCancelled when stopped. */
   async function runChunkOf(
     batchId: string,
     chunkIndex: number,
