@@ -50,7 +50,7 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   const stops: Stop[] = [];
   let supervisor: Supervisor | null = null;
   // Something that keeps crashing stops everything started, newest first, and the gateway exits 1.
-  const haltAll = stopOnSignals(logger, stops, {
+  const shutdown = stopOnSignals(logger, stops, {
     deadlineMs: shutdownDeadlineMs(config.http.shutdownGraceMs),
     first: () => supervisor?.halt(),
   });
@@ -77,7 +77,7 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
   supervisor = new Supervisor(logger, (part, message) => {
     logger.fatal({ part }, 'embedded process keeps crashing; stopping the gateway');
     say(message);
-    haltAll(1);
+    shutdown(1);
   });
   stops.push(async () => {
     await supervisor!.stop();
@@ -175,7 +175,7 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
           embedded: () => supervisor.status(),
           giveUp: (message) => {
             logger.fatal(message);
-            haltAll(1);
+            shutdown(1);
           },
         })
       : await runApiRole(config, logger, { mongoUri, temporalAddress }, { withWorker: true, embedded: () => supervisor.status() });

@@ -102,7 +102,7 @@ async function runLines(
   signal: AbortSignal,
   concurrency: number,
   chunkIndex: number,
-): Promise<{ completed: number; failed: number }> {
+): Promise<void> {
   const ticker = setInterval(() => void writer.flush(), 250);
   const beat = () => heartbeat({ done: writer.done.size });
   const beater = setInterval(beat, 1000);
@@ -138,8 +138,10 @@ async function runLines(
       `batch chunk ${chunkIndex}: results could not be stored: ${writer.error instanceof Error ? writer.error.message : String(writer.error)}`,
     );
   if (signal.aborted) throw new ChunkCancelled();
-  return { completed: writer.tally.completed, failed: writer.tally.failed };
 }
+
+/** A tally's counts, as a chunk's activity answers them. */
+const countsOf = (t: ChunkTally): Counts => ({ completed: t.completed, failed: t.failed });
 
 export function batchService({ store, upstreams, batchSettings, usage, credits, metrics, webhooks, broadcast, presetVersions }: BatchDeps) {
   async function load(batchId: string): Promise<BatchDoc> {
@@ -174,13 +176,13 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
     throw new BatchNotCreated(batchId);
   }
 
-  /** Runs one chunk's lines with bounded concurrency; its counts and tally, and the batch document it read. Throws ChunkCancelled when stopped. */
+  /** Runs one chunk's lines with bounded concurrency; its tally, and the batch document it read. Throws ChunkCancelled when stopped. */
   async function runChunkOf(
     batchId: string,
     chunkIndex: number,
     control: StepControl,
     creation?: Creation,
-  ): Promise<{ b: BatchDoc; counts: Counts; tally: ChunkTally }> {
+  ): Promise<{ b: BatchDoc; tally: ChunkTally }> {
     // The reads a chunk starts with go together: until they are back its lines are not running,
     // and a batch's chunks start one after another all through it.
     // Resume from this chunk's progress document: written after every stored group of results,
@@ -216,7 +218,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       presetVersions,
     });
     const before = { ...writer.tally };
-    const counts = await runLines(
+    await runLines(
       control.heartbeat,
       chunk.lines.filter((l) => !writer.done.has(l.line)),
       runner,
@@ -226,8 +228,8 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       chunkIndex,
     );
     // Only what this run finished: a resumed chunk's earlier lines were counted where they ran.
-    metrics?.batchLines.inc({ outcome: 'completed' }, counts.completed - before.completed);
-    metrics?.batchLines.inc({ outcome: 'failed' }, counts.failed - before.failed);
+    metrics?.batchLines.inc({ outcome: 'completed' }, writer.tally.completed - before.completed);
+    metrics?.batchLines.inc({ outcome: 'failed' }, writer.tally.failed - before.failed);
     // Every line is done: store the chunk's results as pages, what readers read.
     await pageChunk(
       store,
@@ -236,7 +238,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       chunk.lines,
       chunk.lines.flatMap((l) => writer.storedResult(l.line) ?? []),
     );
-    return { b, counts, tally: writer.tally };
+    return { b, tally: writer.tally };
   }
 
   /**
@@ -325,7 +327,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
 
     /** Runs one chunk's lines; returns the chunk's counts. Throws ChunkCancelled when stopped. */
     async runChunk(batchId: string, chunkIndex: number, control: StepControl, creation?: Creation): Promise<Counts> {
-      return (await runChunkOf(batchId, chunkIndex, control, creation)).counts;
+      return countsOf((await runChunkOf(batchId, chunkIndex, control, creation)).tally);
     },
 
     /**
@@ -335,10 +337,10 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
      * could see would cost a write and a list-index move.
      */
     async runOnlyChunk(batchId: string, control: StepControl, creation?: Creation): Promise<Counts> {
-      const { b, counts, tally } = await runChunkOf(batchId, 0, control, creation);
+      const { b, tally } = await runChunkOf(batchId, 0, control, creation);
       // Every line of the chunk is stored and counted in its tally, earlier attempts' included.
       await close(b, 'completed', null, false, control.heartbeat, tally);
-      return counts;
+      return countsOf(tally);
     },
 
     /** Closes a batch (see `close`). */
