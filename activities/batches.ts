@@ -12,7 +12,7 @@ export type { BatchDeps } from '../domain/batches/service';
 
 type Closing = Extract<BatchStatus, 'completed' | 'failed' | 'expired' | 'cancelled'>;
 
-/** The running activity's heartbeat, bound now: timers that call it later run outside its context. */
+/** The running activity's heartbeat, bound as it starts: its context is there only until its first await (infrastructure/temporal/activity-context.ts). */
 function heartbeat(): (details?: unknown) => void {
   const ctx = Context.current();
   return (details) => ctx.heartbeat(details);

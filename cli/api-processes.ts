@@ -36,8 +36,8 @@ export interface ApiProcessesOptions {
   args: string[];
   /**
    * A Temporal worker in a process of its own beside them (`gateway worker`), restarted like them
-   * and counted in their metrics: the API processes then run no activity, whose context (an
-   * AsyncLocalStorage) would turn on Node's promise hooks for every later request.
+   * and counted in their metrics: batch lines then take no turns of the API processes' event loops
+   * from the synchronous calls.
    */
   worker?: boolean;
   env: NodeJS.ProcessEnv;

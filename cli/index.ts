@@ -2,6 +2,8 @@
 // The `gateway` command: one entry point for every role and admin task.
 // The roles, the embedded stack and Temporal are loaded only by the commands that run them, so a
 // client command (`gateway batches watch`) starts in a fraction of the time.
+// First: it must be in place before any Temporal package loads (it says why).
+import '../infrastructure/temporal/activity-context';
 import fs from 'node:fs';
 import { Command } from 'commander';
 import type { Client } from '@temporalio/client';

@@ -165,7 +165,7 @@ export async function startAll(config: Config, logger: Logger): Promise<void> {
       ? await startApiProcesses({
           count: config.apiProcesses,
           // Decisions as workflows start eagerly on the API process's own worker; otherwise the
-          // worker runs beside the API processes, which then run no activity (see api-processes).
+          // worker runs beside the API processes, so batch lines take no turns of their event loops.
           args: ['api', ...(workerBeside ? [] : ['--with-worker'])],
           worker: workerBeside,
           env: { ...process.env, MONGODB_URI: mongoUri, TEMPORAL_ADDRESS: temporalAddress },

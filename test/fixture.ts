@@ -1,5 +1,7 @@
 // Mocha global fixture: one real Temporal dev server and one real FerretDB per test run, on free
 // ports, stopped at the end. TEMPORAL_ADDRESS / MONGODB_URI point the run at existing servers instead.
+// First, as in the gateway's entry (cli/index.ts): before any Temporal package loads.
+import '../infrastructure/temporal/activity-context';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';

@@ -1,6 +1,8 @@
 // The Temporal workers: one runs workflows/ and the activities built (by `createActivities`) from the
 // store and HTTP clients; the other, webhook deliveries alone, on their own queue (workflows/shared.ts).
 import { NativeConnection, Worker } from '@temporalio/worker';
+import { asyncLocalStorage } from '@temporalio/activity';
+import { checkActivityContext } from '../infrastructure/temporal/activity-context';
 import type { Activities } from '../activities';
 import { webhookTaskQueue } from '../workflows/shared';
 import { workflowBundle } from './bundle';
@@ -14,6 +16,7 @@ export interface WorkerOptions {
 }
 
 export async function createWorker(opts: WorkerOptions): Promise<Worker> {
+  checkActivityContext(asyncLocalStorage);
   return Worker.create({
     connection: opts.connection,
     namespace: opts.namespace,

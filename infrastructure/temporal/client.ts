@@ -4,11 +4,23 @@ import { GATEWAY_ERROR_TYPE } from '../../workflows/shared';
 import { decisionWorkflow } from '../../workflows/decision';
 import { NativeConnection, Runtime, makeTelemetryFilterString } from '@temporalio/worker';
 import type { Logger } from '../log';
-import { Client } from '@temporalio/client';
+import { Client, type CallContext } from '@temporalio/client';
+import type { AsyncLocalStorage } from 'node:async_hooks';
+import { SyncScope } from './sync-scope';
 
 export interface TemporalHandles {
   connection: NativeConnection;
   client: Client;
+}
+
+/**
+ * The SDK's connection, its call context (a deadline, metadata or an abort signal for the calls
+ * made within `withDeadline` and the like) kept in a SyncScope (sync-scope.ts says why): the worker
+ * runs every activity inside the connection's `withAbortSignal`. Nothing of ours makes a call
+ * after an `await` within one.
+ */
+class Connection extends NativeConnection {
+  override readonly callContextStorage = new SyncScope<CallContext>() as unknown as AsyncLocalStorage<CallContext>;
 }
 
 let runtimeInstalled = false;
@@ -51,7 +63,7 @@ export async function connectTemporal(
   metricsAddress: string | null = null,
 ): Promise<TemporalHandles> {
   installRuntime(logger, metricsAddress);
-  const connection = await NativeConnection.connect({ address });
+  const connection = await Connection.connect({ address });
   const client = new Client({ connection, namespace });
   return { connection, client };
 }
@@ -59,10 +71,8 @@ export async function connectTemporal(
 const pings = new WeakMap<Client, Promise<unknown>>();
 
 /**
- * A cheap round trip to the server; the caller bounds how long it waits (/readyz does). Not under
- * the connection's `withDeadline`: that runs the call in an AsyncLocalStorage, and the first use of
- * one turns on Node's promise hooks for the rest of the process, 2–3% of every request's CPU from
- * the first /readyz on. One ping at a time per client: a probe while one is unanswered shares it.
+ * A cheap round trip to the server; the caller bounds how long it waits (/readyz does). One ping at
+ * a time per client: a probe while one is unanswered shares it.
  */
 export function pingTemporal(client: Client): Promise<unknown> {
   let ping = pings.get(client);
