@@ -24,6 +24,7 @@ import { unpackPage } from '../domain/batches/page-form';
 import { LineRunner } from '../domain/batches/line-runner';
 import { createTenant, testActivities, testBatchDoc, uniqueName, writeTestCatalog, type Tenant } from './helpers';
 import { roundUsd } from '../domain/catalog/usd';
+import { until } from './until';
 
 const countedCalls = async (tag: string) =>
   Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
@@ -49,6 +50,17 @@ describe('batch chunk activity', () => {
         max_concurrency: 10,
         timeout_ms: 5000,
       });
+      // Two calls at a time, each answered after 10 s: a chunk's lines wait in calls and for a slot.
+      base.providers.push({
+        slug: 'chunk-slow',
+        name: 'chunk-slow',
+        adapter: 'openai',
+        base_url: `\${SANDBOX_URL}/~chunktest=${tag}-slow,latency=10000/openai/v1`,
+        collects_data: false,
+        zdr: false,
+        max_concurrency: 2,
+        timeout_ms: 30_000,
+      });
       base.models.push({
         id: 'test/chunk-counted',
         name: 'chunk',
@@ -61,6 +73,25 @@ describe('batch chunk activity', () => {
         endpoints: [
           {
             provider: 'chunk-counted',
+            upstream_model: 'sandbox-chat',
+            pricing: { prompt: 1, completion: 1 },
+            quantization: 'bf16',
+            supported_parameters: [],
+          },
+        ],
+      });
+      base.models.push({
+        id: 'test/chunk-slow',
+        name: 'chunk-slow',
+        kind: 'chat',
+        family: 'test/chunk',
+        version: '1',
+        released: '20260101',
+        context_length: 1000,
+        distillable: true,
+        endpoints: [
+          {
+            provider: 'chunk-slow',
             upstream_model: 'sandbox-chat',
             pricing: { prompt: 1, completion: 1 },
             quantization: 'bf16',
@@ -97,13 +128,18 @@ describe('batch chunk activity', () => {
     ).map((d) => JSON.parse(d.text));
   const progressOf = (id: string, chunk = 0) => readProgress(store, ref(id), chunk);
 
-  async function storeBatch(bodies: Record<string, unknown>[], chunkLines = 100, tenant = t): Promise<string> {
+  async function storeBatch(
+    bodies: Record<string, unknown>[],
+    chunkLines = 100,
+    tenant = t,
+    model = 'test/chunk-counted',
+  ): Promise<string> {
     const id = newBatchId();
     const lines = bodies.map((body, i) => ({ line: i, custom_id: `c${i}`, body: JSON.stringify(body) }));
     const starts = await storeInputs(store, ref(id), packLines(lines), chunkLines);
     const doc = testBatchDoc(tenant, {
       _id: id,
-      model: 'test/chunk-counted',
+      model,
       total: lines.length,
       chunks: starts.length,
       chunk_starts: starts,
@@ -192,6 +228,32 @@ describe('batch chunk activity', () => {
     );
     expect(err).to.be.instanceOf(CancelledFailure);
     expect(await readBatch(store, other)).to.include({ status: 'in_progress', finalized_at: null });
+  });
+
+  it('a chunk asked to stop while its lines wait on the provider stops them at once: those in a call hang up, those waiting for a slot send nothing', async () => {
+    const sandbox = async (what: '_calls' | '_aborted') =>
+      Object.entries((await (await fetch(`${stack.sandboxUrl}/${what}`)).json()) as Record<string, number>)
+        .filter(([k]) => k.includes(`chunktest=${tag}-slow`))
+        .reduce((a, [, n]) => a + n, 0);
+    const id = await storeBatch(
+      Array.from({ length: 6 }, (_, i) => chat(i)),
+      100,
+      t,
+      'test/chunk-slow',
+    );
+    const env = new MockActivityEnvironment();
+    const started = Date.now();
+    const run = env.run(activities.processBatchChunk, id, 0).then(
+      () => null,
+      (e: Error) => e,
+    );
+    await until('two lines in calls', async () => (await sandbox('_calls')) === 2);
+    env.cancel();
+    expect(await run).to.be.instanceOf(CancelledFailure);
+    expect(Date.now() - started).to.be.below(5_000);
+    await until('both calls hung up', async () => (await sandbox('_aborted')) === 2);
+    expect(await sandbox('_calls')).to.equal(2);
+    expect(await storedResults(id)).to.deep.equal([]);
   });
 
   it('validation uses the check made at creation, and checks the chunks of a batch stored without one', async () => {
@@ -602,9 +664,10 @@ describe('batch chunk activity', () => {
       credits: new SpendAdmission(store),
       lineAttempts: 1,
       outageMs: 1,
-      signal: new AbortController().signal,
     });
-    const outcome = await runner.run({ line: 0, custom_id: 'c0', body: JSON.stringify(chat(0)) }).catch((err) => err);
+    const outcome = await runner
+      .run({ line: 0, custom_id: 'c0', body: JSON.stringify(chat(0)) }, new AbortController().signal)
+      .catch((err) => err);
     expect(outcome).to.not.be.instanceOf(Error);
     const r = outcome.result;
     expect(r.ok).to.equal(false);

@@ -41,7 +41,6 @@ export interface LineRunnerOptions {
   lineAttempts: number;
   /** How long a provider refusing connections is waited out. */
   outageMs: number;
-  signal: AbortSignal;
   /** Where each line's generation is sent as a span (trace broadcast). */
   broadcast?: Pick<Broadcaster, 'generation'>;
   /** Preset versions this process has read. */
@@ -91,7 +90,8 @@ export class LineRunner {
     return failedResult(this.o.batch._id, line, { type: errorTypeOf(status), message, code: status }, provider);
   }
 
-  async run(line: InputLine): Promise<LineOutcome> {
+  /** Runs a line; `signal` stops it (its waits, its upstream call), thrown as the signal's reason. */
+  async run(line: InputLine, signal: AbortSignal): Promise<LineOutcome> {
     let body: Record<string, unknown>;
     let presetChars: number;
     let extras: PricedExtras;
@@ -109,7 +109,7 @@ export class LineRunner {
     }
     // The gateway's own fields (routing, presets, attribution, streaming) never reach the provider.
     const upstreamBody = upstreamBodyOf(body);
-    const { batch, signal } = this.o;
+    const { batch } = this.o;
     let hold: Hold;
     try {
       // A line has no client waiting on it: it waits for credit held by other lines as long as it takes.
@@ -124,7 +124,7 @@ export class LineRunner {
       // A line's own session id, else the session of the request that created the batch.
       const sessionId = typeof body.session_id === 'string' && body.session_id ? body.session_id : batch.meta.session_id;
       const startedAt = Date.now();
-      const result = await this.call(line, upstreamBody, extras, sessionKey(batch.workspace_id, sessionId));
+      const result = await this.call(line, upstreamBody, extras, sessionKey(batch.workspace_id, sessionId), signal);
       this.broadcast(body, sessionId, result, startedAt);
       if (!result.ok || !result.usage) return { result };
       return { result, stored: hold.settleUnstored(result.usage.cost) };
@@ -179,8 +179,9 @@ export class LineRunner {
     upstreamBody: Record<string, unknown>,
     extras: PricedExtras,
     session: string | undefined,
+    signal: AbortSignal,
   ): Promise<ResultDoc> {
-    const { batch, signal } = this.o;
+    const { batch } = this.o;
     const id = lineGenerationId(batch._id, line.line);
     let unreachableSince: number | null = null;
     for (let attempt = 1; ; attempt++) {

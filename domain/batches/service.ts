@@ -109,15 +109,25 @@ async function runLines(
   beat();
   const queue = [...lines];
   const worker = async () => {
-    for (let line = queue.shift(); line && !signal.aborted && !writer.gaveUp; line = queue.shift()) {
-      const { result, stored } = await runner.run(line);
-      writer.add(result, stored);
-      if (writer.backlog >= 100) void writer.flush();
-      // Backpressure: wait when the database falls far behind.
-      while (writer.backlog >= 1000 && !signal.aborted && !writer.gaveUp) {
-        await writer.flush();
-        if (writer.failing) await sleep(1000, signal);
+    // A signal of its own for the lines this worker runs one after another, stopped with the
+    // chunk's: each line's waits add and remove listeners on it, and Node walks all of a signal's
+    // listeners at every add; the chunk's signal had one per line in flight (docs/performance.md).
+    const own = new AbortController();
+    const stop = () => own.abort(signal.reason);
+    signal.addEventListener('abort', stop, { once: true });
+    try {
+      for (let line = queue.shift(); line && !signal.aborted && !writer.gaveUp; line = queue.shift()) {
+        const { result, stored } = await runner.run(line, own.signal);
+        writer.add(result, stored);
+        if (writer.backlog >= 100) void writer.flush();
+        // Backpressure: wait when the database falls far behind.
+        while (writer.backlog >= 1000 && !signal.aborted && !writer.gaveUp) {
+          await writer.flush();
+          if (writer.failing) await sleep(1000, own.signal);
+        }
       }
+    } finally {
+      signal.removeEventListener('abort', stop);
     }
   };
   try {
@@ -201,7 +211,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
     ]);
     const writer = new ChunkWriter({ store, usage, batch: b, chunkIndex, outageMs: batchSettings.outageMs }, saved);
     const abort = new AbortController();
-    // Every line in flight listens on this one signal: more than Node's default of 10 is expected.
+    // Each of the chunk's line workers listens on this one signal (runLines): more than Node's default of 10 is expected.
     setMaxListeners(batchSettings.lineConcurrency + 16, abort.signal);
     if (control.signal.aborted) abort.abort();
     else control.signal.addEventListener('abort', () => abort.abort(), { once: true });
@@ -213,7 +223,6 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       credits,
       lineAttempts: batchSettings.lineAttempts,
       outageMs: batchSettings.outageMs,
-      signal: abort.signal,
       broadcast,
       presetVersions,
     });
