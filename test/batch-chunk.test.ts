@@ -24,6 +24,7 @@ import { unpackPage } from '../domain/batches/page-form';
 import { LineRunner } from '../domain/batches/line-runner';
 import { createTenant, testActivities, testBatchDoc, uniqueName, writeTestCatalog, type Tenant } from './helpers';
 import { roundUsd } from '../domain/catalog/usd';
+import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { until } from './until';
 
 const countedCalls = async (tag: string) =>
@@ -40,65 +41,19 @@ describe('batch chunk activity', () => {
 
   before(async () => {
     const catalogPath = writeTestCatalog('chunk', (base) => {
-      base.providers.push({
-        slug: 'chunk-counted',
-        name: 'chunk-counted',
-        adapter: 'openai',
-        base_url: `\${SANDBOX_URL}/~chunktest=${tag}/openai/v1`,
-        collects_data: false,
-        zdr: false,
-        max_concurrency: 10,
-        timeout_ms: 5000,
-      });
-      // Two calls at a time, each answered after 10 s: a chunk's lines wait in calls and for a slot.
-      base.providers.push({
-        slug: 'chunk-slow',
-        name: 'chunk-slow',
-        adapter: 'openai',
-        base_url: `\${SANDBOX_URL}/~chunktest=${tag}-slow,latency=10000/openai/v1`,
-        collects_data: false,
-        zdr: false,
-        max_concurrency: 2,
-        timeout_ms: 30_000,
-      });
-      base.models.push({
-        id: 'test/chunk-counted',
-        name: 'chunk',
-        kind: 'chat',
-        family: 'test/chunk',
-        version: '1',
-        released: '20260101',
-        context_length: 1000,
-        distillable: true,
-        endpoints: [
-          {
-            provider: 'chunk-counted',
-            upstream_model: 'sandbox-chat',
-            pricing: { prompt: 1, completion: 1 },
-            quantization: 'bf16',
-            supported_parameters: [],
-          },
-        ],
-      });
-      base.models.push({
-        id: 'test/chunk-slow',
-        name: 'chunk-slow',
-        kind: 'chat',
-        family: 'test/chunk',
-        version: '1',
-        released: '20260101',
-        context_length: 1000,
-        distillable: true,
-        endpoints: [
-          {
-            provider: 'chunk-slow',
-            upstream_model: 'sandbox-chat',
-            pricing: { prompt: 1, completion: 1 },
-            quantization: 'bf16',
-            supported_parameters: [],
-          },
-        ],
-      });
+      base.providers.push(
+        providerEntry('chunk-counted', `\${SANDBOX_URL}/~chunktest=${tag}/openai/v1`, { max_concurrency: 10 }),
+        // Two calls at a time, each answered after 10 s: a chunk's lines wait in calls and for a slot.
+        providerEntry('chunk-slow', `\${SANDBOX_URL}/~chunktest=${tag}-slow,latency=10000/openai/v1`, {
+          max_concurrency: 2,
+          timeout_ms: 30_000,
+        }),
+      );
+      const endpoint = (provider: string) => endpointEntry(provider, 1, { upstream_model: 'sandbox-chat' });
+      base.models.push(
+        modelEntry('test/chunk-counted', [endpoint('chunk-counted')], { context_length: 1000 }),
+        modelEntry('test/chunk-slow', [endpoint('chunk-slow')], { context_length: 1000 }),
+      );
     });
     const config = loadConfig({
       MONGODB_URI: stack.mongoUri,
