@@ -2,8 +2,8 @@
 // uses of its AsyncLocalStorages (`run`, `getStore`), without one. Node 20 turns on its promise
 // hooks for the whole process at the first `AsyncLocalStorage.run` and never turns them off; from
 // then on every promise calls into JavaScript at its creation and around each of its callbacks.
-// A worker that ran one activity paid that on every later promise: 8-10% of its CPU on batch lines
-// (docs/performance.md). What reads the value must do so before its first `await`.
+// A worker that ran one activity paid that on every later promise: about a tenth of its CPU on
+// batch lines (docs/performance.md). What reads the value must do so before its first `await`.
 export class SyncScope<T> {
   private value: T | undefined;
 
