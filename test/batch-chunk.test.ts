@@ -27,8 +27,9 @@ import { roundUsd } from '../domain/catalog/usd';
 import { endpointEntry, modelEntry, providerEntry } from '../domain/catalog/entries';
 import { until } from './until';
 
-const countedCalls = async (tag: string) =>
-  Object.entries((await (await fetch(`${stack.sandboxUrl}/_calls`)).json()) as Record<string, number>)
+/** Calls the sandbox received for a tag (or, with `_aborted`, those whose client hung up). */
+const countedCalls = async (tag: string, what: '_calls' | '_aborted' = '_calls') =>
+  Object.entries((await (await fetch(`${stack.sandboxUrl}/${what}`)).json()) as Record<string, number>)
     .filter(([k]) => k.includes(`chunktest=${tag}`))
     .reduce((a, [, n]) => a + n, 0);
 
@@ -44,7 +45,7 @@ describe('batch chunk activity', () => {
       base.providers.push(
         providerEntry('chunk-counted', `\${SANDBOX_URL}/~chunktest=${tag}/openai/v1`, { max_concurrency: 10 }),
         // Two calls at a time, each answered after 10 s: a chunk's lines wait in calls and for a slot.
-        providerEntry('chunk-slow', `\${SANDBOX_URL}/~chunktest=${tag}-slow,latency=10000/openai/v1`, {
+        providerEntry('chunk-slow', `\${SANDBOX_URL}/~chunktest=slow-${tag},latency=10000/openai/v1`, {
           max_concurrency: 2,
           timeout_ms: 30_000,
         }),
@@ -186,10 +187,6 @@ describe('batch chunk activity', () => {
   });
 
   it('a chunk asked to stop while its lines wait on the provider stops them at once: those in a call hang up, those waiting for a slot send nothing', async () => {
-    const sandbox = async (what: '_calls' | '_aborted') =>
-      Object.entries((await (await fetch(`${stack.sandboxUrl}/${what}`)).json()) as Record<string, number>)
-        .filter(([k]) => k.includes(`chunktest=${tag}-slow`))
-        .reduce((a, [, n]) => a + n, 0);
     const id = await storeBatch(
       Array.from({ length: 6 }, (_, i) => chat(i)),
       100,
@@ -202,12 +199,12 @@ describe('batch chunk activity', () => {
       () => null,
       (e: Error) => e,
     );
-    await until('two lines in calls', async () => (await sandbox('_calls')) === 2);
+    await until('two lines in calls', async () => (await countedCalls(`slow-${tag}`)) === 2);
     env.cancel();
     expect(await run).to.be.instanceOf(CancelledFailure);
     expect(Date.now() - started).to.be.below(5_000);
-    await until('both calls hung up', async () => (await sandbox('_aborted')) === 2);
-    expect(await sandbox('_calls')).to.equal(2);
+    await until('both calls hung up', async () => (await countedCalls(`slow-${tag}`, '_aborted')) === 2);
+    expect(await countedCalls(`slow-${tag}`)).to.equal(2);
     expect(await storedResults(id)).to.deep.equal([]);
   });
 

@@ -1,5 +1,4 @@
 import { expect } from 'chai';
-import { AsyncLocalStorage } from 'node:async_hooks';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
@@ -9,6 +8,7 @@ import { stack } from './fixture';
 import { startTestGateway, type TestGateway } from './helpers';
 import { Store } from '../infrastructure/store';
 import { capturingLogger } from './capture-log';
+import { storagesEntered } from './storages-entered';
 
 describe('health, request ids and the error envelope', () => {
   let gw: TestGateway;
@@ -34,18 +34,10 @@ describe('health, request ids and the error envelope', () => {
   });
 
   it("GET /readyz's Temporal ping runs in no AsyncLocalStorage (the first would turn on promise hooks for every request after it)", async () => {
-    let runs = 0;
-    const run = AsyncLocalStorage.prototype.run;
-    AsyncLocalStorage.prototype.run = function (this: AsyncLocalStorage<unknown>, ...args: Parameters<typeof run>) {
-      runs++;
-      return run.apply(this, args);
-    } as typeof run;
-    try {
+    const entered = await storagesEntered(async () => {
       for (let i = 0; i < 3; i++) expect((await fetch(`${gw.url}/readyz`)).status).to.equal(200);
-    } finally {
-      AsyncLocalStorage.prototype.run = run;
-    }
-    expect(runs).to.equal(0);
+    });
+    expect(entered.length).to.equal(0);
   });
 
   it('GET /readyz probes arriving together share one check: an unauthenticated flood does not reach MongoDB and Temporal once each', async () => {

@@ -1,6 +1,5 @@
 // Proves the wiring end to end: client ▶ Temporal server ▶ worker ▶ activity ▶ MongoDB and back;
 // and that the worker runs its activities in no AsyncLocalStorage.
-import { AsyncLocalStorage } from 'node:async_hooks';
 import { expect } from 'chai';
 import { Worker } from '@temporalio/worker';
 import { Store } from '../infrastructure/store';
@@ -13,6 +12,7 @@ import { createUpstreams } from '../domain/routing/upstreams';
 import { loadConfig } from '../infrastructure/config';
 import { call, createTenant, startTestGateway, testActivities, uniqueName, waitForStatus } from './helpers';
 import { questions, state } from './decision-sample';
+import { storagesEntered } from './storages-entered';
 
 describe('Temporal + MongoDB wiring', () => {
   let store: Store;
@@ -52,31 +52,23 @@ describe('Temporal + MongoDB wiring', () => {
     this.timeout(60_000);
     const gw = await startTestGateway({ env: { DECISIONS_EXECUTION: 'workflow' } });
     const t = await createTenant(gw.store, 5);
-    const entered: string[] = [];
-    const { run, enterWith } = AsyncLocalStorage.prototype;
-    AsyncLocalStorage.prototype.run = function (this: AsyncLocalStorage<unknown>, ...args: Parameters<typeof run>) {
-      entered.push('run');
-      return run.apply(this, args);
-    } as typeof run;
-    AsyncLocalStorage.prototype.enterWith = function (this: AsyncLocalStorage<unknown>, ...args: Parameters<typeof enterWith>) {
-      entered.push('enterWith');
-      return enterWith.apply(this, args);
-    } as typeof enterWith;
+    let entered: string[];
     try {
-      // A chunk reads its heartbeat and cancellation from its activity context, a decision its cancellation.
-      const requests = [1, 2, 3].map((i) => ({ custom_id: `r${i}`, body: { messages: [{ role: 'user', content: `line ${i}` }] } }));
-      const created = await call(`${gw.url}/api/v1/batches`, {
-        key: t.inferenceKey,
-        body: { endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests },
+      entered = await storagesEntered(async () => {
+        // A chunk reads its heartbeat and cancellation from its activity context, a decision its cancellation.
+        const requests = [1, 2, 3].map((i) => ({ custom_id: `r${i}`, body: { messages: [{ role: 'user', content: `line ${i}` }] } }));
+        const created = await call(`${gw.url}/api/v1/batches`, {
+          key: t.inferenceKey,
+          body: { endpoint: '/v1/chat/completions', model: 'sandbox/chat-1', requests },
+        });
+        expect(created.status).to.equal(202);
+        const done = await waitForStatus(gw.url, t.inferenceKey, created.body.id, ['completed', 'failed', 'expired', 'cancelled']);
+        expect(done.status).to.equal('completed');
+        expect(done.request_counts).to.deep.equal({ total: 3, completed: 3, failed: 0 });
+        const decided = await call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body: { model: 'jev-1.13', state, questions } });
+        expect(decided.status).to.equal(200);
       });
-      expect(created.status).to.equal(202);
-      const done = await waitForStatus(gw.url, t.inferenceKey, created.body.id, ['completed', 'failed', 'expired', 'cancelled']);
-      expect(done.status).to.equal('completed');
-      expect(done.request_counts).to.deep.equal({ total: 3, completed: 3, failed: 0 });
-      const decided = await call(`${gw.url}/api/v1/systemone`, { key: t.inferenceKey, body: { model: 'jev-1.13', state, questions } });
-      expect(decided.status).to.equal(200);
     } finally {
-      Object.assign(AsyncLocalStorage.prototype, { run, enterWith });
       await gw.stop();
     }
     expect(entered).to.deep.equal([]);

@@ -108,6 +108,8 @@ async function runLines(
   const beater = setInterval(beat, 1000);
   beat();
   const queue = [...lines];
+  // Each worker listens on the chunk's signal: more than Node's default of 10 is expected.
+  setMaxListeners(concurrency + 16, signal);
   const worker = async () => {
     // A signal of its own for the lines this worker runs one after another, stopped with the
     // chunk's: each line's waits add and remove listeners on it, and Node walks all of a signal's
@@ -210,11 +212,6 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       saved || chunkIndex === b.chunks - 1 ? null : saveProgress(store, b, chunkIndex, emptyTally(), []),
     ]);
     const writer = new ChunkWriter({ store, usage, batch: b, chunkIndex, outageMs: batchSettings.outageMs }, saved);
-    const abort = new AbortController();
-    // Each of the chunk's line workers listens on this one signal (runLines): more than Node's default of 10 is expected.
-    setMaxListeners(batchSettings.lineConcurrency + 16, abort.signal);
-    if (control.signal.aborted) abort.abort();
-    else control.signal.addEventListener('abort', () => abort.abort(), { once: true });
     const runner = new LineRunner({
       store,
       upstreams,
@@ -232,7 +229,7 @@ export function batchService({ store, upstreams, batchSettings, usage, credits, 
       chunk.lines.filter((l) => !writer.done.has(l.line)),
       runner,
       writer,
-      abort.signal,
+      control.signal,
       batchSettings.lineConcurrency,
       chunkIndex,
     );
