@@ -3,7 +3,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { MongoClient } from 'mongodb';
 import { Store } from '../infrastructure/store';
-import { freePort } from '../devstack/processes';
+import { freePort, startProcess } from '../devstack/processes';
 import { FERRETDB_GOGC, startFerretDB } from '../devstack/services';
 import { stack } from './fixture';
 import { createTenant, uniqueName, usageRecord } from './helpers';
@@ -86,6 +86,39 @@ describe('store: lookups by _id on the embedded FerretDB', () => {
     } finally {
       await client.close(true);
       await own.process.stop();
+    }
+  });
+
+  it('tracks no iterator, transaction or cursor for leaks (a debug-build check that cost a sixth of a small command)', async function () {
+    // As published, every one of them is registered in a pprof profile of its own type, its
+    // caller's stack recorded, with a finalizer that panics if it is collected unclosed. The
+    // profiles show on the debug listener, which the gateway leaves off: this FerretDB has one.
+    this.timeout(60_000);
+    const [port, debugPort] = [await freePort(), await freePort()];
+    const dataDir = path.join(stack.tmpDir, uniqueName('ferret-untracked'));
+    fs.mkdirSync(dataDir, { recursive: true });
+    const own = startProcess('ferretdb-debug', stack.tools!.ferretdb, [
+      '--handler=sqlite',
+      `--sqlite-url=file:${dataDir}/`,
+      `--listen-addr=127.0.0.1:${port}`,
+      '--state-dir=-',
+      `--debug-addr=127.0.0.1:${debugPort}`,
+      '--telemetry=disable',
+      '--log-level=warn',
+    ]);
+    const client = new MongoClient(`mongodb://127.0.0.1:${port}/`, { serverSelectionTimeoutMS: 5_000 });
+    try {
+      await own.waitUntil(() => client.db('admin').command({ ping: 1 }), 30_000, 'answering');
+      const coll = client.db('t').collection<{ _id: string }>('tracked');
+      await coll.insertMany([{ _id: 'a' }, { _id: 'b' }, { _id: 'c' }]);
+      expect(await coll.findOne({ _id: 'b' })).to.deep.equal({ _id: 'b' });
+      expect(await coll.find({}, { batchSize: 1 }).toArray()).to.have.length(3); // a cursor over several batches
+      const index = await (await fetch(`http://127.0.0.1:${debugPort}/debug/pprof/`)).text();
+      expect(index).to.include('goroutine'); // the listing of profiles, read
+      expect(index.match(/FerretDB\/[\w.]+/g) ?? []).to.deep.equal([]);
+    } finally {
+      await client.close(true);
+      await own.stop();
     }
   });
 
