@@ -167,8 +167,9 @@ const FERRETDB_CREATE_AGAIN_PATCHES = [
  * Every iterator, transaction, row set and cursor it opens is registered for leak tracking, which
  * in release builds too records the caller's stack in a pprof profile and sets a finalizer that
  * panics (stopping the server) if the object is collected unclosed. A profile of small inserts and
- * finds by `_id` put 10-12% of FerretDB's CPU in that tracking. The build keeps it for debug builds
- * only, as FerretDB already does for the stack it prints.
+ * finds by `_id` put 10-12% of FerretDB's CPU in the stacks alone, and without the tracking each
+ * cost 19% less. The build keeps it for debug builds only, as FerretDB already does for the stack
+ * it prints.
  */
 const FERRETDB_UNTRACKED_PATCH = {
   file: path.join('internal', 'util', 'resource', 'resource.go'),

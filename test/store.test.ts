@@ -89,7 +89,7 @@ describe('store: lookups by _id on the embedded FerretDB', () => {
     }
   });
 
-  it('tracks no iterator, transaction or cursor for leaks (a debug-build check that cost a sixth of a small command)', async function () {
+  it('tracks no iterator, transaction or cursor for leaks (a debug-build check that cost a fifth of a small command)', async function () {
     // As published, every one of them is registered in a pprof profile of its own type, its
     // caller's stack recorded, with a finalizer that panics if it is collected unclosed. The
     // profiles show on the debug listener, which the gateway leaves off: this FerretDB has one.
