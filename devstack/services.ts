@@ -94,7 +94,10 @@ export interface FerretOptions {
   port: number;
   /** Directory for the SQLite files (one per database). */
   dataDir: string;
-  /** The environment it starts with (this process's by default); its GOGC wins over FERRETDB_GOGC. */
+  /**
+   * The environment it starts with (this process's by default); its GOGC wins over FERRETDB_GOGC,
+   * and a FERRETDB_DEBUG_ADDR in it turns on FerretDB's debug listener (metrics, pprof), off otherwise.
+   */
   env?: NodeJS.ProcessEnv;
 }
 
@@ -121,11 +124,10 @@ export async function startFerretDB(opts: FerretOptions): Promise<RunningService
       `--sqlite-url=file:${path.resolve(opts.dataDir)}/?_pragma=journal_mode(wal)&_pragma=busy_timeout(10000)&_pragma=auto_vacuum(none)&_pragma=synchronous(normal)`,
       `--listen-addr=127.0.0.1:${opts.port}`,
       '--state-dir=-',
-      '--debug-addr=-',
       '--telemetry=disable',
       '--log-level=warn',
     ],
-    { ...env, DO_NOT_TRACK: 'true', GOGC: env.GOGC ?? FERRETDB_GOGC },
+    { ...env, DO_NOT_TRACK: 'true', GOGC: env.GOGC ?? FERRETDB_GOGC, FERRETDB_DEBUG_ADDR: env.FERRETDB_DEBUG_ADDR ?? '-' },
   );
   const address = `mongodb://127.0.0.1:${opts.port}/`;
   await proc.waitUntil(

@@ -3,7 +3,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { MongoClient } from 'mongodb';
 import { Store } from '../infrastructure/store';
-import { freePort, startProcess } from '../devstack/processes';
+import { freePort } from '../devstack/processes';
 import { FERRETDB_GOGC, startFerretDB } from '../devstack/services';
 import { stack } from './fixture';
 import { createTenant, uniqueName, usageRecord } from './helpers';
@@ -92,23 +92,17 @@ describe('store: lookups by _id on the embedded FerretDB', () => {
   it('tracks no iterator, transaction or cursor for leaks (a debug-build check that cost a fifth of a small command)', async function () {
     // As published, every one of them is registered in a pprof profile of its own type, its
     // caller's stack recorded, with a finalizer that panics if it is collected unclosed. The
-    // profiles show on the debug listener, which the gateway leaves off: this FerretDB has one.
+    // profiles show on the debug listener, off unless FERRETDB_DEBUG_ADDR is set: this FerretDB has it.
     this.timeout(60_000);
-    const [port, debugPort] = [await freePort(), await freePort()];
-    const dataDir = path.join(stack.tmpDir, uniqueName('ferret-untracked'));
-    fs.mkdirSync(dataDir, { recursive: true });
-    const own = startProcess('ferretdb-debug', stack.tools!.ferretdb, [
-      '--handler=sqlite',
-      `--sqlite-url=file:${dataDir}/`,
-      `--listen-addr=127.0.0.1:${port}`,
-      '--state-dir=-',
-      `--debug-addr=127.0.0.1:${debugPort}`,
-      '--telemetry=disable',
-      '--log-level=warn',
-    ]);
-    const client = new MongoClient(`mongodb://127.0.0.1:${port}/`, { serverSelectionTimeoutMS: 5_000 });
+    const debugPort = await freePort();
+    const own = await startFerretDB({
+      binary: stack.tools!.ferretdb,
+      port: await freePort(),
+      dataDir: path.join(stack.tmpDir, uniqueName('ferret-untracked')),
+      env: { ...process.env, FERRETDB_DEBUG_ADDR: `127.0.0.1:${debugPort}` },
+    });
+    const client = new MongoClient(own.address, { serverSelectionTimeoutMS: 5_000 });
     try {
-      await own.waitUntil(() => client.db('admin').command({ ping: 1 }), 30_000, 'answering');
       const coll = client.db('t').collection<{ _id: string }>('tracked');
       await coll.insertMany([{ _id: 'a' }, { _id: 'b' }, { _id: 'c' }]);
       expect(await coll.findOne({ _id: 'b' })).to.deep.equal({ _id: 'b' });
@@ -118,7 +112,7 @@ describe('store: lookups by _id on the embedded FerretDB', () => {
       expect(index.match(/FerretDB\/[\w.]+/g) ?? []).to.deep.equal([]);
     } finally {
       await client.close(true);
-      await own.stop();
+      await own.process.stop();
     }
   });
 

@@ -6,7 +6,6 @@
 // and translate ChunkCancelled for Temporal. A chunk's parts: the LineRunner takes one line to a
 // result, the ChunkWriter stores results, runLines drives them.
 import type { KeptVersions } from '../presets/kept-versions';
-import { setMaxListeners } from 'node:events';
 import type { Config } from '../../infrastructure/config';
 import type { Store } from '../../infrastructure/store';
 import type { Metrics } from '../../infrastructure/metrics';
@@ -108,28 +107,21 @@ async function runLines(
   const beater = setInterval(beat, 1000);
   beat();
   const queue = [...lines];
-  // Each worker listens on the chunk's signal: more than Node's default of 10 is expected.
-  setMaxListeners(concurrency + 16, signal);
   const worker = async () => {
     // A signal of its own for the lines this worker runs one after another, stopped with the
-    // chunk's: each line's waits add and remove listeners on it, and Node walks all of a signal's
-    // listeners at every add; the chunk's signal had one per line in flight (docs/performance.md).
-    const own = new AbortController();
-    const stop = () => own.abort(signal.reason);
-    signal.addEventListener('abort', stop, { once: true });
-    try {
-      for (let line = queue.shift(); line && !signal.aborted && !writer.gaveUp; line = queue.shift()) {
-        const { result, stored } = await runner.run(line, own.signal);
-        writer.add(result, stored);
-        if (writer.backlog >= 100) void writer.flush();
-        // Backpressure: wait when the database falls far behind.
-        while (writer.backlog >= 1000 && !signal.aborted && !writer.gaveUp) {
-          await writer.flush();
-          if (writer.failing) await sleep(1000, own.signal);
-        }
+    // chunk's (a dependent signal, which adds no listener to it): each line's waits add and remove
+    // listeners on it, and Node walks all of a signal's listeners at every add; the chunk's signal
+    // had one per line in flight (docs/performance.md).
+    const own = AbortSignal.any([signal]);
+    for (let line = queue.shift(); line && !signal.aborted && !writer.gaveUp; line = queue.shift()) {
+      const { result, stored } = await runner.run(line, own);
+      writer.add(result, stored);
+      if (writer.backlog >= 100) void writer.flush();
+      // Backpressure: wait when the database falls far behind.
+      while (writer.backlog >= 1000 && !signal.aborted && !writer.gaveUp) {
+        await writer.flush();
+        if (writer.failing) await sleep(1000, own);
       }
-    } finally {
-      signal.removeEventListener('abort', stop);
     }
   };
   try {
